@@ -1,0 +1,1 @@
+"""HAR data: the UCI HAR loader, the synthetic generator, splits, normalisation and loaders."""

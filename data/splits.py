@@ -1,0 +1,119 @@
+"""Turn a data source into normalised train / validation / test arrays, split by subject."""
+from dataclasses import dataclass
+
+import numpy as np
+
+from data import synthetic, uci_har
+from data.errors import DataError
+
+CHANNEL_MODES = ("flatten", "average", "first")
+AXES = ("x", "y", "z")
+SENSORS = ("body_acc", "body_gyro", "total_acc")
+
+
+@dataclass
+class Split:
+    signals: np.ndarray  # float32 [N, channels, 128]
+    labels: np.ndarray  # int64 [N], 0-based class index
+    subjects: np.ndarray  # int64 [N]
+
+    def __len__(self):
+        return len(self.labels)
+
+
+@dataclass
+class HarData:
+    train: Split
+    val: Split
+    test: Split
+    class_names: tuple
+    channel_names: tuple
+    source: str  # "uci-har" or "synthetic"
+    description: str  # the one-line banner printed at start
+
+
+def load_har_data(dataset="auto", data_dir=None, mode="flatten", val_fraction=0.2, split_seed=0,
+                  synthetic_seed=0, synthetic_windows_per_subject=synthetic.DEFAULT_WINDOWS_PER_SUBJECT):
+    """Load (or generate) the data, pick channels and hold out whole training subjects for validation.
+
+    The test split is the dataset's own test subjects and is never used for choices made in
+    training. Signals are NOT normalised here: see `fit_normalization` and `normalize`.
+    """
+    source, raw, where = _load_source(dataset, data_dir, synthetic_seed, synthetic_windows_per_subject)
+    train_all = Split(select_channels(raw["train"][0], mode), raw["train"][1], raw["train"][2])
+    test = Split(select_channels(raw["test"][0], mode), raw["test"][1], raw["test"][2])
+    val_subjects = hold_out_subjects(train_all.subjects, val_fraction, split_seed)
+    is_val = np.isin(train_all.subjects, val_subjects)
+    train, val = _take(train_all, ~is_val), _take(train_all, is_val)
+    description = (f"data: {source} ({where}), mode={mode}: {train.signals.shape[1]} channels x "
+                   f"{train.signals.shape[2]} steps; train {len(train)} windows / "
+                   f"{len(np.unique(train.subjects))} subjects, val {len(val)} / {len(val_subjects)} "
+                   f"subjects {sorted(int(s) for s in val_subjects)}, test {len(test)} / "
+                   f"{len(np.unique(test.subjects))} subjects")
+    return HarData(train, val, test, uci_har.CLASS_NAMES, channel_names(mode), source, description)
+
+
+def _load_source(dataset, data_dir, synthetic_seed, windows_per_subject):
+    root = uci_har.find_root(data_dir)
+    if dataset == "uci-har" or (dataset == "auto" and root is not None):
+        if root is None:
+            raise DataError(f"--data-dir {data_dir!s} does not hold the UCI HAR Dataset "
+                            "(expected train/Inertial Signals and test/ under it, or under its "
+                            f"'{uci_har.DATASET_FOLDER}' folder); use --dataset synthetic to run without it")
+        raw = {split: uci_har.load_split(root, split) for split in ("train", "test")}
+        return "uci-har", raw, str(root)
+    if dataset not in ("auto", "synthetic"):
+        raise DataError(f"unknown --dataset {dataset!r}; choose auto, uci-har or synthetic")
+    if windows_per_subject < 1:
+        raise DataError("--synthetic-windows-per-subject must be at least 1")
+    why = "generated, seed %d" % synthetic_seed
+    if dataset == "auto":
+        why += ", no UCI HAR under --data-dir" if data_dir else ", no --data-dir given"
+    return "synthetic", synthetic.generate(synthetic_seed, windows_per_subject), why
+
+
+def select_channels(signals, mode):
+    """flatten: all 9 channels; average: each axis averaged over the three sensors; first: body_acc."""
+    if mode == "flatten":
+        return signals
+    if mode == "average":
+        return signals.reshape(len(signals), len(SENSORS), len(AXES), -1).mean(axis=1)
+    if mode == "first":
+        return signals[:, :len(AXES)]
+    raise DataError(f"unknown --mode {mode!r}; choose one of {', '.join(CHANNEL_MODES)}")
+
+
+def channel_names(mode):
+    if mode == "flatten":
+        return uci_har.SIGNAL_NAMES
+    if mode == "average":
+        return tuple(f"mean_{axis}" for axis in AXES)
+    return uci_har.SIGNAL_NAMES[:len(AXES)]
+
+
+def hold_out_subjects(subjects, val_fraction, seed):
+    """Choose round(fraction x subjects) training subjects (at least one) for validation."""
+    unique = np.unique(subjects)
+    if val_fraction <= 0 or val_fraction >= 1:
+        raise DataError(f"--val-fraction must be between 0 and 1 (exclusive), got {val_fraction}")
+    if len(unique) < 2:
+        raise DataError("validation needs at least two training subjects; the training split has "
+                        f"{len(unique)}")
+    count = min(len(unique) - 1, max(1, round(val_fraction * len(unique))))
+    return np.sort(np.random.default_rng(seed).choice(unique, size=count, replace=False))
+
+
+def fit_normalization(train_signals):
+    """Per-channel mean and std over the training split only, as float32 arrays of [channels]."""
+    mean = train_signals.mean(axis=(0, 2), dtype=np.float64)
+    std = train_signals.std(axis=(0, 2), dtype=np.float64)
+    return mean.astype(np.float32), np.maximum(std, 1e-6).astype(np.float32)
+
+
+def normalize(split, mean, std):
+    signals = (split.signals - mean[None, :, None]) / std[None, :, None]
+    return Split(signals.astype(np.float32), split.labels, split.subjects)
+
+
+def _take(split, mask):
+    return Split(split.signals[mask], split.labels[mask], split.subjects[mask])

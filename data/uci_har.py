@@ -1,0 +1,135 @@
+"""Read the raw inertial signals of the UCI HAR Dataset, validate them, and cache them as .npz."""
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+
+from data.errors import DataError
+
+# Channel order used everywhere in the project: three sensors, each with x, y, z.
+SIGNAL_NAMES = (
+    "body_acc_x", "body_acc_y", "body_acc_z",
+    "body_gyro_x", "body_gyro_y", "body_gyro_z",
+    "total_acc_x", "total_acc_y", "total_acc_z",
+)
+CLASS_NAMES = ("WALKING", "WALKING_UPSTAIRS", "WALKING_DOWNSTAIRS", "SITTING", "STANDING", "LAYING")
+WINDOW_STEPS = 128
+SAMPLE_RATE_HZ = 50
+DATASET_FOLDER = "UCI HAR Dataset"
+CACHE_VERSION = "1"
+
+
+def find_root(data_dir):
+    """The folder holding train/ and test/: `data_dir` itself or its `UCI HAR Dataset` child."""
+    if data_dir is None:
+        return None
+    for candidate in (Path(data_dir), Path(data_dir) / DATASET_FOLDER):
+        if (candidate / "train" / "Inertial Signals").is_dir() and (candidate / "test").is_dir():
+            return candidate
+    return None
+
+
+def source_files(root, split):
+    """The only files a split needs: nine signal files, the labels and the subjects."""
+    split_dir = root / split
+    signals = [split_dir / "Inertial Signals" / f"{name}_{split}.txt" for name in SIGNAL_NAMES]
+    return signals, split_dir / f"y_{split}.txt", split_dir / f"subject_{split}.txt"
+
+
+def load_split(root, split):
+    """Return (signals float32 [N, 9, 128], labels int64 0..5, subjects int64) for train or test."""
+    signal_paths, label_path, subject_path = source_files(root, split)
+    all_paths = [*signal_paths, label_path, subject_path]
+    missing = [p for p in all_paths if not p.is_file()]
+    if missing:
+        raise DataError(f"UCI HAR file missing: {missing[0]} (the dataset under {root} is incomplete; "
+                        "re-extract it or use --dataset synthetic)")
+    fingerprint = _fingerprint(all_paths)
+    cache_path = _cache_path(root, split)
+    cached = _read_cache(cache_path, fingerprint)
+    if cached is not None:
+        return cached
+    arrays = _parse_split(signal_paths, label_path, subject_path)
+    _write_cache(cache_path, fingerprint, arrays)
+    return arrays
+
+
+def _parse_split(signal_paths, label_path, subject_path):
+    signals = np.stack([_read_matrix(path, WINDOW_STEPS) for path in signal_paths], axis=1)
+    labels = _read_matrix(label_path, 1).reshape(-1)
+    subjects = _read_matrix(subject_path, 1).reshape(-1)
+    counts = {path.name: len(m) for path, m in
+              [(signal_paths[0], signals), (label_path, labels), (subject_path, subjects)]}
+    if len(set(counts.values())) != 1:
+        raise DataError("UCI HAR row counts disagree: "
+                        + ", ".join(f"{name} has {n}" for name, n in counts.items())
+                        + " (the files come from different versions of the dataset)")
+    if not np.all(np.isfinite(signals)):
+        window = int(np.argwhere(~np.isfinite(signals))[0][0])
+        raise DataError(f"UCI HAR signals contain NaN or infinity (first in window {window + 1}); "
+                        "fix or re-extract the dataset")
+    if labels.min() < 1 or labels.max() > len(CLASS_NAMES) or np.any(labels != np.round(labels)):
+        bad = labels[(labels < 1) | (labels > len(CLASS_NAMES)) | (labels != np.round(labels))][0]
+        raise DataError(f"{label_path}: label {bad:g} is outside 1..{len(CLASS_NAMES)}")
+    return signals, labels.astype(np.int64) - 1, subjects.astype(np.int64)
+
+
+def _read_matrix(path, columns):
+    """Parse whitespace-separated numbers, insisting on `columns` values per non-empty line."""
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    if not lines:
+        raise DataError(f"{path} is empty; re-extract the dataset")
+    try:
+        values = np.array(" ".join(lines).split(), dtype=np.float32)
+    except ValueError as exc:
+        raise DataError(f"{path}: not a number ({exc}); re-extract the dataset") from None
+    if values.size != len(lines) * columns:
+        for number, line in enumerate(lines, start=1):
+            found = len(line.split())
+            if found != columns:
+                raise DataError(f"{path}: line {number} has {found} values, expected {columns}")
+    return values.reshape(len(lines), columns)
+
+
+def _fingerprint(paths):
+    """Sizes and modification times: changes when any source file is replaced or edited."""
+    digest = hashlib.sha256(CACHE_VERSION.encode())
+    for path in paths:
+        stat = path.stat()
+        digest.update(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns};".encode())
+    return digest.hexdigest()
+
+
+def _cache_path(root, split):
+    """Next to the data when writable, else in the user's cache folder keyed by the data path."""
+    if os.access(root, os.W_OK):
+        return root / ".cache" / f"{split}.npz"
+    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "har-trainer"
+    key = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:16]
+    return base / key / f"{split}.npz"
+
+
+def _read_cache(cache_path, fingerprint):
+    if not cache_path.is_file():
+        return None
+    try:
+        with np.load(cache_path, allow_pickle=False) as cache:
+            if str(cache["fingerprint"]) != fingerprint:
+                return None
+            return cache["signals"], cache["labels"], cache["subjects"]
+    except (OSError, ValueError, KeyError):
+        return None  # a damaged cache is rebuilt from the text files
+
+
+def _write_cache(cache_path, fingerprint, arrays):
+    signals, labels, subjects = arrays
+    try:
+        cache_path.parent.mkdir(parents=True, exist_ok=True)
+        partial = cache_path.with_name(cache_path.name + f".{os.getpid()}.tmp")
+        with open(partial, "wb") as handle:
+            np.savez(handle, fingerprint=np.array(fingerprint), signals=signals,
+                     labels=labels, subjects=subjects)
+        os.replace(partial, cache_path)
+    except OSError:
+        pass  # caching is an optimisation; a read-only home must not stop training

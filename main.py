@@ -1,0 +1,18 @@
+"""Train a HAR model on one device (CUDA if present, else CPU). See README.md."""
+import sys
+
+from training.cli import parse_args
+from training.errors import UsageError, run_entry_point
+from training.strategy import distributed_env
+
+
+def main(argv):
+    args = parse_args(argv, multi_gpu=False)
+    if distributed_env()[2] > 1:
+        raise UsageError("main.py is single-device; under torchrun use main_multi_gpu.py --multi-gpu ddp")
+    from training.trainer import train  # after parsing, so --help stays fast
+    return train(args)
+
+
+if __name__ == "__main__":
+    sys.exit(run_entry_point(main))

@@ -1,0 +1,25 @@
+"""A small Transformer encoder over 32 tokens made by a strided convolutional stem."""
+import torch
+from torch import nn
+
+from models.blocks import conv_block
+
+
+class HARTransformer(nn.Module):
+    def __init__(self, in_channels, num_classes, dropout=0.1, norm="batch", width=64, depth=2,
+                 heads=4, max_tokens=64):
+        super().__init__()
+        # Two stride-2 convolutions: 128 steps become 32 tokens, each seeing ~0.2 s of signal.
+        self.stem = nn.Sequential(conv_block(in_channels, width, 5, norm, stride=2),
+                                  conv_block(width, width, 3, norm, stride=2))
+        self.position = nn.Parameter(torch.zeros(1, max_tokens, width))
+        nn.init.trunc_normal_(self.position, std=0.02)
+        layer = nn.TransformerEncoderLayer(width, heads, dim_feedforward=2 * width, dropout=dropout,
+                                           batch_first=True, norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
+        self.head = nn.Sequential(nn.LayerNorm(width), nn.Dropout(dropout), nn.Linear(width, num_classes))
+
+    def forward(self, x):
+        tokens = self.stem(x).transpose(1, 2)  # [B, tokens, width]
+        tokens = tokens + self.position[:, :tokens.shape[1]]
+        return self.head(self.encoder(tokens).mean(dim=1))

@@ -1,0 +1,155 @@
+"""The one command-line parser both entry points share, grouped as --help shows it."""
+import argparse
+
+from data.splits import CHANNEL_MODES
+from data.synthetic import DEFAULT_WINDOWS_PER_SUBJECT
+from models import MODELS, NORMS
+from training.errors import UsageError
+
+DEFAULT_WARMUP_EPOCHS = 2.0
+
+
+def build_parser(multi_gpu):
+    """multi_gpu=True adds the --multi-gpu group used by main_multi_gpu.py."""
+    prog = "main_multi_gpu.py" if multi_gpu else "main.py"
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Train a Human Activity Recognition model on UCI HAR or synthetic data.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+
+    if multi_gpu:
+        group = parser.add_argument_group("multi-GPU")
+        group.add_argument("--multi-gpu", choices=("none", "dp", "ddp"), default="none",
+                           help="none: one device; dp: nn.DataParallel in one process; ddp: "
+                                "DistributedDataParallel, one process per GPU (under torchrun)")
+        group.add_argument("--nproc-per-node", type=int, default=None,
+                           help="ddp without torchrun: processes to launch on this machine "
+                                "(default: the GPUs in use, or 1 on CPU)")
+
+    group = parser.add_argument_group("hardware")
+    group.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                       help="auto picks CUDA when a GPU is visible")
+    group.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto",
+                       help="ddp process-group backend; auto: nccl on CUDA, gloo on CPU")
+    group.add_argument("--gpu-ids", type=_gpu_id_list, default=None,
+                       help="comma-separated GPU indices to use, e.g. 0,1,3 (default: all visible)")
+    group.add_argument("--num-workers", type=int, default=0,
+                       help="DataLoader worker processes per GPU/process; the data is already in "
+                            "memory, so 0 is usually fastest")
+    group.add_argument("--compile", action="store_true", help="torch.compile the model")
+    group.add_argument("--sync-bn", action="store_true",
+                       help="ddp on CUDA: synchronise BatchNorm statistics across processes")
+
+    group = parser.add_argument_group("data")
+    group.add_argument("--dataset", choices=("auto", "uci-har", "synthetic"), default="auto",
+                       help="auto: UCI HAR when --data-dir holds it, else the built-in synthetic data")
+    group.add_argument("--data-dir", default=None,
+                       help="the 'UCI HAR Dataset' folder or the folder that holds it")
+    group.add_argument("--mode", choices=CHANNEL_MODES, default="flatten",
+                       help="channels: flatten = all 9; average = x,y,z averaged over the three "
+                            "sensors (3); first = body_acc x,y,z (3)")
+    group.add_argument("--val-fraction", type=float, default=0.2,
+                       help="share of the training subjects held out (whole subjects) for validation")
+    group.add_argument("--synthetic-seed", type=int, default=0,
+                       help="seed of the synthetic dataset (separate from --seed so runs compare "
+                            "on the same data)")
+    group.add_argument("--synthetic-windows-per-subject", type=int, default=DEFAULT_WINDOWS_PER_SUBJECT,
+                       help="synthetic windows per subject (30 subjects)")
+
+    group = parser.add_argument_group("model")
+    group.add_argument("--model", choices=tuple(MODELS), default="cnn1d")
+    group.add_argument("--dropout", type=float, default=0.1)
+    group.add_argument("--norm", choices=NORMS, default="batch",
+                       help="normalisation in the convolutional layers; group and none do not "
+                            "depend on the batch split")
+
+    group = parser.add_argument_group("optimisation")
+    group.add_argument("--epochs", type=int, default=20)
+    group.add_argument("--batch-size", type=int, default=32, help="per GPU (per process on CPU)")
+    group.add_argument("--lr", type=float, default=1e-3,
+                       help="reference learning rate for ONE device with no accumulation")
+    group.add_argument("--lr-scaling", choices=("linear", "sqrt", "none"), default="linear",
+                       help="peak lr = lr x (global batch / batch size), its square root, or lr")
+    group.add_argument("--warmup-epochs", type=float, default=None,
+                       help=f"linear warmup, may be fractional (default: {DEFAULT_WARMUP_EPOCHS:g}, "
+                            "or a fifth of the run when that is shorter)")
+    group.add_argument("--weight-decay", type=float, default=1e-4,
+                       help="AdamW weight decay, applied to weight matrices and kernels only")
+    group.add_argument("--grad-accum-steps", type=int, default=1,
+                       help="micro-batches per optimizer step")
+    group.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping; 0 disables")
+    group.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None,
+                       help="mixed precision (default: on for CUDA, off for CPU)")
+    group.add_argument("--amp-dtype", choices=("bf16", "fp16"), default=None,
+                       help="default: bf16 where supported, else fp16 with a GradScaler; CPU: bf16")
+    group.add_argument("--early-stopping-patience", type=int, default=0,
+                       help="stop after this many epochs without a better validation macro-F1; 0 = off")
+    group.add_argument("--seed", type=int, default=42, help="initialisation, shuffling and dropout")
+
+    group = parser.add_argument_group("checkpoints and logging")
+    group.add_argument("--save-dir", default=None,
+                       help="checkpoints, logs and reports (default: checkpoints/<single|dp|ddp>)")
+    group.add_argument("--resume", default="auto", metavar="{auto,PATH}",
+                       help="auto: continue from <save-dir>/last.pt when it exists; PATH: that checkpoint")
+    group.add_argument("--no-resume", dest="resume", action="store_const", const=None,
+                       help="start from scratch even if <save-dir>/last.pt exists")
+    group.add_argument("--stop-after-epochs", type=int, default=None,
+                       help="leave after this many epochs of this invocation, with the schedule "
+                            "still planned for --epochs; resume later to continue")
+    group.add_argument("--log-interval", type=int, default=10,
+                       help="optimizer steps between progress-bar and TensorBoard loss updates")
+    group.add_argument("--debug", action="store_true",
+                       help="show full tracebacks instead of one-line errors")
+    return parser
+
+
+def parse_args(argv=None, multi_gpu=False):
+    args = build_parser(multi_gpu).parse_args(argv)
+    if not multi_gpu:
+        args.multi_gpu, args.nproc_per_node = "none", None
+    check_args(args)
+    return args
+
+
+def check_args(args):
+    """Reject values that cannot work, before anything is loaded or written."""
+    positive = {"--epochs": args.epochs, "--batch-size": args.batch_size,
+                "--grad-accum-steps": args.grad_accum_steps, "--log-interval": args.log_interval}
+    if args.stop_after_epochs is not None:
+        positive["--stop-after-epochs"] = args.stop_after_epochs
+    if args.nproc_per_node is not None:
+        positive["--nproc-per-node"] = args.nproc_per_node
+    for flag, value in positive.items():
+        if value < 1:
+            raise UsageError(f"{flag} must be at least 1, got {value}")
+    if not args.lr > 0:
+        raise UsageError(f"--lr must be positive, got {args.lr}")
+    if not 0 <= args.dropout < 1:
+        raise UsageError(f"--dropout must be in [0, 1), got {args.dropout}")
+    for flag, value in {"--weight-decay": args.weight_decay, "--max-grad-norm": args.max_grad_norm,
+                        "--num-workers": args.num_workers,
+                        "--early-stopping-patience": args.early_stopping_patience}.items():
+        if value < 0:
+            raise UsageError(f"{flag} must not be negative, got {value}")
+    if args.warmup_epochs is not None:
+        if args.warmup_epochs < 0:
+            raise UsageError(f"--warmup-epochs must not be negative, got {args.warmup_epochs}")
+        if args.warmup_epochs > args.epochs:
+            raise UsageError(f"--warmup-epochs {args.warmup_epochs:g} is longer than the run "
+                             f"(--epochs {args.epochs}); lower it or train longer")
+
+
+def warmup_epochs(args):
+    """The warmup to use: as given, else the default capped at a fifth of the run."""
+    if args.warmup_epochs is not None:
+        return args.warmup_epochs
+    return min(DEFAULT_WARMUP_EPOCHS, args.epochs / 5)
+
+
+def _gpu_id_list(text):
+    try:
+        ids = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated GPU indices such as 0,1, got {text!r}")
+    if not ids or min(ids) < 0 or len(set(ids)) != len(ids):
+        raise argparse.ArgumentTypeError(f"expected distinct non-negative GPU indices, got {text!r}")
+    return ids

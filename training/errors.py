@@ -1,0 +1,33 @@
+"""User-facing errors: one line on stderr and a non-zero exit instead of a traceback."""
+import os
+import sys
+
+from data.errors import DataError
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+class UsageError(ValueError):
+    """A flag, file or environment problem the user can fix; the message says how."""
+
+
+def run_entry_point(main, argv=None):
+    """Call main(argv) and turn the errors a user can fix into `error: ...` and exit code 2.
+
+    --debug or HAR_DEBUG=1 lets the traceback through for bug reports.
+    """
+    argv = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in argv or os.environ.get("HAR_DEBUG") == "1"
+    try:
+        return main(argv)
+    except (UsageError, DataError) as exc:
+        if debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED

@@ -1,0 +1,52 @@
+"""Memory figures of one device: CUDA allocator counters, or the process RSS on CPU."""
+import os
+import resource
+import sys
+
+import torch
+
+GIB = 1024 ** 3
+CUDA_FIELDS = ("allocated_gib", "peak_allocated_gib", "reserved_gib")
+CPU_FIELDS = ("rss_gib", "peak_rss_gib")
+
+
+def memory_fields(device):
+    return CUDA_FIELDS if device.type == "cuda" else CPU_FIELDS
+
+
+def read_memory(device):
+    """Values in GiB, in the order of memory_fields(device). Peaks cover the whole run."""
+    if device.type == "cuda":
+        return [torch.cuda.memory_allocated(device) / GIB, torch.cuda.max_memory_allocated(device) / GIB,
+                torch.cuda.memory_reserved(device) / GIB]
+    return [_current_rss_bytes() / GIB, _peak_rss_bytes() / GIB]
+
+
+def describe(label, fields, values):
+    return {"device": label, **{name: round(value, 4) for name, value in zip(fields, values)}}
+
+
+def format_memory(entries):
+    """One compact console fragment for all devices, e.g. 'cuda:0 0.10/0.31/0.50 GiB'."""
+    parts = []
+    for entry in entries:
+        if "reserved_gib" in entry:
+            parts.append(f"{entry['device']} {entry['allocated_gib']:.2f}/{entry['peak_allocated_gib']:.2f}/"
+                         f"{entry['reserved_gib']:.2f} GiB")
+        else:
+            parts.append(f"{entry['device']} peak RSS {entry['peak_rss_gib']:.2f} GiB")
+    legend = " (alloc/peak/reserved)" if entries and "reserved_gib" in entries[0] else ""
+    return "mem " + ", ".join(parts) + legend
+
+
+def _peak_rss_bytes():
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB
+
+
+def _current_rss_bytes():
+    try:
+        with open("/proc/self/statm") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return _peak_rss_bytes()

@@ -1,0 +1,41 @@
+"""Mixed precision: which autocast dtype to use on this device, and the matching GradScaler."""
+import contextlib
+
+import torch
+
+from training.errors import UsageError
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class Precision:
+    """Resolved AMP settings. fp16 needs a GradScaler; bf16 has fp32's range and does not."""
+
+    def __init__(self, device, amp_flag, amp_dtype_flag):
+        self.device_type = device.type
+        self.enabled = amp_flag if amp_flag is not None else device.type == "cuda"
+        if device.type == "cpu" and amp_dtype_flag == "fp16" and self.enabled:
+            raise UsageError("--amp-dtype fp16 needs CUDA; on CPU --amp uses bf16 (drop --amp-dtype)")
+        if amp_dtype_flag is None:
+            use_bf16 = device.type == "cpu" or torch.cuda.is_bf16_supported()
+            amp_dtype_flag = "bf16" if use_bf16 else "fp16"
+        self.dtype_name = amp_dtype_flag if self.enabled else "fp32"
+        self.dtype = DTYPES.get(amp_dtype_flag) if self.enabled else torch.float32
+
+    @property
+    def needs_grad_scaler(self):
+        return self.enabled and self.dtype == torch.float16
+
+    def autocast(self):
+        if not self.enabled:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.dtype)
+
+    def make_grad_scaler(self):
+        return torch.amp.GradScaler(self.device_type, enabled=self.needs_grad_scaler)
+
+    def describe(self):
+        if not self.enabled:
+            return "precision: fp32 (AMP off)"
+        scaler = " with GradScaler" if self.needs_grad_scaler else ""
+        return f"precision: AMP {self.dtype_name} autocast{scaler}"

@@ -1,0 +1,45 @@
+"""Classification metrics from labels and predictions, via scikit-learn."""
+import numpy as np
+from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, precision_recall_fscore_support
+
+
+def summary_metrics(labels, predictions, num_classes):
+    """Accuracy and macro-F1, the figures logged every epoch."""
+    if len(labels) == 0:
+        return {"acc": 0.0, "macro_f1": 0.0}
+    return {"acc": float(accuracy_score(labels, predictions)),
+            "macro_f1": float(f1_score(labels, predictions, labels=np.arange(num_classes),
+                                       average="macro", zero_division=0))}
+
+
+def classification_report(labels, predictions, class_names):
+    """The JSON-ready test report: overall figures, per-class figures and the confusion matrix."""
+    classes = np.arange(len(class_names))
+    precision, recall, f1, support = precision_recall_fscore_support(
+        labels, predictions, labels=classes, zero_division=0)
+    return {
+        **summary_metrics(labels, predictions, len(class_names)),
+        "num_samples": int(len(labels)),
+        "class_names": list(class_names),
+        "per_class": {name: {"precision": float(precision[i]), "recall": float(recall[i]),
+                             "f1": float(f1[i]), "support": int(support[i])}
+                      for i, name in enumerate(class_names)},
+        # Rows are true classes, columns predicted classes.
+        "confusion_matrix": confusion_matrix(labels, predictions, labels=classes).tolist(),
+    }
+
+
+def format_report(report):
+    """A readable table of the test report for the console."""
+    names = report["class_names"]
+    width = max(len(name) for name in names)
+    lines = [f"{'class':<{width}}  precision  recall     f1  support"]
+    for name in names:
+        row = report["per_class"][name]
+        lines.append(f"{name:<{width}}  {row['precision']:9.3f}  {row['recall']:6.3f}  {row['f1']:5.3f}  "
+                     f"{row['support']:7d}")
+    lines.append(f"accuracy {report['acc']:.4f}   macro-F1 {report['macro_f1']:.4f}   "
+                 f"({report['num_samples']} windows)")
+    lines.append("confusion matrix (rows true, columns predicted; order as above):")
+    lines.extend("  " + " ".join(f"{count:5d}" for count in row) for row in report["confusion_matrix"])
+    return "\n".join(lines)

@@ -1,0 +1,53 @@
+"""Learning-rate arithmetic: scaling with the global batch, warmup and cosine decay (pure functions)."""
+import functools
+import math
+
+from torch.optim.lr_scheduler import LambdaLR
+
+
+def global_batch_size(batch_size, data_parallel_size, grad_accum_steps):
+    """Samples per optimizer step: per-GPU batch x replicas (DDP ranks or DP GPUs) x accumulation."""
+    return batch_size * data_parallel_size * grad_accum_steps
+
+
+def scaled_lr(reference_lr, rule, global_batch, batch_size):
+    """The peak LR: the reference LR (one device, no accumulation) scaled by global/batch_size."""
+    ratio = global_batch / batch_size
+    if rule == "linear":
+        return reference_lr * ratio
+    if rule == "sqrt":
+        return reference_lr * math.sqrt(ratio)
+    if rule == "none":
+        return reference_lr
+    raise ValueError(f"unknown lr scaling rule {rule!r}")
+
+
+def steps_per_epoch(micro_batches_per_epoch, grad_accum_steps):
+    """Optimizer steps in one epoch: a last partial accumulation window still steps."""
+    return math.ceil(micro_batches_per_epoch / grad_accum_steps)
+
+
+def micro_step_plan(batch_index, micro_batches_per_epoch, grad_accum_steps):
+    """For a micro-batch: (size of its accumulation window, whether the optimizer steps after it).
+
+    Windows are grad_accum_steps long except possibly the last of the epoch, which is shorter;
+    dividing each micro-batch loss by its window size keeps the step's gradient a mean.
+    """
+    window_start = (batch_index // grad_accum_steps) * grad_accum_steps
+    window_size = min(grad_accum_steps, micro_batches_per_epoch - window_start)
+    return window_size, batch_index == window_start + window_size - 1
+
+
+def warmup_cosine(step, warmup_steps, total_steps):
+    """LR multiplier for optimizer step `step` (0-based): linear ramp to 1, then cosine to 0."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps  # the first step already moves: never a zero LR
+    decay_steps = max(1, total_steps - warmup_steps)
+    progress = min(1.0, (step - warmup_steps) / decay_steps)
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_scheduler(optimizer, warmup_steps, total_steps):
+    """A LambdaLR over `warmup_cosine`; stepped once per optimizer step, saved in checkpoints."""
+    return LambdaLR(optimizer, functools.partial(warmup_cosine, warmup_steps=warmup_steps,
+                                                 total_steps=total_steps))

@@ -1,0 +1,255 @@
+"""Everything that differs between one device, DataParallel and DDP, behind one small interface.
+
+The training loop only ever calls: wrap, eval_model, no_sync, sum_over_ranks, max_over_ranks,
+gather_concat, memory_report, synchronize, barrier and close.
+"""
+import contextlib
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from training.errors import UsageError
+from training.memory import describe, memory_fields, read_memory
+
+
+class SingleDevice:
+    """One process, one device. Also what DataParallel falls back to without a GPU."""
+
+    name = "single"
+
+    def __init__(self, device, label="single"):
+        self.device = device
+        self.name = label
+        self.rank, self.local_rank, self.world_size = 0, 0, 1
+        self.is_main = True
+
+    @property
+    def data_parallel_size(self):
+        """How many model replicas split one step's batch (the loader batch is batch_size x this)."""
+        return 1
+
+    @property
+    def sample_shards(self):
+        """How many processes each read their own share of the data (the sampler's world size)."""
+        return self.world_size
+
+    def describe(self):
+        return f"{self.name} on {self.device}"
+
+    def wrap(self, model):
+        return model
+
+    def eval_model(self, model):
+        return model
+
+    def no_sync(self):
+        return contextlib.nullcontext()
+
+    def sum_over_ranks(self, tensor):
+        return tensor
+
+    def max_over_ranks(self, tensor):
+        return tensor
+
+    def gather_concat(self, tensor):
+        return tensor
+
+    def broadcast_module(self, module):
+        """Make every rank hold rank 0's parameters and buffers (nothing to do in one process)."""
+
+    def memory_report(self):
+        return [describe(str(self.device), memory_fields(self.device), read_memory(self.device))]
+
+    def synchronize(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def barrier(self):
+        pass
+
+    def close(self):
+        pass
+
+
+class DataParallelStrategy(SingleDevice):
+    """nn.DataParallel: one process scatters each batch over several GPUs."""
+
+    def __init__(self, gpu_ids):
+        super().__init__(torch.device("cuda", gpu_ids[0]), label="dp")
+        self.gpu_ids = gpu_ids
+        self._wrapped = None
+
+    @property
+    def data_parallel_size(self):
+        return len(self.gpu_ids)
+
+    def describe(self):
+        return f"dp over GPUs {','.join(map(str, self.gpu_ids))} (outputs gathered on cuda:{self.gpu_ids[0]})"
+
+    def wrap(self, model):
+        self._wrapped = nn.DataParallel(model, device_ids=self.gpu_ids, output_device=self.gpu_ids[0])
+        return self._wrapped
+
+    def eval_model(self, model):
+        return self._wrapped or model  # no collectives in DP, so evaluation uses every GPU too
+
+    def memory_report(self):
+        # Replica 0 also holds the gathered outputs and the optimizer, so it shows the imbalance.
+        return [describe(f"cuda:{i}", memory_fields(torch.device("cuda", i)), read_memory(torch.device("cuda", i)))
+                for i in self.gpu_ids]
+
+    def synchronize(self):
+        for i in self.gpu_ids:
+            torch.cuda.synchronize(i)
+
+
+class DistributedStrategy(SingleDevice):
+    """DistributedDataParallel, one process per device, ranks taken from torchrun's environment."""
+
+    def __init__(self, device_type, backend, gpu_ids, sync_bn, timeout_s=1800):
+        rank, local_rank, world_size = distributed_env()
+        if device_type == "cuda":
+            visible = gpu_ids or list(range(torch.cuda.device_count()))
+            if local_rank >= len(visible):
+                raise UsageError(f"local rank {local_rank} has no GPU: {len(visible)} in use on this node; "
+                                 "lower --nproc-per-node / torchrun's --nproc_per_node")
+            device = torch.device("cuda", visible[local_rank])
+            torch.cuda.set_device(device)
+        else:
+            device = torch.device("cpu")
+        super().__init__(device, label="ddp")
+        self.rank, self.local_rank, self.world_size = rank, local_rank, world_size
+        self.is_main = rank == 0
+        self.sync_bn = sync_bn
+        self._ddp = None
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s),
+                                device_id=device if device.type == "cuda" else None)
+
+    @property
+    def data_parallel_size(self):
+        return self.world_size
+
+    def describe(self):
+        return (f"ddp with {self.world_size} processes ({dist.get_backend()}), rank {self.rank} on "
+                f"{self.device}")
+
+    def wrap(self, model):
+        if self.sync_bn:
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        self._ddp = DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=False,
+                                            gradient_as_bucket_view=True)
+        return self._ddp
+
+    def eval_model(self, model):
+        # The bare module: DDP's forward would broadcast buffers, a collective that deadlocks
+        # when ranks hold different numbers of evaluation batches.
+        return model
+
+    def no_sync(self):
+        return self._ddp.no_sync()
+
+    def sum_over_ranks(self, tensor):
+        tensor = tensor.clone()
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
+    def max_over_ranks(self, tensor):
+        tensor = tensor.clone()
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return tensor
+
+    def gather_concat(self, tensor):
+        """Concatenate every rank's 1-D tensor (lengths may differ) on every rank."""
+        length = torch.tensor([tensor.numel()], device=self.device)
+        lengths = [torch.zeros_like(length) for _ in range(self.world_size)]
+        dist.all_gather(lengths, length)
+        longest = int(max(lengths).item())
+        padded = torch.zeros(longest, dtype=tensor.dtype, device=self.device)
+        padded[:tensor.numel()] = tensor
+        pieces = [torch.zeros_like(padded) for _ in range(self.world_size)]
+        dist.all_gather(pieces, padded)
+        return torch.cat([piece[:int(n.item())] for piece, n in zip(pieces, lengths)])
+
+    def broadcast_module(self, module):
+        for tensor in module.state_dict().values():
+            dist.broadcast(tensor, src=0)
+
+    def memory_report(self):
+        """Every rank's figures, gathered so rank 0 can log them all."""
+        fields = memory_fields(self.device)
+        device_index = -1 if self.device.index is None else self.device.index
+        values = torch.tensor([*read_memory(self.device), device_index], dtype=torch.float64,
+                              device=self.device)
+        gathered = [torch.zeros_like(values) for _ in range(self.world_size)]
+        dist.all_gather(gathered, values)
+        report = []
+        for rank, rank_values in enumerate(gathered):
+            *memory, index = rank_values.tolist()
+            label = f"rank{rank}:cuda:{int(index)}" if index >= 0 else f"rank{rank}:cpu"
+            report.append(describe(label, fields, memory))
+        return report
+
+    def barrier(self):
+        dist.barrier()
+
+    def close(self):
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def distributed_env():
+    """(rank, local_rank, world_size) from the variables torchrun sets; (0, 0, 1) without them."""
+    return (int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)),
+            int(os.environ.get("WORLD_SIZE", 1)))
+
+
+def launched_by_torchrun():
+    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def resolve_device_type(requested):
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda but no GPU is visible to PyTorch; use --device cpu or auto")
+    return requested
+
+
+def check_gpu_ids(gpu_ids):
+    count = torch.cuda.device_count()
+    for gpu in gpu_ids or ():
+        if gpu >= count:
+            raise UsageError(f"--gpu-ids names GPU {gpu}, but {count} GPU(s) are visible"
+                             + (f" (0..{count - 1})" if count else "") + "; pick from those")
+
+
+def make_strategy(args):
+    """The strategy for args.multi_gpu ('none', 'dp' or 'ddp'), with its device chosen."""
+    device_type = resolve_device_type(args.device)
+    if device_type == "cpu" and args.gpu_ids:
+        raise UsageError("--gpu-ids was given with --device cpu (or no visible GPU); drop one of them")
+    check_gpu_ids(args.gpu_ids)
+    if args.multi_gpu == "ddp":
+        backend = args.backend if args.backend != "auto" else ("nccl" if device_type == "cuda" else "gloo")
+        if backend == "nccl" and device_type != "cuda":
+            raise UsageError("--backend nccl needs CUDA devices; use --backend gloo on CPU")
+        if args.sync_bn and device_type != "cuda":
+            raise UsageError("--sync-bn needs CUDA (SyncBatchNorm has no CPU kernel); on CPU use "
+                             "--norm group or --norm none for batch-split-independent results")
+        return DistributedStrategy(device_type, backend, args.gpu_ids, args.sync_bn)
+    if args.sync_bn:
+        raise UsageError("--sync-bn only applies to --multi-gpu ddp")
+    if args.multi_gpu == "dp" and device_type == "cuda":
+        return DataParallelStrategy(args.gpu_ids or list(range(torch.cuda.device_count())))
+    if device_type == "cuda":
+        return SingleDevice(torch.device("cuda", (args.gpu_ids or [0])[0]), label=_label(args))
+    return SingleDevice(torch.device("cpu"), label=_label(args))
+
+
+def _label(args):
+    return "dp" if args.multi_gpu == "dp" else "single"
