@@ -1,6 +1,7 @@
 """Read the raw inertial signals of the UCI HAR Dataset, validate them, and cache them as .npz."""
 import hashlib
 import os
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -56,23 +57,34 @@ def load_split(root, split):
 
 
 def _parse_split(signal_paths, label_path, subject_path):
-    signals = np.stack([_read_matrix(path, WINDOW_STEPS) for path in signal_paths], axis=1)
+    matrices = [_read_matrix(path, WINDOW_STEPS) for path in signal_paths]
     labels = _read_matrix(label_path, 1).reshape(-1)
     subjects = _read_matrix(subject_path, 1).reshape(-1)
     counts = {path.name: len(m) for path, m in
-              [(signal_paths[0], signals), (label_path, labels), (subject_path, subjects)]}
+              [*zip(signal_paths, matrices), (label_path, labels), (subject_path, subjects)]}
     if len(set(counts.values())) != 1:
-        raise DataError("UCI HAR row counts disagree: "
-                        + ", ".join(f"{name} has {n}" for name, n in counts.items())
-                        + " (the files come from different versions of the dataset)")
+        usual = max(set(counts.values()), key=list(counts.values()).count)
+        odd = ", ".join(f"{name} has {n}" for name, n in counts.items() if n != usual)
+        raise DataError(f"UCI HAR row counts disagree: {odd}, the other files {usual} "
+                        "(a truncated file, or files from different versions of the dataset)")
+    signals = np.stack(matrices, axis=1)
     if not np.all(np.isfinite(signals)):
         window = int(np.argwhere(~np.isfinite(signals))[0][0])
         raise DataError(f"UCI HAR signals contain NaN or infinity (first in window {window + 1}); "
                         "fix or re-extract the dataset")
-    if labels.min() < 1 or labels.max() > len(CLASS_NAMES) or np.any(labels != np.round(labels)):
-        bad = labels[(labels < 1) | (labels > len(CLASS_NAMES)) | (labels != np.round(labels))][0]
-        raise DataError(f"{label_path}: label {bad:g} is outside 1..{len(CLASS_NAMES)}")
+    _check_integers(label_path, "label", labels, low=1, high=len(CLASS_NAMES))
+    _check_integers(subject_path, "subject id", subjects, low=1, high=None)
     return signals, labels.astype(np.int64) - 1, subjects.astype(np.int64)
+
+
+def _check_integers(path, what, values, low, high):
+    bad = ~np.isfinite(values) | (values != np.round(values)) | (values < low)
+    if high is not None:
+        bad |= values > high
+    if np.any(bad):
+        row = int(np.argmax(bad))
+        allowed = f"{low}..{high}" if high is not None else f"whole numbers from {low}"
+        raise DataError(f"{path}: line {row + 1}: {what} {values[row]:g} is outside {allowed}")
 
 
 def _read_matrix(path, columns):
@@ -84,11 +96,11 @@ def _read_matrix(path, columns):
         values = np.array(" ".join(lines).split(), dtype=np.float32)
     except ValueError as exc:
         raise DataError(f"{path}: not a number ({exc}); re-extract the dataset") from None
-    if values.size != len(lines) * columns:
-        for number, line in enumerate(lines, start=1):
-            found = len(line.split())
-            if found != columns:
-                raise DataError(f"{path}: line {number} has {found} values, expected {columns}")
+    # Each row is counted: a matching total can hide one long and one short row.
+    for number, line in enumerate(lines, start=1):
+        found = len(line.split())
+        if found != columns:
+            raise DataError(f"{path}: line {number} has {found} values, expected {columns}")
     return values.reshape(len(lines), columns)
 
 
@@ -118,7 +130,7 @@ def _read_cache(cache_path, fingerprint):
             if str(cache["fingerprint"]) != fingerprint:
                 return None
             return cache["signals"], cache["labels"], cache["subjects"]
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
         return None  # a damaged cache is rebuilt from the text files
 
 

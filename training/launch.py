@@ -6,12 +6,12 @@ import sys
 import torch
 
 from training.errors import UsageError
-from training.strategy import check_gpu_ids, resolve_device_type
+from training.strategy import check_parallel_args
 
 
 def processes_per_node(args):
     """--nproc-per-node, else one per GPU in use, else one CPU process."""
-    device_type = resolve_device_type(args.device)
+    device_type, _ = check_parallel_args(args)
     gpus = len(args.gpu_ids) if args.gpu_ids else (torch.cuda.device_count() if device_type == "cuda" else 0)
     if args.nproc_per_node is None:
         return max(1, gpus)
@@ -28,7 +28,6 @@ def torchrun_command(script, argv, nproc):
 
 
 def relaunch_under_torchrun(args, script, argv):
-    check_gpu_ids(args.gpu_ids)
     command = torchrun_command(script, argv, processes_per_node(args))
     print("launching: " + " ".join(shlex.quote(part) for part in command), flush=True)
     if args.gpu_ids:

@@ -38,6 +38,8 @@ class SingleDevice:
         return self.world_size
 
     def describe(self):
+        if self.name == "dp":
+            return f"dp requested but no GPU is visible: running the plain module on {self.device}"
         return f"{self.name} on {self.device}"
 
     def wrap(self, model):
@@ -228,22 +230,31 @@ def check_gpu_ids(gpu_ids):
                              + (f" (0..{count - 1})" if count else "") + "; pick from those")
 
 
-def make_strategy(args):
-    """The strategy for args.multi_gpu ('none', 'dp' or 'ddp'), with its device chosen."""
+def check_parallel_args(args):
+    """Validate device, GPU and backend flags; returns (device_type, backend). Runs before any
+    process is launched, so a bad combination fails once, in one line."""
     device_type = resolve_device_type(args.device)
     if device_type == "cpu" and args.gpu_ids:
         raise UsageError("--gpu-ids was given with --device cpu (or no visible GPU); drop one of them")
     check_gpu_ids(args.gpu_ids)
+    backend = args.backend if args.backend != "auto" else ("nccl" if device_type == "cuda" else "gloo")
+    if args.multi_gpu != "ddp":
+        if args.sync_bn:
+            raise UsageError("--sync-bn only applies to --multi-gpu ddp")
+        return device_type, None
+    if backend == "nccl" and device_type != "cuda":
+        raise UsageError("--backend nccl needs CUDA devices; use --backend gloo on CPU")
+    if args.sync_bn and device_type != "cuda":
+        raise UsageError("--sync-bn needs CUDA (SyncBatchNorm has no CPU kernel); on CPU use "
+                         "--norm group or --norm none for batch-split-independent results")
+    return device_type, backend
+
+
+def make_strategy(args):
+    """The strategy for args.multi_gpu ('none', 'dp' or 'ddp'), with its device chosen."""
+    device_type, backend = check_parallel_args(args)
     if args.multi_gpu == "ddp":
-        backend = args.backend if args.backend != "auto" else ("nccl" if device_type == "cuda" else "gloo")
-        if backend == "nccl" and device_type != "cuda":
-            raise UsageError("--backend nccl needs CUDA devices; use --backend gloo on CPU")
-        if args.sync_bn and device_type != "cuda":
-            raise UsageError("--sync-bn needs CUDA (SyncBatchNorm has no CPU kernel); on CPU use "
-                             "--norm group or --norm none for batch-split-independent results")
         return DistributedStrategy(device_type, backend, args.gpu_ids, args.sync_bn)
-    if args.sync_bn:
-        raise UsageError("--sync-bn only applies to --multi-gpu ddp")
     if args.multi_gpu == "dp" and device_type == "cuda":
         return DataParallelStrategy(args.gpu_ids or list(range(torch.cuda.device_count())))
     if device_type == "cuda":

@@ -1,0 +1,61 @@
+"""Helpers shared by the tests: running the real entry points in-process or as subprocesses."""
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+# 17 training subjects x 32 windows = 544 windows: 17 full batches of 32, so every variant the
+# equivalence tests compare sees exactly the same samples in each optimizer step.
+TINY_DATA = ["--dataset", "synthetic", "--synthetic-windows-per-subject", "32"]
+
+
+def run_in_process(script, argv):
+    """Call main.py / main_multi_gpu.py's main through the same wrapper as the command line.
+
+    Returns (exit code, stdout, stderr)."""
+    import main as single_entry
+    import main_multi_gpu as multi_entry
+    from training.errors import run_entry_point
+    module = {"main.py": single_entry, "main_multi_gpu.py": multi_entry}[script]
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = run_entry_point(module.main, list(map(str, argv)))
+        except SystemExit as exc:  # argparse errors
+            code = exc.code
+    return code, out.getvalue(), err.getvalue()
+
+
+def run_subprocess(command, timeout=300, env=None):
+    """Run a command from the repository root with a clean environment for torchrun."""
+    full_env = {key: value for key, value in os.environ.items()
+                if key not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    full_env.update(env or {})
+    return subprocess.run([str(part) for part in command], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env=full_env)
+
+
+def load_checkpoint(path):
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def read_metrics(save_dir):
+    return [json.loads(line) for line in (Path(save_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def max_abs_difference(state_a, state_b):
+    assert state_a.keys() == state_b.keys()
+    return max((state_a[k].double() - state_b[k].double()).abs().max().item()
+               for k in state_a if state_a[k].is_floating_point())
+
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -1,0 +1,190 @@
+"""End-to-end runs through the real entry points, and the equivalences proven on weights."""
+import json
+import shutil
+import sys
+
+import pytest
+import torch
+
+from conftest import (REPO, TINY_DATA, load_checkpoint, max_abs_difference, read_metrics, requires_cuda,
+                      run_in_process, run_subprocess)
+
+# The configuration where one process x 32, DDP 2 x 16 and accumulation 2 x 16 are the same
+# mathematics: no batch-dependent layers, no dropout, the same LR whatever the split.
+EQUIVALENT = [*TINY_DATA, "--norm", "none", "--dropout", "0", "--lr-scaling", "none", "--no-resume"]
+# Differences of float32 summation order only; a real mismatch is orders of magnitude larger.
+WEIGHT_TOLERANCE = 2e-5
+EPOCH_KEYS = {"epoch", "train_loss", "val_loss", "val_acc", "val_macro_f1", "lr", "samples_per_s",
+              "epoch_time_s", "world_size", "memory"}
+
+
+def torchrun():
+    found = shutil.which("torchrun")
+    return [found] if found else [sys.executable, "-m", "torch.distributed.run"]
+
+
+def assert_run_outputs(save_dir, epochs, world_size):
+    """What every finished run leaves: checkpoints, per-epoch metrics, TensorBoard, test report."""
+    records = read_metrics(save_dir)
+    assert [r["epoch"] for r in records] == list(range(1, epochs + 1))  # one writer: no duplicates
+    for record in records:
+        assert EPOCH_KEYS <= record.keys()
+        assert record["world_size"] == world_size and record["samples_per_s"] > 0
+        assert len(record["memory"]) == world_size
+        assert all(entry["peak_rss_gib"] > 0 for entry in record["memory"])
+    report = json.loads((save_dir / "test_report.json").read_text())
+    assert set(report["per_class"]) == set(report["class_names"]) and len(report["class_names"]) == 6
+    matrix = torch.tensor(report["confusion_matrix"])
+    assert matrix.shape == (6, 6) and matrix.sum().item() == report["num_samples"] > 0
+    assert report["acc"] == pytest.approx(matrix.diag().sum().item() / matrix.sum().item())
+    assert list((save_dir / "logs").glob("events.out.tfevents.*"))
+    checkpoint = load_checkpoint(save_dir / "last.pt")  # weights_only=True
+    assert {"model", "optimizer", "scheduler", "scaler", "epoch", "step", "config", "normalization",
+            "world_size", "best_metric"} <= checkpoint.keys()
+    assert not any(key.startswith(("module.", "_orig_mod.")) for key in checkpoint["model"])
+    assert checkpoint["epoch"] == epochs and checkpoint["world_size"] == world_size
+    best = load_checkpoint(save_dir / "best.pt")
+    assert best["best_metric"] == max(r["val_macro_f1"] for r in records)
+    return records, checkpoint
+
+
+def test_main_py_trains_end_to_end(tmp_path):
+    result = run_subprocess([sys.executable, "main.py", *TINY_DATA, "--epochs", "2",
+                             "--save-dir", tmp_path / "run"])
+    assert result.returncode == 0, result.stderr
+    assert "data: synthetic" in result.stdout and "parameters" in result.stdout
+    assert "peak 1.00e-03" in result.stdout  # one device, no accumulation: the reference LR
+    assert "macro-F1" in result.stdout and "Traceback" not in result.stderr
+    assert_run_outputs(tmp_path / "run", epochs=2, world_size=1)
+
+
+def test_data_parallel_on_cpu_falls_back_to_the_plain_module(tmp_path):
+    result = run_subprocess([sys.executable, "main_multi_gpu.py", "--multi-gpu", "dp", *TINY_DATA,
+                             "--epochs", "1", "--save-dir", tmp_path / "dp"])
+    assert result.returncode == 0, result.stderr
+    assert "no GPU is visible: running the plain module on cpu" in result.stdout
+    assert_run_outputs(tmp_path / "dp", epochs=1, world_size=1)
+
+
+def test_ddp_two_ranks_equal_one_process_with_the_global_batch(tmp_path):
+    """torchrun, 2 gloo ranks x 16 == one process x 32, compared on the weights after 34 steps."""
+    ddp = run_subprocess([*torchrun(), "--standalone", "--nproc_per_node=2", "main_multi_gpu.py",
+                          "--multi-gpu", "ddp", "--device", "cpu", *EQUIVALENT, "--batch-size", "16",
+                          "--epochs", "2", "--save-dir", tmp_path / "ddp"])
+    assert ddp.returncode == 0, ddp.stderr
+    records, ddp_checkpoint = assert_run_outputs(tmp_path / "ddp", epochs=2, world_size=2)
+    assert [entry["device"] for entry in records[-1]["memory"]] == ["rank0:cpu", "rank1:cpu"]
+    assert ddp.stdout.count("epoch 2/2 |") == 1  # rank 0 alone prints
+
+    code, _, err = run_in_process("main.py", [*EQUIVALENT, "--batch-size", "32", "--epochs", "2",
+                                              "--save-dir", tmp_path / "one"])
+    assert code == 0, err
+    one_checkpoint = load_checkpoint(tmp_path / "one" / "last.pt")
+    assert ddp_checkpoint["step"] == one_checkpoint["step"] == 34
+    assert max_abs_difference(ddp_checkpoint["model"], one_checkpoint["model"]) < WEIGHT_TOLERANCE
+
+    # The comparison has teeth: half the batch per step is a different run.
+    code, _, err = run_in_process("main.py", [*EQUIVALENT, "--batch-size", "16", "--epochs", "1",
+                                              "--save-dir", tmp_path / "half"])
+    assert code == 0, err
+    half = load_checkpoint(tmp_path / "half" / "last.pt")
+    assert max_abs_difference(half["model"], one_checkpoint["model"]) > 100 * WEIGHT_TOLERANCE
+
+
+def test_accumulation_2x16_equals_batch_32(tmp_path):
+    runs = {}
+    for name, flags in {"accum": ["--batch-size", "16", "--grad-accum-steps", "2"],
+                        "batch": ["--batch-size", "32"],
+                        "no-accum": ["--batch-size", "16"]}.items():
+        code, out, err = run_in_process("main.py", [*EQUIVALENT, *flags, "--epochs", "2",
+                                                    "--save-dir", tmp_path / name])
+        assert code == 0, err
+        runs[name] = load_checkpoint(tmp_path / name / "last.pt")
+    assert runs["accum"]["step"] == runs["batch"]["step"] == 34
+    assert max_abs_difference(runs["accum"]["model"], runs["batch"]["model"]) < WEIGHT_TOLERANCE
+    assert max_abs_difference(runs["no-accum"]["model"], runs["batch"]["model"]) > 100 * WEIGHT_TOLERANCE
+
+
+def test_resume_after_two_epochs_matches_four_straight_epochs(tmp_path):
+    # Default model with BatchNorm and dropout: the RNG and every state must come back exactly.
+    common = [*TINY_DATA, "--epochs", "4", "--warmup-epochs", "1"]
+    code, _, err = run_in_process("main.py", [*common, "--no-resume", "--save-dir", tmp_path / "straight"])
+    assert code == 0, err
+    code, out, err = run_in_process("main.py", [*common, "--stop-after-epochs", "2", "--save-dir",
+                                                tmp_path / "split"])
+    assert code == 0, err
+    assert "continue from epoch 3" in out and not (tmp_path / "split" / "test_report.json").exists()
+    assert load_checkpoint(tmp_path / "split" / "last.pt")["epoch"] == 2
+    code, out, err = run_in_process("main.py", [*common, "--save-dir", tmp_path / "split"])
+    assert code == 0, err
+    assert "RESUMING from" in out and "2 epochs" in out
+
+    straight = load_checkpoint(tmp_path / "straight" / "last.pt")
+    resumed = load_checkpoint(tmp_path / "split" / "last.pt")
+    for key, tensor in straight["model"].items():
+        assert torch.equal(tensor, resumed["model"][key]), key
+    for key, state in straight["optimizer"]["state"].items():
+        for name, tensor in state.items():
+            assert torch.equal(tensor, resumed["optimizer"]["state"][key][name]), (key, name)
+    assert straight["scheduler"] == resumed["scheduler"]
+    assert straight["best_metric"] == resumed["best_metric"]
+    assert [r["epoch"] for r in read_metrics(tmp_path / "split")] == [1, 2, 3, 4]
+    reports = [json.loads((tmp_path / name / "test_report.json").read_text()) for name in ("straight", "split")]
+    for report in reports:
+        del report["checkpoint"]  # the only field that names the folder
+    assert reports[0] == reports[1]
+
+
+def test_checkpoints_cross_load_between_main_py_and_ddp(tmp_path):
+    # One process writes epoch 1 of 2 ...
+    code, _, err = run_in_process("main.py", [*EQUIVALENT, "--epochs", "2", "--stop-after-epochs", "1",
+                                              "--save-dir", tmp_path / "single"])
+    assert code == 0, err
+    # ... DDP (through main_multi_gpu.py's own launcher) loads it and finishes the run ...
+    ddp = run_subprocess([sys.executable, "main_multi_gpu.py", "--multi-gpu", "ddp", "--nproc-per-node", "2",
+                          "--device", "cpu", *EQUIVALENT[:-1], "--batch-size", "16", "--epochs", "2",
+                          "--resume", tmp_path / "single" / "last.pt", "--save-dir", tmp_path / "ddp"])
+    assert ddp.returncode == 0, ddp.stderr
+    assert "torch.distributed.run" in ddp.stdout and "RESUMING" in ddp.stdout
+    records = read_metrics(tmp_path / "ddp")
+    assert [r["epoch"] for r in records] == [2] and records[0]["world_size"] == 2
+    ddp_checkpoint = load_checkpoint(tmp_path / "ddp" / "last.pt")
+    assert ddp_checkpoint["epoch"] == 2 and ddp_checkpoint["world_size"] == 2
+    # ... and one process loads the DDP checkpoint again.
+    code, out, err = run_in_process("main.py", [*EQUIVALENT[:-1], "--epochs", "3",
+                                                "--resume", tmp_path / "ddp" / "last.pt",
+                                                "--save-dir", tmp_path / "back"])
+    assert code == 0, err
+    assert "RESUMING" in out and load_checkpoint(tmp_path / "back" / "last.pt")["epoch"] == 3
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--batch-size", "0"], "--batch-size must be at least 1"),
+    (["--grad-accum-steps", "-1"], "--grad-accum-steps must be at least 1"),
+    (["--warmup-epochs", "5", "--epochs", "2"], "longer than the run"),
+    (["--resume", "/nonexistent/last.pt"], "does not exist"),
+    (["--device", "cpu", "--gpu-ids", "0"], "--gpu-ids was given with --device cpu"),
+])
+def test_bad_input_gives_one_line_and_exit_2(tmp_path, flags, message):
+    code, out, err = run_in_process("main.py", [*TINY_DATA, *flags, "--save-dir", tmp_path / "bad"])
+    assert code == 2
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+    assert "Traceback" not in err
+
+
+def test_ddp_flags_that_cannot_work_on_cpu_fail_before_launching(tmp_path):
+    # Checked before torchrun starts, so the user sees one line rather than one per rank.
+    code, _, err = run_in_process("main_multi_gpu.py", ["--multi-gpu", "ddp", "--device", "cpu", "--sync-bn",
+                                                        *TINY_DATA, "--save-dir", tmp_path / "x"])
+    assert code == 2 and "--sync-bn needs CUDA" in err
+
+
+@requires_cuda
+def test_cuda_amp_fp16_uses_a_grad_scaler(tmp_path):
+    code, out, err = run_in_process("main.py", [*TINY_DATA, "--device", "cuda", "--amp", "--amp-dtype", "fp16",
+                                                "--epochs", "1", "--save-dir", tmp_path / "amp"])
+    assert code == 0, err
+    assert "AMP fp16 autocast with GradScaler" in out
+    checkpoint = load_checkpoint(tmp_path / "amp" / "last.pt")
+    assert checkpoint["scaler"]["scale"] > 0
+    assert "allocated_gib" in read_metrics(tmp_path / "amp")[0]["memory"][0]
