@@ -188,3 +188,22 @@ def test_cuda_amp_fp16_uses_a_grad_scaler(tmp_path):
     checkpoint = load_checkpoint(tmp_path / "amp" / "last.pt")
     assert checkpoint["scaler"]["scale"] > 0
     assert "allocated_gib" in read_metrics(tmp_path / "amp")[0]["memory"][0]
+
+
+def test_resume_refuses_a_checkpoint_of_another_model(tmp_path):
+    code, _, err = run_in_process("main.py", [*TINY_DATA, "--epochs", "1", "--save-dir", tmp_path / "run"])
+    assert code == 0, err
+    before = (tmp_path / "run" / "last.pt").read_bytes()
+    code, _, err = run_in_process("main.py", [*TINY_DATA, "--epochs", "2", "--model", "transformer",
+                                              "--save-dir", tmp_path / "run"])
+    assert code == 2 and "model cnn1d (this run: transformer)" in err and err.count("\n") == 1
+    assert (tmp_path / "run" / "last.pt").read_bytes() == before
+
+
+def test_compiled_model_saves_unprefixed_weights(tmp_path):
+    code, _, err = run_in_process("main.py", [*TINY_DATA, "--synthetic-windows-per-subject", "4", "--epochs", "1",
+                                              "--compile", "--save-dir", tmp_path / "compiled"])
+    assert code == 0, err
+    weights = load_checkpoint(tmp_path / "compiled" / "last.pt")["model"]
+    from models import build_model
+    build_model("cnn1d", 9, 6).load_state_dict(weights)  # strict: no _orig_mod. prefixes

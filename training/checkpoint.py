@@ -55,13 +55,14 @@ def resume_path(resume, save_dir):
     return Path(resume)
 
 
-def check_compatible(checkpoint, model_name, in_channels, num_classes, mode, path):
-    """Refuse, in one line, a checkpoint made for another model or channel layout."""
+def check_compatible(checkpoint, wanted, path):
+    """Refuse, in one line, a checkpoint made for another model, norm or channel layout.
+
+    `wanted` maps model, norm, mode, in_channels and num_classes to this run's values."""
     config = checkpoint.get("config", {})
-    found = (config.get("model"), checkpoint.get("in_channels"), checkpoint.get("num_classes"), config.get("mode"))
-    wanted = (model_name, in_channels, num_classes, mode)
-    if found != wanted:
-        raise UsageError(f"checkpoint {path} is for model={found[0]} with {found[1]} channels "
-                         f"(--mode {found[3]}), {found[2]} classes; this run asks for model={model_name} "
-                         f"with {in_channels} channels (--mode {mode}), {num_classes} classes. "
-                         "Match the flags, or use --no-resume / another --save-dir")
+    found = {"model": config.get("model"), "norm": config.get("norm"), "mode": config.get("mode"),
+             "in_channels": checkpoint.get("in_channels"), "num_classes": checkpoint.get("num_classes")}
+    differ = [f"{key} {found[key]} (this run: {wanted[key]})" for key in wanted if found[key] != wanted[key]]
+    if differ:
+        raise UsageError(f"checkpoint {path} was made with {', '.join(differ)}; match the flags, "
+                         "or use --no-resume / another --save-dir")

@@ -85,7 +85,8 @@ def _assemble(args, strategy):
     in_channels, num_classes = data.train.signals.shape[1], len(data.class_names)
     model = build_model(args.model, in_channels, num_classes, dropout=args.dropout, norm=args.norm)
     if checkpoint is not None:
-        ckpt.check_compatible(checkpoint, args.model, in_channels, num_classes, args.mode, resume_from)
+        ckpt.check_compatible(checkpoint, {"model": args.model, "norm": args.norm, "mode": args.mode,
+                                           "in_channels": in_channels, "num_classes": num_classes}, resume_from)
         model.load_state_dict(checkpoint["model"])
     model.to(strategy.device)
     train_model = strategy.wrap(model)
@@ -166,45 +167,13 @@ def _restore(run, checkpoint, path):
 
 def _train_epochs(run):
     """Train until --epochs, early stopping or --stop-after-epochs; True when the run is complete."""
-    args, strategy, log, progress = run.args, run.strategy, run.log, run.progress
+    args, log, progress = run.args, run.log, run.progress
     if progress.epoch >= args.epochs:
         log.info(f"already trained for {progress.epoch} of {args.epochs} epochs; evaluating the test split")
         return True
     first_epoch = progress.epoch
     for epoch in range(first_epoch, args.epochs):
-        epoch_start = time.perf_counter()
-        run.loaders["train"].sampler.set_epoch(epoch)
-        # Dropout masks depend only on (seed, epoch, rank), so resuming at an epoch is exact.
-        torch.manual_seed(args.seed * 1_000_003 + epoch * 1_009 + strategy.rank)
-        bar = log.progress(len(run.loaders["train"]), f"epoch {epoch + 1}/{args.epochs}")
-        step_base = progress.step
-
-        def on_log(steps, loss, lr):
-            bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}")
-            log.log_step(step_base + steps, loss, lr)
-
-        result = train_one_epoch(run.train_model, run.loaders["train"], run.opt, strategy, run.precision,
-                                 bar, args.log_interval, on_log if strategy.is_main else None)
-        bar.close()
-        labels, predictions, val_loss = predict(strategy.eval_model(run.model), run.loaders["val"], strategy,
-                                                run.precision)
-        metrics = summary_metrics(labels, predictions, len(run.data.class_names))
-        is_best = metrics["macro_f1"] > progress.best_metric
-        progress.epoch, progress.step = epoch + 1, progress.step + result.steps
-        progress.best_metric = max(progress.best_metric, metrics["macro_f1"])
-        progress.epochs_since_best = 0 if is_best else progress.epochs_since_best + 1
-        if strategy.is_main:
-            state = _checkpoint_state(run)
-            ckpt.save_checkpoint(state, run.save_dir / ckpt.LAST)
-            if is_best:
-                ckpt.save_checkpoint(state, run.save_dir / ckpt.BEST)
-        record = {"epoch": epoch + 1, "epochs": args.epochs, "step": progress.step,
-                  "train_loss": result.train_loss, "val_loss": val_loss, "val_acc": metrics["acc"],
-                  "val_macro_f1": metrics["macro_f1"], "lr": run.opt.scheduler.get_last_lr()[0],
-                  "samples_per_s": result.samples_per_s, "train_time_s": result.train_time_s,
-                  "epoch_time_s": time.perf_counter() - epoch_start, "world_size": strategy.world_size,
-                  "global_batch_size": run.global_batch, "memory": strategy.memory_report()}
-        log.log_epoch(record, is_best)
+        _run_epoch(run, epoch)
         if args.early_stopping_patience and progress.epochs_since_best >= args.early_stopping_patience:
             log.info(f"early stopping: no better validation macro-F1 for {progress.epochs_since_best} epochs")
             return True
@@ -213,6 +182,44 @@ def _train_epochs(run):
                      f"to continue from epoch {epoch + 2}")
             return False
     return True
+
+
+def _run_epoch(run, epoch):
+    """Train one epoch, validate, checkpoint (rank 0) and log the epoch record."""
+    args, strategy, log, progress = run.args, run.strategy, run.log, run.progress
+    epoch_start = time.perf_counter()
+    run.loaders["train"].sampler.set_epoch(epoch)
+    # Dropout masks depend only on (seed, epoch, rank), so resuming at an epoch is exact.
+    torch.manual_seed(args.seed * 1_000_003 + epoch * 1_009 + strategy.rank)
+    bar = log.progress(len(run.loaders["train"]), f"epoch {epoch + 1}/{args.epochs}")
+    step_base = progress.step
+
+    def on_log(steps, loss, lr):
+        bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}")
+        log.log_step(step_base + steps, loss, lr)
+
+    result = train_one_epoch(run.train_model, run.loaders["train"], run.opt, strategy, run.precision,
+                             bar, args.log_interval, on_log if strategy.is_main else None)
+    bar.close()
+    labels, predictions, val_loss = predict(strategy.eval_model(run.model), run.loaders["val"], strategy,
+                                            run.precision)
+    metrics = summary_metrics(labels, predictions, len(run.data.class_names))
+    is_best = metrics["macro_f1"] > progress.best_metric
+    progress.epoch, progress.step = epoch + 1, progress.step + result.steps
+    progress.best_metric = max(progress.best_metric, metrics["macro_f1"])
+    progress.epochs_since_best = 0 if is_best else progress.epochs_since_best + 1
+    if strategy.is_main:
+        state = _checkpoint_state(run)
+        ckpt.save_checkpoint(state, run.save_dir / ckpt.LAST)
+        if is_best:
+            ckpt.save_checkpoint(state, run.save_dir / ckpt.BEST)
+    record = {"epoch": epoch + 1, "epochs": args.epochs, "step": progress.step,
+              "train_loss": result.train_loss, "val_loss": val_loss, "val_acc": metrics["acc"],
+              "val_macro_f1": metrics["macro_f1"], "lr": run.opt.scheduler.get_last_lr()[0],
+              "samples_per_s": result.samples_per_s, "train_time_s": result.train_time_s,
+              "epoch_time_s": time.perf_counter() - epoch_start, "world_size": strategy.world_size,
+              "global_batch_size": run.global_batch, "memory": strategy.memory_report()}
+    log.log_epoch(record, is_best)
 
 
 def _checkpoint_state(run):
