@@ -2,15 +2,18 @@
 import sys
 
 from training.cli import parse_args
-from training.errors import run_entry_point
-from training.launch import relaunch_under_torchrun
-from training.strategy import launched_by_torchrun
+from training.errors import UsageError, run_entry_point
+from training.launch import launch_under_torchrun
+from training.strategy import distributed_env, launched_by_torchrun
 
 
 def main(argv):
     args = parse_args(argv, multi_gpu=True)
     if args.multi_gpu == "ddp" and not launched_by_torchrun():
-        return relaunch_under_torchrun(args, __file__, argv)  # does not return on success
+        return launch_under_torchrun(args, __file__, argv)
+    if args.multi_gpu != "ddp" and distributed_env()[2] > 1:
+        raise UsageError(f"--multi-gpu {args.multi_gpu} under torchrun would start identical runs in "
+                         "every process; use --multi-gpu ddp, or plain python for dp")
     from training.trainer import train  # after parsing, so --help stays fast
     return train(args)
 

@@ -89,7 +89,10 @@ def _check_integers(path, what, values, low, high):
 
 def _read_matrix(path, columns):
     """Parse whitespace-separated numbers, insisting on `columns` values per non-empty line."""
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    try:
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"{path} cannot be read ({exc.__class__.__name__}: {exc}); check the file") from None
     if not lines:
         raise DataError(f"{path} is empty; re-extract the dataset")
     try:

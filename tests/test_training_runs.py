@@ -126,7 +126,8 @@ def test_resume_after_two_epochs_matches_four_straight_epochs(tmp_path):
     for key, state in straight["optimizer"]["state"].items():
         for name, tensor in state.items():
             assert torch.equal(tensor, resumed["optimizer"]["state"][key][name]), (key, name)
-    assert straight["scheduler"] == resumed["scheduler"]
+    for key in ("last_epoch", "_last_lr"):  # the schedule is rebuilt at its position on resume
+        assert straight["scheduler"][key] == resumed["scheduler"][key]
     assert straight["best_metric"] == resumed["best_metric"]
     assert [r["epoch"] for r in read_metrics(tmp_path / "split")] == [1, 2, 3, 4]
     reports = [json.loads((tmp_path / name / "test_report.json").read_text()) for name in ("straight", "split")]
@@ -164,6 +165,7 @@ def test_checkpoints_cross_load_between_main_py_and_ddp(tmp_path):
     (["--warmup-epochs", "5", "--epochs", "2"], "longer than the run"),
     (["--resume", "/nonexistent/last.pt"], "does not exist"),
     (["--device", "cpu", "--gpu-ids", "0"], "--gpu-ids was given with --device cpu"),
+    (["--warmup-epochs", "nan"], "--warmup-epochs must be a finite number"),
 ])
 def test_bad_input_gives_one_line_and_exit_2(tmp_path, flags, message):
     code, out, err = run_in_process("main.py", [*TINY_DATA, *flags, "--save-dir", tmp_path / "bad"])
@@ -207,3 +209,47 @@ def test_compiled_model_saves_unprefixed_weights(tmp_path):
     weights = load_checkpoint(tmp_path / "compiled" / "last.pt")["model"]
     from models import build_model
     build_model("cnn1d", 9, 6).load_state_dict(weights)  # strict: no _orig_mod. prefixes
+
+
+def test_resume_with_a_larger_global_batch_follows_the_new_lr_schedule(tmp_path):
+    from training.schedule import warmup_cosine
+    common = [*TINY_DATA, "--epochs", "3", "--save-dir", tmp_path / "run"]
+    code, _, err = run_in_process("main.py", [*common, "--stop-after-epochs", "1"])
+    assert code == 0, err
+    code, out, err = run_in_process("main.py", [*common, "--grad-accum-steps", "2", "--stop-after-epochs", "1"])
+    assert code == 0, err
+    assert "global batch changes from 32 to 64" in err
+    # 17 batches of 32 -> 9 steps per epoch with accumulation 2; peak LR 2e-3 (linear scaling);
+    # default warmup min(2, 3 / 5) = 0.6 epochs -> 5 steps; 27 steps in all; 2 epochs done.
+    record = read_metrics(tmp_path / "run")[-1]
+    assert record["epoch"] == 2
+    assert record["lr"] == pytest.approx(2e-3 * warmup_cosine(18, 5, 27), rel=1e-9)
+
+
+def test_resume_refuses_a_file_that_is_not_a_trainer_checkpoint(tmp_path):
+    from models import build_model
+    torch.save(build_model("cnn1d", 9, 6).state_dict(), tmp_path / "weights.pt")
+    code, _, err = run_in_process("main.py", [*TINY_DATA, "--resume", tmp_path / "weights.pt",
+                                              "--save-dir", tmp_path / "run"])
+    assert code == 2 and "is not a checkpoint of this trainer" in err and "Traceback" not in err
+
+
+def test_an_early_stopped_run_is_not_extended_by_rerunning_it(tmp_path):
+    # A vanishing LR leaves validation macro-F1 flat, so patience 1 stops after epoch 2.
+    command = [*TINY_DATA, "--epochs", "8", "--lr", "1e-9", "--early-stopping-patience", "1",
+               "--save-dir", tmp_path / "run"]
+    code, out, err = run_in_process("main.py", command)
+    assert code == 0, err
+    epochs_done = len(read_metrics(tmp_path / "run"))
+    assert "early stopping" in out and epochs_done < 8
+    code, out, err = run_in_process("main.py", command)
+    assert code == 0, err
+    assert "already stopped early" in out and len(read_metrics(tmp_path / "run")) == epochs_done
+
+
+def test_non_ddp_modes_refuse_to_run_under_torchrun(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for script, flags in (("main.py", []), ("main_multi_gpu.py", ["--multi-gpu", "dp"])):
+        code, _, err = run_in_process(script, [*flags, *TINY_DATA, "--save-dir", tmp_path / "x"])
+        assert code == 2 and "torchrun" in err
+    assert not (tmp_path / "x").exists()

@@ -10,6 +10,8 @@ from training.errors import UsageError
 
 LAST = "last.pt"
 BEST = "best.pt"
+REQUIRED_KEYS = ("model", "optimizer", "scaler", "epoch", "step", "best_metric", "config", "normalization",
+                 "global_batch_size", "in_channels", "num_classes")
 
 
 def save_checkpoint(state, path):
@@ -59,7 +61,11 @@ def check_compatible(checkpoint, wanted, path):
     """Refuse, in one line, a checkpoint made for another model, norm or channel layout.
 
     `wanted` maps model, norm, mode, in_channels and num_classes to this run's values."""
-    config = checkpoint.get("config", {})
+    missing = [key for key in REQUIRED_KEYS if key not in checkpoint] if isinstance(checkpoint, dict) else ["all"]
+    if missing:
+        raise UsageError(f"{path} is not a checkpoint of this trainer (missing: {', '.join(missing)}); "
+                         "point --resume at a last.pt or best.pt it wrote")
+    config = checkpoint["config"]
     found = {"model": config.get("model"), "norm": config.get("norm"), "mode": config.get("mode"),
              "in_channels": checkpoint.get("in_channels"), "num_classes": checkpoint.get("num_classes")}
     differ = [f"{key} {found[key]} (this run: {wanted[key]})" for key in wanted if found[key] != wanted[key]]

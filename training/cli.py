@@ -1,5 +1,7 @@
 """The one command-line parser both entry points share, grouped as --help shows it."""
 import argparse
+import math
+from pathlib import Path
 
 from data.splits import CHANNEL_MODES
 from data.synthetic import DEFAULT_WINDOWS_PER_SUBJECT
@@ -112,6 +114,10 @@ def parse_args(argv=None, multi_gpu=False):
 
 def check_args(args):
     """Reject values that cannot work, before anything is loaded or written."""
+    for flag in ("--lr", "--dropout", "--weight-decay", "--max-grad-norm", "--warmup-epochs", "--val-fraction"):
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None and not math.isfinite(value):
+            raise UsageError(f"{flag} must be a finite number, got {value}")
     positive = {"--epochs": args.epochs, "--batch-size": args.batch_size,
                 "--grad-accum-steps": args.grad_accum_steps, "--log-interval": args.log_interval}
     if args.stop_after_epochs is not None:
@@ -136,6 +142,13 @@ def check_args(args):
         if args.warmup_epochs > args.epochs:
             raise UsageError(f"--warmup-epochs {args.warmup_epochs:g} is longer than the run "
                              f"(--epochs {args.epochs}); lower it or train longer")
+
+
+def save_dir_of(args):
+    """--save-dir, else checkpoints/<single|dp|ddp> after the parallel mode."""
+    if args.save_dir:
+        return Path(args.save_dir)
+    return Path("checkpoints") / {"none": "single"}.get(args.multi_gpu, args.multi_gpu)
 
 
 def warmup_epochs(args):

@@ -1,10 +1,15 @@
-"""`--multi-gpu ddp` started without torchrun: hand the same command to torch.distributed.run."""
-import os
+"""`--multi-gpu ddp` started without torchrun: check once, then run torch.distributed.run here."""
 import shlex
 import sys
 
 import torch
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.run import get_args_parser, run
 
+from data.splits import load_har_data
+from data.uci_har import find_root
+from training import checkpoint as ckpt
+from training.cli import save_dir_of
 from training.errors import UsageError
 from training.strategy import check_parallel_args
 
@@ -21,17 +26,37 @@ def processes_per_node(args):
     return args.nproc_per_node
 
 
-def torchrun_command(script, argv, nproc):
+def torchrun_arguments(script, argv, nproc):
     """A single-node torchrun invocation; --standalone picks a free rendezvous port itself."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            script, *argv]
+    return ["--standalone", f"--nproc-per-node={nproc}", script, *argv]
 
 
-def relaunch_under_torchrun(args, script, argv):
-    command = torchrun_command(script, argv, processes_per_node(args))
-    print("launching: " + " ".join(shlex.quote(part) for part in command), flush=True)
+def preflight(args):
+    """The user errors every worker would hit, caught once in this process before any starts."""
+    save_dir = save_dir_of(args)
+    if save_dir.exists() and not save_dir.is_dir():
+        raise UsageError(f"--save-dir {save_dir} is a file; point it at a folder")
+    resume_from = ckpt.resume_path(args.resume, save_dir)
+    if resume_from is not None:
+        ckpt.load_checkpoint(resume_from)
+    if args.dataset == "uci-har" or (args.dataset == "auto" and find_root(args.data_dir)):
+        # Also parses and caches the text files once, so the workers start from the cache.
+        load_har_data(args.dataset, args.data_dir, args.mode, args.val_fraction, split_seed=args.seed)
+
+
+def launch_under_torchrun(args, script, argv):
+    """Run the same command under torchrun; returns the exit code of the first failed worker."""
+    nproc = processes_per_node(args)
+    preflight(args)
+    launcher_args = torchrun_arguments(script, argv, nproc)
+    print("launching: " + " ".join(shlex.quote(part) for part in
+                                   [sys.executable, "-m", "torch.distributed.run", *launcher_args]), flush=True)
     if args.gpu_ids:
-        # Each worker then maps LOCAL_RANK onto the chosen GPUs in order.
-        print(f"  (ranks map onto --gpu-ids {','.join(map(str, args.gpu_ids))} in order)", flush=True)
-    sys.stdout.flush()
-    os.execv(sys.executable, command)
+        print(f"  (local ranks map onto --gpu-ids {','.join(map(str, args.gpu_ids))} in order)", flush=True)
+    try:
+        run(get_args_parser().parse_args(launcher_args))
+    except ChildFailedError as failure:
+        # The worker already printed its own message; torchrun's report would only repeat it.
+        first = min(failure.failures.items())[1]
+        return first.exitcode if first.exitcode and first.exitcode > 0 else 1
+    return 0

@@ -17,7 +17,8 @@ class Precision:
         if device.type == "cpu" and amp_dtype_flag == "fp16" and self.enabled:
             raise UsageError("--amp-dtype fp16 needs CUDA; on CPU --amp uses bf16 (drop --amp-dtype)")
         if amp_dtype_flag is None:
-            use_bf16 = device.type == "cpu" or torch.cuda.is_bf16_supported()
+            # Native bf16 needs compute capability 8.0 (Ampere); older GPUs would emulate it slowly.
+            use_bf16 = device.type == "cpu" or torch.cuda.get_device_capability(device) >= (8, 0)
             amp_dtype_flag = "bf16" if use_bf16 else "fp16"
         self.dtype_name = amp_dtype_flag if self.enabled else "fp32"
         self.dtype = DTYPES.get(amp_dtype_flag) if self.enabled else torch.float32

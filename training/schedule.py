@@ -47,7 +47,10 @@ def warmup_cosine(step, warmup_steps, total_steps):
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_scheduler(optimizer, warmup_steps, total_steps):
-    """A LambdaLR over `warmup_cosine`; stepped once per optimizer step, saved in checkpoints."""
+def build_scheduler(optimizer, warmup_steps, total_steps, start_step=0):
+    """A LambdaLR over `warmup_cosine`, stepped once per optimizer step, positioned at start_step.
+
+    The schedule is a pure function of the step, so a resumed run rebuilds it at its position
+    (each param group then needs "initial_lr") rather than trusting a saved one."""
     return LambdaLR(optimizer, functools.partial(warmup_cosine, warmup_steps=warmup_steps,
-                                                 total_steps=total_steps))
+                                                 total_steps=total_steps), last_epoch=start_step - 1)

@@ -23,6 +23,8 @@ class SingleDevice:
 
     def __init__(self, device, label="single"):
         self.device = device
+        if device.type == "cuda":
+            torch.cuda.set_device(device)  # keeps stray allocations and contexts off GPU 0
         self.name = label
         self.rank, self.local_rank, self.world_size = 0, 0, 1
         self.is_main = True
@@ -42,7 +44,7 @@ class SingleDevice:
             return f"dp requested but no GPU is visible: running the plain module on {self.device}"
         return f"{self.name} on {self.device}"
 
-    def wrap(self, model):
+    def wrap(self, model, precision):
         return model
 
     def eval_model(self, model):
@@ -59,6 +61,9 @@ class SingleDevice:
 
     def gather_concat(self, tensor):
         return tensor
+
+    def check_same_on_all_ranks(self, value, what):
+        """One process always agrees with itself."""
 
     def broadcast_module(self, module):
         """Make every rank hold rank 0's parameters and buffers (nothing to do in one process)."""
@@ -92,8 +97,11 @@ class DataParallelStrategy(SingleDevice):
     def describe(self):
         return f"dp over GPUs {','.join(map(str, self.gpu_ids))} (outputs gathered on cuda:{self.gpu_ids[0]})"
 
-    def wrap(self, model):
-        self._wrapped = nn.DataParallel(model, device_ids=self.gpu_ids, output_device=self.gpu_ids[0])
+    def wrap(self, model, precision):
+        # DataParallel's worker threads re-enter autocast without its dtype (they would run
+        # fp16 under a bf16 run), so each replica enters the run's autocast itself.
+        self._wrapped = nn.DataParallel(_AutocastForward(model, precision), device_ids=self.gpu_ids,
+                                        output_device=self.gpu_ids[0])
         return self._wrapped
 
     def eval_model(self, model):
@@ -139,7 +147,7 @@ class DistributedStrategy(SingleDevice):
         return (f"ddp with {self.world_size} processes ({dist.get_backend()}), rank {self.rank} on "
                 f"{self.device}")
 
-    def wrap(self, model):
+    def wrap(self, model, precision):
         if self.sync_bn:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         device_ids = [self.device.index] if self.device.type == "cuda" else None
@@ -177,6 +185,14 @@ class DistributedStrategy(SingleDevice):
         dist.all_gather(pieces, padded)
         return torch.cat([piece[:int(n.item())] for piece, n in zip(pieces, lengths)])
 
+    def check_same_on_all_ranks(self, value, what):
+        """Fail, rather than hang in a later collective, when ranks disagree on an integer."""
+        pair = torch.tensor([value, -value], dtype=torch.int64, device=self.device)
+        highest, negative_lowest = self.max_over_ranks(pair).tolist()
+        if highest != -negative_lowest:
+            raise UsageError(f"ranks disagree on {what} ({-negative_lowest} vs {highest}); every node must "
+                             "see the same --save-dir (a shared filesystem) and the same data")
+
     def broadcast_module(self, module):
         for tensor in module.state_dict().values():
             dist.broadcast(tensor, src=0)
@@ -202,6 +218,18 @@ class DistributedStrategy(SingleDevice):
     def close(self):
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+class _AutocastForward(nn.Module):
+    """Runs the wrapped model's forward under the run's autocast; shares its parameters."""
+
+    def __init__(self, model, precision):
+        super().__init__()
+        self.model, self.precision = model, precision
+
+    def forward(self, *inputs):
+        with self.precision.autocast():
+            return self.model(*inputs)
 
 
 def distributed_env():
@@ -238,6 +266,9 @@ def check_parallel_args(args):
         raise UsageError("--gpu-ids was given with --device cpu (or no visible GPU); drop one of them")
     check_gpu_ids(args.gpu_ids)
     backend = args.backend if args.backend != "auto" else ("nccl" if device_type == "cuda" else "gloo")
+    if args.multi_gpu == "dp" and args.compile and device_type == "cuda":
+        raise UsageError("--compile does not work through DataParallel's replica threads; "
+                         "use --multi-gpu ddp with --compile")
     if args.multi_gpu != "ddp":
         if args.sync_bn:
             raise UsageError("--sync-bn only applies to --multi-gpu ddp")

@@ -10,7 +10,7 @@ from data.loaders import ShardedSampler, make_loader
 from data.splits import fit_normalization, load_har_data, normalize
 from models import build_model, count_parameters
 from training import checkpoint as ckpt
-from training.cli import warmup_epochs
+from training.cli import save_dir_of, warmup_epochs
 from training.errors import UsageError
 from training.logger import RunLogger
 from training.loop import Optimization, predict, train_one_epoch
@@ -44,7 +44,7 @@ class Run:
     opt: Optimization = None
     loaders: dict = field(default_factory=dict)
     normalization: dict = None
-    global_batch: int = 0
+    global_batch: int = 0  # samples per optimizer step, all replicas and micro-batches together
     progress: Progress = field(default_factory=Progress)
 
 
@@ -63,7 +63,7 @@ def train(args):
 
 
 def _assemble(args, strategy):
-    save_dir = Path(args.save_dir or Path("checkpoints") / strategy.name)
+    save_dir = save_dir_of(args)
     if strategy.is_main:
         _prepare_save_dir(save_dir)
     log = RunLogger(save_dir, strategy.is_main)
@@ -74,7 +74,10 @@ def _assemble(args, strategy):
                          synthetic_seed=args.synthetic_seed,
                          synthetic_windows_per_subject=args.synthetic_windows_per_subject)
     log.info(data.description)
+    in_channels, num_classes = data.train.signals.shape[1], len(data.class_names)
     if checkpoint is not None:
+        ckpt.check_compatible(checkpoint, {"model": args.model, "norm": args.norm, "mode": args.mode,
+                                           "in_channels": in_channels, "num_classes": num_classes}, resume_from)
         mean, std = checkpoint["normalization"]["mean"].numpy(), checkpoint["normalization"]["std"].numpy()
     else:
         mean, std = fit_normalization(data.train.signals)
@@ -82,26 +85,26 @@ def _assemble(args, strategy):
         setattr(data, name, normalize(getattr(data, name), mean, std))
 
     torch.manual_seed(args.seed)  # identical initial weights on every rank
-    in_channels, num_classes = data.train.signals.shape[1], len(data.class_names)
     model = build_model(args.model, in_channels, num_classes, dropout=args.dropout, norm=args.norm)
     if checkpoint is not None:
-        ckpt.check_compatible(checkpoint, {"model": args.model, "norm": args.norm, "mode": args.mode,
-                                           "in_channels": in_channels, "num_classes": num_classes}, resume_from)
         model.load_state_dict(checkpoint["model"])
     model.to(strategy.device)
-    train_model = strategy.wrap(model)
-    if args.compile:
-        train_model = torch.compile(train_model)
     precision = Precision(strategy.device, args.amp, args.amp_dtype)
+    train_model = strategy.wrap(model, precision)
+    if args.compile:
+        train_model = torch.compile(train_model)  # around DDP, so no_sync stays on the DDP module
     log.info(f"run: {strategy.describe()} | model {args.model}: {count_parameters(model):,} parameters | "
              f"{precision.describe()}")
 
     run = Run(args, strategy, log, save_dir, data, model, train_model, precision,
-              normalization={"mean": torch.from_numpy(mean), "std": torch.from_numpy(std)})
+              normalization={"mean": torch.from_numpy(mean), "std": torch.from_numpy(std)},
+              global_batch=global_batch_size(args.batch_size, strategy.data_parallel_size,
+                                             args.grad_accum_steps))
     run.loaders = _make_loaders(run)
-    run.opt = _make_optimization(run)
     if checkpoint is not None:
-        _restore(run, checkpoint, resume_from)
+        _restore_progress(run, checkpoint, resume_from)
+    strategy.check_same_on_all_ranks(run.progress.epoch, "the number of epochs already trained")
+    run.opt = _make_optimization(run, checkpoint)
     return run
 
 
@@ -132,37 +135,47 @@ def _make_loaders(run):
     return loaders
 
 
-def _make_optimization(run):
+def _make_optimization(run, checkpoint):
+    """AdamW, the warmup-cosine schedule and the GradScaler; on resume the moments come back,
+    while the LR, weight decay and schedule follow this run's flags from the epoch reached."""
     args, strategy = run.args, run.strategy
-    run.global_batch = global_batch_size(args.batch_size, strategy.data_parallel_size, args.grad_accum_steps)
     peak_lr = scaled_lr(args.lr, args.lr_scaling, run.global_batch, args.batch_size)
     steps_each_epoch = steps_per_epoch(len(run.loaders["train"]), args.grad_accum_steps)
     total_steps = steps_each_epoch * args.epochs
     warmup_steps = round(warmup_epochs(args) * steps_each_epoch)
     # Decay only weight matrices and kernels; biases and norm scales are left alone.
     params = [p for p in run.model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": args.weight_decay},
-              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(groups, lr=peak_lr)
+    decays = (args.weight_decay, 0.0)
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": decays[0]},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": decays[1]}]
+    # The fused CUDA kernel also lets an fp16 GradScaler skip its per-step host sync.
+    optimizer = torch.optim.AdamW(groups, lr=peak_lr, fused=True if strategy.device.type == "cuda" else None)
+    grad_scaler = run.precision.make_grad_scaler()
+    start_step = 0
+    if checkpoint is not None:
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        for group, decay in zip(optimizer.param_groups, decays):
+            group.update(lr=peak_lr, initial_lr=peak_lr, weight_decay=decay)
+        start_step = run.progress.epoch * steps_each_epoch
+        if checkpoint["scaler"] and grad_scaler.is_enabled():
+            grad_scaler.load_state_dict(checkpoint["scaler"])
     run.log.info(f"lr: reference {args.lr:.2e}, {args.lr_scaling} scaling, global batch {run.global_batch} "
                  f"({args.batch_size} per GPU x {strategy.data_parallel_size} replicas x {args.grad_accum_steps} "
                  f"accumulation) -> peak {peak_lr:.2e}; warmup {warmup_steps} of {total_steps} steps "
                  f"({steps_each_epoch} per epoch), then cosine to 0")
-    return Optimization(optimizer, build_scheduler(optimizer, warmup_steps, total_steps),
-                        run.precision.make_grad_scaler(), args.grad_accum_steps, args.max_grad_norm)
+    return Optimization(optimizer, build_scheduler(optimizer, warmup_steps, total_steps, start_step),
+                        grad_scaler, args.grad_accum_steps, args.max_grad_norm)
 
 
-def _restore(run, checkpoint, path):
-    run.opt.optimizer.load_state_dict(checkpoint["optimizer"])
-    run.opt.scheduler.load_state_dict(checkpoint["scheduler"])
-    run.opt.grad_scaler.load_state_dict(checkpoint["scaler"])
+def _restore_progress(run, checkpoint, path):
     run.progress = Progress(checkpoint["epoch"], checkpoint["step"], checkpoint["best_metric"],
                             checkpoint.get("epochs_since_best", 0))
     run.log.info(f"\n*** RESUMING from {path}: {checkpoint['epoch']} epochs / {checkpoint['step']} steps done, "
                  f"best val macro-F1 {checkpoint['best_metric']:.4f}. Pass --no-resume to start over. ***\n")
-    if checkpoint.get("global_batch_size") != run.global_batch:
-        run.log.warn(f"global batch changes from {checkpoint.get('global_batch_size')} to {run.global_batch} "
-                     "on resume: the peak LR and steps per epoch follow the new value")
+    if checkpoint["global_batch_size"] != run.global_batch:
+        run.log.warn(f"global batch changes from {checkpoint['global_batch_size']} to {run.global_batch} on "
+                     "resume: the peak LR and steps per epoch follow the new value, and the schedule "
+                     f"continues from epoch {checkpoint['epoch']}")
 
 
 def _train_epochs(run):
@@ -170,6 +183,10 @@ def _train_epochs(run):
     args, log, progress = run.args, run.log, run.progress
     if progress.epoch >= args.epochs:
         log.info(f"already trained for {progress.epoch} of {args.epochs} epochs; evaluating the test split")
+        return True
+    if args.early_stopping_patience and progress.epochs_since_best >= args.early_stopping_patience:
+        log.info(f"this run already stopped early ({progress.epochs_since_best} epochs without a better "
+                 "validation macro-F1); evaluating the test split")
         return True
     first_epoch = progress.epoch
     for epoch in range(first_epoch, args.epochs):
