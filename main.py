@@ -3,7 +3,7 @@ import sys
 
 from training.cli import parse_args
 from training.errors import UsageError, run_entry_point
-from training.strategy import distributed_env
+from training.environment import distributed_env
 
 
 def main(argv):

@@ -4,7 +4,7 @@ import sys
 from training.cli import parse_args
 from training.errors import UsageError, run_entry_point
 from training.launch import launch_under_torchrun
-from training.strategy import distributed_env, launched_by_torchrun
+from training.environment import distributed_env, launched_by_torchrun
 
 
 def main(argv):

@@ -1,6 +1,5 @@
 """Unit tests for the data package: UCI HAR loader, synthetic generator, splits and loaders."""
 import os
-import zipfile
 
 import numpy as np
 import pytest

@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from conftest import (REPO, TINY_DATA, load_checkpoint, max_abs_difference, read_metrics, requires_cuda,
+from conftest import (TINY_DATA, load_checkpoint, max_abs_difference, read_metrics, requires_cuda,
                       run_in_process, run_subprocess)
 
 # The configuration where one process x 32, DDP 2 x 16 and accumulation 2 x 16 are the same

@@ -11,7 +11,7 @@ from data.uci_har import find_root
 from training import checkpoint as ckpt
 from training.cli import save_dir_of
 from training.errors import UsageError
-from training.strategy import check_parallel_args
+from training.environment import check_parallel_args
 
 
 def processes_per_node(args):

@@ -1,0 +1,55 @@
+"""What this process runs on and under: visible GPUs, torchrun's variables, and which flags fit them."""
+import os
+
+import torch
+
+from training.errors import UsageError
+
+
+def distributed_env():
+    """(rank, local_rank, world_size) from the variables torchrun sets; (0, 0, 1) without them."""
+    return (int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)),
+            int(os.environ.get("WORLD_SIZE", 1)))
+
+
+def launched_by_torchrun():
+    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def resolve_device_type(requested):
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda but no GPU is visible to PyTorch; use --device cpu or auto")
+    return requested
+
+
+def check_gpu_ids(gpu_ids):
+    count = torch.cuda.device_count()
+    for gpu in gpu_ids or ():
+        if gpu >= count:
+            raise UsageError(f"--gpu-ids names GPU {gpu}, but {count} GPU(s) are visible"
+                             + (f" (0..{count - 1})" if count else "") + "; pick from those")
+
+
+def check_parallel_args(args):
+    """Validate device, GPU and backend flags; returns (device_type, backend). Runs before any
+    process is launched, so a bad combination fails once, in one line."""
+    device_type = resolve_device_type(args.device)
+    if device_type == "cpu" and args.gpu_ids:
+        raise UsageError("--gpu-ids was given with --device cpu (or no visible GPU); drop one of them")
+    check_gpu_ids(args.gpu_ids)
+    backend = args.backend if args.backend != "auto" else ("nccl" if device_type == "cuda" else "gloo")
+    if args.multi_gpu == "dp" and args.compile and device_type == "cuda":
+        raise UsageError("--compile does not work through DataParallel's replica threads; "
+                         "use --multi-gpu ddp with --compile")
+    if args.multi_gpu != "ddp":
+        if args.sync_bn:
+            raise UsageError("--sync-bn only applies to --multi-gpu ddp")
+        return device_type, None
+    if backend == "nccl" and device_type != "cuda":
+        raise UsageError("--backend nccl needs CUDA devices; use --backend gloo on CPU")
+    if args.sync_bn and device_type != "cuda":
+        raise UsageError("--sync-bn needs CUDA (SyncBatchNorm has no CPU kernel); on CPU use "
+                         "--norm group or --norm none for batch-split-independent results")
+    return device_type, backend
