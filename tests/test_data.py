@@ -285,26 +285,21 @@ def test_non_numeric_value_in_signal_file(fake_uci):
     _expect_data_error(root, "train", "body_acc_z_train.txt", "not a number")
 
 
-@pytest.mark.parametrize("relative", [
-    "train/Inertial Signals/total_acc_y_train.txt",
-    "train/y_train.txt",
-    "train/subject_train.txt",
+@pytest.mark.parametrize("relative, damage, message", [
+    ("train/Inertial Signals/total_acc_y_train.txt", "delete", "missing"),
+    ("train/y_train.txt", "delete", "missing"),
+    ("train/subject_train.txt", "delete", "missing"),
+    ("test/Inertial Signals/body_acc_x_test.txt", "empty", "empty"),
+    ("test/y_test.txt", "empty", "empty"),
+    ("test/subject_test.txt", "empty", "empty"),
 ])
-def test_missing_file(fake_uci, relative):
+def test_missing_or_empty_file(fake_uci, relative, damage, message):
     root, _ = fake_uci
-    (root / relative).unlink()
-    _expect_data_error(root, "train", "missing", os.path.basename(relative))
-
-
-@pytest.mark.parametrize("relative", [
-    "test/Inertial Signals/body_acc_x_test.txt",
-    "test/y_test.txt",
-    "test/subject_test.txt",
-])
-def test_empty_file(fake_uci, relative):
-    root, _ = fake_uci
-    (root / relative).write_text("")
-    _expect_data_error(root, "test", "empty", os.path.basename(relative))
+    if damage == "delete":
+        (root / relative).unlink()
+    else:
+        (root / relative).write_text("")
+    _expect_data_error(root, relative.split("/")[0], message, os.path.basename(relative))
 
 
 def test_whitespace_only_file_counts_as_empty(fake_uci):

@@ -32,6 +32,19 @@ def save_checkpoint(state, path):
             partial.unlink()
 
 
+def prepare_save_dir(save_dir):
+    """Create the output folder, or say in one line why it cannot be used."""
+    if save_dir.exists() and not save_dir.is_dir():
+        raise UsageError(f"--save-dir {save_dir} is a file; point it at a folder")
+    try:
+        save_dir.mkdir(parents=True, exist_ok=True)
+        probe = save_dir / ".write-test"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"--save-dir {save_dir} is not writable ({exc.strerror}); choose another folder") from None
+
+
 def load_checkpoint(path):
     """Load with weights_only=True: tensors and plain containers, never arbitrary objects."""
     path = Path(path)

@@ -34,8 +34,7 @@ def torchrun_arguments(script, argv, nproc):
 def preflight(args):
     """The user errors every worker would hit, caught once in this process before any starts."""
     save_dir = save_dir_of(args)
-    if save_dir.exists() and not save_dir.is_dir():
-        raise UsageError(f"--save-dir {save_dir} is a file; point it at a folder")
+    ckpt.prepare_save_dir(save_dir)
     resume_from = ckpt.resume_path(args.resume, save_dir)
     if resume_from is not None:
         ckpt.load_checkpoint(resume_from)

@@ -19,8 +19,6 @@ from training.memory import describe, memory_fields, read_memory
 class SingleDevice:
     """One process, one device. Also what DataParallel falls back to without a GPU."""
 
-    name = "single"
-
     def __init__(self, device, label="single"):
         self.device = device
         if device.type == "cuda":
@@ -33,11 +31,6 @@ class SingleDevice:
     def data_parallel_size(self):
         """How many model replicas split one step's batch (the loader batch is batch_size x this)."""
         return 1
-
-    @property
-    def sample_shards(self):
-        """How many processes each read their own share of the data (the sampler's world size)."""
-        return self.world_size
 
     def describe(self):
         if self.name == "dp":

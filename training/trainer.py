@@ -11,7 +11,6 @@ from data.splits import fit_normalization, load_har_data, normalize
 from models import build_model, count_parameters
 from training import checkpoint as ckpt
 from training.cli import save_dir_of, warmup_epochs
-from training.errors import UsageError
 from training.logger import RunLogger
 from training.loop import Optimization, predict, train_one_epoch
 from training.precision import Precision
@@ -65,7 +64,7 @@ def train(args):
 def _assemble(args, strategy):
     save_dir = save_dir_of(args)
     if strategy.is_main:
-        _prepare_save_dir(save_dir)
+        ckpt.prepare_save_dir(save_dir)
     log = RunLogger(save_dir, strategy.is_main)
     resume_from = ckpt.resume_path(args.resume, save_dir)
     checkpoint = ckpt.load_checkpoint(resume_from) if resume_from else None
@@ -108,24 +107,12 @@ def _assemble(args, strategy):
     return run
 
 
-def _prepare_save_dir(save_dir):
-    if save_dir.exists() and not save_dir.is_dir():
-        raise UsageError(f"--save-dir {save_dir} is a file; point it at a folder")
-    try:
-        save_dir.mkdir(parents=True, exist_ok=True)
-        probe = save_dir / ".write-test"
-        probe.touch()
-        probe.unlink()
-    except OSError as exc:
-        raise UsageError(f"--save-dir {save_dir} is not writable ({exc.strerror}); choose another folder") from None
-
-
 def _make_loaders(run):
     args, strategy = run.args, run.strategy
     # DataParallel splits one loader batch over its GPUs; DDP ranks each load their own.
-    loader_batch = args.batch_size * strategy.data_parallel_size // strategy.sample_shards
+    loader_batch = args.batch_size * strategy.data_parallel_size // strategy.world_size
     pin = strategy.device.type == "cuda"
-    shards = dict(world_size=strategy.sample_shards, rank=strategy.rank)
+    shards = dict(world_size=strategy.world_size, rank=strategy.rank)
     train_sampler = ShardedSampler(len(run.data.train), shuffle=True, seed=args.seed, pad=True, **shards)
     loaders = {"train": make_loader(run.data.train, loader_batch, train_sampler, args.num_workers, pin)}
     for name in ("val", "test"):
@@ -184,14 +171,14 @@ def _train_epochs(run):
     if progress.epoch >= args.epochs:
         log.info(f"already trained for {progress.epoch} of {args.epochs} epochs; evaluating the test split")
         return True
-    if args.early_stopping_patience and progress.epochs_since_best >= args.early_stopping_patience:
+    if _patience_exhausted(args, progress):
         log.info(f"this run already stopped early ({progress.epochs_since_best} epochs without a better "
                  "validation macro-F1); evaluating the test split")
         return True
     first_epoch = progress.epoch
     for epoch in range(first_epoch, args.epochs):
         _run_epoch(run, epoch)
-        if args.early_stopping_patience and progress.epochs_since_best >= args.early_stopping_patience:
+        if _patience_exhausted(args, progress):
             log.info(f"early stopping: no better validation macro-F1 for {progress.epochs_since_best} epochs")
             return True
         if epoch + 1 - first_epoch == args.stop_after_epochs and epoch + 1 < args.epochs:
@@ -199,6 +186,10 @@ def _train_epochs(run):
                      f"to continue from epoch {epoch + 2}")
             return False
     return True
+
+
+def _patience_exhausted(args, progress):
+    return bool(args.early_stopping_patience) and progress.epochs_since_best >= args.early_stopping_patience
 
 
 def _run_epoch(run, epoch):
@@ -243,7 +234,7 @@ def _checkpoint_state(run):
     return {
         "model": run.model.state_dict(),  # the bare module: no module./_orig_mod. prefixes
         "optimizer": run.opt.optimizer.state_dict(),
-        "scheduler": run.opt.scheduler.state_dict(),
+        "scheduler": run.opt.scheduler.state_dict(),  # for inspection; resume rebuilds it from the epoch
         "scaler": run.opt.grad_scaler.state_dict(),
         "epoch": run.progress.epoch,
         "step": run.progress.step,
