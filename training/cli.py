@@ -38,6 +38,9 @@ def build_parser(multi_gpu):
                        help="DataLoader worker processes per GPU/process; the data is already in "
                             "memory, so 0 is usually fastest")
     group.add_argument("--compile", action="store_true", help="torch.compile the model")
+    group.add_argument("--dist-timeout", type=float, default=600.0,
+                       help="ddp: seconds a collective may wait for the other ranks before the run "
+                            "stops with an error (a stuck or dead rank)")
     group.add_argument("--sync-bn", action="store_true",
                        help="ddp on CUDA: synchronise BatchNorm statistics across processes")
 
@@ -94,6 +97,12 @@ def build_parser(multi_gpu):
                        help="auto: continue from <save-dir>/last.pt when it exists; PATH: that checkpoint")
     group.add_argument("--no-resume", dest="resume", action="store_const", const=None,
                        help="start from scratch even if <save-dir>/last.pt exists")
+    group.add_argument("--save-every-steps", type=int, default=0,
+                       help="also checkpoint every N optimizer steps inside an epoch (0: only at epoch "
+                            "ends); a killed run then loses fewer than N steps")
+    group.add_argument("--keep-last", type=int, default=2,
+                       help="numbered checkpoints (step-XXXXXXXX.pt) kept beside last.pt and best.pt; "
+                            "a corrupt last.pt falls back to them; 0 keeps none")
     group.add_argument("--stop-after-epochs", type=int, default=None,
                        help="leave after this many epochs of this invocation, with the schedule "
                             "still planned for --epochs; resume later to continue")
@@ -131,8 +140,11 @@ def check_args(args):
         raise UsageError(f"--lr must be positive, got {args.lr}")
     if not 0 <= args.dropout < 1:
         raise UsageError(f"--dropout must be in [0, 1), got {args.dropout}")
+    if not args.dist_timeout > 0 or not math.isfinite(args.dist_timeout):
+        raise UsageError(f"--dist-timeout must be a positive number of seconds, got {args.dist_timeout}")
     for flag, value in {"--weight-decay": args.weight_decay, "--max-grad-norm": args.max_grad_norm,
-                        "--num-workers": args.num_workers,
+                        "--num-workers": args.num_workers, "--save-every-steps": args.save_every_steps,
+                        "--keep-last": args.keep_last,
                         "--early-stopping-patience": args.early_stopping_patience}.items():
         if value < 0:
             raise UsageError(f"{flag} must not be negative, got {value}")

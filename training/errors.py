@@ -4,7 +4,10 @@ import sys
 
 from data.errors import DataError
 
-EXIT_USAGE = 2
+EXIT_USAGE = 2  # a flag, file or data problem the message explains
+EXIT_DIVERGED = 3  # the loss became NaN/inf; nothing was saved over the last good checkpoint
+EXIT_COMM_TIMEOUT = 4  # a collective waited longer than --dist-timeout for another rank
+EXIT_PREEMPTED = 75  # SIGTERM/SIGUSR1: the step finished and a checkpoint was saved; run again to resume
 EXIT_INTERRUPTED = 130
 
 
