@@ -38,27 +38,40 @@ class ShardedSampler(Sampler):
     ranks must step together); with pad=False nothing is repeated (evaluation stays exact).
     Rank r of W sees order[r::W], so a batch of B on each of W ranks covers the same samples
     as one process with batch B x W.
+
+    `start` is a global position in the epoch order: a run resumed mid-epoch shards only
+    order[start:], so it sees exactly the samples not yet seen, whatever its world size.
     """
 
     def __init__(self, num_samples, world_size=1, rank=0, shuffle=True, seed=0, pad=True):
         self.num_samples, self.world_size, self.rank = num_samples, world_size, rank
         self.shuffle, self.seed, self.pad = shuffle, seed, pad
-        self.epoch = 0
+        self.epoch, self.start = 0, 0
 
-    def set_epoch(self, epoch):
-        self.epoch = epoch
+    def set_epoch(self, epoch, start=0):
+        if not 0 <= start <= self.num_samples:
+            raise ValueError(f"start position {start} is outside an epoch of {self.num_samples} samples")
+        self.epoch, self.start = epoch, start
+
+    def indices(self):
+        """This rank's sample indices for the epoch, in order, as a tensor."""
+        order = epoch_order(self.num_samples, self.seed, self.epoch, self.shuffle)
+        remaining = order[self.start:]
+        if self.pad and len(remaining):
+            # Wrap with the start of the order, as an uninterrupted epoch would have.
+            padding = len(self) * self.world_size - len(remaining)
+            wrap = order.repeat(math.ceil(padding / self.num_samples) if padding else 0)[:padding]
+            remaining = torch.cat([remaining, wrap])
+        return remaining[self.rank::self.world_size]
 
     def __iter__(self):
-        order = epoch_order(self.num_samples, self.seed, self.epoch, self.shuffle)
-        if self.pad:
-            total = math.ceil(self.num_samples / self.world_size) * self.world_size
-            order = order.repeat(math.ceil(total / max(1, self.num_samples)))[:total]
-        return iter(order[self.rank::self.world_size].tolist())
+        return iter(self.indices().tolist())
 
     def __len__(self):
+        remaining = self.num_samples - self.start
         if self.pad:
-            return math.ceil(self.num_samples / self.world_size)
-        return len(range(self.rank, self.num_samples, self.world_size))
+            return math.ceil(remaining / self.world_size)
+        return len(range(self.rank, remaining, self.world_size))
 
 
 def _whole_batch(batch):
@@ -66,6 +79,10 @@ def _whole_batch(batch):
 
 
 def make_loader(split, batch_size, sampler, num_workers=0, pin_memory=False):
+    """The DataLoader path: host batches, copied to the device by the loop (non_blocking when pinned)."""
+    workers = {"persistent_workers": True, "prefetch_factor": 4} if num_workers > 0 else {}
+    # Its own generator: each new iterator draws a worker seed from it, and drawing from the
+    # global one instead would shift the dropout masks of a run resumed mid-epoch.
     return DataLoader(WindowDataset(split), batch_size=batch_size, sampler=sampler,
                       num_workers=num_workers, pin_memory=pin_memory, collate_fn=_whole_batch,
-                      persistent_workers=num_workers > 0, drop_last=False)
+                      drop_last=False, generator=torch.Generator(), **workers)

@@ -1,15 +1,19 @@
 """Writing and reading checkpoints: plain tensors and containers only, written atomically."""
 import os
 import pickle
+import re
+import shutil
 import zipfile
 from pathlib import Path
 
 import torch
 
+from training import faults
 from training.errors import UsageError
 
 LAST = "last.pt"
 BEST = "best.pt"
+NUMBERED = re.compile(r"step-(\d+)\.pt")
 REQUIRED_KEYS = ("model", "optimizer", "scaler", "epoch", "step", "best_metric", "config", "normalization",
                  "global_batch_size", "in_channels", "num_classes")
 
@@ -26,10 +30,50 @@ def save_checkpoint(state, path):
             torch.save(state, handle)
             handle.flush()
             os.fsync(handle.fileno())
+        faults.during_save()
         os.replace(partial, path)
     finally:
         if partial.exists():
             partial.unlink()
+
+
+def save_run_checkpoint(state, save_dir, keep_last, is_best):
+    """last.pt, plus step-XXXXXXXX.pt (the newest `keep_last` kept) and best.pt when `is_best`.
+
+    The extra names are hard links to last.pt where the filesystem allows (no second write),
+    each put in place by an atomic rename like last.pt itself."""
+    save_dir = Path(save_dir)
+    last = save_dir / LAST
+    save_checkpoint(state, last)
+    if keep_last > 0:
+        _place_copy(last, save_dir / f"step-{state['step']:08d}.pt")
+        for old in numbered_checkpoints(save_dir)[keep_last:]:
+            old.unlink(missing_ok=True)
+    if is_best:
+        _place_copy(last, save_dir / BEST)
+
+
+def numbered_checkpoints(save_dir):
+    """step-XXXXXXXX.pt files in `save_dir`, newest step first."""
+    found = [(int(match.group(1)), path) for path in Path(save_dir).glob("step-*.pt")
+             if (match := NUMBERED.fullmatch(path.name))]
+    return [path for _, path in sorted(found, reverse=True)]
+
+
+def _place_copy(source, target):
+    partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    partial.unlink(missing_ok=True)
+    try:
+        try:
+            os.link(source, partial)
+        except OSError:  # no hard links here (some network filesystems): copy the bytes
+            with open(source, "rb") as reader, open(partial, "wb") as writer:
+                shutil.copyfileobj(reader, writer)
+                writer.flush()
+                os.fsync(writer.fileno())
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def prepare_save_dir(save_dir):
@@ -41,8 +85,14 @@ def prepare_save_dir(save_dir):
         probe = save_dir / ".write-test"
         probe.touch()
         probe.unlink()
+        for partial in save_dir.glob(".*.pt.*.tmp"):  # left by a process killed mid-write
+            partial.unlink()
     except OSError as exc:
         raise UsageError(f"--save-dir {save_dir} is not writable ({exc.strerror}); choose another folder") from None
+
+
+class UnreadableCheckpoint(UsageError):
+    """A truncated or corrupt file: an older checkpoint can stand in for it."""
 
 
 def load_checkpoint(path):
@@ -53,21 +103,43 @@ def load_checkpoint(path):
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        raise UsageError(f"checkpoint {path} holds objects other than tensors and plain data and was "
-                         f"not loaded ({str(exc).splitlines()[0]})") from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as exc:
-        raise UsageError(f"checkpoint {path} is unreadable or truncated "
-                         f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+        # torch reports both a forbidden object and a damaged file this way; only the first names a GLOBAL.
+        forbidden = [line.strip() for line in str(exc).splitlines() if "GLOBAL" in line]
+        if forbidden:
+            raise UsageError(f"checkpoint {path} holds objects other than tensors and plain data and was "
+                             f"not loaded ({forbidden[0]}); only load checkpoints this trainer wrote") from None
+        raise UnreadableCheckpoint(f"checkpoint {path} is unreadable or truncated ({_first_line(exc)})") from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as exc:
+        raise UnreadableCheckpoint(f"checkpoint {path} is unreadable or truncated ({_first_line(exc)})") from None
 
 
-def resume_path(resume, save_dir):
-    """The checkpoint to resume from: None (fresh run), <save-dir>/last.pt, or a given path."""
+def _first_line(exc):
+    return str(exc).splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def load_resume_checkpoint(resume, save_dir, warn):
+    """(path, checkpoint) to resume from, or (None, None) for a fresh run.
+
+    --resume PATH must load. With --resume auto the newest readable of last.pt, the numbered
+    checkpoints and best.pt is used, and each unreadable one is reported in one line: a file
+    cut short by a kill never stops a requeued job from continuing."""
     if resume is None:
-        return None
-    if resume == "auto":
-        last = Path(save_dir) / LAST
-        return last if last.is_file() else None
-    return Path(resume)
+        return None, None
+    if resume != "auto":
+        return Path(resume), load_checkpoint(resume)
+    save_dir = Path(save_dir)
+    candidates = [save_dir / LAST, *numbered_checkpoints(save_dir), save_dir / BEST]
+    candidates = [path for path in candidates if path.is_file()]
+    for index, path in enumerate(candidates):
+        try:
+            return path, load_checkpoint(path)
+        except UnreadableCheckpoint as exc:
+            fallback = f"trying {candidates[index + 1].name}" if index + 1 < len(candidates) else "none left"
+            warn(f"{exc}; {fallback}")
+    if candidates:
+        raise UsageError(f"no readable checkpoint in {save_dir} (tried {', '.join(p.name for p in candidates)}); "
+                         "use --no-resume to start over, or --resume PATH")
+    return None, None
 
 
 def check_compatible(checkpoint, wanted, path):

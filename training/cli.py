@@ -37,6 +37,11 @@ def build_parser(multi_gpu):
     group.add_argument("--num-workers", type=int, default=0,
                        help="DataLoader worker processes per GPU/process; the data is already in "
                             "memory, so 0 is usually fastest")
+    group.add_argument("--data-path", choices=("auto", "device", "dataloader"), default="auto",
+                       help="device: the splits live on the device and batches are cut there (no "
+                            "workers, no per-batch copies); dataloader: a DataLoader copies each batch; "
+                            "auto: device unless --num-workers > 0 or the splits would take over a "
+                            "quarter of the free GPU memory")
     group.add_argument("--compile", action="store_true", help="torch.compile the model")
     group.add_argument("--dist-timeout", type=float, default=600.0,
                        help="ddp: seconds a collective may wait for the other ranks before the run "

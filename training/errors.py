@@ -15,8 +15,18 @@ class UsageError(ValueError):
     """A flag, file or environment problem the user can fix; the message says how."""
 
 
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN/inf; raised before anything is saved over a good checkpoint."""
+    exit_code = EXIT_DIVERGED
+
+
+class CollectiveTimeout(RuntimeError):
+    """A collective waited longer than --dist-timeout: another rank is stuck or gone."""
+    exit_code = EXIT_COMM_TIMEOUT
+
+
 def run_entry_point(main, argv=None):
-    """Call main(argv) and turn the errors a user can fix into `error: ...` and exit code 2.
+    """Call main(argv) and turn the errors above into one `error: ...` line and their exit code.
 
     --debug or HAR_DEBUG=1 lets the traceback through for bug reports.
     """
@@ -24,11 +34,11 @@ def run_entry_point(main, argv=None):
     debug = "--debug" in argv or os.environ.get("HAR_DEBUG") == "1"
     try:
         return main(argv)
-    except (UsageError, DataError) as exc:
+    except (UsageError, DataError, TrainingDiverged, CollectiveTimeout) as exc:
         if debug:
             raise
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return getattr(exc, "exit_code", EXIT_USAGE)
     except KeyboardInterrupt:
         if debug:
             raise

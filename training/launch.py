@@ -35,9 +35,7 @@ def preflight(args):
     """The user errors every worker would hit, caught once in this process before any starts."""
     save_dir = save_dir_of(args)
     ckpt.prepare_save_dir(save_dir)
-    resume_from = ckpt.resume_path(args.resume, save_dir)
-    if resume_from is not None:
-        ckpt.load_checkpoint(resume_from)
+    ckpt.load_resume_checkpoint(args.resume, save_dir, warn=lambda message: None)  # workers warn
     if args.dataset == "uci-har" or (args.dataset == "auto" and find_root(args.data_dir)):
         # Also parses and caches the text files once, so the workers start from the cache.
         load_har_data(args.dataset, args.data_dir, args.mode, args.val_fraction, split_seed=args.seed)

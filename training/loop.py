@@ -20,39 +20,57 @@ class Optimization:
 
 
 @dataclass
+class EpochPlan:
+    """Where this call starts inside the epoch; a resumed epoch starts past its first batches."""
+    first_batch: int  # micro-batches of the epoch this rank already did before this call
+    batches_in_epoch: int  # micro-batches of the whole epoch on this rank: fixes the accumulation windows
+    first_step: int  # optimizer steps taken before this call, over the whole run
+
+
+class EpochTally:
+    """This rank's running loss for the epoch, kept on the device and read only at log and save
+    points, plus the first step whose loss was NaN/inf (-1 while there is none)."""
+
+    def __init__(self, device, loss_sum=0.0, samples=0):
+        self.loss_sum = torch.tensor(loss_sum, dtype=torch.float64, device=device)  # sum of per-sample losses
+        self.samples = samples
+        self.first_nonfinite_step = torch.full((), -1, dtype=torch.int64, device=device)
+
+
+@dataclass
 class EpochResult:
-    train_loss: float
-    samples: int  # global: summed over ranks
-    train_time_s: float  # slowest rank, training phase only
-    steps: int  # optimizer steps taken this epoch
-
-    @property
-    def samples_per_s(self):
-        return self.samples / self.train_time_s if self.train_time_s > 0 else 0.0
+    steps: int  # optimizer steps taken in this call
+    train_time_s: float  # this rank's training time in this call
+    stopped_early: bool  # after_step asked to stop (preemption)
 
 
-def train_one_epoch(model, loader, opt, strategy, precision, progress, log_every_steps, on_log):
-    """One pass over this rank's shard. Reads the loss back from the device only every
-    `log_every_steps` optimizer steps (and only where `on_log` is set), never per step."""
+def train_one_epoch(model, loader, opt, strategy, precision, plan, tally, after_step):
+    """Train over this rank's shard of the epoch from `plan.first_batch` on.
+
+    after_step(step) runs after every optimizer step with the run's step count; it logs,
+    saves and may return True to leave the epoch at that step boundary. Nothing here reads a
+    value back from the device, so the host never waits on the GPU inside the loop."""
     model.train()
     device = strategy.device
-    loss_sum = torch.zeros((), dtype=torch.float64, device=device)  # sum of per-sample losses
-    samples, steps = 0, 0
-    num_batches = len(loader)
+    watch_nonfinite = not opt.grad_scaler.is_enabled()  # an fp16 GradScaler skips such steps itself
     parameters = [p for p in model.parameters() if p.requires_grad]
+    steps = 0
     start = time.perf_counter()
-    for batch_index, (signals, labels) in enumerate(loader):
+    for batch_index, (signals, labels) in enumerate(loader, start=plan.first_batch):
         signals = signals.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)
-        window_size, steps_now = micro_step_plan(batch_index, num_batches, opt.grad_accum_steps)
+        window_size, steps_now = micro_step_plan(batch_index, plan.batches_in_epoch, opt.grad_accum_steps)
         # Only the micro-batch that ends an accumulation window all-reduces its gradients.
         with strategy.no_sync() if not steps_now else contextlib.nullcontext():
             with precision.autocast():
                 loss = F.cross_entropy(model(signals), labels)
             opt.grad_scaler.scale(loss / window_size).backward()
-        loss_sum += loss.detach() * labels.shape[0]
-        samples += labels.shape[0]
-        progress.update(1)
+        loss = loss.detach()
+        tally.loss_sum += loss * labels.shape[0]
+        tally.samples += labels.shape[0]
+        if watch_nonfinite:
+            first = tally.first_nonfinite_step
+            first.masked_fill_((first < 0) & ~torch.isfinite(loss), plan.first_step + steps + 1)
         if not steps_now:
             continue
         if opt.max_grad_norm > 0:
@@ -63,15 +81,10 @@ def train_one_epoch(model, loader, opt, strategy, precision, progress, log_every
         opt.optimizer.zero_grad(set_to_none=True)
         opt.scheduler.step()
         steps += 1
-        if on_log is not None and steps % log_every_steps == 0:
-            on_log(steps, (loss_sum / samples).item(), opt.scheduler.get_last_lr()[0])
+        if after_step(plan.first_step + steps):
+            return EpochResult(steps, time.perf_counter() - start, stopped_early=True)
     strategy.synchronize()  # one sync per epoch so the time covers the queued GPU work
-    elapsed = time.perf_counter() - start
-    totals = strategy.sum_over_ranks(torch.stack([loss_sum, torch.tensor(float(samples), dtype=torch.float64,
-                                                                          device=device)]))
-    slowest = strategy.max_over_ranks(torch.tensor(elapsed, dtype=torch.float64, device=device))
-    total_loss, total_samples = totals.tolist()
-    return EpochResult(total_loss / max(1.0, total_samples), int(total_samples), float(slowest), steps)
+    return EpochResult(steps, time.perf_counter() - start, stopped_early=False)
 
 
 @torch.no_grad()

@@ -1,7 +1,8 @@
 """Everything that differs between one device, DataParallel and DDP, behind one small interface.
 
 The trainer and loop only call: wrap, eval_model, no_sync, sum_over_ranks, max_over_ranks,
-gather_concat, check_same_on_all_ranks, broadcast_module, memory_report, synchronize and close.
+any_rank, gather_concat, gather_objects, check_same_on_all_ranks, broadcast_module,
+memory_report, synchronize and close.
 """
 import contextlib
 import datetime
@@ -52,8 +53,14 @@ class SingleDevice:
     def max_over_ranks(self, tensor):
         return tensor
 
+    def any_rank(self, flag):
+        return flag
+
     def gather_concat(self, tensor):
         return tensor
+
+    def gather_objects(self, value):
+        return [value]
 
     def check_same_on_all_ranks(self, value, what):
         """One process always agrees with itself."""
@@ -110,7 +117,7 @@ class DataParallelStrategy(SingleDevice):
 class DistributedStrategy(SingleDevice):
     """DistributedDataParallel, one process per device, ranks taken from torchrun's environment."""
 
-    def __init__(self, device_type, backend, gpu_ids, sync_bn, timeout_s=1800):
+    def __init__(self, device_type, backend, gpu_ids, sync_bn, timeout_s):
         rank, local_rank, world_size = distributed_env()
         if device_type == "cuda":
             visible = gpu_ids or list(range(torch.cuda.device_count()))
@@ -126,8 +133,12 @@ class DistributedStrategy(SingleDevice):
         self.is_main = rank == 0
         self.sync_bn = sync_bn
         self._ddp = None
+        self.timeout_s = timeout_s
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s),
                                 device_id=device if device.type == "cuda" else None)
+        # Control messages (stop requests, RNG states) are tiny CPU values: a gloo group carries
+        # them without making the host wait for the GPU stream, as an NCCL collective would.
+        self._control = dist.new_group(backend="gloo") if backend == "nccl" else None
 
     @property
     def data_parallel_size(self):
@@ -162,6 +173,18 @@ class DistributedStrategy(SingleDevice):
         tensor = tensor.clone()
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
         return tensor
+
+    def any_rank(self, flag):
+        """True on every rank when `flag` is true on at least one."""
+        value = torch.tensor([int(flag)])
+        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self._control)
+        return bool(value.item())
+
+    def gather_objects(self, value):
+        """Every rank's picklable `value`, in rank order (in memory only, never from disk)."""
+        values = [None] * self.world_size
+        dist.all_gather_object(values, value, group=self._control)
+        return values
 
     def gather_concat(self, tensor):
         """Concatenate every rank's 1-D tensor (lengths may differ) on every rank."""
@@ -222,8 +245,10 @@ class _AutocastForward(nn.Module):
 def make_strategy(args):
     """The strategy for args.multi_gpu ('none', 'dp' or 'ddp'), with its device chosen."""
     device_type, backend = check_parallel_args(args)
+    if device_type == "cuda":
+        torch.backends.cudnn.benchmark = True  # fixed window shapes: the tuned kernels are reused every step
     if args.multi_gpu == "ddp":
-        return DistributedStrategy(device_type, backend, args.gpu_ids, args.sync_bn)
+        return DistributedStrategy(device_type, backend, args.gpu_ids, args.sync_bn, args.dist_timeout)
     if args.multi_gpu == "dp" and device_type == "cuda":
         return DataParallelStrategy(args.gpu_ids or list(range(torch.cuda.device_count())))
     if device_type == "cuda":

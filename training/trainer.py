@@ -1,24 +1,28 @@
 """The trainer: assembles data, model, strategy and optimizer, runs the epochs, reports the test split."""
 import math
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from data.loaders import ShardedSampler, make_loader
+from data.resident import DeviceResidentLoader, split_bytes
 from data.splits import fit_normalization, load_har_data, normalize
 from models import build_model, count_parameters
 from training import checkpoint as ckpt
 from training.cli import save_dir_of, warmup_epochs
+from training.epochs import train_epochs
+from training.errors import EXIT_PREEMPTED, CollectiveTimeout, TrainingDiverged
 from training.logger import RunLogger
-from training.loop import Optimization, predict, train_one_epoch
+from training.loop import Optimization, predict
 from training.precision import Precision
-from training.report import classification_report, format_report, summary_metrics
+from training.preemption import StopSignals
+from training.report import classification_report, format_report
 from training.schedule import build_scheduler, global_batch_size, scaled_lr, steps_per_epoch
 from training.strategy import make_strategy
 
 EVAL_BATCH_MIN = 256
+DEVICE_DATA_SHARE = 0.25  # --data-path auto keeps the splits on a GPU when they take at most this share
 
 
 @dataclass
@@ -28,6 +32,8 @@ class Progress:
     step: int = 0  # optimizer steps completed
     best_metric: float = -math.inf  # best validation macro-F1 so far
     epochs_since_best: int = 0
+    epoch_position: int = 0  # samples of the current epoch's order already trained on, all ranks
+    batch_in_epoch: int = 0  # micro-batches of the current epoch each rank already trained on
 
 
 @dataclass
@@ -44,20 +50,67 @@ class Run:
     loaders: dict = field(default_factory=dict)
     normalization: dict = None
     global_batch: int = 0  # samples per optimizer step, all replicas and micro-batches together
+    loader_batch: int = 0  # samples per micro-batch drawn by each process
     progress: Progress = field(default_factory=Progress)
+    stop_signals: StopSignals = None
+    resume_state: dict = None  # mid-epoch state of a resumed run, used by its first epoch
+
+    def take_resume_state(self):
+        state, self.resume_state = self.resume_state, None
+        return state
+
+    def layout(self):
+        """What must match for a mid-epoch resume to continue bit for bit."""
+        return {"world_size": self.strategy.world_size, "loader_batch": self.loader_batch,
+                "grad_accum_steps": self.args.grad_accum_steps}
+
+    def checkpoint_state(self, rng_states, epoch_tally):
+        progress = self.progress
+        return {
+            "model": self.model.state_dict(),  # the bare module: no module./_orig_mod. prefixes
+            "optimizer": self.opt.optimizer.state_dict(),
+            "scheduler": self.opt.scheduler.state_dict(),  # for inspection; resume rebuilds it
+            "scaler": self.opt.grad_scaler.state_dict(),
+            "epoch": progress.epoch, "step": progress.step,
+            "epoch_position": progress.epoch_position, "batch_in_epoch": progress.batch_in_epoch,
+            "epoch_loss_sum": epoch_tally[0], "epoch_samples": epoch_tally[1],
+            "best_metric": progress.best_metric, "epochs_since_best": progress.epochs_since_best,
+            "rng": rng_states,  # one entry per rank
+            "layout": self.layout(),
+            "config": dict(vars(self.args)),
+            "normalization": self.normalization,
+            "world_size": self.strategy.world_size,
+            "global_batch_size": self.global_batch,
+            "in_channels": self.data.train.signals.shape[1],
+            "num_classes": len(self.data.class_names),
+            "class_names": list(self.data.class_names),
+            "channel_names": list(self.data.channel_names),
+        }
 
 
 def train(args):
     """Train as configured by the parsed CLI `args`; returns the process exit code."""
     strategy = make_strategy(args)
+    stop_signals = StopSignals().install()
     try:
         run = _assemble(args, strategy)
-        finished = _train_epochs(run)
-        if finished:
+        run.stop_signals = stop_signals
+        outcome = train_epochs(run)
+        if outcome == "complete":
             _evaluate_test(run)
         run.log.close()
-        return 0
+        return EXIT_PREEMPTED if outcome == "preempted" else 0
+    except (TrainingDiverged, CollectiveTimeout):
+        raise
+    except RuntimeError as exc:
+        if strategy.world_size > 1 and "timed out" in str(exc).lower():
+            raise CollectiveTimeout(
+                f"rank {strategy.rank} waited more than --dist-timeout {args.dist_timeout:g} s for the other "
+                "ranks: one is stuck or has died. Check the other ranks' output; raise --dist-timeout only "
+                "if a step is legitimately that slow") from None
+        raise
     finally:
+        stop_signals.restore()
         strategy.close()
 
 
@@ -66,8 +119,7 @@ def _assemble(args, strategy):
     if strategy.is_main:
         ckpt.prepare_save_dir(save_dir)
     log = RunLogger(save_dir, strategy.is_main)
-    resume_from = ckpt.resume_path(args.resume, save_dir)
-    checkpoint = ckpt.load_checkpoint(resume_from) if resume_from else None
+    resume_from, checkpoint = ckpt.load_resume_checkpoint(args.resume, save_dir, log.warn)
 
     data = load_har_data(args.dataset, args.data_dir, args.mode, args.val_fraction, split_seed=args.seed,
                          synthetic_seed=args.synthetic_seed,
@@ -99,27 +151,42 @@ def _assemble(args, strategy):
               normalization={"mean": torch.from_numpy(mean), "std": torch.from_numpy(std)},
               global_batch=global_batch_size(args.batch_size, strategy.data_parallel_size,
                                              args.grad_accum_steps))
+    # DataParallel splits one loader batch over its GPUs; DDP ranks each load their own.
+    run.loader_batch = args.batch_size * strategy.data_parallel_size // strategy.world_size
     run.loaders = _make_loaders(run)
     if checkpoint is not None:
         _restore_progress(run, checkpoint, resume_from)
-    strategy.check_same_on_all_ranks(run.progress.epoch, "the number of epochs already trained")
+    strategy.check_same_on_all_ranks(run.progress.step, "the optimizer steps already taken")
     run.opt = _make_optimization(run, checkpoint)
     return run
 
 
 def _make_loaders(run):
     args, strategy = run.args, run.strategy
-    # DataParallel splits one loader batch over its GPUs; DDP ranks each load their own.
-    loader_batch = args.batch_size * strategy.data_parallel_size // strategy.world_size
-    pin = strategy.device.type == "cuda"
+    splits = {"train": run.data.train, "val": run.data.val, "test": run.data.test}
+    on_device = _keep_data_on_device(args, strategy.device, split_bytes(*splits.values()))
+    run.log.info("data path: " + ("splits kept on the device, batches cut there" if on_device else
+                                  f"DataLoader with {args.num_workers} worker(s)"))
     shards = dict(world_size=strategy.world_size, rank=strategy.rank)
-    train_sampler = ShardedSampler(len(run.data.train), shuffle=True, seed=args.seed, pad=True, **shards)
-    loaders = {"train": make_loader(run.data.train, loader_batch, train_sampler, args.num_workers, pin)}
-    for name in ("val", "test"):
-        sampler = ShardedSampler(len(getattr(run.data, name)), shuffle=False, pad=False, **shards)
-        loaders[name] = make_loader(getattr(run.data, name), max(EVAL_BATCH_MIN, loader_batch), sampler,
-                                    args.num_workers, pin)
+    loaders = {}
+    for name, split in splits.items():
+        training = name == "train"
+        sampler = ShardedSampler(len(split), shuffle=training, seed=args.seed, pad=training, **shards)
+        batch = run.loader_batch if training else max(EVAL_BATCH_MIN, run.loader_batch)
+        loaders[name] = (DeviceResidentLoader(split, batch, sampler, strategy.device) if on_device else
+                         make_loader(split, batch, sampler, args.num_workers, strategy.device.type == "cuda"))
     return loaders
+
+
+def _keep_data_on_device(args, device, data_bytes):
+    if args.data_path != "auto":
+        return args.data_path == "device"
+    if args.num_workers > 0:
+        return False
+    if device.type != "cuda":
+        return True  # already in this memory: nothing is copied
+    free_bytes, _ = torch.cuda.mem_get_info(device)
+    return data_bytes <= DEVICE_DATA_SHARE * free_bytes
 
 
 def _make_optimization(run, checkpoint):
@@ -143,7 +210,7 @@ def _make_optimization(run, checkpoint):
         optimizer.load_state_dict(checkpoint["optimizer"])
         for group, decay in zip(optimizer.param_groups, decays):
             group.update(lr=peak_lr, initial_lr=peak_lr, weight_decay=decay)
-        start_step = run.progress.epoch * steps_each_epoch
+        start_step = run.progress.epoch * steps_each_epoch + _steps_into_epoch(run)
         if checkpoint["scaler"] and grad_scaler.is_enabled():
             grad_scaler.load_state_dict(checkpoint["scaler"])
     run.log.info(f"lr: reference {args.lr:.2e}, {args.lr_scaling} scaling, global batch {run.global_batch} "
@@ -155,100 +222,38 @@ def _make_optimization(run, checkpoint):
 
 
 def _restore_progress(run, checkpoint, path):
-    run.progress = Progress(checkpoint["epoch"], checkpoint["step"], checkpoint["best_metric"],
-                            checkpoint.get("epochs_since_best", 0))
-    run.log.info(f"\n*** RESUMING from {path}: {checkpoint['epoch']} epochs / {checkpoint['step']} steps done, "
-                 f"best val macro-F1 {checkpoint['best_metric']:.4f}. Pass --no-resume to start over. ***\n")
+    progress = run.progress = Progress(
+        checkpoint["epoch"], checkpoint["step"], checkpoint["best_metric"], checkpoint.get("epochs_since_best", 0),
+        checkpoint.get("epoch_position", 0), checkpoint.get("batch_in_epoch", 0))
+    where = (f"epoch {progress.epoch + 1}, sample {progress.epoch_position} of {len(run.data.train)}"
+             if progress.epoch_position else f"{progress.epoch} epochs")
+    run.log.info(f"\n*** RESUMING from {path}: {where} / {progress.step} steps done, best val macro-F1 "
+                 f"{progress.best_metric:.4f}. Pass --no-resume to start over. ***\n")
+    saved_layout = checkpoint.get("layout")
+    exact = saved_layout == run.layout() and len(checkpoint.get("rng") or ()) == run.strategy.world_size
     if checkpoint["global_batch_size"] != run.global_batch:
         run.log.warn(f"global batch changes from {checkpoint['global_batch_size']} to {run.global_batch} on "
-                     "resume: the peak LR and steps per epoch follow the new value, and the schedule "
-                     f"continues from epoch {checkpoint['epoch']}")
+                     "resume: the peak LR and the steps per epoch (so the schedule's length) follow the new "
+                     f"value, and the schedule continues from epoch {progress.epoch + 1}")
+    if progress.epoch_position:
+        if not exact:
+            run.log.warn(f"resuming mid-epoch with another layout ({saved_layout} -> {run.layout()}): the "
+                         f"epoch continues at sample {progress.epoch_position} of the same order, so no sample "
+                         "is skipped or repeated, but accumulation windows and random streams restart, so the "
+                         "weights will differ from an uninterrupted run")
+        run.resume_state = {"exact": exact, "rng": checkpoint.get("rng"),
+                            "loss_sum": checkpoint.get("epoch_loss_sum", 0.0),
+                            "samples": checkpoint.get("epoch_samples", 0)}
 
 
-def _train_epochs(run):
-    """Train until --epochs, early stopping or --stop-after-epochs; True when the run is complete."""
-    args, log, progress = run.args, run.log, run.progress
-    if progress.epoch >= args.epochs:
-        log.info(f"already trained for {progress.epoch} of {args.epochs} epochs; evaluating the test split")
-        return True
-    if _patience_exhausted(args, progress):
-        log.info(f"this run already stopped early ({progress.epochs_since_best} epochs without a better "
-                 "validation macro-F1); evaluating the test split")
-        return True
-    first_epoch = progress.epoch
-    for epoch in range(first_epoch, args.epochs):
-        _run_epoch(run, epoch)
-        if _patience_exhausted(args, progress):
-            log.info(f"early stopping: no better validation macro-F1 for {progress.epochs_since_best} epochs")
-            return True
-        if epoch + 1 - first_epoch == args.stop_after_epochs and epoch + 1 < args.epochs:
-            log.info(f"stopping after {args.stop_after_epochs} epoch(s) as asked; run the same command again "
-                     f"to continue from epoch {epoch + 2}")
-            return False
-    return True
-
-
-def _patience_exhausted(args, progress):
-    return bool(args.early_stopping_patience) and progress.epochs_since_best >= args.early_stopping_patience
-
-
-def _run_epoch(run, epoch):
-    """Train one epoch, validate, checkpoint (rank 0) and log the epoch record."""
-    args, strategy, log, progress = run.args, run.strategy, run.log, run.progress
-    epoch_start = time.perf_counter()
-    run.loaders["train"].sampler.set_epoch(epoch)
-    # Dropout masks depend only on (seed, epoch, rank), so resuming at an epoch is exact.
-    torch.manual_seed(args.seed * 1_000_003 + epoch * 1_009 + strategy.rank)
-    bar = log.progress(len(run.loaders["train"]), f"epoch {epoch + 1}/{args.epochs}")
-    step_base = progress.step
-
-    def on_log(steps, loss, lr):
-        bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}")
-        log.log_step(step_base + steps, loss, lr)
-
-    result = train_one_epoch(run.train_model, run.loaders["train"], run.opt, strategy, run.precision,
-                             bar, args.log_interval, on_log if strategy.is_main else None)
-    bar.close()
-    labels, predictions, val_loss = predict(strategy.eval_model(run.model), run.loaders["val"], strategy,
-                                            run.precision)
-    metrics = summary_metrics(labels, predictions, len(run.data.class_names))
-    is_best = metrics["macro_f1"] > progress.best_metric
-    progress.epoch, progress.step = epoch + 1, progress.step + result.steps
-    progress.best_metric = max(progress.best_metric, metrics["macro_f1"])
-    progress.epochs_since_best = 0 if is_best else progress.epochs_since_best + 1
-    if strategy.is_main:
-        state = _checkpoint_state(run)
-        ckpt.save_checkpoint(state, run.save_dir / ckpt.LAST)
-        if is_best:
-            ckpt.save_checkpoint(state, run.save_dir / ckpt.BEST)
-    record = {"epoch": epoch + 1, "epochs": args.epochs, "step": progress.step,
-              "train_loss": result.train_loss, "val_loss": val_loss, "val_acc": metrics["acc"],
-              "val_macro_f1": metrics["macro_f1"], "lr": run.opt.scheduler.get_last_lr()[0],
-              "samples_per_s": result.samples_per_s, "train_time_s": result.train_time_s,
-              "epoch_time_s": time.perf_counter() - epoch_start, "world_size": strategy.world_size,
-              "global_batch_size": run.global_batch, "memory": strategy.memory_report()}
-    log.log_epoch(record, is_best)
-
-
-def _checkpoint_state(run):
-    return {
-        "model": run.model.state_dict(),  # the bare module: no module./_orig_mod. prefixes
-        "optimizer": run.opt.optimizer.state_dict(),
-        "scheduler": run.opt.scheduler.state_dict(),  # for inspection; resume rebuilds it from the epoch
-        "scaler": run.opt.grad_scaler.state_dict(),
-        "epoch": run.progress.epoch,
-        "step": run.progress.step,
-        "best_metric": run.progress.best_metric,
-        "epochs_since_best": run.progress.epochs_since_best,
-        "config": {key: value for key, value in vars(run.args).items()},
-        "normalization": run.normalization,
-        "world_size": run.strategy.world_size,
-        "global_batch_size": run.global_batch,
-        "in_channels": run.data.train.signals.shape[1],
-        "num_classes": len(run.data.class_names),
-        "class_names": list(run.data.class_names),
-        "channel_names": list(run.data.channel_names),
-    }
+def _steps_into_epoch(run):
+    """Optimizer steps the resumed epoch already took, measured in this run's steps."""
+    progress = run.progress
+    if run.resume_state is None:
+        return 0
+    if run.resume_state["exact"]:
+        return progress.batch_in_epoch // run.args.grad_accum_steps
+    return round(progress.epoch_position / run.global_batch)
 
 
 def _evaluate_test(run):

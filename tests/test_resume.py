@@ -1,0 +1,158 @@
+"""Exact resume: runs killed at chosen points and resumed end bit-for-bit where uninterrupted runs end."""
+import json
+import signal
+import sys
+
+import pytest
+import torch
+
+from conftest import TINY_DATA, load_checkpoint, read_metrics, run_subprocess
+from data.loaders import ShardedSampler, epoch_order
+
+# 544 windows at 16 per micro-batch and 2 micro-batches per step: 34 micro-batches and 17
+# optimizer steps per epoch, with a checkpoint after every step.
+RUN = [sys.executable, "main.py", *TINY_DATA, "--epochs", "2", "--batch-size", "16", "--grad-accum-steps", "2",
+       "--save-every-steps", "1", "--keep-last", "2"]
+BATCHES_PER_EPOCH = 34
+
+
+def assert_same_state(expected, actual):
+    """Every weight, buffer and optimizer tensor equal bit for bit, and the same step count."""
+    assert actual["step"] == expected["step"] and actual["epoch"] == expected["epoch"]
+    for name, tensor in expected["model"].items():
+        assert torch.equal(tensor, actual["model"][name]), name
+    for index, moments in expected["optimizer"]["state"].items():
+        for key, tensor in moments.items():
+            assert torch.equal(tensor, actual["optimizer"]["state"][index][key]), (index, key)
+
+
+def report_of(save_dir):
+    report = json.loads((save_dir / "test_report.json").read_text())
+    report.pop("checkpoint")  # the path differs
+    return report
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    save_dir = tmp_path_factory.mktemp("uninterrupted")
+    result = run_subprocess([*RUN, "--save-dir", save_dir])
+    assert result.returncode == 0, result.stderr
+    return save_dir
+
+
+@pytest.mark.parametrize("fault", [
+    "kill@7",  # inside an accumulation window: micro-batch 6 was trained, its step not taken
+    f"kill@{BATCHES_PER_EPOCH}",  # right after the epoch boundary (validated and saved)
+    f"kill@{BATCHES_PER_EPOCH + 1}",  # inside the first window of the second epoch
+    "kill@save:5",  # halfway through writing a checkpoint: the temporary file is left behind
+])
+def test_killed_run_resumes_bit_for_bit(uninterrupted, tmp_path, fault):
+    killed = run_subprocess([*RUN, "--save-dir", tmp_path], env={"HAR_FAULT": fault})
+    assert killed.returncode == -signal.SIGKILL
+    assert load_checkpoint(tmp_path / "last.pt")["step"] < 34  # it really stopped early
+    resumed = run_subprocess([*RUN, "--save-dir", tmp_path])
+    assert resumed.returncode == 0, resumed.stderr
+    assert "RESUMING" in resumed.stdout
+    assert_same_state(load_checkpoint(uninterrupted / "last.pt"), load_checkpoint(tmp_path / "last.pt"))
+    assert report_of(tmp_path) == report_of(uninterrupted)
+    assert not list(tmp_path.glob(".*.tmp")), "a temporary checkpoint file was left behind"
+
+
+def test_resume_without_saved_random_state_would_differ(uninterrupted, tmp_path):
+    """The control: mid-epoch resume that reseeds instead of restoring RNG gives other weights,
+    so the bit-for-bit test above can fail."""
+    killed = run_subprocess([*RUN, "--save-dir", tmp_path], env={"HAR_FAULT": "kill@12"})
+    assert killed.returncode == -signal.SIGKILL
+    checkpoint = load_checkpoint(tmp_path / "last.pt")
+    checkpoint["rng"] = []  # no per-rank states: the resume cannot be exact and says so
+    torch.save(checkpoint, tmp_path / "last.pt")
+    resumed = run_subprocess([*RUN, "--save-dir", tmp_path])
+    assert resumed.returncode == 0, resumed.stderr
+    assert "weights will differ" in resumed.stderr
+    final, reference = load_checkpoint(tmp_path / "last.pt"), load_checkpoint(uninterrupted / "last.pt")
+    assert any(not torch.equal(final["model"][k], reference["model"][k]) for k in reference["model"])
+
+
+def test_keep_last_prunes_numbered_checkpoints(uninterrupted):
+    numbered = sorted(path.name for path in uninterrupted.glob("step-*.pt"))
+    assert numbered == ["step-00000033.pt", "step-00000034.pt"]
+    assert load_checkpoint(uninterrupted / "step-00000033.pt")["step"] == 33
+    assert (uninterrupted / "best.pt").is_file()
+
+
+def test_corrupt_last_checkpoint_falls_back_to_newest_valid(tmp_path):
+    first = run_subprocess([*RUN, "--save-dir", tmp_path], env={"HAR_FAULT": "kill@20"})
+    assert first.returncode == -signal.SIGKILL
+    newest_numbered = load_checkpoint(tmp_path / "step-00000010.pt")
+    # New files, as a partial copy would leave: the numbered names are hard links to last.pt.
+    truncated = (tmp_path / "last.pt").read_bytes()[:1000]
+    for name, content in (("last.pt", truncated), ("step-00000010.pt", b"not a checkpoint")):
+        (tmp_path / name).unlink()
+        (tmp_path / name).write_bytes(content)
+    resumed = run_subprocess([*RUN, "--save-dir", tmp_path, "--epochs", "1"])
+    assert resumed.returncode == 0, resumed.stderr
+    assert "last.pt is unreadable or truncated" in resumed.stderr
+    assert "step-00000010.pt is unreadable or truncated" in resumed.stderr
+    assert "RESUMING from" in resumed.stdout and "step-00000009.pt" in resumed.stdout
+    assert "Traceback" not in resumed.stderr
+    assert newest_numbered["step"] == 10
+
+
+def test_all_checkpoints_unreadable_is_one_line_error(tmp_path):
+    (tmp_path / "last.pt").write_bytes(b"\x00" * 64)
+    (tmp_path / "best.pt").write_bytes(b"")
+    result = run_subprocess([*RUN, "--save-dir", tmp_path])
+    assert result.returncode == 2
+    assert "no readable checkpoint" in result.stderr and "--no-resume" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert (tmp_path / "last.pt").read_bytes() == b"\x00" * 64  # left for the user to inspect
+
+
+@pytest.mark.parametrize("old_world, new_world", [(2, 1), (2, 3), (1, 2), (4, 3), (3, 2)])
+@pytest.mark.parametrize("stopped_after_batches", [1, 5, 8])
+def test_position_resume_with_another_world_size_sees_each_sample_once(old_world, new_world,
+                                                                        stopped_after_batches):
+    num_samples, batch, epoch, seed = 160, 4, 3, 7
+    before = [ShardedSampler(num_samples, old_world, rank, seed=seed) for rank in range(old_world)]
+    seen = []
+    for sampler in before:
+        sampler.set_epoch(epoch)
+        seen.append(sampler.indices()[:stopped_after_batches * batch])
+    position = stopped_after_batches * batch * old_world  # what a mid-epoch checkpoint records
+    after = [ShardedSampler(num_samples, new_world, rank, seed=seed) for rank in range(new_world)]
+    for sampler in after:
+        sampler.set_epoch(epoch, start=position)
+        seen.append(sampler.indices())
+    counts = torch.bincount(torch.cat(seen), minlength=num_samples)
+    padding = len(after[0]) * new_world - (num_samples - position)
+    assert counts.sum() == num_samples + padding
+    assert (counts >= 1).all() and (counts > 1).sum() <= padding  # only the end-of-epoch padding repeats
+    assert torch.equal(torch.cat(seen[:old_world]).sort().values,
+                       epoch_order(num_samples, seed, epoch)[:position].sort().values)
+
+
+def test_same_world_position_resume_matches_uninterrupted_shards():
+    for world in (1, 2, 3):
+        for rank in range(world):
+            whole = ShardedSampler(50, world, rank, seed=1)
+            whole.set_epoch(2)
+            resumed = ShardedSampler(50, world, rank, seed=1)
+            resumed.set_epoch(2, start=4 * world)
+            assert torch.equal(whole.indices()[4:], resumed.indices())
+
+
+def test_ddp_run_resumed_on_one_process_continues_at_the_same_sample(tmp_path):
+    """Two ranks killed mid-epoch, resumed by one process: the epoch still trains on every
+    training sample exactly once (544 windows, no padding with 2 ranks)."""
+    ddp = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           "main_multi_gpu.py", "--multi-gpu", "ddp", "--device", "cpu", *TINY_DATA, "--epochs", "1",
+           "--batch-size", "16", "--save-every-steps", "1", "--save-dir", tmp_path]
+    killed = run_subprocess(ddp, env={"HAR_FAULT": "kill@5:rank=1"})
+    assert killed.returncode != 0
+    checkpoint = load_checkpoint(tmp_path / "last.pt")
+    assert checkpoint["epoch"] == 0 and checkpoint["epoch_position"] == 5 * 16 * 2
+    single = run_subprocess([sys.executable, "main.py", *TINY_DATA, "--epochs", "1", "--batch-size", "16",
+                             "--save-dir", tmp_path])
+    assert single.returncode == 0, single.stderr
+    assert "continues at sample 160" in single.stderr
+    assert read_metrics(tmp_path)[-1]["train_samples"] == 544

@@ -1,0 +1,39 @@
+"""Every random stream a training step may draw from, captured and restored as plain tensors."""
+import random
+
+import numpy as np
+import torch
+
+
+def capture(device):
+    """This process's torch (CPU and its CUDA device), numpy and python generator states,
+    in containers that `torch.load(weights_only=True)` accepts."""
+    bit_generator, keys, position, has_gauss, cached_gaussian = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+        "numpy": {"bit_generator": bit_generator, "keys": torch.from_numpy(keys.astype(np.int64)),
+                  "position": int(position), "has_gauss": int(has_gauss),
+                  "cached_gaussian": float(cached_gaussian)},
+        "python": random.getstate(),
+    }
+
+
+def restore(state, device):
+    torch.set_rng_state(state["torch"])
+    if device.type == "cuda" and state["cuda"] is not None:
+        torch.cuda.set_rng_state(state["cuda"], device)
+    numpy_state = state["numpy"]
+    np.random.set_state((numpy_state["bit_generator"], numpy_state["keys"].numpy().astype(np.uint32),
+                         numpy_state["position"], numpy_state["has_gauss"], numpy_state["cached_gaussian"]))
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+
+
+def seed_epoch(seed, epoch, rank):
+    """Seed every stream from (seed, epoch, rank): an epoch started afresh, resumed at its
+    boundary, or resumed with another world size draws the same way."""
+    value = seed * 1_000_003 + epoch * 1_009 + rank
+    torch.manual_seed(value)  # also seeds every CUDA device
+    np.random.seed(value % 2**32)
+    random.seed(value)
