@@ -55,11 +55,15 @@ def load_har_data(dataset="auto", data_dir=None, mode="flatten", val_fraction=0.
 
 def _load_source(dataset, data_dir, synthetic_seed, windows_per_subject):
     root = uci_har.find_root(data_dir)
-    if dataset == "uci-har" or (dataset == "auto" and root is not None):
+    # A --data-dir that was given must hold the data: training on synthetic windows instead
+    # would look like a result on real data.
+    if dataset == "uci-har" or (dataset == "auto" and data_dir):
         if root is None:
-            raise DataError(f"--data-dir {data_dir!s} does not hold the UCI HAR Dataset "
-                            "(expected train/Inertial Signals and test/ under it, or under its "
-                            f"'{uci_har.DATASET_FOLDER}' folder); use --dataset synthetic to run without it")
+            where = (f"--data-dir {data_dir} does not hold" if data_dir else
+                     "--dataset uci-har needs --data-dir pointing at")
+            raise DataError(f"{where} the UCI HAR Dataset (expected train/Inertial Signals and test/ under "
+                            f"it, or under its '{uci_har.DATASET_FOLDER}' folder); use --dataset synthetic "
+                            "to run without it")
         raw = {split: uci_har.load_split(root, split) for split in ("train", "test")}
         return "uci-har", raw, str(root)
     if dataset not in ("auto", "synthetic"):
@@ -68,7 +72,7 @@ def _load_source(dataset, data_dir, synthetic_seed, windows_per_subject):
         raise DataError("--synthetic-windows-per-subject must be at least 1")
     why = "generated, seed %d" % synthetic_seed
     if dataset == "auto":
-        why += ", no UCI HAR under --data-dir" if data_dir else ", no --data-dir given"
+        why += ", no --data-dir given"
     return "synthetic", synthetic.generate(synthetic_seed, windows_per_subject), why
 
 

@@ -69,9 +69,9 @@ def _parse_split(signal_paths, label_path, subject_path):
                         "(a truncated file, or files from different versions of the dataset)")
     signals = np.stack(matrices, axis=1)
     if not np.all(np.isfinite(signals)):
-        window = int(np.argwhere(~np.isfinite(signals))[0][0])
-        raise DataError(f"UCI HAR signals contain NaN or infinity (first in window {window + 1}); "
-                        "fix or re-extract the dataset")
+        window, channel, step = (int(i) for i in np.argwhere(~np.isfinite(signals))[0])
+        raise DataError(f"{signal_paths[channel]} holds NaN or infinity (first at row {window + 1}, value "
+                        f"{step + 1}); fix or re-extract the dataset")
     _check_integers(label_path, "label", labels, low=1, high=len(CLASS_NAMES))
     _check_integers(subject_path, "subject id", subjects, low=1, high=None)
     return signals, labels.astype(np.int64) - 1, subjects.astype(np.int64)

@@ -274,7 +274,7 @@ def test_nan_or_infinity_in_signal_file(fake_uci, token):
     values[17] = token
     lines[5] = " ".join(values)
     path.write_text("\n".join(lines) + "\n")
-    _expect_data_error(root, "train", "NaN", "window 6")
+    _expect_data_error(root, "train", "NaN", "body_gyro_x_train.txt", "row 6, value 18")
 
 
 def test_non_numeric_value_in_signal_file(fake_uci):
@@ -552,11 +552,11 @@ def test_load_har_data_uci_explicit(fake_uci):
     assert np.array_equal(data.test.labels, arrays["test"][1] - 1)
 
 
-def test_load_har_data_auto_falls_back_to_synthetic(tmp_path):
-    data = splits.load_har_data(dataset="auto", data_dir=tmp_path, synthetic_windows_per_subject=5)
-    assert data.source == "synthetic"
+def test_load_har_data_auto_uses_synthetic_only_without_data_dir(tmp_path):
     data = splits.load_har_data(dataset="auto", data_dir=None, synthetic_windows_per_subject=5)
     assert data.source == "synthetic"
+    with pytest.raises(DataError, match="does not hold the UCI HAR Dataset"):
+        splits.load_har_data(dataset="auto", data_dir=tmp_path, synthetic_windows_per_subject=5)
 
 
 def test_load_har_data_rejects_zero_synthetic_windows():

@@ -98,6 +98,8 @@ class UnreadableCheckpoint(UsageError):
 def load_checkpoint(path):
     """Load with weights_only=True: tensors and plain containers, never arbitrary objects."""
     path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"--resume {path} is a folder; point it at a checkpoint file such as {path / LAST}")
     if not path.is_file():
         raise UsageError(f"checkpoint {path} does not exist; check --resume, or use --no-resume")
     try:
@@ -108,7 +110,8 @@ def load_checkpoint(path):
         if forbidden:
             raise UsageError(f"checkpoint {path} holds objects other than tensors and plain data and was "
                              f"not loaded ({forbidden[0]}); only load checkpoints this trainer wrote") from None
-        raise UnreadableCheckpoint(f"checkpoint {path} is unreadable or truncated ({_first_line(exc)})") from None
+        raise UnreadableCheckpoint(f"checkpoint {path} is unreadable or truncated (not a complete "
+                                   "checkpoint file)") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as exc:
         raise UnreadableCheckpoint(f"checkpoint {path} is unreadable or truncated ({_first_line(exc)})") from None
 

@@ -141,6 +141,8 @@ def check_args(args):
     for flag, value in positive.items():
         if value < 1:
             raise UsageError(f"{flag} must be at least 1, got {value}")
+    if args.dataset == "synthetic" and args.data_dir:
+        raise UsageError("--data-dir is not read with --dataset synthetic; drop one of them")
     if not args.lr > 0:
         raise UsageError(f"--lr must be positive, got {args.lr}")
     if not 0 <= args.dropout < 1:

@@ -6,7 +6,7 @@ from data.errors import DataError
 
 EXIT_USAGE = 2  # a flag, file or data problem the message explains
 EXIT_DIVERGED = 3  # the loss became NaN/inf; nothing was saved over the last good checkpoint
-EXIT_COMM_TIMEOUT = 4  # a collective waited longer than --dist-timeout for another rank
+EXIT_RANK_LOST = 4  # another rank died, or a collective waited longer than --dist-timeout for it
 EXIT_PREEMPTED = 75  # SIGTERM/SIGUSR1: the step finished and a checkpoint was saved; run again to resume
 EXIT_INTERRUPTED = 130
 
@@ -20,9 +20,9 @@ class TrainingDiverged(RuntimeError):
     exit_code = EXIT_DIVERGED
 
 
-class CollectiveTimeout(RuntimeError):
-    """A collective waited longer than --dist-timeout: another rank is stuck or gone."""
-    exit_code = EXIT_COMM_TIMEOUT
+class RankLost(RuntimeError):
+    """Another rank closed its connection, or a collective waited longer than --dist-timeout."""
+    exit_code = EXIT_RANK_LOST
 
 
 def run_entry_point(main, argv=None):
@@ -34,7 +34,7 @@ def run_entry_point(main, argv=None):
     debug = "--debug" in argv or os.environ.get("HAR_DEBUG") == "1"
     try:
         return main(argv)
-    except (UsageError, DataError, TrainingDiverged, CollectiveTimeout) as exc:
+    except (UsageError, DataError, TrainingDiverged, RankLost) as exc:
         if debug:
             raise
         print(f"error: {exc}", file=sys.stderr)

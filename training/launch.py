@@ -3,6 +3,7 @@ import shlex
 import sys
 
 import torch
+from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import get_args_parser, run
 
@@ -10,7 +11,7 @@ from data.splits import load_har_data
 from data.uci_har import find_root
 from training import checkpoint as ckpt
 from training.cli import save_dir_of
-from training.errors import UsageError
+from training.errors import EXIT_PREEMPTED, UsageError
 from training.environment import check_parallel_args
 
 
@@ -20,9 +21,9 @@ def processes_per_node(args):
     gpus = len(args.gpu_ids) if args.gpu_ids else (torch.cuda.device_count() if device_type == "cuda" else 0)
     if args.nproc_per_node is None:
         return max(1, gpus)
-    if device_type == "cuda" and args.nproc_per_node > gpus:
+    if args.device != "cpu" and args.nproc_per_node > gpus:
         raise UsageError(f"--nproc-per-node {args.nproc_per_node} is more than the {gpus} GPU(s) in use; "
-                         "lower it, or use --device cpu for CPU processes")
+                         "lower it, or pass --device cpu to run that many CPU processes")
     return args.nproc_per_node
 
 
@@ -56,4 +57,10 @@ def launch_under_torchrun(args, script, argv):
         # The worker already printed its own message; torchrun's report would only repeat it.
         first = min(failure.failures.items())[1]
         return first.exitcode if first.exitcode and first.exitcode > 0 else 1
+    except SignalException as stop:
+        # torchrun passed the signal on as SIGTERM and waited for the workers, which finished
+        # their step and saved; say so in one line instead of torchrun's traceback.
+        print(f"launcher received {stop.sigval.name}: the workers saved a checkpoint; run the same command "
+              "again to resume", file=sys.stderr, flush=True)
+        return EXIT_PREEMPTED
     return 0

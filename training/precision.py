@@ -14,6 +14,9 @@ class Precision:
     def __init__(self, device, amp_flag, amp_dtype_flag):
         self.device_type = device.type
         self.enabled = amp_flag if amp_flag is not None else device.type == "cuda"
+        if amp_dtype_flag is not None and not self.enabled:
+            raise UsageError(f"--amp-dtype {amp_dtype_flag} only applies with mixed precision on; add --amp "
+                             "or drop --amp-dtype")
         if device.type == "cpu" and amp_dtype_flag == "fp16" and self.enabled:
             raise UsageError("--amp-dtype fp16 needs CUDA; on CPU --amp uses bf16 (drop --amp-dtype)")
         if amp_dtype_flag is None:

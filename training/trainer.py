@@ -12,7 +12,7 @@ from models import build_model, count_parameters
 from training import checkpoint as ckpt
 from training.cli import save_dir_of, warmup_epochs
 from training.epochs import train_epochs
-from training.errors import EXIT_PREEMPTED, CollectiveTimeout, TrainingDiverged
+from training.errors import EXIT_PREEMPTED, RankLost, TrainingDiverged
 from training.logger import RunLogger
 from training.loop import Optimization, predict
 from training.precision import Precision
@@ -100,18 +100,28 @@ def train(args):
             _evaluate_test(run)
         run.log.close()
         return EXIT_PREEMPTED if outcome == "preempted" else 0
-    except (TrainingDiverged, CollectiveTimeout):
+    except (TrainingDiverged, RankLost):
         raise
     except RuntimeError as exc:
-        if strategy.world_size > 1 and "timed out" in str(exc).lower():
-            raise CollectiveTimeout(
-                f"rank {strategy.rank} waited more than --dist-timeout {args.dist_timeout:g} s for the other "
-                "ranks: one is stuck or has died. Check the other ranks' output; raise --dist-timeout only "
-                "if a step is legitimately that slow") from None
+        if strategy.world_size > 1:
+            _explain_lost_rank(exc, strategy.rank, args.dist_timeout)
         raise
     finally:
         stop_signals.restore()
         strategy.close()
+
+
+def _explain_lost_rank(exc, rank, timeout_s):
+    """Turn the backends' reports of a dead or stuck peer into one line that says what to do."""
+    text = str(exc).lower()
+    if "timed out" in text or "timeout" in text:
+        raise RankLost(f"rank {rank} waited more than --dist-timeout {timeout_s:g} s for the other ranks: one "
+                       "is stuck or has died. Check the other ranks' output; raise --dist-timeout only if a "
+                       "step is legitimately that slow") from None
+    if "connection closed by peer" in text or "connection reset by peer" in text:
+        raise RankLost(f"rank {rank} lost its connection to another rank, which has most likely crashed (see its "
+                       "output). With torchrun --max-restarts the group restarts and resumes from the last "
+                       "checkpoint; otherwise run the same command again") from None
 
 
 def _assemble(args, strategy):

@@ -1,0 +1,419 @@
+"""Bad input through the real entry points: exit 2, one line naming the problem, no traceback,
+and nothing already in --save-dir touched."""
+import os
+import shutil
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import TINY_DATA, run_in_process, run_subprocess
+from data.uci_har import SIGNAL_NAMES, WINDOW_STEPS
+from training.checkpoint import load_checkpoint
+from training.errors import EXIT_USAGE, UsageError
+
+TORCHRUN_ENV = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": "29511"}
+VISIBLE_GPUS = torch.cuda.device_count()
+NPROC_OVER_GPUS = max(4, VISIBLE_GPUS + 1)  # clearly a multi-GPU request, and more than there are
+
+
+# ---------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """The save dir of a real tiny run: last.pt, best.pt, numbered checkpoints, metrics, logs, report."""
+    save_dir = tmp_path_factory.mktemp("finished") / "run"
+    code, _, err = run_in_process("main.py", [*TINY_DATA, "--epochs", "1", "--save-dir", save_dir])
+    assert code == 0, err
+    assert (save_dir / "last.pt").is_file()
+    return save_dir
+
+
+@pytest.fixture
+def save_dir(finished_run, tmp_path):
+    """A copy of the finished run and a keep.txt: a refused command must leave all of it alone."""
+    folder = tmp_path / "run"
+    shutil.copytree(finished_run, folder)
+    (folder / "keep.txt").write_text("results worth keeping\n")
+    return folder
+
+
+def snapshot(path):
+    """Bytes and modification time of `path`, or of every file under it."""
+    if path.is_file():
+        return {path.name: (path.read_bytes(), path.stat().st_mtime_ns)}
+    if not path.exists():
+        return {}
+    return {str(file.relative_to(path)): (file.read_bytes(), file.stat().st_mtime_ns)
+            for file in sorted(path.rglob("*")) if file.is_file()}
+
+
+def run(script, argv, via_subprocess=False, env=None):
+    """(exit code, stdout, stderr) of one entry point, in this process or as a real command."""
+    if via_subprocess:
+        result = run_subprocess([sys.executable, script, *argv], timeout=180, env=env)
+        return result.returncode, result.stdout, result.stderr
+    return run_in_process(script, argv)
+
+
+def assert_refused(result, *names):
+    """Exit 2, no traceback, one `error:` line, and that line names the problem."""
+    code, out, err = result
+    detail = f"exit code {code}\n--- stderr ---\n{err[-3000:]}\n--- stdout ---\n{out[-1500:]}"
+    assert code == EXIT_USAGE, detail
+    assert "Traceback" not in err, detail
+    error_lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(error_lines) == 1, detail
+    for name in names:
+        assert name in error_lines[0], detail
+    return error_lines[0]
+
+
+def refuse(script, flags, save_dir, *names, via_subprocess=False, env=None):
+    """Run with tiny synthetic data into `save_dir`; it must be refused and `save_dir` left as it was."""
+    before = snapshot(save_dir)
+    argv = [*TINY_DATA, "--epochs", "1", "--save-dir", save_dir, *flags]
+    line = assert_refused(run(script, argv, via_subprocess, env), *names)
+    after = snapshot(save_dir)
+    changed = [name for name in before if after.get(name) != before[name]]
+    assert not changed, f"changed in --save-dir: {changed}"
+    new_checkpoints = [name for name in set(after) - set(before) if name.endswith(".pt")]
+    assert not new_checkpoints, f"new checkpoints in --save-dir: {new_checkpoints}"
+    return line
+
+
+# ---------------------------------------------------------------------------
+# Flags: values that cannot work, and combinations that cannot work here
+# ---------------------------------------------------------------------------
+
+FLAG_CASES = [
+    ("main.py", ["--batch-size", "0"], "--batch-size"),
+    ("main.py", ["--batch-size", "-1"], "--batch-size"),
+    ("main.py", ["--grad-accum-steps", "0"], "--grad-accum-steps"),
+    ("main.py", ["--epochs", "0"], "--epochs"),
+    ("main.py", ["--epochs", "two"], "--epochs"),  # argparse: not an integer
+    ("main.py", ["--lr", "0"], "--lr"),
+    ("main.py", ["--lr", "-0.001"], "--lr"),
+    ("main.py", ["--lr", "nan"], "--lr"),
+    ("main.py", ["--val-fraction", "1.5"], "--val-fraction"),
+    ("main.py", ["--val-fraction", "0"], "--val-fraction"),
+    ("main.py", ["--dropout", "1"], "--dropout"),
+    ("main.py", ["--weight-decay", "nan"], "--weight-decay"),
+    ("main.py", ["--max-grad-norm", "-1"], "--max-grad-norm"),
+    ("main.py", ["--warmup-epochs", "3", "--epochs", "2"], "--warmup-epochs"),
+    ("main.py", ["--warmup-epochs", "-1"], "--warmup-epochs"),
+    ("main.py", ["--keep-last", "-1"], "--keep-last"),
+    ("main.py", ["--save-every-steps", "-1"], "--save-every-steps"),
+    ("main.py", ["--early-stopping-patience", "-1"], "--early-stopping-patience"),
+    ("main.py", ["--stop-after-epochs", "0"], "--stop-after-epochs"),
+    ("main.py", ["--log-interval", "0"], "--log-interval"),
+    ("main.py", ["--num-workers", "-1"], "--num-workers"),
+    ("main.py", ["--synthetic-windows-per-subject", "0"], "--synthetic-windows-per-subject"),
+    ("main.py", ["--model", "resnet50"], "--model"),  # argparse's usage message
+    ("main.py", ["--mode", "mean"], "--mode"),
+    ("main.py", ["--gpu-ids", "a,b"], "--gpu-ids"),
+    ("main.py", ["--gpu-ids", "0,0"], "--gpu-ids"),
+    ("main.py", ["--resume"], "--resume"),  # the path left out
+    ("main.py", ["--dataset", "uci-har"], "--data-dir"),  # and no --data-dir
+    ("main.py", ["--gpu-ids", str(VISIBLE_GPUS)], "--gpu-ids"),  # one past the last GPU there is
+    ("main.py", ["--device", "cpu", "--amp", "--amp-dtype", "fp16"], "--amp-dtype fp16"),
+    ("main.py", ["--device", "cpu", "--sync-bn"], "--sync-bn"),
+    ("main_multi_gpu.py", ["--multi-gpu", "dp", "--device", "cpu", "--gpu-ids", "0"], "--gpu-ids"),
+    ("main_multi_gpu.py", ["--multi-gpu", "dp", "--sync-bn"], "--sync-bn"),
+    ("main_multi_gpu.py", ["--multi-gpu", "ddp", "--device", "cpu", "--sync-bn"], "--sync-bn"),
+    ("main_multi_gpu.py", ["--multi-gpu", "ddp", "--device", "cpu", "--backend", "nccl"], "--backend nccl"),
+    ("main_multi_gpu.py", ["--multi-gpu", "ddp", "--device", "cpu", "--dist-timeout", "0"], "--dist-timeout"),
+    ("main_multi_gpu.py", ["--multi-gpu", "ddp", "--device", "cpu", "--dist-timeout", "nan"], "--dist-timeout"),
+    ("main_multi_gpu.py", ["--multi-gpu", "ddp", "--device", "cpu", "--nproc-per-node", "0"], "--nproc-per-node"),
+    ("main_multi_gpu.py", ["--multi-gpu", "ddpp"], "--multi-gpu"),
+]
+
+
+@pytest.mark.parametrize("script, flags, name", FLAG_CASES,
+                         ids=[f"{script}:{' '.join(flags)}" for script, flags, _ in FLAG_CASES])
+def test_flag_that_cannot_work_is_refused(script, flags, name, save_dir):
+    refuse(script, flags, save_dir, name)
+
+
+@pytest.mark.parametrize("device", ["cuda", "auto"])
+def test_more_processes_than_gpus_is_refused(device, save_dir):
+    # No GPU here: both must say so rather than start CPU processes the user did not ask for.
+    # Run as the real command: if it is not refused, it launches torchrun.
+    flags = ["--multi-gpu", "ddp", "--device", device, "--nproc-per-node", str(NPROC_OVER_GPUS),
+             "--synthetic-windows-per-subject", "4"]
+    line = refuse("main_multi_gpu.py", flags, save_dir, "GPU", via_subprocess=True)
+    assert str(NPROC_OVER_GPUS) in line or "no GPU" in line
+
+
+def test_data_parallel_under_torchrun_is_refused(save_dir):
+    refuse("main_multi_gpu.py", ["--multi-gpu", "dp"], save_dir, "--multi-gpu dp", "torchrun",
+           via_subprocess=True, env=TORCHRUN_ENV)
+
+
+def test_main_py_under_torchrun_is_refused(save_dir):
+    refuse("main.py", [], save_dir, "main_multi_gpu.py", via_subprocess=True, env=TORCHRUN_ENV)
+
+
+def test_self_launch_checks_once_before_starting_any_worker(save_dir, tmp_path):
+    # Without torchrun, `--multi-gpu ddp` launches the workers itself; a bad --resume must stop it first.
+    code, out, err = run("main_multi_gpu.py", [*TINY_DATA, "--multi-gpu", "ddp", "--device", "cpu",
+                                               "--nproc-per-node", "2", "--save-dir", save_dir,
+                                               "--resume", tmp_path / "missing.pt"], via_subprocess=True)
+    assert_refused((code, out, err), "missing.pt")
+    assert "launching" not in out
+
+
+# ---------------------------------------------------------------------------
+# --save-dir
+# ---------------------------------------------------------------------------
+
+def test_save_dir_that_is_a_file(tmp_path):
+    path = tmp_path / "results.txt"
+    path.write_text("not a folder\n")
+    refuse("main.py", [], path, "--save-dir", "results.txt", "is a file")
+
+
+def test_save_dir_inside_a_file(tmp_path):
+    path = tmp_path / "results.txt"
+    path.write_text("not a folder\n")
+    refuse("main.py", [], path / "run", "--save-dir", "results.txt")
+    assert path.read_text() == "not a folder\n"
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes anywhere")
+def test_save_dir_that_is_not_writable(save_dir):
+    save_dir.chmod(0o555)
+    try:
+        refuse("main.py", [], save_dir, "--save-dir", "not writable")
+    finally:
+        save_dir.chmod(0o755)
+
+
+# ---------------------------------------------------------------------------
+# --resume
+# ---------------------------------------------------------------------------
+
+def test_resume_from_a_missing_file(save_dir, tmp_path):
+    refuse("main.py", ["--resume", tmp_path / "missing.pt"], save_dir, "missing.pt", "does not exist")
+
+
+def test_resume_from_a_folder(save_dir):
+    line = refuse("main.py", ["--resume", save_dir], save_dir, str(save_dir))
+    assert "does not exist" not in line  # it does: the problem is that it is a folder
+    assert any(word in line for word in ("folder", "directory", "not a file")), line
+
+
+@pytest.mark.parametrize("content", [b"", np.random.default_rng(0).bytes(4096)], ids=["empty", "random-bytes"])
+def test_resume_from_a_file_that_is_not_a_checkpoint(content, save_dir, tmp_path):
+    path = tmp_path / "garbage.pt"
+    path.write_bytes(content)
+    line = refuse("main.py", ["--resume", path], save_dir, "garbage.pt")
+    # Damage, not a hostile file: the message must not send the user hunting for foreign objects.
+    assert "holds objects other than tensors" not in line
+    assert any(word in line for word in ("unreadable", "truncated", "corrupt", "not a checkpoint")), line
+
+
+def test_resume_from_a_truncated_checkpoint(save_dir, tmp_path):
+    whole = (save_dir / "last.pt").read_bytes()
+    path = tmp_path / "truncated.pt"
+    path.write_bytes(whole[:len(whole) // 2])
+    refuse("main.py", ["--resume", path], save_dir, "truncated.pt", "truncated")
+
+
+def test_resume_from_weights_alone(save_dir, tmp_path):
+    # A bare state_dict loads safely but is not a checkpoint this trainer can continue from.
+    path = tmp_path / "weights.pt"
+    torch.save(torch.load(save_dir / "last.pt", weights_only=True)["model"], path)
+    refuse("main.py", ["--resume", path], save_dir, "weights.pt", "not a checkpoint of this trainer")
+
+
+@pytest.mark.parametrize("flags, names", [
+    (["--model", "transformer"], ["model cnn1d", "this run: transformer"]),
+    (["--mode", "average"], ["mode flatten", "this run: average"]),
+    (["--norm", "group"], ["norm batch", "this run: group"]),
+], ids=["other-model", "other-channel-mode", "other-norm"])
+def test_resume_from_a_checkpoint_of_another_configuration(flags, names, save_dir):
+    # --resume auto (the default) picks up <save-dir>/last.pt, made with cnn1d / flatten / batch.
+    refuse("main.py", flags, save_dir, *names)
+    # ... and the same checkpoint named explicitly.
+    refuse("main.py", [*flags, "--resume", save_dir / "last.pt"], save_dir, *names)
+
+
+# ---------------------------------------------------------------------------
+# --data-dir: a UCI HAR tree, whole or damaged
+# ---------------------------------------------------------------------------
+
+def write_fake_uci(root):
+    """The files data/uci_har.py reads, for 12 training windows (subjects 1, 3, 5) and 6 test windows."""
+    rng = np.random.default_rng(0)
+    for split, count, subjects in (("train", 12, (1, 3, 5)), ("test", 6, (2, 4))):
+        inertial = root / split / "Inertial Signals"
+        inertial.mkdir(parents=True)
+        for name in SIGNAL_NAMES:
+            rows = rng.standard_normal((count, WINDOW_STEPS))
+            (inertial / f"{name}_{split}.txt").write_text(
+                "".join(" " + " ".join(f"{value:.7e}" for value in row) + "\n" for row in rows))
+        (root / split / f"y_{split}.txt").write_text("".join(f"{i % 6 + 1}\n" for i in range(count)))
+        (root / split / f"subject_{split}.txt").write_text(
+            "".join(f"{subjects[i % len(subjects)]}\n" for i in range(count)))
+    return root
+
+
+def edit_line(path, number, edit):
+    """Replace line `number` (1-based) of a text file by edit(line); edit returning None drops it."""
+    lines = path.read_text().splitlines()
+    new = edit(lines[number - 1])
+    lines[number - 1:number] = [] if new is None else [new]
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture
+def uci_root(tmp_path):
+    return write_fake_uci(tmp_path / "UCI HAR Dataset")
+
+
+def uci_flags(root):
+    return ["--dataset", "uci-har", "--data-dir", root, "--batch-size", "4"]
+
+
+def test_the_intact_fake_dataset_trains(uci_root, tmp_path):
+    # So the refusals below come from the damage, not from the fake tree.
+    code, out, err = run_in_process("main.py", [*uci_flags(uci_root), "--epochs", "1",
+                                                "--save-dir", tmp_path / "fresh"])
+    assert code == 0, err
+    assert "data: uci-har" in out
+
+
+def test_data_dir_that_does_not_exist(save_dir, tmp_path):
+    refuse("main.py", ["--dataset", "uci-har", "--data-dir", tmp_path / "no-such-folder"], save_dir,
+           "no-such-folder", via_subprocess=True)
+
+
+def test_data_dir_that_does_not_exist_with_dataset_auto(save_dir, tmp_path):
+    # --dataset auto (the default) falls back to synthetic data when --data-dir lacks UCI HAR; a
+    # --data-dir that does not exist at all is a typo, and training on synthetic data hides it.
+    refuse("main.py", ["--dataset", "auto", "--data-dir", tmp_path / "no-such-folder"], save_dir, "no-such-folder")
+
+
+def test_data_dir_that_is_empty(save_dir, tmp_path):
+    (tmp_path / "empty").mkdir()
+    refuse("main.py", ["--dataset", "uci-har", "--data-dir", tmp_path / "empty"], save_dir,
+           "--data-dir", "empty")
+
+
+def test_signal_file_missing(uci_root, save_dir):
+    (uci_root / "test" / "Inertial Signals" / "body_gyro_z_test.txt").unlink()
+    refuse("main.py", uci_flags(uci_root), save_dir, "body_gyro_z_test.txt")
+
+
+def test_signal_row_of_the_wrong_length(uci_root, save_dir):
+    path = uci_root / "train" / "Inertial Signals" / "total_acc_y_train.txt"
+    edit_line(path, 3, lambda line: " ".join(line.split()[:-1]))
+    refuse("main.py", uci_flags(uci_root), save_dir, "total_acc_y_train.txt", "line 3", "127")
+
+
+def test_label_count_differs_from_signal_count(uci_root, save_dir):
+    edit_line(uci_root / "train" / "y_train.txt", 12, lambda line: None)
+    refuse("main.py", uci_flags(uci_root), save_dir, "y_train.txt", "11")
+
+
+@pytest.mark.parametrize("label", ["0", "7"])
+def test_label_outside_1_to_6(label, uci_root, save_dir):
+    edit_line(uci_root / "train" / "y_train.txt", 5, lambda line: label)
+    refuse("main.py", uci_flags(uci_root), save_dir, "y_train.txt", "line 5", "1..6")
+
+
+@pytest.mark.parametrize("token", ["NaN", "inf"])
+def test_non_finite_value_in_a_signal_file(token, uci_root, save_dir):
+    path = uci_root / "train" / "Inertial Signals" / "body_acc_x_train.txt"
+    edit_line(path, 2, lambda line: " ".join([token, *line.split()[1:]]))
+    # Like every other data error, the message names the file to fix.
+    refuse("main.py", uci_flags(uci_root), save_dir, "NaN or infinity", "body_acc_x_train.txt")
+
+
+def test_damaged_data_is_refused_before_ddp_workers_start(uci_root, save_dir):
+    edit_line(uci_root / "train" / "y_train.txt", 5, lambda line: "9")
+    line = refuse("main_multi_gpu.py", ["--multi-gpu", "ddp", "--device", "cpu", "--nproc-per-node", "2",
+                                        *uci_flags(uci_root)], save_dir, "y_train.txt", via_subprocess=True)
+    assert "line 5" in line
+
+
+# ---------------------------------------------------------------------------
+# --debug and HAR_DEBUG=1 let the traceback through
+# ---------------------------------------------------------------------------
+
+def test_debug_flag_shows_the_traceback(tmp_path):
+    result = run_subprocess([sys.executable, "main.py", *TINY_DATA, "--batch-size", "0", "--debug",
+                             "--save-dir", tmp_path / "run"])
+    assert result.returncode not in (0, EXIT_USAGE), result.stderr
+    assert "Traceback" in result.stderr and "UsageError" in result.stderr
+    assert "--batch-size must be at least 1" in result.stderr
+
+
+def test_har_debug_environment_variable_shows_the_traceback(tmp_path):
+    result = run_subprocess([sys.executable, "main.py", "--dataset", "uci-har", "--data-dir", tmp_path / "nowhere",
+                             "--save-dir", tmp_path / "run"], env={"HAR_DEBUG": "1"})
+    assert result.returncode not in (0, EXIT_USAGE), result.stderr
+    assert "Traceback" in result.stderr and "DataError" in result.stderr and "nowhere" in result.stderr
+
+
+# ---------------------------------------------------------------------------
+# A checkpoint that would run code when unpickled
+# ---------------------------------------------------------------------------
+
+class CreatesFile:
+    """Unpickling this calls open(path, "w"): a stand-in for any code a hostile file could run."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def hostile_checkpoint(path, marker, template):
+    """A trainer checkpoint in every other respect, with the code-running object tucked inside."""
+    state = torch.load(template, weights_only=True)
+    state["config"]["note"] = CreatesFile(marker)
+    torch.save(state, path)
+    return path
+
+
+def test_hostile_checkpoint_payload_is_live(save_dir, tmp_path):
+    # The control: loaded without weights_only, the file does run its code.
+    marker = tmp_path / "control-ran"
+    path = hostile_checkpoint(tmp_path / "control.pt", marker, save_dir / "last.pt")
+    torch.load(path, weights_only=False)
+    assert marker.exists()
+
+
+def test_resume_refuses_a_checkpoint_that_would_run_code(save_dir, tmp_path):
+    marker = tmp_path / "code-ran"
+    path = hostile_checkpoint(tmp_path / "hostile.pt", marker, save_dir / "last.pt")
+    line = refuse("main.py", ["--resume", path], save_dir, "hostile.pt",
+                  "holds objects other than tensors and plain data")
+    assert not marker.exists()
+    assert line.startswith("error: ")
+    assert "\x1b" not in line  # no terminal escape codes from torch's own message in a one-line error
+
+
+def test_auto_resume_refuses_a_last_pt_that_would_run_code(finished_run, tmp_path):
+    marker = tmp_path / "code-ran"
+    save_dir = tmp_path / "run"
+    save_dir.mkdir()
+    hostile_checkpoint(save_dir / "last.pt", marker, finished_run / "last.pt")
+    refuse("main.py", [], save_dir, "last.pt", "holds objects other than tensors and plain data")
+    assert not marker.exists()
+
+
+def test_load_checkpoint_refuses_a_checkpoint_that_would_run_code(save_dir, tmp_path):
+    marker = tmp_path / "code-ran"
+    path = hostile_checkpoint(tmp_path / "hostile.pt", marker, save_dir / "last.pt")
+    with pytest.raises(UsageError, match="holds objects other than tensors and plain data") as raised:
+        load_checkpoint(path)
+    assert "\n" not in str(raised.value) and "hostile.pt" in str(raised.value)
+    assert not marker.exists()
