@@ -6,6 +6,7 @@ memory_report, synchronize and close.
 """
 import contextlib
 import datetime
+import os
 
 import torch
 import torch.distributed as dist
@@ -134,7 +135,13 @@ class DistributedStrategy(SingleDevice):
         self.sync_bn = sync_bn
         self._ddp = None
         self.timeout_s = timeout_s
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s),
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world_size, timeout=timeout))
+        # torchrun keeps one store for every --max-restarts attempt: without a key space of its
+        # own, a restarted group can read the dead group's addresses and fail to connect.
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        dist.init_process_group(backend, store=dist.PrefixStore(f"har-attempt-{attempt}", store), rank=rank,
+                                world_size=world_size, timeout=timeout,
                                 device_id=device if device.type == "cuda" else None)
         # Control messages (stop requests, RNG states) are tiny CPU values: a gloo group carries
         # them without making the host wait for the GPU stream, as an NCCL collective would.

@@ -1,0 +1,135 @@
+"""Runs that meet trouble: stop signals, a dead or stuck rank, several torchrun agents, a NaN loss."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import REPO, TINY_DATA, load_checkpoint, requires_cuda, run_subprocess
+from training.errors import EXIT_DIVERGED, EXIT_PREEMPTED, EXIT_RANK_LOST
+
+SINGLE = [sys.executable, "main.py", *TINY_DATA, "--epochs", "4", "--batch-size", "16"]
+DDP_FLAGS = ["main_multi_gpu.py", "--multi-gpu", "ddp", "--device", "cpu", *TINY_DATA, "--epochs", "2",
+             "--batch-size", "16", "--save-every-steps", "2"]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+
+
+def assert_same_weights(expected_dir, actual_dir):
+    expected, actual = load_checkpoint(expected_dir / "last.pt"), load_checkpoint(actual_dir / "last.pt")
+    assert actual["step"] == expected["step"]
+    for name, tensor in expected["model"].items():
+        assert torch.equal(tensor, actual["model"][name]), name
+
+
+def start_and_signal(command, save_dir, signal_number):
+    """Start `command`, send `signal_number` once its first epoch is logged; (exit code, stdout)."""
+    process = subprocess.Popen([str(part) for part in command], cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not (save_dir / "metrics.jsonl").exists() and time.monotonic() < deadline:
+        if process.poll() is not None:
+            break
+        time.sleep(0.02)
+    process.send_signal(signal_number)
+    out, _ = process.communicate(timeout=120)
+    return process.returncode, out
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def single_reference(tmp_path_factory):
+    save_dir = tmp_path_factory.mktemp("single_reference")
+    result = run_subprocess([*SINGLE, "--save-dir", save_dir])
+    assert result.returncode == 0, result.stderr
+    return save_dir
+
+
+@pytest.fixture(scope="module")
+def ddp_reference(tmp_path_factory):
+    save_dir = tmp_path_factory.mktemp("ddp_reference")
+    result = run_subprocess([*TORCHRUN, "--standalone", "--nproc-per-node=2", *DDP_FLAGS, "--save-dir", save_dir])
+    assert result.returncode == 0, result.stderr
+    return save_dir
+
+
+def test_stop_signal_saves_after_the_step_and_resumes_exactly(single_reference, tmp_path):
+    code, out = start_and_signal([*SINGLE, "--save-dir", tmp_path], tmp_path, signal.SIGUSR1)
+    assert code == EXIT_PREEMPTED, out
+    assert "received SIGUSR1: stopped after step" in out and "Traceback" not in out
+    stopped = load_checkpoint(tmp_path / "last.pt")
+    assert 34 <= stopped["step"] < 4 * 34  # after the first epoch, before the end
+    resumed = run_subprocess([*SINGLE, "--save-dir", tmp_path])
+    assert resumed.returncode == 0, resumed.stderr
+    assert_same_weights(single_reference, tmp_path)
+
+
+def test_sigterm_to_the_launcher_reaches_every_rank(tmp_path):
+    """SIGTERM to main_multi_gpu.py's own torchrun: it passes the signal on, both ranks stop at
+    the same step, rank 0 saves, and the launcher exits 75."""
+    command = [sys.executable, *DDP_FLAGS, "--nproc-per-node", "2", "--epochs", "30", "--save-every-steps", "0",
+               "--save-dir", tmp_path]
+    code, out = start_and_signal(command, tmp_path, signal.SIGTERM)
+    assert code == EXIT_PREEMPTED, out
+    assert "received SIGTERM: stopped after step" in out
+    assert "Traceback" not in out
+    assert load_checkpoint(tmp_path / "last.pt")["step"] >= 17
+
+
+def test_torchrun_restarts_a_dead_rank_and_the_run_ends_as_uninterrupted(ddp_reference, tmp_path):
+    result = run_subprocess([*TORCHRUN, "--standalone", "--nproc-per-node=2", "--max-restarts=1", *DDP_FLAGS,
+                             "--save-dir", tmp_path], env={"HAR_FAULT": "kill@11:rank=1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "RESUMING" in result.stdout  # the restarted group picked up the mid-epoch checkpoint
+    assert_same_weights(ddp_reference, tmp_path)
+
+
+def test_two_torchrun_agents_train_like_one_agent_with_two_processes(ddp_reference, tmp_path):
+    port = free_port()
+    agent = [*TORCHRUN, "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+             f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=har-two-agents", *DDP_FLAGS, "--save-dir", tmp_path]
+    # torchrun sets one thread per process only when it starts several; match the reference.
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    agents = [subprocess.Popen([str(part) for part in agent], cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, env=env) for _ in range(2)]
+    outputs = [process.communicate(timeout=300)[0] for process in agents]
+    assert [process.returncode for process in agents] == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
+    assert_same_weights(ddp_reference, tmp_path)
+
+
+def test_a_stuck_rank_ends_in_a_timeout_message(tmp_path):
+    started = time.monotonic()
+    result = run_subprocess([sys.executable, *DDP_FLAGS, "--nproc-per-node", "2", "--dist-timeout", "5",
+                             "--save-dir", tmp_path], env={"HAR_FAULT": "hang@5:rank=1"}, timeout=180)
+    assert result.returncode == EXIT_RANK_LOST, result.stderr[-3000:]
+    assert "waited more than --dist-timeout 5 s" in result.stderr
+    assert time.monotonic() - started < 120
+
+
+@pytest.mark.parametrize("save_every_steps, last_good_step", [(0, 17), (1, 20)])
+def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, save_every_steps, last_good_step):
+    """Micro-batch 20 is NaN: step 21 (epoch 2) is the first bad one, and nothing from it is saved."""
+    result = run_subprocess([sys.executable, "main.py", *TINY_DATA, "--epochs", "3", "--save-every-steps",
+                             save_every_steps, "--save-dir", tmp_path], env={"HAR_FAULT": "nan@20"})
+    assert result.returncode == EXIT_DIVERGED, result.stderr[-3000:]
+    assert "NaN/inf at step 21 (epoch 2)" in result.stderr and "Traceback" not in result.stderr
+    last = load_checkpoint(tmp_path / "last.pt")
+    assert last["step"] == last_good_step
+    assert all(torch.isfinite(tensor).all() for tensor in last["model"].values() if tensor.is_floating_point())
+
+
+@requires_cuda
+def test_fp16_grad_scaler_skips_a_nonfinite_step_and_goes_on(tmp_path):
+    result = run_subprocess([sys.executable, "main.py", *TINY_DATA, "--epochs", "2", "--device", "cuda", "--amp",
+                             "--amp-dtype", "fp16", "--save-dir", tmp_path], env={"HAR_FAULT": "nan@20"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    last = load_checkpoint(tmp_path / "last.pt")
+    assert all(torch.isfinite(tensor).all() for tensor in last["model"].values() if tensor.is_floating_point())
