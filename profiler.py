@@ -1,0 +1,26 @@
+"""Profile the training step: timing, phases, memory, all-reduce cost and multi-GPU predictions. See README.md."""
+import sys
+
+from profiling.cli import launch_under_torchrun, needs_launch, parse_profiler_args
+from profiling.measure import PerformanceProfiler
+from profiling.report import format_summary, write_profile
+from training.errors import run_entry_point
+
+__all__ = ["PerformanceProfiler", "main"]
+
+
+def main(argv):
+    args = parse_profiler_args(argv)
+    if needs_launch(args):
+        return launch_under_torchrun(args, __file__, argv)
+    profiler = PerformanceProfiler(args)
+    profile = profiler.run()
+    if profiler.is_main:
+        paths = write_profile(profile, profiler.output_dir)
+        print(format_summary(profile))
+        print("wrote " + ", ".join(str(path) for path in paths), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_entry_point(main))

@@ -1,0 +1,1 @@
+"""Performance measurement of the training step: timing, memory, all-reduce cost and scaling predictions."""

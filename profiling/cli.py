@@ -1,0 +1,112 @@
+"""The profiler's command line: the training flags plus a profiler group, their checks, and the DDP launch."""
+import argparse
+import math
+import shlex
+import sys
+
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.run import get_args_parser, run
+
+from profiling.report import DEFAULT_ROOT
+from training.cli import build_parser, check_args
+from training.environment import distributed_env, launched_by_torchrun
+from training.errors import UsageError
+from training.launch import processes_per_node, torchrun_arguments
+
+# Links assumed when one process has no process group to measure (bus bandwidth, latency per ring
+# step). CUDA: PCIe 4.0 x16 without NVLink, which NCCL drives at roughly 20 GB/s bus bandwidth
+# (NVLink parts reach hundreds: pass --assumed-bandwidth-gbps). CPU: gloo between two processes
+# on one machine over loopback TCP; the 2-core development machine measured 0.3 to 0.9 GB/s and
+# 65 to 70 us per ring step for a 0.4 MB buffer.
+ASSUMED_LINKS = {"cuda": {"bandwidth_gbps": 20.0, "latency_us": 5.0},
+                 "cpu": {"bandwidth_gbps": 0.5, "latency_us": 65.0}}
+
+
+def build_profiler_parser():
+    parser = build_parser(multi_gpu=True)
+    parser.prog = "profiler.py"
+    parser.description = ("Time the training step of a HAR model (warm-up, measured steps, repeats), break it "
+                          "into phases, benchmark the gradient all-reduce and predict multi-GPU scaling. "
+                          "Takes the training flags; --epochs and the checkpoint flags are accepted but unused.")
+    group = parser.add_argument_group("profiler")
+    group.add_argument("--warmup-steps", type=int, default=20,
+                       help="optimizer steps run once before the first repeat and not counted (with DDP "
+                            "as many again under no_sync)")
+    group.add_argument("--steps", type=int, default=100, help="measured optimizer steps per repeat")
+    group.add_argument("--repeats", type=int, default=3, help="measured runs; figures are mean +- std over them")
+    group.add_argument("--phase-steps", type=int, default=20,
+                       help="steps of the separate phase-breakdown pass (forward/backward/optimizer/"
+                            "all-reduce); 0 skips it")
+    group.add_argument("--allreduce-iters", type=int, default=50,
+                       help="timed all-reduce calls of each benchmark size (after 5 untimed; the median "
+                            "counts), with 2+ processes")
+    group.add_argument("--assumed-bandwidth-gbps", type=float, default=None,
+                       help="all-reduce bus bandwidth in GB/s (gigaBYTES, 1e9 bytes/s) for the predictions; "
+                            "if unset: measured with 2+ processes, else "
+                            + ", ".join(f"{d} {v['bandwidth_gbps']:g}" for d, v in ASSUMED_LINKS.items()))
+    group.add_argument("--assumed-latency-us", type=float, default=None,
+                       help="all-reduce latency per ring step in microseconds; if unset: measured with 2+ "
+                            "processes, else "
+                            + ", ".join(f"{d} {v['latency_us']:g}" for d, v in ASSUMED_LINKS.items()))
+    group.add_argument("--predict-gpus", type=_count_list, default=[1, 2, 4, 8],
+                       help="comma-separated GPU counts to predict the step time and speedup for")
+    group.add_argument("--output-dir", default=None,
+                       help=f"where profile.json and the CSV files go; if unset: {DEFAULT_ROOT}/<configuration>")
+    group.add_argument("--trace", action="store_true",
+                       help="also write a short torch.profiler trace per rank to <output-dir>/trace: "
+                            "tensorboard --logdir there (needs the torch-tb-profiler plugin), or open the "
+                            "*.pt.trace.json in ui.perfetto.dev or chrome://tracing")
+    return parser
+
+
+def parse_profiler_args(argv):
+    args = build_profiler_parser().parse_args(argv)
+    check_args(args)
+    check_profiler_args(args)
+    return args
+
+
+def check_profiler_args(args):
+    for flag, value, lowest in (("--steps", args.steps, 1), ("--repeats", args.repeats, 1),
+                                ("--warmup-steps", args.warmup_steps, 0), ("--phase-steps", args.phase_steps, 0),
+                                ("--allreduce-iters", args.allreduce_iters, 1)):
+        if value < lowest:
+            raise UsageError(f"{flag} must be at least {lowest}, got {value}")
+    if args.assumed_bandwidth_gbps is not None and not (args.assumed_bandwidth_gbps > 0
+                                                        and math.isfinite(args.assumed_bandwidth_gbps)):
+        raise UsageError(f"--assumed-bandwidth-gbps must be a positive number, got {args.assumed_bandwidth_gbps}")
+    if args.assumed_latency_us is not None and not (args.assumed_latency_us >= 0
+                                                    and math.isfinite(args.assumed_latency_us)):
+        raise UsageError(f"--assumed-latency-us must be zero or more, got {args.assumed_latency_us}")
+    if args.multi_gpu == "dp":
+        raise UsageError("the profiler measures one device or DDP; DataParallel has no all-reduce to "
+                         "separate (use --multi-gpu ddp)")
+    if args.multi_gpu != "ddp" and distributed_env()[2] > 1:
+        raise UsageError("under torchrun the profiler needs --multi-gpu ddp")
+
+
+def needs_launch(args):
+    return args.multi_gpu == "ddp" and not launched_by_torchrun()
+
+
+def launch_under_torchrun(args, script, argv):
+    """Re-run this command under torchrun on this machine; the first failed worker's exit code."""
+    launcher_args = torchrun_arguments(script, argv, processes_per_node(args))
+    print("launching: " + " ".join(shlex.quote(part) for part in
+                                   [sys.executable, "-m", "torch.distributed.run", *launcher_args]), flush=True)
+    try:
+        run(get_args_parser().parse_args(launcher_args))
+    except ChildFailedError as failure:
+        first = min(failure.failures.items())[1]  # the worker printed its own error already
+        return first.exitcode if first.exitcode and first.exitcode > 0 else 1
+    return 0
+
+
+def _count_list(text):
+    try:
+        counts = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        counts = []
+    if not counts or counts[0] < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated GPU counts such as 1,2,4,8, got {text!r}")
+    return counts

@@ -1,0 +1,110 @@
+"""Pure arithmetic of data-parallel scaling: ring all-reduce cost, compute/communication split, speedup.
+
+Conventions used throughout:
+- Weak scaling: the per-GPU batch stays fixed, so N GPUs process N times the samples per step,
+  and speedup is measured in global samples/s: S(N) = N x T_step(1) / T_step(N).
+- No overlap: the predicted step time is T_compute + T_allreduce(N), as if the all-reduce
+  started only after the whole backward pass. That is exact when every gradient lands in one
+  DDP bucket (DDP then launches the all-reduce at the end of backward) and pessimistic otherwise.
+- Bandwidth is bus bandwidth in bytes/s (the nccl-tests convention), latency is per ring step.
+"""
+import math
+from dataclasses import dataclass
+
+BYTES_PER_GB = 1e9  # decimal gigabytes, as bandwidths are quoted
+BYTES_PER_MB = 1e6
+DDP_FIRST_BUCKET_BYTES = 1024 ** 2  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+DDP_BUCKET_CAP_MB = 25  # DistributedDataParallel's default bucket_cap_mb (MiB)
+
+
+@dataclass(frozen=True)
+class Link:
+    """What the all-reduce runs over: bus bandwidth, latency per ring step and where they came from."""
+    bandwidth_bytes_per_s: float
+    latency_s: float
+    source: str  # e.g. "measured: gloo, 2 ranks" or "assumed: --assumed-bandwidth-gbps 20"
+
+
+def ring_allreduce_time_s(gradient_bytes, world_size, bandwidth_bytes_per_s, latency_s=0.0, messages=1):
+    """Time of a ring all-reduce: 2 (N-1)/N x bytes / bandwidth, plus 2 (N-1) latencies per message.
+
+    A ring all-reduce is a reduce-scatter and an all-gather, each N-1 steps that move 1/N of
+    the buffer; `messages` counts separate all-reduce calls (DDP buckets), each paying the latency.
+    """
+    if world_size <= 1:
+        return 0.0
+    ring_steps = 2 * (world_size - 1)
+    bandwidth_s = ring_steps / world_size * gradient_bytes / bandwidth_bytes_per_s
+    return bandwidth_s + ring_steps * latency_s * messages
+
+
+def bus_bandwidth_bytes_per_s(buffer_bytes, seconds, world_size):
+    """Bus bandwidth of a measured all-reduce, comparable across N (nccl-tests' busbw)."""
+    if world_size <= 1 or seconds <= 0:
+        return math.inf
+    return 2 * (world_size - 1) / world_size * buffer_bytes / seconds
+
+
+def fit_ring_link(buffer_bytes, buffer_s, tiny_s, world_size, source):
+    """A Link from two timings: a one-element all-reduce gives the latency, the rest of the
+    gradient-sized one gives the bandwidth. Reproduces buffer_s exactly at this world size."""
+    ring_steps = 2 * (world_size - 1)
+    latency_s = tiny_s / ring_steps
+    payload_s = buffer_s - tiny_s
+    # A buffer no slower than one element is all latency; its bandwidth cannot be told apart.
+    bandwidth = ring_steps / world_size * buffer_bytes / payload_s if payload_s > 0 else math.inf
+    return Link(bandwidth, latency_s, source)
+
+
+def ddp_bucket_count(gradient_bytes, bucket_cap_mb=DDP_BUCKET_CAP_MB, first_bucket_bytes=DDP_FIRST_BUCKET_BYTES):
+    """Buckets DDP fills (approximately: real buckets end at parameter boundaries)."""
+    cap_bytes = bucket_cap_mb * 1024 ** 2
+    if gradient_bytes <= first_bucket_bytes:
+        return 1
+    return 1 + math.ceil((gradient_bytes - first_bucket_bytes) / cap_bytes)
+
+
+def comm_split(step_s, compute_s):
+    """(T_comm, R) from a normal step and the same step under no_sync: T_comm = max(T_step -
+    T_compute, 0) is the communication left exposed; R = T_compute / T_comm (inf when 0)."""
+    comm_s = max(step_s - compute_s, 0.0)
+    return comm_s, (compute_s / comm_s if comm_s > 0 else math.inf)
+
+
+def speedup(world_size, step_1_s, step_n_s):
+    """Global samples/s of N GPUs over one, each GPU with the same per-GPU batch."""
+    return world_size * step_1_s / step_n_s
+
+
+def efficiency(speedup_value, world_size):
+    return speedup_value / world_size
+
+
+def share(part_s, whole_s):
+    return part_s / whole_s if whole_s > 0 else 0.0
+
+
+def predict_world(compute_s, gradient_bytes, world_size, link, messages=1, accumulation=1):
+    """The predicted step on N GPUs: all-reduce time, step time, speedup, efficiency, R and the
+    all-reduce share. With gradient accumulation k the all-reduce is paid once per k
+    micro-batches, so the per-micro-batch step is T_compute + T_allreduce / k."""
+    allreduce_s = ring_allreduce_time_s(gradient_bytes, world_size, link.bandwidth_bytes_per_s,
+                                        link.latency_s, messages) / accumulation
+    step_s = compute_s + allreduce_s
+    gain = speedup(world_size, compute_s, step_s)
+    return {"world_size": world_size, "allreduce_s": allreduce_s, "step_s": step_s, "speedup": gain,
+            "efficiency": efficiency(gain, world_size), "allreduce_share": share(allreduce_s, step_s),
+            "compute_to_comm_ratio": compute_s / allreduce_s if allreduce_s > 0 else math.inf}
+
+
+def predict_scaling(compute_s, gradient_bytes, link, world_sizes, messages=1):
+    """predict_world for each N, from the compute time of one GPU's step."""
+    return [predict_world(compute_s, gradient_bytes, n, link, messages) for n in world_sizes]
+
+
+def accumulation_for_efficiency(compute_s, allreduce_s, target_efficiency):
+    """Smallest accumulation k with T_compute / (T_compute + T_allreduce / k) >= target."""
+    if allreduce_s <= 0:
+        return 1
+    slack_s = compute_s * (1 / target_efficiency - 1)  # the all-reduce time a step may carry
+    return max(1, math.ceil(allreduce_s / slack_s - 1e-12))

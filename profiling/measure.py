@@ -1,0 +1,145 @@
+"""PerformanceProfiler: warm-up, repeated timed runs, a phase breakdown, memory, the all-reduce benchmark."""
+import statistics
+
+import torch
+
+from profiling.allreduce_bench import benchmark_allreduce
+from profiling.assemble import assemble_profile
+from profiling.comm_model import comm_split
+from profiling.host_load import HostCpuMeter
+from profiling.report import default_output_dir
+from profiling.timing import LapTimer, NullTimer, StepClock, barrier, gather_per_rank, reduce_over_ranks
+from profiling.trace import write_trace
+from profiling.workload import build_workload, optimizer_step
+from training.memory import GIB, read_memory
+from training.strategy import make_strategy
+
+
+class PerformanceProfiler:
+    """Measures one configuration; args come from profiling.cli.parse_profiler_args(argv).
+
+    run() returns the profile, a dict that is the same on every rank (report.write_profile
+    writes it); is_main and output_dir are set once it has run, so the caller knows who
+    writes and where."""
+
+    def __init__(self, args):
+        self.args = args
+        self.is_main = True
+        self.output_dir = None
+
+    def run(self):
+        strategy = make_strategy(self.args)
+        self.is_main = strategy.is_main
+        try:
+            work = build_workload(self.args, strategy)
+            self.output_dir = default_output_dir(self.args, strategy.world_size, work.precision)
+            return self._measure(work)
+        finally:
+            strategy.close()
+
+    def _measure(self, work):
+        args, device = self.args, work.strategy.device
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        for _ in range(args.warmup_steps):
+            # Both variants warm up, so neither pays first-call costs (compilation, DDP set-up).
+            optimizer_step(work, sync_gradients=True, timer=NullTimer())
+            if work.strategy.world_size > 1:
+                optimizer_step(work, sync_gradients=False, timer=NullTimer())
+        meter = HostCpuMeter()
+        meter.start()
+        runs = [measured_run(work, args.steps) for _ in range(args.repeats)]
+        host_load = meter.stop(work.strategy)
+        memory = peak_memory(work)
+        phases = phase_breakdown(work, args.phase_steps) if args.phase_steps else None
+        gradient_elements = work.gradient_bytes // 4  # all-reduced as fp32, like DDP's gradients
+        benchmark = benchmark_allreduce(work.strategy, gradient_elements, args.allreduce_iters)
+        trace_files = write_trace(work, self.output_dir / "trace") if args.trace else []
+        return assemble_profile(args, work, runs, phases, memory, benchmark, trace_files, host_load)
+
+
+def measured_run(work, steps):
+    """One repeat: `steps` normal steps (T_step) and, with 2+ ranks, as many under no_sync (T_compute)."""
+    with_comm = timed_steps(work, steps, sync_gradients=True)
+    if work.strategy.world_size > 1:
+        compute = timed_steps(work, steps, sync_gradients=False)
+    else:
+        compute = with_comm  # one process has no all-reduce to skip
+    comm_s, ratio = comm_split(with_comm["step_time_s"], compute["step_time_s"])
+    return {**with_comm, "compute_step_time_s": compute["step_time_s"], "comm_time_s": comm_s,
+            "compute_to_comm_ratio": ratio}
+
+
+def timed_steps(work, steps, sync_gradients):
+    """The headline timing: no device synchronisation inside the loop, only the host's time
+    waiting for the next batch is taken apart from the step."""
+    strategy = work.strategy
+    timer = LapTimer()
+    clock = StepClock(strategy.device, strategy.synchronize)
+    barrier(strategy)
+    clock.start()
+    timer.start()
+    for _ in range(steps):
+        optimizer_step(work, sync_gradients, timer)
+        clock.tick()
+    total_s, step_times_s = clock.finish()
+    local = {"total_s": total_s, "min_s": min(step_times_s), "max_s": max(step_times_s),
+             "median_s": statistics.median(step_times_s), "data_s": timer.totals_s.get("data", 0.0)}
+    merged = reduce_over_ranks(strategy, local, {"total_s": "max", "min_s": "min", "max_s": "max",
+                                                 "median_s": "max", "data_s": "max"})
+    step_s = merged["total_s"] / steps  # the slowest rank sets the pace of synchronous DDP
+    return {"steps": steps, "step_time_s": step_s, "step_time_min_s": merged["min_s"],
+            "step_time_max_s": merged["max_s"], "step_time_median_s": merged["median_s"],
+            "samples_per_s": work.global_samples_per_step / step_s,
+            "data_wait_share": merged["data_s"] / merged["total_s"]}
+
+
+def phase_breakdown(work, steps):
+    """Mean seconds per step of data, forward, backward, optimizer and all-reduce, in a pass of
+    its own with a device synchronize at every phase boundary.
+
+    With 2+ ranks, steps alternate between normal and no_sync: backward is taken from the
+    no_sync steps (compute only) and all-reduce is the extra backward time of the normal ones."""
+    strategy = work.strategy
+    distributed = strategy.world_size > 1
+    timers = {True: LapTimer(strategy.synchronize), False: LapTimer(strategy.synchronize)}
+    counts = {True: 0, False: 0}
+    if distributed:
+        steps = max(steps, 2)  # at least one step of each kind
+    barrier(strategy)
+    for index in range(steps):
+        with_comm = not distributed or index % 2 == 0
+        timers[with_comm].start()
+        optimizer_step(work, with_comm, timers[with_comm])
+        counts[with_comm] += 1
+    per_step = {flag: {phase: total / counts[flag] for phase, total in timers[flag].totals_s.items()}
+                for flag in (True, False) if counts[flag]}
+    normal = per_step[True]
+    local = per_step.get(False, normal)
+    phases = {"data_s": _mean_of(per_step, "data"), "forward_s": _mean_of(per_step, "forward"),
+              "backward_s": local["backward"], "optimizer_s": _mean_of(per_step, "optimizer"),
+              "allreduce_s": max(normal["backward"] - local["backward"], 0.0) if distributed else 0.0}
+    merged = reduce_over_ranks(strategy, phases, {name: "max" for name in phases})
+    return {"steps": steps, **merged}
+
+
+def peak_memory(work):
+    """Every rank's peak memory: CUDA allocator peaks since warm-up began, or on CPU
+    the process's peak resident set size since it started (RSS, not a device figure)."""
+    device = work.strategy.device
+    if device.type == "cuda":
+        fields = ("peak_allocated_gib", "peak_reserved_gib")
+        values = [torch.cuda.max_memory_allocated(device) / GIB, torch.cuda.max_memory_reserved(device) / GIB]
+        what = "CUDA allocator peaks per GPU since warm-up began"
+    else:
+        fields = ("peak_rss_gib",)
+        values = [read_memory(device)[1]]
+        what = "process peak RSS (resident set size, host memory) per rank since start, data included"
+    rows = gather_per_rank(work.strategy, values)
+    return {"what": what, "per_rank": [{"rank": rank, **dict(zip(fields, row))} for rank, row in enumerate(rows)]}
+
+
+def _mean_of(per_step, phase):
+    """A phase's mean over all the pass's steps, whichever kind they were."""
+    values = [phases[phase] for phases in per_step.values()]
+    return sum(values) / len(values)

@@ -1,0 +1,151 @@
+"""Recommendations as numbers worked out from the measured figures, each with what it assumes."""
+import math
+from dataclasses import dataclass
+
+from profiling.comm_model import (BYTES_PER_MB, DDP_BUCKET_CAP_MB, DDP_FIRST_BUCKET_BYTES, Link,
+                                  accumulation_for_efficiency, ddp_bucket_count, predict_world, share)
+
+GOOD_EFFICIENCY = 0.8  # the efficiency below which more GPUs are called poor value
+ACCUMULATION_TARGET = 0.9
+DATA_WAIT_WORRY = 0.1  # a data-wait share above this is worth fixing before anything else
+
+
+@dataclass
+class Figures:
+    """What the recommendations are computed from; times are per optimizer step on one GPU."""
+    compute_s: float  # T_compute: the step with no all-reduce
+    gradient_bytes: int
+    link: Link
+    batch_size: int  # per GPU
+    amp_enabled: bool
+    data_wait_share: float
+    backward_s: float = None  # from the phase breakdown, when it ran
+    reference_gpus: int = 4
+
+
+def recommendations(figures, world_sizes):
+    """Every recommendation as {"topic", "text", "figures"}; the text carries the numbers."""
+    return [_gpu_count(figures, world_sizes), _larger_batch(figures), _accumulation(figures),
+            _half_precision_gradients(figures), _buckets(figures), _data_loading(figures)]
+
+
+def larger_batch_shares(compute_s, allreduce_s, batch_size, new_batch_size):
+    """All-reduce share of the step before and after raising the per-GPU batch, assuming compute
+    time grows in proportion to the batch while the all-reduce (same gradient bytes) does not."""
+    scaled_compute_s = compute_s * new_batch_size / batch_size
+    return share(allreduce_s, compute_s + allreduce_s), share(allreduce_s, scaled_compute_s + allreduce_s)
+
+
+def _gpu_count(f, world_sizes):
+    predicted = [predict_world(f.compute_s, f.gradient_bytes, n, f.link, _buckets_of(f)) for n in world_sizes
+                 if n > 1]
+    if not predicted:
+        return _item("gpu count", "no multi-GPU size was asked for (--predict-gpus)", {})
+    table = {f"speedup_{p['world_size']}": p["speedup"] for p in predicted}
+    worthwhile = [p for p in predicted if p["efficiency"] >= GOOD_EFFICIENCY]
+    first = predicted[0]
+    if all(p["speedup"] < 1 for p in predicted):
+        text = (f"stay on one GPU: predicted {first['world_size']}-GPU speedup {first['speedup']:.2f}x < 1 "
+                f"(all-reduce {_ms(first['allreduce_s'])} vs compute {_ms(f.compute_s)} per step)")
+    elif worthwhile:
+        best = worthwhile[-1]
+        text = (f"up to {best['world_size']} GPUs stay above {GOOD_EFFICIENCY:.0%} efficiency: predicted "
+                f"speedup {best['speedup']:.2f}x ({best['efficiency']:.0%})")
+    else:
+        gain = max(predicted, key=lambda p: p["speedup"])
+        text = (f"more GPUs help but waste most of each: best predicted speedup {gain['speedup']:.2f}x on "
+                f"{gain['world_size']} GPUs ({gain['efficiency']:.0%} efficiency)")
+    text += f" [bandwidth {f.link.source}; no overlap of all-reduce and backward assumed]"
+    return _item("gpu count", text, table)
+
+
+def _larger_batch(f):
+    new_batch = f.batch_size * 8
+    n = f.reference_gpus
+    allreduce_s = _allreduce_s(f, n)
+    before, after = larger_batch_shares(f.compute_s, allreduce_s, f.batch_size, new_batch)
+    text = (f"per-GPU batch {f.batch_size} -> {new_batch} would cut the all-reduce share of the step on {n} "
+            f"GPUs from {before:.0%} to {after:.0%} (assumes compute grows in proportion to the batch; "
+            "a small batch that leaves the device idle grows less, so the real cut is smaller; the "
+            "learning rate must follow the larger global batch)")
+    return _item("batch size", text, {"batch_size": f.batch_size, "new_batch_size": new_batch,
+                                      "allreduce_share_before": before, "allreduce_share_after": after})
+
+
+def _accumulation(f):
+    n, k = f.reference_gpus, 4
+    plain = predict_world(f.compute_s, f.gradient_bytes, n, f.link, _buckets_of(f))
+    accumulated = predict_world(f.compute_s, f.gradient_bytes, n, f.link, _buckets_of(f), accumulation=k)
+    needed = accumulation_for_efficiency(f.compute_s, plain["allreduce_s"], ACCUMULATION_TARGET)
+    text = (f"--grad-accum-steps {k} would give a predicted speedup of {accumulated['speedup']:.2f}x on {n} "
+            f"GPUs (vs {plain['speedup']:.2f}x without), by all-reducing once per {k} micro-batches; "
+            f"{ACCUMULATION_TARGET:.0%} efficiency needs k >= {needed}. The global batch grows k-fold, "
+            "with the same effect on the learning rate as a larger batch")
+    return _item("gradient accumulation", text, {"accumulation": k, "speedup_without": plain["speedup"],
+                                                 "speedup_with": accumulated["speedup"],
+                                                 "accumulation_for_target": needed})
+
+
+def _half_precision_gradients(f):
+    n = f.reference_gpus
+    full = predict_world(f.compute_s, f.gradient_bytes, n, f.link, _buckets_of(f))
+    half = predict_world(f.compute_s, f.gradient_bytes // 2, n, f.link, _buckets_of(f))
+    amp_state = "on" if f.amp_enabled else "off"
+    text = (f"AMP (here {amp_state}) does not shrink the all-reduce: autocast keeps parameters and "
+            f"gradients in fp32, so DDP sends {f.gradient_bytes / BYTES_PER_MB:.2f} MB either way; a DDP "
+            "comm hook that compresses gradients to bf16/fp16 (not registered by this project) would send "
+            f"{f.gradient_bytes / 2 / BYTES_PER_MB:.2f} MB, all-reduce {_ms(full['allreduce_s'])} -> "
+            f"{_ms(half['allreduce_s'])} on {n} GPUs (latency unchanged), speedup {full['speedup']:.2f}x -> "
+            f"{half['speedup']:.2f}x. AMP's faster compute raises the all-reduce share instead")
+    return _item("precision", text, {"gradient_mb": f.gradient_bytes / BYTES_PER_MB,
+                                     "compressed_gradient_mb": f.gradient_bytes / 2 / BYTES_PER_MB,
+                                     "speedup_fp32_grads": full["speedup"], "speedup_half_grads": half["speedup"]})
+
+
+def _buckets(f):
+    n = f.reference_gpus
+    buckets = _buckets_of(f)
+    allreduce_s = _allreduce_s(f, n)
+    gradient_mb = f.gradient_bytes / BYTES_PER_MB
+    text = (f"bucket_cap_mb: gradients are {gradient_mb:.2f} MB vs DDP's {DDP_BUCKET_CAP_MB} MiB buckets "
+            f"(first bucket {DDP_FIRST_BUCKET_BYTES / 1024 ** 2:.0f} MiB): {buckets} bucket(s)")
+    if buckets == 1:
+        text += (", so the all-reduce starts only after the whole backward and nothing overlaps; smaller "
+                 "buckets could overlap it with backward")
+    else:
+        text += ", which DDP all-reduces while backward still runs"
+    if f.backward_s is not None:
+        hidden_s = min(allreduce_s, f.backward_s)
+        text += (f"; overlap could hide at most {_ms(hidden_s)} of the {_ms(allreduce_s)} all-reduce on {n} GPUs "
+                 f"(backward takes {_ms(f.backward_s)})")
+    text += (f", while each extra bucket adds {_ms(2 * (n - 1) * f.link.latency_s)} of latency. "
+             "bucket_cap_mb is not a flag here: DDP is built in training/strategy.py")
+    return _item("ddp buckets", text, {"gradient_mb": gradient_mb, "buckets": buckets,
+                                       "bucket_cap_mb": DDP_BUCKET_CAP_MB})
+
+
+def _data_loading(f):
+    if f.data_wait_share > DATA_WAIT_WORRY:
+        text = (f"data loading takes {f.data_wait_share:.0%} of the step: fix it first (--num-workers, "
+                "pinned memory); it adds to every GPU's step and no all-reduce change removes it")
+    else:
+        text = f"data loading takes {f.data_wait_share:.1%} of the step: not the bottleneck"
+    return _item("data loading", text, {"data_wait_share": f.data_wait_share})
+
+
+def _buckets_of(f):
+    return ddp_bucket_count(f.gradient_bytes)
+
+
+def _allreduce_s(f, world_size):
+    return predict_world(f.compute_s, f.gradient_bytes, world_size, f.link, _buckets_of(f))["allreduce_s"]
+
+
+def _item(topic, text, numbers):
+    return {"topic": topic, "text": text, "figures": numbers}
+
+
+def _ms(seconds):
+    if math.isinf(seconds):
+        return "inf ms"
+    return f"{seconds * 1e3:.3g} ms"

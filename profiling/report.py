@@ -1,0 +1,172 @@
+"""Where a profile goes: profile.json, two CSV summaries, and the console summary printed by rank 0."""
+import csv
+import json
+import math
+from pathlib import Path
+
+PROFILE_JSON = "profile.json"
+SUMMARY_CSV = "profile_summary.csv"
+RUNS_CSV = "profile_runs.csv"
+DEFAULT_ROOT = Path("profiles")
+
+
+def default_output_dir(args, world_size, precision):
+    """--output-dir, else profiles/<model>_bs<batch>_<N>x<device>[_<precision>][_accum<k>]."""
+    if args.output_dir:
+        return Path(args.output_dir)
+    device = "cuda" if precision.device_type == "cuda" else "cpu"
+    name = f"{args.model}_bs{args.batch_size}_{world_size}x{device}"
+    if precision.enabled:
+        name += f"_{precision.dtype_name}"
+    if args.grad_accum_steps > 1:
+        name += f"_accum{args.grad_accum_steps}"
+    return DEFAULT_ROOT / name
+
+
+def write_profile(profile, output_dir):
+    """Write profile.json (everything), profile_summary.csv (metric, mean, std, unit) and
+    profile_runs.csv (one row per repeat); returns the paths."""
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    paths = [output_dir / PROFILE_JSON, output_dir / SUMMARY_CSV, output_dir / RUNS_CSV]
+    paths[0].write_text(json.dumps(json_ready(profile), indent=2, allow_nan=False) + "\n")
+    with open(paths[1], "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["metric", "mean", "std", "unit"])
+        writer.writerows(summary_rows(profile))
+    with open(paths[2], "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=["run", *profile["runs"][0]])
+        writer.writeheader()
+        for index, run in enumerate(profile["runs"], start=1):
+            writer.writerow({"run": index, **{key: _cell(value) for key, value in run.items()}})
+    return paths
+
+
+def json_ready(value):
+    """Infinite or NaN floats become null (strict JSON has no inf); paths become strings."""
+    if isinstance(value, dict):
+        return {key: json_ready(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(item) for item in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def summary_rows(profile):
+    units = {"step_time_s": "s", "step_time_min_s": "s", "step_time_max_s": "s", "step_time_median_s": "s",
+             "samples_per_s": "samples/s",
+             "data_wait_share": "fraction", "compute_step_time_s": "s", "comm_time_s": "s",
+             "compute_to_comm_ratio": "ratio"}
+    rows = [[name, _cell(stat["mean"]), _cell(stat["std"]), units[name]] for name, stat in profile["timing"].items()]
+    rows.append(["epoch_time_s", _cell(profile["epoch_time_s"]), "", "s"])
+    for name, value in (profile["phases"] or {}).items():
+        if name != "steps":
+            rows.append([f"phase_{name}", _cell(value), "", "s"])
+    for entry in profile["memory"]["per_rank"]:
+        for name, value in entry.items():
+            if name != "rank":
+                rows.append([f"rank{entry['rank']}_{name}", _cell(value), "", "GiB"])
+    rows += [["parameters", profile["model"]["parameters"], "", "count"],
+             ["gradient_bytes", profile["model"]["gradient_bytes"], "", "bytes"],
+             ["link_bandwidth_gb_per_s", _cell(profile["link"]["bandwidth_gb_per_s"]), "", "GB/s"],
+             ["link_latency_us", _cell(profile["link"]["latency_us"]), "", "us per ring step"]]
+    benchmark = profile["allreduce_benchmark"]
+    if benchmark["measured"]:
+        rows += [["allreduce_time_s", _cell(benchmark["time_s"]), "", "s"],
+                 ["allreduce_bus_bandwidth_gb_per_s", _cell(benchmark["bus_bandwidth_gb_per_s"]), "", "GB/s"]]
+    for prediction in profile["predictions"]:
+        n = prediction["world_size"]
+        rows += [[f"predicted_step_time_s_{n}gpu", _cell(prediction["step_s"]), "", "s"],
+                 [f"predicted_speedup_{n}gpu", _cell(prediction["speedup"]), "", "x"],
+                 [f"predicted_efficiency_{n}gpu", _cell(prediction["efficiency"]), "", "fraction"]]
+    return rows
+
+
+def format_summary(profile):
+    """The readable summary: what ran, the headline figures, phases, memory, all-reduce, predictions, advice."""
+    config, timing, model = profile["config"], profile["timing"], profile["model"]
+    step, samples = timing["step_time_s"], timing["samples_per_s"]
+    lines = [
+        f"profile: {config['model']}, batch {config['batch_size']} per process x {config['world_size']} "
+        f"process(es) on {config['device']}, {config['precision']}, {config['threads_per_rank']} thread(s) each",
+        f"  parameters      {model['parameters']:,} | gradients {model['gradient_mb']:.3f} MB fp32 "
+        f"({model['ddp_buckets']} DDP bucket(s))",
+        f"  step time       {_ms(step['mean'])} +- {_ms(step['std'])} (min {_ms(timing['step_time_min_s']['mean'])}, "
+        f"median {_ms(timing['step_time_median_s']['mean'])}, max {_ms(timing['step_time_max_s']['mean'])}) | "
+        f"{config['repeats']} runs x {config['steps']} steps",
+        f"  throughput      {samples['mean']:,.0f} +- {samples['std']:,.0f} samples/s (global)",
+        f"  data wait       {timing['data_wait_share']['mean']:.1%} of the step",
+        f"  T_compute       {_ms(timing['compute_step_time_s']['mean'])} | T_comm {_ms(timing['comm_time_s']['mean'])} "
+        f"| R = {_number(timing['compute_to_comm_ratio']['mean'])}",
+        *_own_scaling(config, timing),
+        f"  epoch time      {profile['epoch_time_s']:.2f} s ({config['steps_per_epoch']} steps x mean step time)",
+    ]
+    if profile["phases"]:
+        phases = profile["phases"]
+        lines.append(f"  phases          ({phases['steps']} steps, separate pass) " + " | ".join(
+            f"{name[:-2]} {_ms(phases[name])}" for name in ("data_s", "forward_s", "backward_s", "optimizer_s",
+                                                            "allreduce_s")))
+    lines.append(f"  memory          {_memory(profile['memory'])}")
+    if profile["host_load"]:
+        load = profile["host_load"]
+        lines.append(f"  host CPU        other processes used {load['other_processes_cpu_s']:.1f} CPU-s during the "
+                     f"{load['wall_s']:.1f} s measured ({load['cores']} cores; this profiler "
+                     f"{load['profiler_cpu_s']:.1f})")
+    lines.append(f"  all-reduce      {_benchmark(profile['allreduce_benchmark'])}")
+    lines.append(f"  predictions     link: {profile['link']['source']}")
+    lines.append("      GPUs  all-reduce     step   speedup  efficiency        R")
+    for p in profile["predictions"]:
+        lines.append(f"      {p['world_size']:>4}  {_ms(p['allreduce_s']):>10} {_ms(p['step_s']):>8} "
+                     f"{p['speedup']:>8.2f}x {p['efficiency']:>10.0%} {_number(p['compute_to_comm_ratio']):>8}")
+    lines.append("  recommendations")
+    lines += [f"    - {item['text']}" for item in profile["recommendations"]]
+    lines.append("  notes")
+    lines += [f"    - {note}" for note in profile["notes"]]
+    return "\n".join(lines)
+
+
+def _own_scaling(config, timing):
+    """With 2+ processes: how much of ideal scaling this run's exposed communication leaves."""
+    if config["world_size"] < 2:
+        return []
+    kept = timing["compute_step_time_s"]["mean"] / timing["step_time_s"]["mean"]
+    return [f"  T_compute/T_step {kept:.0%}: the efficiency this run would have against one process of the "
+            "same per-process speed"]
+
+
+def _memory(memory):
+    parts = []
+    for entry in memory["per_rank"]:
+        if "peak_rss_gib" in entry:
+            parts.append(f"rank{entry['rank']} peak RSS {entry['peak_rss_gib']:.2f} GiB")
+        else:
+            parts.append(f"rank{entry['rank']} peak {entry['peak_allocated_gib']:.2f} GiB allocated / "
+                         f"{entry['peak_reserved_gib']:.2f} GiB reserved")
+    return ", ".join(parts) + f" ({memory['what']})"
+
+
+def _benchmark(benchmark):
+    if not benchmark["measured"]:
+        return f"not measured: {benchmark['why']}"
+    return (f"{benchmark['backend']}, {benchmark['world_size']} ranks: {benchmark['buffer_bytes'] / 1e6:.3f} MB in "
+            f"{_ms(benchmark['time_s'])} (bus {benchmark['bus_bandwidth_gb_per_s']:.3g} GB/s), one element in "
+            f"{_ms(benchmark['one_element_time_s'])}")
+
+
+def _ms(seconds):
+    if seconds is None:
+        return "n/a"
+    return "inf" if math.isinf(seconds) else f"{seconds * 1e3:.3g} ms"
+
+
+def _number(value):
+    return "inf" if value is None or math.isinf(value) else f"{value:.3g}"
+
+
+def _cell(value):
+    if isinstance(value, float):
+        return "" if math.isnan(value) else f"{value:.6g}"  # inf is written as inf
+    return "" if value is None else value

@@ -1,0 +1,103 @@
+"""Measured against predicted scaling, from profiles of the same configuration at several world sizes."""
+import math
+from collections import defaultdict
+
+from profiling.comm_model import BYTES_PER_GB, Link, ddp_bucket_count, predict_world, ring_allreduce_time_s
+
+
+def group_key(profile):
+    """Profiles that differ only in world size compare with each other."""
+    config = profile["config"]
+    return (config["model"], config["batch_size"], config["precision"], config["grad_accum_steps"])
+
+
+def scaling_rows(profiles):
+    """One row per profile with its measured figures and, where a 1-process profile of the same
+    configuration exists, measured and predicted speedup and the split of the difference."""
+    groups = defaultdict(list)
+    for profile in profiles:
+        groups[group_key(profile)].append(profile)
+    rows = []
+    for key in sorted(groups):
+        members = sorted(groups[key], key=lambda p: p["config"]["world_size"])
+        baseline = next((p for p in members if p["config"]["world_size"] == 1), None)
+        rows += [_row(profile, baseline) for profile in members]
+    return rows
+
+
+def measured_link(profile):
+    """The link fitted from a multi-process profile's all-reduce benchmark, or None."""
+    benchmark = profile["allreduce_benchmark"]
+    if not benchmark["measured"]:
+        return None
+    fitted = benchmark["fitted_link"]
+    bandwidth = fitted["bandwidth_bytes_per_s"]
+    return Link(math.inf if bandwidth is None else bandwidth, fitted["latency_s"], fitted["source"])
+
+
+def extrapolate(baseline, link, world_sizes):
+    """Predictions for more GPUs from the 1-process step time and a measured link."""
+    gradient_bytes = baseline["model"]["gradient_bytes"]
+    step_1_s = baseline["timing"]["step_time_s"]["mean"]
+    return [predict_world(step_1_s, gradient_bytes, n, link, ddp_bucket_count(gradient_bytes)) for n in world_sizes]
+
+
+def _row(profile, baseline):
+    config, timing = profile["config"], profile["timing"]
+    world_size = config["world_size"]
+    row = {"model": config["model"], "batch_size": config["batch_size"], "precision": config["precision"],
+           "grad_accum_steps": config["grad_accum_steps"], "world_size": world_size,
+           "threads_per_rank": config["threads_per_rank"],
+           "step_time_ms": timing["step_time_s"]["mean"] * 1e3, "step_time_std_ms": timing["step_time_s"]["std"] * 1e3,
+           "samples_per_s": timing["samples_per_s"]["mean"], "samples_per_s_std": timing["samples_per_s"]["std"],
+           "data_wait_share": timing["data_wait_share"]["mean"],
+           "compute_ms": timing["compute_step_time_s"]["mean"] * 1e3, "comm_ms": timing["comm_time_s"]["mean"] * 1e3,
+           "compute_to_comm_ratio": _finite_or_inf(timing["compute_to_comm_ratio"]["mean"]),
+           "epoch_time_s": profile["epoch_time_s"], "steps_per_epoch": config["steps_per_epoch"],
+           "peak_mem_gib": _peak_memory_gib(profile["memory"]), "gradient_mb": profile["model"]["gradient_mb"],
+           "bus_bandwidth_gb_per_s": profile["allreduce_benchmark"].get("bus_bandwidth_gb_per_s"),
+           "measured_speedup": None, "measured_speedup_std": None, "measured_efficiency": None,
+           "predicted_speedup": None, "predicted_efficiency": None, "predicted_step_ms": None,
+           "allreduce_ms": None, "compute_growth_ms": None, "comm_excess_ms": None}
+    if baseline is None:
+        return row
+    base = baseline["timing"]
+    gain = timing["samples_per_s"]["mean"] / base["samples_per_s"]["mean"]
+    row.update(measured_speedup=gain, measured_efficiency=gain / world_size,
+               measured_speedup_std=gain * math.hypot(_relative_std(timing["samples_per_s"]),
+                                                      _relative_std(base["samples_per_s"])))
+    link = measured_link(profile) if world_size > 1 else Link(math.inf, 0.0, "one process")
+    if link is None:
+        return row
+    predicted = extrapolate(baseline, link, [world_size])[0]
+    gradient_bytes = profile["model"]["gradient_bytes"]
+    allreduce_s = ring_allreduce_time_s(gradient_bytes, world_size, link.bandwidth_bytes_per_s, link.latency_s,
+                                        ddp_bucket_count(gradient_bytes))
+    # Where the measured step differs from the prediction: slower compute on each rank, or more
+    # exposed communication than the benchmarked all-reduce.
+    row.update(predicted_speedup=predicted["speedup"], predicted_efficiency=predicted["efficiency"],
+               predicted_step_ms=predicted["step_s"] * 1e3, allreduce_ms=allreduce_s * 1e3,
+               compute_growth_ms=(timing["compute_step_time_s"]["mean"] - base["step_time_s"]["mean"]) * 1e3,
+               comm_excess_ms=(timing["comm_time_s"]["mean"] - allreduce_s) * 1e3)
+    return row
+
+
+def link_summary(profile):
+    link = measured_link(profile)
+    if link is None:
+        return None
+    bandwidth = "inf" if math.isinf(link.bandwidth_bytes_per_s) else f"{link.bandwidth_bytes_per_s / BYTES_PER_GB:.3g}"
+    return f"{bandwidth} GB/s and {link.latency_s * 1e6:.3g} us per ring step ({link.source})"
+
+
+def _peak_memory_gib(memory):
+    keys = ("peak_allocated_gib", "peak_rss_gib")
+    return max(entry[key] for entry in memory["per_rank"] for key in keys if key in entry)
+
+
+def _relative_std(stat):
+    return (stat["std"] or 0.0) / stat["mean"] if stat["mean"] else 0.0
+
+
+def _finite_or_inf(value):
+    return math.inf if value is None else value

@@ -1,0 +1,100 @@
+"""Clocks and statistics: per-step times without stalling the device, rank reductions, mean and std."""
+import statistics
+import time
+
+import torch
+
+
+class StepClock:
+    """Per-step wall times of a loop. On CUDA they come from events recorded on the stream, so
+    the host never waits inside the loop (waiting would hide the overlap of host and device);
+    on CPU they come from perf_counter."""
+
+    def __init__(self, device, synchronize):
+        self.use_events = device.type == "cuda"
+        self.synchronize = synchronize
+        self._marks = []
+        self._start_s = 0.0
+
+    def start(self):
+        self.synchronize()
+        self._start_s = time.perf_counter()
+        self._marks = [self._mark()]
+
+    def tick(self):
+        self._marks.append(self._mark())
+
+    def finish(self):
+        """(total seconds, [seconds of each step]); waits for the device once, here."""
+        self.synchronize()
+        total_s = time.perf_counter() - self._start_s
+        pairs = zip(self._marks, self._marks[1:])
+        if self.use_events:
+            return total_s, [begin.elapsed_time(end) / 1e3 for begin, end in pairs]
+        return total_s, [end - begin for begin, end in pairs]
+
+    def _mark(self):
+        if not self.use_events:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+
+class LapTimer:
+    """Host time between consecutive lap() calls, summed per phase name. With a synchronize
+    function it first waits for the device, so each lap covers the device work of its phase."""
+
+    def __init__(self, synchronize=None):
+        self.synchronize = synchronize
+        self.totals_s = {}
+        self._last = None
+
+    def start(self):
+        if self.synchronize:
+            self.synchronize()
+        self._last = time.perf_counter()
+
+    def lap(self, phase):
+        if self.synchronize:
+            self.synchronize()
+        now = time.perf_counter()
+        self.totals_s[phase] = self.totals_s.get(phase, 0.0) + now - self._last
+        self._last = now
+
+
+class NullTimer:
+    """A timer that records nothing: warm-up and traced steps."""
+
+    def lap(self, phase):
+        pass
+
+
+def reduce_over_ranks(strategy, values, how):
+    """{name: value} combined over ranks by how[name] in ("max", "min", "mean"); one process
+    returns its own values."""
+    names = list(values)
+    local = torch.tensor([float(values[name]) for name in names], dtype=torch.float64, device=strategy.device)
+    highest = strategy.max_over_ranks(local).tolist()
+    lowest = (-strategy.max_over_ranks(-local)).tolist()
+    mean = (strategy.sum_over_ranks(local) / strategy.world_size).tolist()
+    pick = {"max": highest, "min": lowest, "mean": mean}
+    return {name: pick[how[name]][i] for i, name in enumerate(names)}
+
+
+def gather_per_rank(strategy, values):
+    """Every rank's list of floats, in rank order, on every rank (a sum of one-hot slots)."""
+    slots = torch.zeros(strategy.world_size, len(values), dtype=torch.float64, device=strategy.device)
+    slots[strategy.rank] = torch.tensor(values, dtype=torch.float64)
+    return strategy.sum_over_ranks(slots).tolist()
+
+
+def barrier(strategy):
+    """Line the ranks up before a timed section (any collective waits for every rank)."""
+    strategy.max_over_ranks(torch.zeros(1, device=strategy.device))
+
+
+def mean_std(values):
+    """Mean and sample standard deviation (n-1); std is 0 for a single value."""
+    values = list(values)
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)

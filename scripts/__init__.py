@@ -1,0 +1,1 @@
+"""Report generation that runs the project's entry points and summarises what they measured."""

@@ -1,0 +1,115 @@
+"""Profile a grid of configurations at 1 and N processes, then write the scaling table, report and figures.
+
+Run from the repository root: python -m scripts.scaling_report (or python scripts/scaling_report.py).
+"""
+import argparse
+import itertools
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # run as a file rather than with -m
+    sys.path.insert(0, str(REPO))
+
+from profiling.report import PROFILE_JSON  # noqa: E402
+from profiling.scaling import scaling_rows  # noqa: E402
+from scripts.scaling_figures import write_figures  # noqa: E402
+from scripts.scaling_tables import write_csv, write_latex, write_text_report  # noqa: E402
+from training.errors import UsageError, run_entry_point  # noqa: E402
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="scripts/scaling_report.py", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Run profiler.py for every model x per-GPU batch x world size and report the scaling.")
+    parser.add_argument("--output-dir", default="profiles/scaling", help="report, table, figures and runs/")
+    parser.add_argument("--models", type=_names, default=["cnn1d", "transformer"])
+    parser.add_argument("--batch-sizes", type=_counts, default=[32, 128], help="per GPU / process")
+    parser.add_argument("--world-sizes", type=_counts, default=[1, 2],
+                        help="processes (GPUs); above 1 they run under torchrun with --multi-gpu ddp")
+    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    parser.add_argument("--threads-per-rank", type=int, default=1,
+                        help="CPU only: OMP_NUM_THREADS of every run, the 1-process baseline included, so "
+                             "N processes use N times the cores of one (as N GPUs would)")
+    parser.add_argument("--warmup-steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--phase-steps", type=int, default=10)
+    parser.add_argument("--predict-gpus", type=_counts, default=[1, 2, 4, 8],
+                        help="GPU counts for the extrapolation figure")
+    parser.add_argument("--profiler-args", default="",
+                        help="more profiler.py flags for every run, as one quoted string, e.g. '--norm group'")
+    parser.add_argument("--reuse", action="store_true",
+                        help="keep the profile.json of configurations already under <output-dir>/runs")
+    return parser
+
+
+def main(argv):
+    args = build_parser().parse_args(argv)
+    if min(args.batch_sizes + args.world_sizes) < 1 or min(args.steps, args.repeats, args.threads_per_rank) < 1:
+        raise UsageError("--batch-sizes, --world-sizes, --steps, --repeats and --threads-per-rank must be at least 1")
+    output_dir = Path(args.output_dir)
+    configurations = list(itertools.product(args.models, args.batch_sizes, args.world_sizes))
+    profiles, started = [], time.perf_counter()
+    for index, (model, batch_size, world_size) in enumerate(configurations, start=1):
+        run_dir = output_dir / "runs" / f"{model}_bs{batch_size}_{world_size}proc"
+        print(f"[{index}/{len(configurations)}] {model}, batch {batch_size}, {world_size} process(es) "
+              f"({time.perf_counter() - started:.0f} s so far)", flush=True)
+        if not (args.reuse and (run_dir / PROFILE_JSON).is_file()):
+            run_profiler(args, model, batch_size, world_size, run_dir)
+        profiles.append(json.loads((run_dir / PROFILE_JSON).read_text()))
+    rows = scaling_rows(profiles)
+    written = [write_csv(rows, output_dir / "scaling_summary.csv"),
+               write_latex(rows, output_dir / "scaling_table.tex"),
+               write_text_report(rows, profiles, args, output_dir / "performance_report.txt"),
+               *write_figures(rows, profiles, args.predict_gpus, output_dir)]
+    print((output_dir / "performance_report.txt").read_text())
+    print(f"done in {time.perf_counter() - started:.0f} s; wrote " + ", ".join(map(str, written)))
+    return 0
+
+
+def run_profiler(args, model, batch_size, world_size, run_dir):
+    """profiler.py for one configuration, under torchrun when world_size > 1; stops the report
+    with the profiler's own error when a run fails."""
+    flags = ["--model", model, "--batch-size", str(batch_size), "--device", args.device,
+             "--warmup-steps", str(args.warmup_steps), "--steps", str(args.steps), "--repeats", str(args.repeats),
+             "--phase-steps", str(args.phase_steps), "--output-dir", str(run_dir),
+             *shlex.split(args.profiler_args)]
+    if world_size == 1:
+        command = [sys.executable, "profiler.py", *flags]
+    else:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}",
+                   "profiler.py", "--multi-gpu", "ddp", *flags]
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env["OMP_NUM_THREADS"] = str(args.threads_per_rank)  # ignored by CUDA kernels, decisive on CPU
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        tail = "\n".join(result.stderr.strip().splitlines()[-5:])
+        raise UsageError(f"profiler run failed ({' '.join(command)}):\n{tail}")
+
+
+def _names(text):
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("expected comma-separated names")
+    return names
+
+
+def _counts(text):
+    try:
+        counts = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        counts = []
+    if not counts:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    return counts
+
+
+if __name__ == "__main__":
+    sys.exit(run_entry_point(main))

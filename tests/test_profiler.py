@@ -1,0 +1,158 @@
+"""The profiler: its scaling arithmetic, one real run through profiler.py, bad input, and the report writers."""
+import copy
+import csv
+import json
+import math
+import sys
+from argparse import Namespace
+
+import pytest
+
+from conftest import TINY_DATA, run_subprocess
+from profiling.comm_model import (Link, accumulation_for_efficiency, bus_bandwidth_bytes_per_s, comm_split,
+                                  ddp_bucket_count, efficiency, fit_ring_link, predict_world,
+                                  ring_allreduce_time_s, speedup)
+from profiling.recommend import Figures, larger_batch_shares, recommendations
+from profiling.scaling import scaling_rows
+
+MB = 1e6
+GB_PER_S = 1e9
+
+
+@pytest.mark.parametrize("world_size, expected_s", [(1, 0.0), (2, 1.0e-3), (4, 1.5e-3), (8, 1.75e-3)])
+def test_ring_allreduce_moves_2_n_minus_1_over_n_of_the_buffer(world_size, expected_s):
+    assert ring_allreduce_time_s(1 * MB, world_size, 1 * GB_PER_S) == pytest.approx(expected_s)
+
+
+def test_ring_allreduce_latency_is_paid_per_ring_step_and_per_bucket():
+    no_latency = ring_allreduce_time_s(1 * MB, 4, 1 * GB_PER_S)
+    assert ring_allreduce_time_s(1 * MB, 4, 1 * GB_PER_S, latency_s=10e-6) == pytest.approx(no_latency + 6 * 10e-6)
+    assert ring_allreduce_time_s(1 * MB, 4, 1 * GB_PER_S, latency_s=10e-6, messages=3) == pytest.approx(
+        no_latency + 18 * 10e-6)
+    assert ring_allreduce_time_s(1 * MB, 1, 1 * GB_PER_S, latency_s=1.0) == 0.0  # nothing to exchange
+
+
+def test_bus_bandwidth_and_fitted_link_reproduce_the_measurement():
+    assert bus_bandwidth_bytes_per_s(1 * MB, 1e-3, 2) == pytest.approx(1 * GB_PER_S)
+    link = fit_ring_link(4 * MB, buffer_s=5e-3, tiny_s=1e-3, world_size=4, source="test")
+    assert link.latency_s == pytest.approx(1e-3 / 6)
+    assert ring_allreduce_time_s(4 * MB, 4, link.bandwidth_bytes_per_s, link.latency_s) == pytest.approx(5e-3)
+    assert math.isinf(fit_ring_link(4 * MB, 1e-3, 1e-3, 2, "latency only").bandwidth_bytes_per_s)
+
+
+def test_comm_split_and_ratio_including_no_exposed_communication():
+    comm_s, ratio = comm_split(step_s=0.012, compute_s=0.010)
+    assert comm_s == pytest.approx(0.002) and ratio == pytest.approx(5.0)
+    # A noisy no_sync pass slower than the normal one must not give negative communication.
+    assert comm_split(step_s=0.010, compute_s=0.011) == (0.0, math.inf)
+    assert comm_split(step_s=0.010, compute_s=0.010) == (0.0, math.inf)
+
+
+def test_predicted_step_speedup_and_efficiency():
+    link = Link(1 * GB_PER_S, 0.0, "test")
+    predicted = predict_world(0.010, 1 * MB, 4, link)
+    assert predicted["allreduce_s"] == pytest.approx(1.5e-3)
+    assert predicted["step_s"] == pytest.approx(0.0115)
+    assert predicted["speedup"] == pytest.approx(4 * 0.010 / 0.0115)
+    assert predicted["efficiency"] == pytest.approx(0.010 / 0.0115)
+    assert predicted["compute_to_comm_ratio"] == pytest.approx(0.010 / 1.5e-3)
+    assert predict_world(0.010, 1 * MB, 1, link)["speedup"] == 1.0
+    assert speedup(2, 0.010, 0.020) == 1.0 and efficiency(1.0, 2) == 0.5
+    # Accumulating k micro-batches pays the all-reduce once per k.
+    assert predict_world(0.010, 1 * MB, 4, link, accumulation=3)["allreduce_s"] == pytest.approx(0.5e-3)
+
+
+def test_accumulation_needed_for_a_target_efficiency_is_the_smallest_that_reaches_it():
+    link = Link(1 * GB_PER_S, 0.0, "test")
+    allreduce_s = predict_world(0.002, 1 * MB, 4, link)["allreduce_s"]  # 1.5 ms against 2 ms of compute
+    k = accumulation_for_efficiency(0.002, allreduce_s, 0.9)
+    assert k == 7  # 1.5 / k <= 2 x (1/0.9 - 1) = 0.222 ms
+    assert predict_world(0.002, 1 * MB, 4, link, accumulation=k)["efficiency"] >= 0.9
+    assert predict_world(0.002, 1 * MB, 4, link, accumulation=k - 1)["efficiency"] < 0.9
+    assert accumulation_for_efficiency(0.002, 0.0, 0.9) == 1
+
+
+def test_ddp_bucket_count():
+    assert ddp_bucket_count(400_000) == 1  # fits DDP's 1 MiB first bucket
+    assert ddp_bucket_count(30 * 1024 ** 2) == 3  # 1 MiB, then 25 MiB, then the last 4 MiB
+
+
+def test_recommendation_numbers():
+    before, after = larger_batch_shares(compute_s=0.010, allreduce_s=0.0025, batch_size=32, new_batch_size=256)
+    assert before == pytest.approx(0.2) and after == pytest.approx(0.0025 / 0.0825)
+    # 4 MB of gradients over 0.1 GB/s against 1 ms of compute: more GPUs only slow the run down.
+    slow = Figures(compute_s=0.001, gradient_bytes=4_000_000, link=Link(0.1 * GB_PER_S, 0.0, "assumed"),
+                   batch_size=32, amp_enabled=False, data_wait_share=0.02, backward_s=0.0005)
+    advice = {item["topic"]: item for item in recommendations(slow, [1, 2, 4])}
+    expected = 2 * 0.001 / (0.001 + 0.04)
+    assert advice["gpu count"]["figures"]["speedup_2"] == pytest.approx(expected)
+    assert advice["gpu count"]["text"].startswith(f"stay on one GPU: predicted 2-GPU speedup {expected:.2f}x < 1")
+    assert "2.00 MB" in advice["precision"]["text"] and "4.00 MB" in advice["precision"]["text"]
+    assert advice["batch size"]["figures"]["new_batch_size"] == 256
+    assert advice["gradient accumulation"]["figures"]["speedup_with"] > advice["gradient accumulation"]["figures"][
+        "speedup_without"]
+
+
+@pytest.fixture(scope="module")
+def tiny_profile(tmp_path_factory):
+    """One real profiler.py run on CPU with tiny settings, shared by the tests below."""
+    out = tmp_path_factory.mktemp("profile")
+    result = run_subprocess([sys.executable, "profiler.py", *TINY_DATA, "--device", "cpu", "--warmup-steps", "2",
+                             "--steps", "5", "--repeats", "2", "--phase-steps", "2", "--output-dir", out], timeout=120)
+    return result, out
+
+
+def test_profiler_py_writes_sane_json_and_csv(tiny_profile):
+    result, out = tiny_profile
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr and "samples/s" in result.stdout
+    profile = json.loads((out / "profile.json").read_text())
+    timing = profile["timing"]
+    assert timing["samples_per_s"]["mean"] > 0 and timing["step_time_s"]["mean"] > 0
+    assert timing["step_time_min_s"]["mean"] <= timing["step_time_s"]["mean"] <= timing["step_time_max_s"]["mean"]
+    assert all(run["samples_per_s"] == pytest.approx(32 / run["step_time_s"]) for run in profile["runs"])
+    assert 0 <= timing["data_wait_share"]["mean"] < 1
+    assert timing["comm_time_s"]["mean"] == 0 and timing["compute_to_comm_ratio"]["mean"] is None  # inf -> null
+    assert len(profile["runs"]) == 2 and all(run["steps"] == 5 for run in profile["runs"])
+    parameters = profile["model"]["parameters"]
+    assert parameters > 0 and profile["model"]["gradient_bytes"] == 4 * parameters  # fp32 gradients
+    assert all(profile["phases"][name] > 0 for name in ("forward_s", "backward_s", "optimizer_s"))
+    assert profile["memory"]["per_rank"][0]["peak_rss_gib"] > 0
+    assert not profile["allreduce_benchmark"]["measured"] and "assumed" in profile["link"]["source"]
+    assert [p["world_size"] for p in profile["predictions"]] == [1, 2, 4, 8]
+    assert all(0 < p["speedup"] <= p["world_size"] for p in profile["predictions"])
+    with open(out / "profile_summary.csv") as handle:
+        summary = {row["metric"]: row for row in csv.DictReader(handle)}
+    assert float(summary["samples_per_s"]["mean"]) > 0 and float(summary["step_time_s"]["std"]) >= 0
+    with open(out / "profile_runs.csv") as handle:
+        assert [float(row["step_time_s"]) > 0 for row in csv.DictReader(handle)] == [True, True]
+
+
+def test_scaling_report_writers_on_a_two_process_profile_made_from_the_real_one(tiny_profile, tmp_path):
+    from scripts.scaling_figures import write_figures
+    from scripts.scaling_tables import write_csv, write_latex, write_text_report
+    _, out = tiny_profile
+    single = json.loads((out / "profile.json").read_text())
+    double = copy.deepcopy(single)
+    double["config"]["world_size"] = 2
+    double["timing"]["samples_per_s"]["mean"] *= 1.8
+    double["allreduce_benchmark"] = {"measured": True, "bus_bandwidth_gb_per_s": 1.0, "fitted_link": {
+        "bandwidth_bytes_per_s": 1e9, "latency_s": 1e-4, "source": "made up"}}
+    rows = scaling_rows([double, single])
+    assert [row["world_size"] for row in rows] == [1, 2]
+    assert rows[1]["measured_speedup"] == pytest.approx(1.8) and rows[1]["measured_efficiency"] == pytest.approx(0.9)
+    assert 1 < rows[1]["predicted_speedup"] < 2
+    args = Namespace(warmup_steps=2, steps=5, repeats=2, threads_per_rank=1, predict_gpus=[1, 2, 4])
+    paths = [write_csv(rows, tmp_path / "s.csv"), write_latex(rows, tmp_path / "t.tex"),
+             write_text_report(rows, [single, double], args, tmp_path / "r.txt"),
+             *write_figures(rows, [single, double], [1, 2, 4], tmp_path)]
+    assert all(path.stat().st_size > 0 for path in paths) and len(paths) == 7
+    assert "measured 1.80x" in (tmp_path / "r.txt").read_text()
+    assert "\\begin{tabular}" in (tmp_path / "t.tex").read_text()
+
+
+def test_bad_input_is_one_line_and_exit_2():
+    result = run_subprocess([sys.executable, "profiler.py", "--steps", "0", "--device", "cpu"], timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: --steps must be at least 1, got 0"
+    assert "Traceback" not in result.stderr
