@@ -9,7 +9,8 @@ class DeviceResidentLoader:
 
     HAR splits are a few tens of MB, so they fit on any GPU: keeping them there removes the
     per-batch host-to-device copy and the worker processes. Each epoch the sampler's indices
-    (one per-rank slice of the seeded permutation) go to the device in one copy.
+    (one per-rank slice of the seeded permutation) go to the device in one copy, and the rank's
+    shard is gathered there in that order once.
     """
 
     def __init__(self, split, batch_size, sampler, device):
@@ -22,9 +23,10 @@ class DeviceResidentLoader:
 
     def __iter__(self):
         order = self.sampler.indices().to(self.device, non_blocking=True)
+        # One gather per epoch; each batch is then a view, not a gather of its own.
+        signals, labels = self.signals.index_select(0, order), self.labels.index_select(0, order)
         for first in range(0, len(order), self.batch_size):
-            batch = order[first:first + self.batch_size]
-            yield self.signals.index_select(0, batch), self.labels.index_select(0, batch)
+            yield signals[first:first + self.batch_size], labels[first:first + self.batch_size]
 
 
 def split_bytes(*splits):

@@ -64,7 +64,7 @@ def train_one_epoch(model, loader, opt, strategy, precision, plan, tally, after_
         with strategy.no_sync() if not steps_now else contextlib.nullcontext():
             with precision.autocast():
                 loss = F.cross_entropy(model(signals), labels)
-            opt.grad_scaler.scale(loss / window_size).backward()
+            opt.grad_scaler.scale(loss / window_size if window_size > 1 else loss).backward()
         loss = loss.detach()
         tally.loss_sum += loss * labels.shape[0]
         tally.samples += labels.shape[0]

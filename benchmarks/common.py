@@ -1,0 +1,160 @@
+"""What the benchmarks share: a run built by the trainer, its training epoch, interleaved timing and the table."""
+import contextlib
+import io
+import math
+import os
+import statistics
+import time
+
+import torch
+
+from data.synthetic import DEFAULT_WINDOWS_PER_SUBJECT
+from models import MODELS
+from training import faults, rng_state
+from training.cli import parse_args
+from training.epochs import _StepHook
+from training.loop import EpochPlan, EpochTally, train_one_epoch
+from training.preemption import StopSignals
+from training.strategy import make_strategy
+from training.trainer import _assemble
+
+TRAINER_SIDE = ("train_one_epoch with the real _StepHook (progress bar, loss read and TensorBoard scalars every "
+                "--log-interval steps, NaN check, stop-request check), the run's loader, AdamW, clipping and "
+                "LR schedule; what _run_epoch does minus validation, checkpoints and the epoch record")
+
+
+def add_run_flags(parser):
+    """The flags that shape the run every benchmark builds."""
+    parser.add_argument("--model", choices=tuple(MODELS), default="cnn1d")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds per side, taken in turn")
+    parser.add_argument("--epochs-per-round", type=int, default=1)
+    parser.add_argument("--synthetic-windows-per-subject", type=int, default=DEFAULT_WINDOWS_PER_SUBJECT,
+                        help="30 subjects; the default matches UCI HAR's size")
+
+
+def build_run(opts, save_dir, data_path, epochs):
+    """A Run assembled by the trainer from the same flags `python main.py` would get."""
+    argv = ["--dataset", "synthetic", "--synthetic-windows-per-subject", str(opts.synthetic_windows_per_subject),
+            "--model", opts.model, "--batch-size", str(opts.batch_size), "--device", opts.device,
+            "--data-path", data_path, "--epochs", str(epochs), "--save-dir", str(save_dir),
+            "--no-resume", "--save-every-steps", "0"]
+    args = parse_args(argv)
+    run = _assemble(args, make_strategy(args))
+    # Left uninstalled so the benchmark keeps the default signal handlers; the per-step check
+    # reads the same attribute either way.
+    run.stop_signals = StopSignals()
+    return run
+
+
+def planned_epochs(opts):
+    """Epochs each side trains: one warm-up, then the timed rounds (the LR schedule spans them all)."""
+    return 1 + opts.rounds * opts.epochs_per_round
+
+
+def train_trainer_epoch(run, epoch):
+    """One training epoch the way `_run_epoch` runs it, without validation or checkpoints; returns samples."""
+    args, strategy, progress = run.args, run.strategy, run.progress
+    loader = run.loaders["train"]
+    loader.sampler.set_epoch(epoch, start=0)
+    plan = EpochPlan(first_batch=0, batches_in_epoch=len(loader), first_step=progress.step)
+    tally = EpochTally(strategy.device)
+    rng_state.seed_epoch(args.seed, epoch, strategy.rank)
+    steps = math.ceil(len(loader) / args.grad_accum_steps)
+    bar = _quiet_progress_bar(run, steps, f"epoch {epoch + 1}/{args.epochs}")
+    hook = _StepHook(run, epoch, plan, tally, bar)
+    batches = faults.wrap_batches(loader, epoch * plan.batches_in_epoch, strategy.rank)
+    result = train_one_epoch(run.train_model, batches, run.opt, strategy, run.precision, plan, tally, hook)
+    bar.close()
+    progress.epoch, progress.step = epoch + 1, plan.first_step + result.steps
+    return tally.samples
+
+
+def _quiet_progress_bar(run, steps, description):
+    # The logger's own tqdm bar: built while stderr is not a terminal, it disables itself as it
+    # does in a job log, so a benchmark started from a terminal draws nothing either.
+    with contextlib.redirect_stderr(io.StringIO()):
+        return run.log.progress(steps, description)
+
+
+def interleave(sides, rounds, epochs_per_round, synchronize):
+    """Warm each side up for one epoch, then time them in turn (A B A B ...).
+
+    `sides` maps a name to train(epoch) -> items done. Returns (name -> items per second, one per
+    round; CPU cores other processes kept busy during each round, None where unknown)."""
+    for train in sides.values():
+        train(0)  # first-call costs (allocator growth, kernel choice, lazy imports) stay out of the figures
+    rates = {name: [] for name in sides}
+    other_cores = []
+    for round_index in range(rounds):
+        first_epoch = 1 + round_index * epochs_per_round
+        meter = _OtherCpuMeter()
+        for name, train in sides.items():
+            synchronize()
+            start_s = time.perf_counter()
+            items = sum(train(epoch) for epoch in range(first_epoch, first_epoch + epochs_per_round))
+            synchronize()
+            rates[name].append(items / (time.perf_counter() - start_s))
+        other_cores.append(meter.cores_busy())
+    return rates, other_cores
+
+
+class _OtherCpuMeter:
+    """Cores other processes kept busy since creation: machine busy time (/proc/stat) minus ours.
+    On a shared machine this tells a round skewed by someone else's job from a real difference."""
+
+    def __init__(self):
+        self.start = (_machine_busy_s(), _own_cpu_s(), time.perf_counter())
+
+    def cores_busy(self):
+        machine_s, own_s, wall_s = (now - then for now, then in
+                                    zip((_machine_busy_s(), _own_cpu_s(), time.perf_counter()), self.start))
+        if machine_s is None or self.start[0] is None:
+            return None
+        return max(machine_s - own_s, 0.0) / wall_s
+
+
+def _machine_busy_s():
+    try:
+        with open("/proc/stat") as handle:
+            fields = handle.readline().split()[1:]
+        return sum(int(fields[i]) for i in (0, 1, 2, 5, 6, 7)) / os.sysconf("SC_CLK_TCK")  # not idle, not iowait
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _own_cpu_s():
+    times = os.times()
+    return times.user + times.system
+
+
+def format_rates(rates, unit, ratios, other_cores):
+    """A table: one row per round and a median row, each side's rate, each (a, b) of `ratios` as a/b,
+    and the cores other processes used in that round."""
+    names = list(rates)
+    columns = [f"{name} {unit}" for name in names] + [f"{a}/{b}" for a, b in ratios]
+    width = max(len(column) for column in columns) + 2
+    lines = ["round " + "".join(f"{column:>{width}}" for column in columns) + "  other procs (cores)"]
+    rows = [(str(index + 1), {name: rates[name][index] for name in names}, other_cores[index])
+            for index in range(len(other_cores))]
+    rows.append(("median", {name: statistics.median(rates[name]) for name in names}, None))
+    for label, by_name, others in rows:
+        line = f"{label:<6}" + "".join(f"{by_name[name]:>{width},.0f}" for name in names)
+        line += "".join(f"{by_name[a] / by_name[b]:>{width}.3f}" for a, b in ratios)
+        lines.append(line + (f"{others:>21.2f}" if others is not None else ""))
+    return "\n".join(lines)
+
+
+def median_ratio(rates, name, reference):
+    return statistics.median(rates[name]) / statistics.median(rates[reference])
+
+
+def paired_ratio(rates, name, reference):
+    """Median of the per-round ratios: each pairs two neighbouring timings, so slow drift cancels."""
+    return statistics.median(a / b for a, b in zip(rates[name], rates[reference]))
+
+
+def machine_line(device):
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{os.cpu_count()} CPU cores"
+    return f"machine: {where}, torch {torch.__version__}, {torch.get_num_threads()} intra-op threads"

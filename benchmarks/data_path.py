@@ -1,0 +1,78 @@
+"""The device-resident data path against the DataLoader path: whole training epochs and bare loader iteration."""
+import argparse
+import functools
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from benchmarks.common import (TRAINER_SIDE, add_run_flags, build_run, format_rates, interleave, machine_line,
+                               median_ratio, paired_ratio, planned_epochs,
+                               train_trainer_epoch)
+
+PATHS = ("device", "dataloader")
+
+
+def iterate_loader(run, epoch):
+    """One pass over the train loader as the loop draws it, copy to the device included, with no model."""
+    loader, device = run.loaders["train"], run.strategy.device
+    loader.sampler.set_epoch(epoch, start=0)
+    batches = 0
+    for signals, labels in loader:
+        signals.to(device, non_blocking=True)
+        labels.to(device, non_blocking=True)
+        batches += 1
+    return batches
+
+
+def parse(argv):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.data_path", description=__doc__,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_run_flags(parser)
+    parser.add_argument("--iteration-passes", type=int, default=20,
+                        help="passes over the train loader per round of the bare-iteration figure")
+    return parser.parse_args(argv)
+
+
+def measure(opts, runs):
+    """interleave's results for bare iteration (batches/s), then for training epochs (samples/s)."""
+    synchronize = next(iter(runs.values())).strategy.synchronize
+    iteration = interleave({path: functools.partial(iterate_loader, run) for path, run in runs.items()},
+                           opts.rounds, opts.iteration_passes, synchronize)
+    training = interleave({path: functools.partial(train_trainer_epoch, run) for path, run in runs.items()},
+                          opts.rounds, opts.epochs_per_round, synchronize)
+    return iteration, training
+
+
+def main(argv=None):
+    opts = parse(argv)
+    with tempfile.TemporaryDirectory(prefix="har-data-path-") as scratch:
+        runs = {}
+        try:
+            for path in PATHS:
+                runs[path] = build_run(opts, Path(scratch) / path, path, planned_epochs(opts))
+            device = runs["device"].strategy.device
+            print(f"both: {TRAINER_SIDE}\n"
+                  f"device: {type(runs['device'].loaders['train']).__name__} (splits on {device}, index_select "
+                  f"per batch); dataloader: {type(runs['dataloader'].loaders['train']).__name__} with "
+                  f"{runs['dataloader'].args.num_workers} worker(s), copied to {device} per batch", flush=True)
+            print(machine_line(device), flush=True)
+            (iteration, iteration_others), (training, training_others) = measure(opts, runs)
+        finally:
+            for run in runs.values():
+                run.log.close()
+    ratio = [("device", "dataloader")]
+    print(f"bare loader iteration ({opts.iteration_passes} passes per round, no model):")
+    print(format_rates(iteration, "batches/s", ratio, iteration_others))
+    print(f"training epochs through the trainer ({opts.epochs_per_round} epoch(s) per round):")
+    print(format_rates(training, "samples/s", ratio, training_others))
+    print(f"device/dataloader = {median_ratio(training, 'device', 'dataloader'):.3f} training (per-round "
+          f"{paired_ratio(training, 'device', 'dataloader'):.3f}), "
+          f"{median_ratio(iteration, 'device', 'dataloader'):.3f} bare iteration (medians of {opts.rounds} "
+          f"rounds, {opts.model}, batch {opts.batch_size}, {device}, {torch.get_num_threads()} threads)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

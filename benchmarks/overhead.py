@@ -1,0 +1,117 @@
+"""The trainer's training step against a minimal hand-written PyTorch loop on the same model, data and batch."""
+import argparse
+import functools
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.optim.lr_scheduler import LambdaLR
+
+from benchmarks.common import (TRAINER_SIDE, add_run_flags, build_run, format_rates, interleave, machine_line,
+                               median_ratio, paired_ratio, planned_epochs,
+                               train_trainer_epoch)
+from models import build_model
+
+TARGET_RATIO = 0.97  # below this the trainer costs more than noise explains on CPU
+
+
+class MinimalLoop:
+    """The textbook loop: shuffle the tensors once per epoch, take contiguous slices, forward, loss,
+    backward, step. With `features` it also clips and steps the trainer's LR schedule, so the
+    comparison measures the trainer's overhead rather than what it does on top."""
+
+    def __init__(self, run, features):
+        args, device = run.args, run.strategy.device
+        if run.precision.needs_grad_scaler:
+            raise SystemExit("the minimal loop has no GradScaler: run on CPU or a bf16-capable GPU")
+        torch.manual_seed(args.seed)  # the seed the trainer builds its model under: the same initial weights
+        train = run.data.train  # already normalised by the trainer
+        self.model = build_model(args.model, train.signals.shape[1], len(run.data.class_names),
+                                 dropout=args.dropout, norm=args.norm).to(device)
+        self.signals = torch.from_numpy(train.signals).to(device)
+        self.labels = torch.from_numpy(train.labels).to(device)
+        self.parameters = [p for p in self.model.parameters() if p.requires_grad]
+        trainer_groups = run.opt.optimizer.param_groups
+        groups = [{"params": [p for p in self.parameters if p.ndim >= 2], "weight_decay": args.weight_decay},
+                  {"params": [p for p in self.parameters if p.ndim < 2], "weight_decay": 0.0}]
+        self.optimizer = torch.optim.AdamW(groups, lr=trainer_groups[0]["initial_lr"],
+                                           fused=run.opt.optimizer.defaults["fused"])
+        self.scheduler = LambdaLR(self.optimizer, run.opt.scheduler.lr_lambdas[0]) if features else None
+        self.max_grad_norm = args.max_grad_norm if features else 0.0
+        self.autocast = functools.partial(torch.autocast, device.type, dtype=run.precision.dtype,
+                                          enabled=run.precision.enabled)
+        self.batch_size, self.seed, self.device = run.loader_batch, args.seed, device
+
+    def train_epoch(self, epoch):
+        self.model.train()
+        torch.manual_seed(self.seed + epoch)  # a fresh order and dropout masks each epoch, as the trainer has
+        order = torch.randperm(len(self.labels), device=self.device)
+        signals, labels = self.signals[order], self.labels[order]
+        for first in range(0, len(labels), self.batch_size):
+            last = first + self.batch_size
+            with self.autocast():
+                loss = F.cross_entropy(self.model(signals[first:last]), labels[first:last])
+            loss.backward()
+            if self.max_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(self.parameters, self.max_grad_norm)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.scheduler is not None:
+                self.scheduler.step()
+        return len(labels)
+
+
+def parse(argv):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.overhead", description=__doc__,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_run_flags(parser)
+    parser.add_argument("--data-path", choices=("auto", "device", "dataloader"), default="auto",
+                        help="the trainer's data path (the minimal loop always slices tensors)")
+    parser.add_argument("--bare-minimal", action="store_true",
+                        help="also time a minimal loop without clipping and LR schedule")
+    return parser.parse_args(argv)
+
+
+def describe_sides(run, bare):
+    loader = type(run.loaders["train"]).__name__
+    lines = [f"trainer: {TRAINER_SIDE}; batches from {loader}",
+             "minimal: same model class and initial weights, same normalised train tensors and batch, a seeded "
+             "randperm per epoch with contiguous slices, F.cross_entropy, backward, AdamW with the same param "
+             f"groups, clip_grad_norm_ {run.args.max_grad_norm:g} and the same per-step LambdaLR schedule, "
+             f"{run.precision.describe()}"]
+    if bare:
+        lines.append("bare: the minimal loop without clipping and LR schedule (AdamW at the peak LR)")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    opts = parse(argv)
+    with tempfile.TemporaryDirectory(prefix="har-overhead-") as scratch:
+        run = build_run(opts, Path(scratch) / "run", opts.data_path, planned_epochs(opts))
+        try:
+            sides = {"trainer": functools.partial(train_trainer_epoch, run),
+                     "minimal": MinimalLoop(run, features=True).train_epoch}
+            if opts.bare_minimal:
+                sides["bare"] = MinimalLoop(run, features=False).train_epoch
+            print(describe_sides(run, opts.bare_minimal), flush=True)
+            print(machine_line(run.strategy.device), flush=True)
+            rates, other_cores = interleave(sides, opts.rounds, opts.epochs_per_round, run.strategy.synchronize)
+        finally:
+            run.log.close()
+    ratios = [("trainer", "minimal")] + ([("trainer", "bare")] if opts.bare_minimal else [])
+    print(format_rates(rates, "samples/s", ratios, other_cores))
+    ratio = median_ratio(rates, "trainer", "minimal")
+    print(f"trainer/minimal = {ratio:.3f} (median of {opts.rounds} rounds of {opts.epochs_per_round} epoch(s); "
+          f"median of per-round ratios {paired_ratio(rates, 'trainer', 'minimal'):.3f}; "
+          f"{len(run.data.train)} windows, {opts.model}, batch {opts.batch_size}, {run.strategy.device}, "
+          f"{torch.get_num_threads()} threads; target >= {TARGET_RATIO})")
+    if opts.bare_minimal:
+        print(f"trainer/bare = {median_ratio(rates, 'trainer', 'bare'):.3f} (the overhead plus what clipping and "
+              "the schedule cost)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
