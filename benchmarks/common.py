@@ -10,6 +10,7 @@ import torch
 
 from data.synthetic import DEFAULT_WINDOWS_PER_SUBJECT
 from models import MODELS
+from profiling.host_load import machine_busy_cpu_s, own_cpu_s
 from training import faults, rng_state
 from training.cli import parse_args
 from training.epochs import _StepHook
@@ -105,28 +106,14 @@ class _OtherCpuMeter:
     On a shared machine this tells a round skewed by someone else's job from a real difference."""
 
     def __init__(self):
-        self.start = (_machine_busy_s(), _own_cpu_s(), time.perf_counter())
+        self.start = (machine_busy_cpu_s(), own_cpu_s(), time.perf_counter())
 
     def cores_busy(self):
         machine_s, own_s, wall_s = (now - then for now, then in
-                                    zip((_machine_busy_s(), _own_cpu_s(), time.perf_counter()), self.start))
+                                    zip((machine_busy_cpu_s(), own_cpu_s(), time.perf_counter()), self.start))
         if machine_s is None or self.start[0] is None:
             return None
         return max(machine_s - own_s, 0.0) / wall_s
-
-
-def _machine_busy_s():
-    try:
-        with open("/proc/stat") as handle:
-            fields = handle.readline().split()[1:]
-        return sum(int(fields[i]) for i in (0, 1, 2, 5, 6, 7)) / os.sysconf("SC_CLK_TCK")  # not idle, not iowait
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _own_cpu_s():
-    times = os.times()
-    return times.user + times.system
 
 
 def format_rates(rates, unit, ratios, other_cores):

@@ -3,6 +3,8 @@ import math
 
 import torch
 
+DEVICE_DATA_SHARE = 0.25  # --data-path auto keeps the splits on a GPU when they take at most this share
+
 
 class DeviceResidentLoader:
     """Yields the same batches, in the same order, as `make_loader` with the same sampler.
@@ -32,3 +34,16 @@ class DeviceResidentLoader:
 def split_bytes(*splits):
     """Bytes the splits' signals and labels take once copied to a device."""
     return sum(split.signals.nbytes + split.labels.nbytes for split in splits)
+
+
+def keep_on_device(data_path, num_workers, device, data_bytes):
+    """--data-path's choice: auto keeps the splits on the device unless workers were asked for or
+    they would take more than DEVICE_DATA_SHARE of the free GPU memory."""
+    if data_path != "auto":
+        return data_path == "device"
+    if num_workers > 0:
+        return False
+    if device.type != "cuda":
+        return True  # already in this memory: nothing is copied
+    free_bytes, _ = torch.cuda.mem_get_info(device)
+    return data_bytes <= DEVICE_DATA_SHARE * free_bytes

@@ -1,17 +1,12 @@
 """The profiler's command line: the training flags plus a profiler group, their checks, and the DDP launch."""
 import argparse
 import math
-import shlex
-import sys
-
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.run import get_args_parser, run
 
 from profiling.report import DEFAULT_ROOT
 from training.cli import build_parser, check_args
 from training.environment import distributed_env, launched_by_torchrun
 from training.errors import UsageError
-from training.launch import processes_per_node, torchrun_arguments
+from training.launch import processes_per_node, run_torchrun, torchrun_arguments
 
 # Links assumed when one process has no process group to measure (bus bandwidth, latency per ring
 # step). CUDA: PCIe 4.0 x16 without NVLink, which NCCL drives at roughly 20 GB/s bus bandwidth
@@ -91,15 +86,7 @@ def needs_launch(args):
 
 def launch_under_torchrun(args, script, argv):
     """Re-run this command under torchrun on this machine; the first failed worker's exit code."""
-    launcher_args = torchrun_arguments(script, argv, processes_per_node(args))
-    print("launching: " + " ".join(shlex.quote(part) for part in
-                                   [sys.executable, "-m", "torch.distributed.run", *launcher_args]), flush=True)
-    try:
-        run(get_args_parser().parse_args(launcher_args))
-    except ChildFailedError as failure:
-        first = min(failure.failures.items())[1]  # the worker printed its own error already
-        return first.exitcode if first.exitcode and first.exitcode > 0 else 1
-    return 0
+    return run_torchrun(torchrun_arguments(script, argv, processes_per_node(args)))
 
 
 def _count_list(text):

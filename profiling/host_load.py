@@ -16,14 +16,14 @@ class HostCpuMeter:
         self._start = None
 
     def start(self):
-        self._start = (_machine_busy_s(), _own_cpu_s(), time.perf_counter())
+        self._start = (machine_busy_cpu_s(), own_cpu_s(), time.perf_counter())
 
     def stop(self, strategy):
         """Seconds of CPU the other processes used, summed over this node's ranks; None off Linux."""
         if self._start is None or self._start[0] is None:
             return None
         machine_s, own_s, wall_s = (now - then for now, then in
-                                    zip((_machine_busy_s(), _own_cpu_s(), time.perf_counter()), self._start))
+                                    zip((machine_busy_cpu_s(), own_cpu_s(), time.perf_counter()), self._start))
         # Every rank sees the same machine; their own times add up (single node assumed).
         merged = reduce_over_ranks(strategy, {"machine": machine_s, "own": own_s, "wall": wall_s},
                                    {"machine": "max", "own": "mean", "wall": "max"})
@@ -32,7 +32,7 @@ class HostCpuMeter:
                 "profiler_cpu_s": ranks_own_s, "other_processes_cpu_s": max(merged["machine"] - ranks_own_s, 0.0)}
 
 
-def _machine_busy_s():
+def machine_busy_cpu_s():
     try:
         with open("/proc/stat") as handle:
             fields = handle.readline().split()[1:]
@@ -41,6 +41,6 @@ def _machine_busy_s():
         return None
 
 
-def _own_cpu_s():
+def own_cpu_s():
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime

@@ -7,8 +7,10 @@ import torch
 import torch.nn.functional as F
 
 from data.loaders import ShardedSampler, make_loader
+from data.resident import DeviceResidentLoader, keep_on_device, split_bytes
 from data.splits import fit_normalization, load_har_data, normalize
 from models import build_model, count_parameters
+from training.loop import build_adamw
 from training.precision import Precision
 from training.schedule import steps_per_epoch
 
@@ -63,13 +65,14 @@ def build_workload(args, strategy):
     train_model = strategy.wrap(model, precision)
     if args.compile:
         train_model = torch.compile(train_model)  # around DDP, so no_sync stays on the DDP module
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": args.weight_decay},
-              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(groups, lr=args.lr, fused=True if device.type == "cuda" else None)
+    optimizer = build_adamw(model, args.lr, args.weight_decay, device)
     sampler = ShardedSampler(len(train), world_size=strategy.world_size, rank=strategy.rank, shuffle=True,
                              seed=args.seed, pad=True)
-    loader = make_loader(train, args.batch_size, sampler, args.num_workers, pin_memory=device.type == "cuda")
+    # The data path training would take with these flags, so the data wait is training's.
+    if keep_on_device(args.data_path, args.num_workers, device, split_bytes(data.train, data.val, data.test)):
+        loader = DeviceResidentLoader(train, args.batch_size, sampler, device)
+    else:
+        loader = make_loader(train, args.batch_size, sampler, args.num_workers, pin_memory=device.type == "cuda")
     return Workload(strategy, model, train_model, optimizer, precision.make_grad_scaler(), precision,
                     _endless(loader, sampler), args.batch_size, args.grad_accum_steps, args.max_grad_norm,
                     len(train), data.source)

@@ -1,15 +1,12 @@
 """The device-resident data path yields exactly the DataLoader path's batches, in the same order."""
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 import torch
 
 from conftest import TINY_DATA, load_checkpoint, run_in_process
 from data.loaders import ShardedSampler, make_loader
-from data.resident import DeviceResidentLoader, split_bytes
+from data.resident import DeviceResidentLoader, keep_on_device, split_bytes
 from data.splits import Split
-from training.trainer import _keep_data_on_device
 
 
 def make_split(num_samples, seed=0):
@@ -56,11 +53,10 @@ def test_epochs_differ_so_the_comparison_can_fail():
 
 def test_auto_choice():
     cpu = torch.device("cpu")
-    flags = SimpleNamespace(data_path="auto", num_workers=0)
-    assert _keep_data_on_device(flags, cpu, split_bytes(make_split(10)))
-    assert not _keep_data_on_device(SimpleNamespace(data_path="auto", num_workers=2), cpu, 0)
-    assert not _keep_data_on_device(SimpleNamespace(data_path="dataloader", num_workers=0), cpu, 0)
-    assert _keep_data_on_device(SimpleNamespace(data_path="device", num_workers=2), cpu, 0)
+    assert keep_on_device("auto", 0, cpu, split_bytes(make_split(10)))
+    assert not keep_on_device("auto", 2, cpu, 0)
+    assert not keep_on_device("dataloader", 0, cpu, 0)
+    assert keep_on_device("device", 2, cpu, 0)
 
 
 def test_training_on_either_path_gives_identical_weights(tmp_path):

@@ -46,11 +46,16 @@ def launch_under_torchrun(args, script, argv):
     """Run the same command under torchrun; returns the exit code of the first failed worker."""
     nproc = processes_per_node(args)
     preflight(args)
-    launcher_args = torchrun_arguments(script, argv, nproc)
-    print("launching: " + " ".join(shlex.quote(part) for part in
-                                   [sys.executable, "-m", "torch.distributed.run", *launcher_args]), flush=True)
     if args.gpu_ids:
         print(f"  (local ranks map onto --gpu-ids {','.join(map(str, args.gpu_ids))} in order)", flush=True)
+    return run_torchrun(torchrun_arguments(script, argv, nproc))
+
+
+def run_torchrun(launcher_args):
+    """torch.distributed.run in this process, printed first; the first failed worker's exit code,
+    or EXIT_PREEMPTED when a stop signal reached the launcher."""
+    print("launching: " + " ".join(shlex.quote(part) for part in
+                                   [sys.executable, "-m", "torch.distributed.run", *launcher_args]), flush=True)
     try:
         run(get_args_parser().parse_args(launcher_args))
     except ChildFailedError as failure:

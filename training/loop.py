@@ -19,6 +19,17 @@ class Optimization:
     max_grad_norm: float
 
 
+def build_adamw(model, lr, weight_decay, device):
+    """AdamW that decays only weight matrices and kernels (ndim >= 2), not biases or norm scales.
+
+    The group order (decayed, then not) is what a resumed run relies on to reset each decay."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    # The fused CUDA kernel also lets an fp16 GradScaler skip its per-step host sync.
+    return torch.optim.AdamW(groups, lr=lr, fused=True if device.type == "cuda" else None)
+
+
 @dataclass
 class EpochPlan:
     """Where this call starts inside the epoch; a resumed epoch starts past its first batches."""

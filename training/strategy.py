@@ -134,7 +134,6 @@ class DistributedStrategy(SingleDevice):
         self.is_main = rank == 0
         self.sync_bn = sync_bn
         self._ddp = None
-        self.timeout_s = timeout_s
         timeout = datetime.timedelta(seconds=timeout_s)
         store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world_size, timeout=timeout))
         # torchrun keeps one store for every --max-restarts attempt: without a key space of its

@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 
 from data.loaders import ShardedSampler, make_loader
-from data.resident import DeviceResidentLoader, split_bytes
+from data.resident import DeviceResidentLoader, keep_on_device, split_bytes
 from data.splits import fit_normalization, load_har_data, normalize
 from models import build_model, count_parameters
 from training import checkpoint as ckpt
@@ -14,7 +14,7 @@ from training.cli import save_dir_of, warmup_epochs
 from training.epochs import train_epochs
 from training.errors import EXIT_PREEMPTED, RankLost, TrainingDiverged
 from training.logger import RunLogger
-from training.loop import Optimization, predict
+from training.loop import Optimization, build_adamw, predict
 from training.precision import Precision
 from training.preemption import StopSignals
 from training.report import classification_report, format_report
@@ -22,7 +22,6 @@ from training.schedule import build_scheduler, global_batch_size, scaled_lr, ste
 from training.strategy import make_strategy
 
 EVAL_BATCH_MIN = 256
-DEVICE_DATA_SHARE = 0.25  # --data-path auto keeps the splits on a GPU when they take at most this share
 
 
 @dataclass
@@ -174,7 +173,7 @@ def _assemble(args, strategy):
 def _make_loaders(run):
     args, strategy = run.args, run.strategy
     splits = {"train": run.data.train, "val": run.data.val, "test": run.data.test}
-    on_device = _keep_data_on_device(args, strategy.device, split_bytes(*splits.values()))
+    on_device = keep_on_device(args.data_path, args.num_workers, strategy.device, split_bytes(*splits.values()))
     run.log.info("data path: " + ("splits kept on the device, batches cut there" if on_device else
                                   f"DataLoader with {args.num_workers} worker(s)"))
     shards = dict(world_size=strategy.world_size, rank=strategy.rank)
@@ -188,17 +187,6 @@ def _make_loaders(run):
     return loaders
 
 
-def _keep_data_on_device(args, device, data_bytes):
-    if args.data_path != "auto":
-        return args.data_path == "device"
-    if args.num_workers > 0:
-        return False
-    if device.type != "cuda":
-        return True  # already in this memory: nothing is copied
-    free_bytes, _ = torch.cuda.mem_get_info(device)
-    return data_bytes <= DEVICE_DATA_SHARE * free_bytes
-
-
 def _make_optimization(run, checkpoint):
     """AdamW, the warmup-cosine schedule and the GradScaler; on resume the moments come back,
     while the LR, weight decay and schedule follow this run's flags from the epoch reached."""
@@ -208,17 +196,12 @@ def _make_optimization(run, checkpoint):
     total_steps = steps_each_epoch * args.epochs
     warmup_steps = round(warmup_epochs(args) * steps_each_epoch)
     # Decay only weight matrices and kernels; biases and norm scales are left alone.
-    params = [p for p in run.model.parameters() if p.requires_grad]
-    decays = (args.weight_decay, 0.0)
-    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": decays[0]},
-              {"params": [p for p in params if p.ndim < 2], "weight_decay": decays[1]}]
-    # The fused CUDA kernel also lets an fp16 GradScaler skip its per-step host sync.
-    optimizer = torch.optim.AdamW(groups, lr=peak_lr, fused=True if strategy.device.type == "cuda" else None)
+    optimizer = build_adamw(run.model, peak_lr, args.weight_decay, strategy.device)
     grad_scaler = run.precision.make_grad_scaler()
     start_step = 0
     if checkpoint is not None:
         optimizer.load_state_dict(checkpoint["optimizer"])
-        for group, decay in zip(optimizer.param_groups, decays):
+        for group, decay in zip(optimizer.param_groups, (args.weight_decay, 0.0)):
             group.update(lr=peak_lr, initial_lr=peak_lr, weight_decay=decay)
         start_step = run.progress.epoch * steps_each_epoch + _steps_into_epoch(run)
         if checkpoint["scaler"] and grad_scaler.is_enabled():
