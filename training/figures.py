@@ -1,0 +1,58 @@
+"""PNG pictures of a run: the confusion matrix and the training curves (matplotlib, Agg backend)."""
+import numpy as np
+
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")  # files only: no display on servers and CI
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_confusion_matrix(matrix, class_names, path, title="confusion matrix"):
+    """Counts on the left, rows normalised to recall on the right; rows are the true classes."""
+    plt = _pyplot()
+    counts = np.asarray(matrix, dtype=np.int64)
+    row_totals = counts.sum(axis=1, keepdims=True)
+    recall = np.divide(counts, row_totals, out=np.zeros(counts.shape), where=row_totals > 0)
+    size = 2.2 + 0.75 * len(class_names)
+    figure, axes = plt.subplots(1, 2, figsize=(2 * size + 1.5, size), constrained_layout=True)
+    for ax, values, label, fmt in ((axes[0], counts, "windows", "d"), (axes[1], recall, "share of the row", ".2f")):
+        image = ax.imshow(values, cmap="Blues", vmin=0)
+        figure.colorbar(image, ax=ax, shrink=0.8, label=label)
+        ax.set_xticks(range(len(class_names)), class_names, rotation=45, ha="right", fontsize=8)
+        ax.set_yticks(range(len(class_names)), class_names, fontsize=8)
+        ax.set_xlabel("predicted")
+        ax.set_ylabel("true")
+        threshold = values.max() / 2 if values.size else 0
+        for (row, col), value in np.ndenumerate(values):
+            ax.text(col, row, format(value, fmt), ha="center", va="center", fontsize=7,
+                    color="white" if value > threshold else "black")
+    axes[0].set_title(f"{title}: counts")
+    axes[1].set_title(f"{title}: row-normalised")
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def plot_curves(records, path, best_epoch=None):
+    """Loss, validation accuracy / macro-F1 and LR per epoch from metrics.jsonl records."""
+    plt = _pyplot()
+    epochs = [r["epoch"] for r in records]
+    figure, (loss_ax, score_ax, lr_ax) = plt.subplots(1, 3, figsize=(14, 4), constrained_layout=True)
+    loss_ax.plot(epochs, [r["train_loss"] for r in records], marker=".", label="train")
+    loss_ax.plot(epochs, [r["val_loss"] for r in records], marker=".", label="validation")
+    loss_ax.set_title("loss")
+    score_ax.plot(epochs, [r["val_acc"] for r in records], marker=".", label="val accuracy")
+    score_ax.plot(epochs, [r["val_macro_f1"] for r in records], marker=".", label="val macro-F1")
+    score_ax.set_title("validation")
+    lr_ax.plot(epochs, [r["lr"] for r in records], marker=".")
+    lr_ax.set_title("learning rate (end of epoch)")
+    for ax in (loss_ax, score_ax, lr_ax):
+        ax.set_xlabel("epoch")
+        ax.grid(alpha=0.3)
+        if best_epoch is not None:
+            ax.axvline(best_epoch, color="grey", linestyle="--", linewidth=1, label=f"best (epoch {best_epoch})")
+    loss_ax.legend()
+    score_ax.legend()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
