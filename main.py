@@ -10,6 +10,9 @@ def main(argv):
     args = parse_args(argv, multi_gpu=False)
     if distributed_env()[2] > 1:
         raise UsageError("main.py is single-device; under torchrun use main_multi_gpu.py --multi-gpu ddp")
+    if args.cv_folds:
+        from training.cross_validation import cross_validate
+        return cross_validate(args)
     from training.trainer import train  # after parsing, so --help stays fast
     return train(args)
 

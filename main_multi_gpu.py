@@ -14,6 +14,9 @@ def main(argv):
     if args.multi_gpu != "ddp" and distributed_env()[2] > 1:
         raise UsageError(f"--multi-gpu {args.multi_gpu} under torchrun would start identical runs in "
                          "every process; use --multi-gpu ddp, or plain python for dp")
+    if args.cv_folds:  # folds are independent runs: one per process, each on its own GPU
+        from training.cross_validation import cross_validate
+        return cross_validate(args)
     from training.trainer import train  # after parsing, so --help stays fast
     return train(args)
 

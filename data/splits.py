@@ -33,8 +33,10 @@ class HarData:
 
 
 def load_har_data(dataset="auto", data_dir=None, mode="flatten", val_fraction=0.2, split_seed=0,
-                  synthetic_seed=0, synthetic_windows_per_subject=synthetic.DEFAULT_WINDOWS_PER_SUBJECT):
-    """Load (or generate) the data, pick channels and hold out whole training subjects for validation.
+                  synthetic_seed=0, synthetic_windows_per_subject=synthetic.DEFAULT_WINDOWS_PER_SUBJECT,
+                  val_subjects=None):
+    """Load (or generate) the data, pick channels and hold out whole training subjects for validation:
+    `val_subjects` when given, else a random `val_fraction` of them.
 
     The test split is the dataset's own test subjects and is never used for choices made in
     training. Signals are NOT normalised here: see `fit_normalization` and `normalize`.
@@ -42,7 +44,10 @@ def load_har_data(dataset="auto", data_dir=None, mode="flatten", val_fraction=0.
     source, raw, where = _load_source(dataset, data_dir, synthetic_seed, synthetic_windows_per_subject)
     train_all = Split(select_channels(raw["train"][0], mode), raw["train"][1], raw["train"][2])
     test = Split(select_channels(raw["test"][0], mode), raw["test"][1], raw["test"][2])
-    val_subjects = hold_out_subjects(train_all.subjects, val_fraction, split_seed)
+    if val_subjects is None:
+        val_subjects = hold_out_subjects(train_all.subjects, val_fraction, split_seed)
+    else:
+        val_subjects = check_val_subjects(train_all.subjects, val_subjects)
     is_val = np.isin(train_all.subjects, val_subjects)
     train, val = _take(train_all, ~is_val), _take(train_all, is_val)
     description = (f"data: {source} ({where}), mode={mode}: {train.signals.shape[1]} channels x "
@@ -105,6 +110,19 @@ def hold_out_subjects(subjects, val_fraction, seed):
                         f"{len(unique)}")
     count = min(len(unique) - 1, max(1, round(val_fraction * len(unique))))
     return np.sort(np.random.default_rng(seed).choice(unique, size=count, replace=False))
+
+
+def check_val_subjects(subjects, val_subjects):
+    """The chosen validation subjects, sorted, after checking that they are training subjects and
+    leave at least one to train on."""
+    unique = set(np.unique(subjects).tolist())
+    unknown = sorted(set(val_subjects) - unique)
+    if unknown:
+        raise DataError(f"validation subject(s) {', '.join(map(str, unknown))} are not in the training split "
+                        f"(its subjects: {', '.join(map(str, sorted(unique)))})")
+    if unique <= set(val_subjects):
+        raise DataError("the validation subjects are all the training subjects; leave at least one to train on")
+    return np.array(sorted(set(val_subjects)), dtype=np.int64)
 
 
 def fit_normalization(train_signals):

@@ -55,6 +55,11 @@ def _gpu_count(f, world_sizes):
         gain = max(predicted, key=lambda p: p["speedup"])
         text = (f"more GPUs help but waste most of each: best predicted speedup {gain['speedup']:.2f}x on "
                 f"{gain['world_size']} GPUs ({gain['efficiency']:.0%} efficiency)")
+    if not worthwhile:
+        # A model this small rarely fills one GPU, so the GPUs pay off as independent jobs instead.
+        text += ("; to use several GPUs anyway, run independent jobs on them: cross-validation folds run "
+                 "one per GPU with torchrun ... main_multi_gpu.py --multi-gpu ddp --cv-folds K, or separate "
+                 "seeds or recipes")
     text += f" [bandwidth {f.link.source}; no overlap of all-reduce and backward assumed]"
     return _item("gpu count", text, table)
 

@@ -87,6 +87,7 @@ def test_recommendation_numbers():
     expected = 2 * 0.001 / (0.001 + 0.04)
     assert advice["gpu count"]["figures"]["speedup_2"] == pytest.approx(expected)
     assert advice["gpu count"]["text"].startswith(f"stay on one GPU: predicted 2-GPU speedup {expected:.2f}x < 1")
+    assert "--cv-folds" in advice["gpu count"]["text"]  # says what several GPUs are good for instead
     assert "2.00 MB" in advice["precision"]["text"] and "4.00 MB" in advice["precision"]["text"]
     assert advice["batch size"]["figures"]["new_batch_size"] == 256
     assert advice["gradient accumulation"]["figures"]["speedup_with"] > advice["gradient accumulation"]["figures"][

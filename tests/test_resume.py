@@ -11,8 +11,9 @@ from data.loaders import ShardedSampler, epoch_order
 
 # 544 windows at 16 per micro-batch and 2 micro-batches per step: 34 micro-batches and 17
 # optimizer steps per epoch, with a checkpoint after every step.
+# Augmentation and the weight average are on: their random draws and state must come back too.
 RUN = [sys.executable, "main.py", *TINY_DATA, "--epochs", "2", "--batch-size", "16", "--grad-accum-steps", "2",
-       "--save-every-steps", "1", "--keep-last", "2"]
+       "--save-every-steps", "1", "--keep-last", "2", "--augment", "rotate,scale,jitter,shift", "--ema-decay", "0.9"]
 BATCHES_PER_EPOCH = 34
 
 
@@ -21,6 +22,9 @@ def assert_same_state(expected, actual):
     assert actual["step"] == expected["step"] and actual["epoch"] == expected["epoch"]
     for name, tensor in expected["model"].items():
         assert torch.equal(tensor, actual["model"][name]), name
+    assert expected["ema"]["updates"] == actual["ema"]["updates"]
+    for name, tensor in expected["ema"]["weights"].items():
+        assert torch.equal(tensor, actual["ema"]["weights"][name]), ("ema", name)
     for index, moments in expected["optimizer"]["state"].items():
         for key, tensor in moments.items():
             assert torch.equal(tensor, actual["optimizer"]["state"][index][key]), (index, key)

@@ -11,7 +11,9 @@ from conftest import (TINY_DATA, load_checkpoint, max_abs_difference, read_metri
 
 # The configuration where one process x 32, DDP 2 x 16 and accumulation 2 x 16 are the same
 # mathematics: no batch-dependent layers, no dropout, the same LR whatever the split.
-EQUIVALENT = [*TINY_DATA, "--norm", "none", "--dropout", "0", "--lr-scaling", "none", "--no-resume"]
+# Augmentation is off too: DDP ranks draw their own augmentations, so they cannot equal one process.
+EQUIVALENT = [*TINY_DATA, "--norm", "none", "--dropout", "0", "--lr-scaling", "none", "--no-resume",
+              "--augment", "none"]
 # Differences of float32 summation order only; a real mismatch is orders of magnitude larger.
 WEIGHT_TOLERANCE = 2e-5
 EPOCH_KEYS = {"epoch", "train_loss", "val_loss", "val_acc", "val_macro_f1", "lr", "samples_per_s",
@@ -89,6 +91,22 @@ def test_ddp_two_ranks_equal_one_process_with_the_global_batch(tmp_path):
     assert code == 0, err
     half = load_checkpoint(tmp_path / "half" / "last.pt")
     assert max_abs_difference(half["model"], one_checkpoint["model"]) > 100 * WEIGHT_TOLERANCE
+
+
+def test_ddp_with_augmentation_is_reproducible_and_really_augments(tmp_path):
+    """Each rank draws its own augmentation from (seed, epoch, rank): a rerun repeats it bit for bit."""
+    def ddp_run(name, augment):
+        result = run_subprocess([*torchrun(), "--standalone", "--nproc_per_node=2", "main_multi_gpu.py",
+                                 "--multi-gpu", "ddp", "--device", "cpu", *TINY_DATA, "--batch-size", "16",
+                                 "--epochs", "1", "--augment", augment, "--save-dir", tmp_path / name],
+                                env={"OMP_NUM_THREADS": "1"})
+        assert result.returncode == 0, result.stderr
+        return load_checkpoint(tmp_path / name / "last.pt")
+
+    first, again = ddp_run("first", "rotate,scale,jitter,shift"), ddp_run("again", "rotate,scale,jitter,shift")
+    assert all(torch.equal(first["model"][name], again["model"][name]) for name in first["model"])
+    plain = ddp_run("plain", "none")
+    assert max_abs_difference(first["model"], plain["model"]) > 100 * WEIGHT_TOLERANCE
 
 
 def test_accumulation_2x16_equals_batch_32(tmp_path):

@@ -53,6 +53,12 @@ def save_run_checkpoint(state, save_dir, keep_last, is_best):
         _place_copy(last, save_dir / BEST)
 
 
+def inference_weights(checkpoint):
+    """The weights to predict with: the moving average when the run kept one, else the trained ones."""
+    average = checkpoint.get("ema")
+    return average["weights"] if average else checkpoint["model"]
+
+
 def numbered_checkpoints(save_dir):
     """step-XXXXXXXX.pt files in `save_dir`, newest step first."""
     found = [(int(match.group(1)), path) for path in Path(save_dir).glob("step-*.pt")

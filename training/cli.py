@@ -3,12 +3,16 @@ import argparse
 import math
 from pathlib import Path
 
+from data.augment import AUGMENTATIONS, AugmentConfig, parse_kinds
 from data.splits import CHANNEL_MODES
 from data.synthetic import DEFAULT_WINDOWS_PER_SUBJECT
 from models import MODELS, NORMS
 from training.errors import UsageError
 
 DEFAULT_WARMUP_EPOCHS = 2.0
+DEFAULT_AUGMENT = "none"
+DEFAULT_EMA_DECAY = 0.0
+DEFAULT_LABEL_SMOOTHING = 0.0
 
 
 def build_parser(multi_gpu):
@@ -59,6 +63,11 @@ def build_parser(multi_gpu):
                             "sensors (3); first = body_acc x,y,z (3)")
     group.add_argument("--val-fraction", type=float, default=0.2,
                        help="share of the training subjects held out (whole subjects) for validation")
+    group.add_argument("--val-subjects", type=_subject_list, default=None,
+                       help="comma-separated training subject ids to validate on, instead of a random "
+                            "--val-fraction of them")
+    group.add_argument("--no-test", action="store_true",
+                       help="never evaluate the test split (e.g. while choosing a recipe)")
     group.add_argument("--synthetic-seed", type=int, default=0,
                        help="seed of the synthetic dataset (separate from --seed so runs compare "
                             "on the same data)")
@@ -71,6 +80,30 @@ def build_parser(multi_gpu):
     group.add_argument("--norm", choices=NORMS, default="batch",
                        help="normalisation in the convolutional layers; group and none do not "
                             "depend on the batch split")
+
+    group = parser.add_argument_group("generalisation to new people")
+    group.add_argument("--augment", default=DEFAULT_AUGMENT,
+                       help=f"training-batch augmentations, comma-separated from {','.join(AUGMENTATIONS)}, "
+                            "or none; drawn on the device per (seed, epoch, rank)")
+    defaults = AugmentConfig()
+    group.add_argument("--aug-rotate-deg", type=float, default=defaults.rotate_deg,
+                       help="rotate: largest angle of the random 3-D rotation applied to every sensor's "
+                            "x/y/z together (device placement differs between people)")
+    group.add_argument("--aug-scale", type=float, default=defaults.scale,
+                       help="scale: amplitude factor drawn uniformly from 1 +- this, one per window")
+    group.add_argument("--aug-jitter", type=float, default=defaults.jitter,
+                       help="jitter: Gaussian noise in units of each channel's standard deviation")
+    group.add_argument("--aug-shift-steps", type=int, default=defaults.shift_steps,
+                       help="shift: circular time shift of up to this many samples")
+    group.add_argument("--ema-decay", type=float, default=DEFAULT_EMA_DECAY,
+                       help="decay per optimizer step of the weights' moving average used for validation, "
+                            "best.pt and the test; 0 turns it off")
+    group.add_argument("--label-smoothing", type=float, default=DEFAULT_LABEL_SMOOTHING,
+                       help="cross-entropy label smoothing")
+    group.add_argument("--cv-folds", type=int, default=0,
+                       help="K > 1: subject-wise cross-validation, K models each validated on one fold of "
+                            "whole training subjects (in <save-dir>/fold-k/), summary in cv_report.json; "
+                            "under torchrun the folds run concurrently, one process per GPU")
 
     group = parser.add_argument_group("optimisation")
     group.add_argument("--epochs", type=int, default=20)
@@ -128,7 +161,8 @@ def parse_args(argv=None, multi_gpu=False):
 
 def check_args(args):
     """Reject values that cannot work, before anything is loaded or written."""
-    for flag in ("--lr", "--dropout", "--weight-decay", "--max-grad-norm", "--warmup-epochs", "--val-fraction"):
+    for flag in ("--lr", "--dropout", "--weight-decay", "--max-grad-norm", "--warmup-epochs", "--val-fraction",
+                 "--ema-decay", "--label-smoothing", "--aug-rotate-deg", "--aug-scale", "--aug-jitter"):
         value = getattr(args, flag[2:].replace("-", "_"))
         if value is not None and not math.isfinite(value):
             raise UsageError(f"{flag} must be a finite number, got {value}")
@@ -141,6 +175,22 @@ def check_args(args):
     for flag, value in positive.items():
         if value < 1:
             raise UsageError(f"{flag} must be at least 1, got {value}")
+    try:  # kept as canonical text ('rotate,shift'), so configurations stay plain data
+        args.augment = ",".join(parse_kinds(args.augment)) or "none"
+    except ValueError as exc:
+        raise UsageError(f"--augment: {exc}") from None
+    if not 0 <= args.ema_decay < 1:
+        raise UsageError(f"--ema-decay must be in [0, 1), got {args.ema_decay}")
+    if not 0 <= args.label_smoothing < 1:
+        raise UsageError(f"--label-smoothing must be in [0, 1), got {args.label_smoothing}")
+    if not 0 <= args.aug_rotate_deg <= 180 or not 0 <= args.aug_scale < 1 or args.aug_jitter < 0 \
+            or args.aug_shift_steps < 0:
+        raise UsageError("augmentation strengths must be: --aug-rotate-deg in [0, 180], --aug-scale in "
+                         "[0, 1), --aug-jitter and --aug-shift-steps not negative")
+    if args.cv_folds == 1 or args.cv_folds < 0:
+        raise UsageError(f"--cv-folds must be 0 (off) or at least 2, got {args.cv_folds}")
+    if args.cv_folds and args.val_subjects:
+        raise UsageError("--cv-folds chooses the validation subjects of each fold; drop --val-subjects")
     if args.dataset == "synthetic" and args.data_dir:
         raise UsageError("--data-dir is not read with --dataset synthetic; drop one of them")
     if not args.lr > 0:
@@ -175,6 +225,24 @@ def warmup_epochs(args):
     if args.warmup_epochs is not None:
         return args.warmup_epochs
     return min(DEFAULT_WARMUP_EPOCHS, args.epochs / 5)
+
+
+def augment_config(args):
+    """The AugmentConfig the flags describe, or None when no augmentation is on."""
+    kinds = parse_kinds(args.augment)
+    if not kinds:
+        return None
+    return AugmentConfig(kinds, args.aug_rotate_deg, args.aug_scale, args.aug_jitter, args.aug_shift_steps)
+
+
+def _subject_list(text):
+    try:
+        subjects = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated subject ids such as 3,7,15, got {text!r}")
+    if not subjects:
+        raise argparse.ArgumentTypeError("expected at least one subject id")
+    return subjects
 
 
 def _gpu_id_list(text):

@@ -81,8 +81,7 @@ def _run_epoch(run, epoch):
     loss_sum, samples = _global_tally(strategy, tally)
     train_time_s = float(strategy.max_over_ranks(torch.tensor(result.train_time_s, dtype=torch.float64,
                                                               device=strategy.device)))
-    labels, predictions, val_loss = predict(strategy.eval_model(run.model), run.loaders["val"], strategy,
-                                            run.precision)
+    labels, predictions, val_loss = predict(run.validation_model(), run.loaders["val"], strategy, run.precision)
     metrics = summary_metrics(labels, predictions, len(run.data.class_names))
     is_best = metrics["macro_f1"] > progress.best_metric
     progress.epoch, progress.step = epoch + 1, plan.first_step + result.steps

@@ -17,6 +17,9 @@ class Optimization:
     grad_scaler: torch.amp.GradScaler
     grad_accum_steps: int
     max_grad_norm: float
+    label_smoothing: float = 0.0
+    augment: object = None  # a data.augment.BatchAugmenter, or None
+    ema: object = None  # a training.ema.WeightAverage updated after every step, or None
 
 
 def build_adamw(model, lr, weight_decay, device):
@@ -70,11 +73,13 @@ def train_one_epoch(model, loader, opt, strategy, precision, plan, tally, after_
     for batch_index, (signals, labels) in enumerate(loader, start=plan.first_batch):
         signals = signals.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)
+        if opt.augment is not None:
+            signals = opt.augment(signals)
         window_size, steps_now = micro_step_plan(batch_index, plan.batches_in_epoch, opt.grad_accum_steps)
         # Only the micro-batch that ends an accumulation window all-reduces its gradients.
         with strategy.no_sync() if not steps_now else contextlib.nullcontext():
             with precision.autocast():
-                loss = F.cross_entropy(model(signals), labels)
+                loss = F.cross_entropy(model(signals), labels, label_smoothing=opt.label_smoothing)
             opt.grad_scaler.scale(loss / window_size if window_size > 1 else loss).backward()
         loss = loss.detach()
         tally.loss_sum += loss * labels.shape[0]
@@ -91,6 +96,8 @@ def train_one_epoch(model, loader, opt, strategy, precision, plan, tally, after_
         opt.grad_scaler.update()
         opt.optimizer.zero_grad(set_to_none=True)
         opt.scheduler.step()
+        if opt.ema is not None:
+            opt.ema.update()
         steps += 1
         if after_step(plan.first_step + steps):
             return EpochResult(steps, time.perf_counter() - start, stopped_early=True)

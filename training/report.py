@@ -43,3 +43,22 @@ def format_report(report):
     lines.append("confusion matrix (rows true, columns predicted; order as above):")
     lines.extend("  " + " ".join(f"{count:5d}" for count in row) for row in report["confusion_matrix"])
     return "\n".join(lines)
+
+
+def format_cv_table(summary):
+    """The cross-validation summary as a console table: one row per fold, then mean, std, worst."""
+    has_test = "test_mean" in summary
+    lines = [f"{'fold':>4}  {'best epoch':>10}  {'val acc':>7}  {'val F1':>6}" + ("  test acc" if has_test else "")
+             + "  subjects"]
+    for row in summary["folds"]:
+        test = f"  {row['test_accuracy']:8.4f}" if has_test else ""
+        lines.append(f"{row['fold']:>4}  {row['best_epoch']:>10}  {row['val_accuracy']:7.4f}  "
+                     f"{row['val_macro_f1']:6.4f}{test}  {','.join(map(str, row['subjects']))}")
+    for name in ("mean", "std", "worst"):
+        lines.append(f"{name:>4}  {'':>10}  {summary[name]['accuracy']:7.4f}  {summary[name]['macro_f1']:6.4f}")
+    lines.append(f"pooled accuracy over all held-out windows {summary['pooled_accuracy']:.4f}"
+                 f"; worst fold {summary['worst']['fold']}")
+    if has_test:
+        lines.append(f"test split, mean over the fold models: accuracy {summary['test_mean']['accuracy']:.4f}, "
+                     f"macro-F1 {summary['test_mean']['macro_f1']:.4f}")
+    return "\n".join(lines)

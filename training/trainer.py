@@ -5,14 +5,16 @@ from pathlib import Path
 
 import torch
 
+from data.augment import BatchAugmenter
 from data.loaders import ShardedSampler, make_loader
 from data.resident import DeviceResidentLoader, keep_on_device, split_bytes
 from data.splits import fit_normalization, load_har_data, normalize
 from models import build_model, count_parameters
 from training import checkpoint as ckpt
-from training.cli import save_dir_of, warmup_epochs
+from training.cli import augment_config, save_dir_of, warmup_epochs
+from training.ema import WeightAverage
 from training.epochs import train_epochs
-from training.errors import EXIT_PREEMPTED, RankLost, TrainingDiverged
+from training.errors import EXIT_PREEMPTED, RankLost, TrainingDiverged, UsageError
 from training.logger import RunLogger
 from training.loop import Optimization, build_adamw, predict
 from training.precision import Precision
@@ -58,6 +60,10 @@ class Run:
         state, self.resume_state = self.resume_state, None
         return state
 
+    def validation_model(self):
+        """The weights validation, best.pt's choice and the test judge: the average when kept."""
+        return self.opt.ema.module if self.opt.ema else self.strategy.eval_model(self.model)
+
     def layout(self):
         """What must match for a mid-epoch resume to continue bit for bit."""
         return {"world_size": self.strategy.world_size, "loader_batch": self.loader_batch,
@@ -70,6 +76,7 @@ class Run:
             "optimizer": self.opt.optimizer.state_dict(),
             "scheduler": self.opt.scheduler.state_dict(),  # for inspection; resume rebuilds it
             "scaler": self.opt.grad_scaler.state_dict(),
+            "ema": self.opt.ema.state() if self.opt.ema else None,
             "epoch": progress.epoch, "step": progress.step,
             "epoch_position": progress.epoch_position, "batch_in_epoch": progress.batch_in_epoch,
             "epoch_loss_sum": epoch_tally[0], "epoch_samples": epoch_tally[1],
@@ -96,7 +103,7 @@ def train(args):
         run.stop_signals = stop_signals
         outcome = train_epochs(run)
         if outcome == "complete":
-            _evaluate_test(run)
+            _final_reports(run)
         run.log.close()
         return EXIT_PREEMPTED if outcome == "preempted" else 0
     except (TrainingDiverged, RankLost):
@@ -132,7 +139,8 @@ def _assemble(args, strategy):
 
     data = load_har_data(args.dataset, args.data_dir, args.mode, args.val_fraction, split_seed=args.seed,
                          synthetic_seed=args.synthetic_seed,
-                         synthetic_windows_per_subject=args.synthetic_windows_per_subject)
+                         synthetic_windows_per_subject=args.synthetic_windows_per_subject,
+                         val_subjects=args.val_subjects)
     log.info(data.description)
     in_channels, num_classes = data.train.signals.shape[1], len(data.class_names)
     if checkpoint is not None:
@@ -168,6 +176,27 @@ def _assemble(args, strategy):
     strategy.check_same_on_all_ranks(run.progress.step, "the optimizer steps already taken")
     run.opt = _make_optimization(run, checkpoint)
     return run
+
+
+def _generalisation_aids(run, checkpoint):
+    """The batch augmenter and the weight average the flags ask for (None when off)."""
+    args = run.args
+    augment = None
+    config = augment_config(args)
+    if config is not None:
+        try:
+            augment = BatchAugmenter(config, run.normalization["mean"], run.normalization["std"],
+                                     run.data.channel_names).to(run.strategy.device)
+        except ValueError as exc:
+            raise UsageError(f"--augment {args.augment}: {exc}") from None
+    ema = None
+    if args.ema_decay > 0:
+        ema = WeightAverage(run.model, args.ema_decay)
+        if checkpoint is not None and checkpoint.get("ema"):
+            ema.load_state(checkpoint["ema"])
+        elif checkpoint is not None:
+            run.log.info("the checkpoint has no weight average: it starts from the resumed weights")
+    return augment, ema
 
 
 def _make_loaders(run):
@@ -210,8 +239,10 @@ def _make_optimization(run, checkpoint):
                  f"({args.batch_size} per GPU x {strategy.data_parallel_size} replicas x {args.grad_accum_steps} "
                  f"accumulation) -> peak {peak_lr:.2e}; warmup {warmup_steps} of {total_steps} steps "
                  f"({steps_each_epoch} per epoch), then cosine to 0")
+    augment, ema = _generalisation_aids(run, checkpoint)
     return Optimization(optimizer, build_scheduler(optimizer, warmup_steps, total_steps, start_step),
-                        grad_scaler, args.grad_accum_steps, args.max_grad_norm)
+                        grad_scaler, args.grad_accum_steps, args.max_grad_norm, args.label_smoothing,
+                        augment, ema)
 
 
 def _restore_progress(run, checkpoint, path):
@@ -249,19 +280,26 @@ def _steps_into_epoch(run):
     return round(progress.epoch_position / run.global_batch)
 
 
-def _evaluate_test(run):
-    """Reload the best weights and report the test split, seen here for the first time."""
+def _final_reports(run):
+    """Reload the best weights and report the validation split and, unless --no-test, the test
+    split, seen here for the first time."""
     best_path = run.save_dir / ckpt.BEST
     if run.strategy.is_main:
         if best_path.is_file():
-            run.model.load_state_dict(ckpt.load_checkpoint(best_path)["model"])
+            run.model.load_state_dict(ckpt.inference_weights(ckpt.load_checkpoint(best_path)))
         else:
-            run.log.warn(f"{best_path} not found; reporting the test split with the current weights")
+            run.log.warn(f"{best_path} not found; reporting with the current weights")
     run.strategy.broadcast_module(run.model)  # ranks on other nodes may not see rank 0's files
-    labels, predictions, test_loss = predict(run.strategy.eval_model(run.model), run.loaders["test"],
-                                             run.strategy, run.precision)
-    report = {**classification_report(labels, predictions, run.data.class_names), "loss": test_loss,
-              "checkpoint": str(best_path)}
-    run.log.write_json("test_report.json", report)
+    splits = ("val",) if run.args.no_test else ("val", "test")
+    for split in splits:
+        labels, predictions, loss = predict(run.strategy.eval_model(run.model), run.loaders[split],
+                                            run.strategy, run.precision)
+        subjects = sorted(int(subject) for subject in set(getattr(run.data, split).subjects))
+        report = {**classification_report(labels, predictions, run.data.class_names), "loss": loss,
+                  "checkpoint": str(best_path), "subjects": subjects}
+        run.log.write_json(f"{split}_report.json", report)
+    if run.args.no_test:
+        run.log.info(f"--no-test: the test split was not evaluated; wrote {run.save_dir / 'val_report.json'}")
+        return
     run.log.info("test split (best checkpoint by validation macro-F1):\n" + format_report(report))
     run.log.info(f"wrote {run.save_dir / 'test_report.json'}")

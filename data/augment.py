@@ -1,0 +1,114 @@
+"""Label-preserving augmentation of inertial windows, done on whole batches on the device.
+
+Every draw comes from torch's global generator of the batch's device, which the trainer seeds
+per (seed, epoch, rank) and saves in checkpoints: runs are reproducible, resume exactly, and
+DDP ranks draw differently from each other. Nothing here reads a value back to the host.
+"""
+import math
+from dataclasses import dataclass
+
+import torch
+
+AUGMENTATIONS = ("rotate", "scale", "jitter", "shift")
+AXES = ("x", "y", "z")
+
+
+@dataclass
+class AugmentConfig:
+    kinds: tuple = AUGMENTATIONS  # which of AUGMENTATIONS to apply, in that order
+    rotate_deg: float = 10.0  # rotation angle about a random axis, uniform in +-rotate_deg
+    scale: float = 0.1  # amplitude factor uniform in 1 +- scale, one per window
+    jitter: float = 0.02  # Gaussian noise, in units of each channel's standard deviation
+    shift_steps: int = 8  # circular time shift, uniform in +-shift_steps samples
+
+
+def parse_kinds(text):
+    """'rotate,scale' -> ('rotate', 'scale'); 'none' or '' -> (); raises ValueError on a typo."""
+    kinds = tuple(part.strip() for part in text.split(",") if part.strip() and part.strip() != "none")
+    unknown = [kind for kind in kinds if kind not in AUGMENTATIONS]
+    if unknown:
+        raise ValueError(f"unknown augmentation {unknown[0]!r}; choose from {', '.join(AUGMENTATIONS)} or none")
+    return tuple(kind for kind in AUGMENTATIONS if kind in kinds)
+
+
+def sensor_triples(channel_names):
+    """Channel indices of every x/y/z triple of one sensor, e.g. body_acc_x/_y/_z -> [0, 1, 2]."""
+    index = {name: i for i, name in enumerate(channel_names)}
+    triples = []
+    for name in channel_names:
+        if name.endswith("_x"):
+            stem = name[:-1]
+            members = [index.get(stem + axis) for axis in AXES]
+            if None not in members:
+                triples.append(members)
+    return triples
+
+
+class BatchAugmenter:
+    """Applies the configured augmentations to normalised batches [B, C, T].
+
+    Rotation is physical: it acts on the raw x/y/z of each sensor (the batch is de-normalised
+    with the training statistics, rotated, and normalised again), and all sensors of a window
+    turn together, as they would when the phone sits differently on another person. Small
+    angles keep gravity's direction, which separates the postures, meaningful.
+    """
+
+    def __init__(self, config, mean, std, channel_names):
+        self.config = config
+        self.triples = torch.tensor(sensor_triples(channel_names), dtype=torch.long)
+        if "rotate" in config.kinds and len(self.triples) == 0:
+            raise ValueError("rotation needs x/y/z channel triples; these channels have none "
+                             f"({', '.join(channel_names)}): leave 'rotate' out of --augment")
+        self.mean = torch.as_tensor(mean, dtype=torch.float32).reshape(1, -1, 1)
+        self.std = torch.as_tensor(std, dtype=torch.float32).reshape(1, -1, 1)
+
+    def to(self, device):
+        self.triples, self.mean, self.std = (t.to(device) for t in (self.triples, self.mean, self.std))
+        return self
+
+    def __call__(self, signals):
+        kinds = self.config.kinds
+        if "rotate" in kinds or "scale" in kinds:
+            # Rotation and gain act on the raw units (gravity included), not on normalised ones.
+            raw = signals * self.std + self.mean
+            if "rotate" in kinds:
+                raw = self._rotate(raw)
+            if "scale" in kinds:
+                raw = self._scale(raw)
+            signals = (raw - self.mean) / self.std
+        if "jitter" in kinds:
+            signals = signals + self.config.jitter * torch.randn_like(signals)
+        if "shift" in kinds:
+            signals = self._shift(signals)
+        return signals
+
+    def _rotate(self, raw):
+        batch = raw.shape[0]
+        rotation = random_rotations(batch, math.radians(self.config.rotate_deg), raw.device)
+        grouped = raw[:, self.triples]  # [B, sensors, 3, T]
+        turned = torch.einsum("bij,bsjt->bsit", rotation, grouped)
+        return raw.index_copy(1, self.triples.reshape(-1), turned.reshape(batch, -1, raw.shape[-1]))
+
+    def _scale(self, raw):
+        # One gain per window: sensors differ in sensitivity and people in how hard they move.
+        factor = 1 + self.config.scale * (2 * torch.rand(raw.shape[0], 1, 1, device=raw.device) - 1)
+        return raw * factor
+
+    def _shift(self, signals):
+        batch, _, steps = signals.shape
+        limit = self.config.shift_steps
+        shifts = torch.randint(-limit, limit + 1, (batch, 1, 1), device=signals.device)
+        index = (torch.arange(steps, device=signals.device).reshape(1, 1, -1) - shifts) % steps
+        return signals.gather(2, index.expand_as(signals))
+
+
+def random_rotations(batch, max_angle_rad, device):
+    """[batch, 3, 3] rotations about uniformly random axes by angles uniform in +-max_angle_rad
+    (Rodrigues' formula, all on the device)."""
+    axis = torch.nn.functional.normalize(torch.randn(batch, 3, device=device), dim=1)
+    angle = max_angle_rad * (2 * torch.rand(batch, 1, 1, device=device) - 1)
+    x, y, z = axis.unbind(1)
+    zero = torch.zeros_like(x)
+    cross = torch.stack([zero, -z, y, z, zero, -x, -y, x, zero], dim=1).reshape(batch, 3, 3)
+    eye = torch.eye(3, device=device).expand(batch, 3, 3)
+    return eye + torch.sin(angle) * cross + (1 - torch.cos(angle)) * (cross @ cross)

@@ -1,0 +1,136 @@
+"""Batch augmentation and the weight average: physics, determinism per seed and rank, exact bookkeeping."""
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from data.augment import AugmentConfig, BatchAugmenter, parse_kinds, random_rotations, sensor_triples
+from data.splits import channel_names
+from training.ema import WeightAverage
+from training.rng_state import seed_epoch
+
+NINE = channel_names("flatten")
+MEAN = torch.tensor([0.0, 0.1, -0.2, 0.0, 0.0, 0.0, 0.8, 0.1, 0.3])  # total_acc carries gravity
+STD = torch.tensor([0.2, 0.2, 0.3, 0.5, 0.4, 0.6, 0.3, 0.3, 0.4])
+
+
+def augmenter(*kinds, **strengths):
+    return BatchAugmenter(AugmentConfig(kinds=kinds, **strengths), MEAN, STD, NINE)
+
+
+def raw_of(normalised):
+    return normalised * STD.reshape(1, -1, 1) + MEAN.reshape(1, -1, 1)
+
+
+def batch(seed=0, size=16):
+    return torch.randn(size, 9, 128, generator=torch.Generator().manual_seed(seed))
+
+
+def test_sensor_triples_follow_the_channel_names():
+    assert sensor_triples(NINE) == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    assert sensor_triples(channel_names("average")) == [[0, 1, 2]]
+    assert sensor_triples(("a", "b")) == []
+
+
+def test_rotations_are_proper_and_within_the_angle():
+    torch.manual_seed(0)
+    rotations = random_rotations(500, math.radians(10), "cpu")
+    eye = torch.eye(3).expand(500, 3, 3)
+    assert torch.allclose(rotations @ rotations.transpose(1, 2), eye, atol=1e-5)
+    assert torch.allclose(torch.linalg.det(rotations), torch.ones(500), atol=1e-5)
+    angles = torch.acos(((rotations.diagonal(dim1=1, dim2=2).sum(1) - 1) / 2).clamp(-1, 1))
+    assert angles.max() <= math.radians(10) + 1e-3 and angles.max() > math.radians(8)
+
+
+def test_rotation_turns_every_sensor_together_and_keeps_lengths():
+    signals = batch()
+    torch.manual_seed(1)
+    turned = augmenter("rotate", rotate_deg=30)(signals)
+    before, after = raw_of(signals), raw_of(turned)
+    assert turned.shape == signals.shape and turned.dtype == signals.dtype
+    for first in (0, 3, 6):  # each sensor's x/y/z vector keeps its length at every step
+        assert torch.allclose(before[:, first:first + 3].norm(dim=1), after[:, first:first + 3].norm(dim=1),
+                              atol=1e-4)
+    assert (after - before).abs().max() > 0.05  # and it did turn
+    # One rotation per window for all sensors: recover it from total_acc, apply it to body_acc.
+    window = 3
+    solution = torch.linalg.lstsq(before[window, 6:9].T, after[window, 6:9].T).solution.T
+    assert torch.allclose(solution @ before[window, 0:3], after[window, 0:3], atol=1e-3)
+
+
+def test_scale_multiplies_the_raw_signal_by_one_factor_per_window():
+    signals = batch()
+    torch.manual_seed(2)
+    raw = raw_of(signals)
+    scaled = raw_of(augmenter("scale", scale=0.2)(signals))
+    factor = (scaled * raw).sum(dim=(1, 2)) / (raw * raw).sum(dim=(1, 2))  # least squares, per window
+    assert torch.allclose(scaled, factor.reshape(-1, 1, 1) * raw, atol=1e-4)
+    assert ((factor - 1).abs() <= 0.2 + 1e-4).all() and factor.std() > 0.01
+
+
+def test_shift_is_a_circular_shift_of_each_window():
+    signals = batch()
+    torch.manual_seed(3)
+    shifted = augmenter("shift", shift_steps=5)(signals)
+    for window in range(len(signals)):
+        matches = [k for k in range(-5, 6) if torch.equal(torch.roll(signals[window], k, dims=1), shifted[window])]
+        assert len(matches) == 1
+
+
+def test_jitter_adds_noise_of_the_given_size():
+    signals = batch(size=64)
+    torch.manual_seed(4)
+    noise = augmenter("jitter", jitter=0.05)(signals) - signals
+    assert noise.std().item() == pytest.approx(0.05, rel=0.05)
+
+
+def test_draws_repeat_for_the_same_seed_epoch_and_rank_and_differ_otherwise():
+    """What DDP relies on: each rank draws its own augmentation, and the same one when rerun."""
+    signals, full = batch(), augmenter("rotate", "scale", "jitter", "shift")
+
+    def draw(seed, epoch, rank):
+        seed_epoch(seed, epoch, rank)
+        return full(signals)
+
+    assert torch.equal(draw(42, 3, 0), draw(42, 3, 0))
+    assert torch.equal(draw(42, 3, 1), draw(42, 3, 1))
+    assert not torch.allclose(draw(42, 3, 0), draw(42, 3, 1))  # ranks differ
+    assert not torch.allclose(draw(42, 3, 0), draw(42, 4, 0))  # epochs differ
+    assert not torch.allclose(draw(42, 3, 0), draw(7, 3, 0))  # seeds differ
+
+
+def test_bad_augmentation_requests_are_refused():
+    assert parse_kinds("shift, rotate") == ("rotate", "shift")
+    assert parse_kinds("none") == ()
+    with pytest.raises(ValueError, match="unknown augmentation 'rotation'"):
+        parse_kinds("rotation")
+    with pytest.raises(ValueError, match="x/y/z channel triples"):
+        BatchAugmenter(AugmentConfig(kinds=("rotate",)), [0.0, 0.0], [1.0, 1.0], ("a", "b"))
+
+
+def test_weight_average_follows_the_warmed_up_decay_exactly():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3))
+    average = WeightAverage(model, decay=0.9)
+    expected = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    for update in range(1, 30):
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.add_(torch.randn_like(parameter))
+        model.train()(torch.randn(8, 4))  # moves BatchNorm's statistics and its batch counter
+        average.update()
+        decay = min(0.9, (1 + update) / (10 + update))
+        for name, tensor in model.state_dict().items():
+            if tensor.is_floating_point():
+                expected[name] = decay * expected[name] + (1 - decay) * tensor
+            else:
+                expected[name] = tensor.clone()
+    for name, tensor in average.module.state_dict().items():
+        assert torch.allclose(tensor.float(), expected[name].float(), atol=1e-5), name
+    assert average.module.state_dict()["1.num_batches_tracked"] == 29
+    restored = WeightAverage(model, decay=0.9)
+    restored.load_state(average.state())
+    assert restored.updates == 29
+    assert all(torch.equal(a, b) for a, b in zip(restored.module.state_dict().values(),
+                                                 average.module.state_dict().values()))

@@ -1,0 +1,112 @@
+"""Subject-wise cross-validation: the folds, the report, resuming a killed run, folds in parallel."""
+import json
+import signal
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import TINY_DATA, load_checkpoint, run_in_process, run_subprocess
+from data.splits import load_har_data
+from training.cross_validation import fold_subjects
+
+# 21 training subjects x 32 windows, 2 folds, 2 epochs, a checkpoint after every step.
+CV = [*TINY_DATA, "--cv-folds", "2", "--epochs", "2", "--no-test", "--save-every-steps", "1",
+      "--augment", "rotate,scale,jitter,shift", "--ema-decay", "0.9"]
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # the parallel run's processes get one thread each too
+
+
+@pytest.mark.parametrize("folds", [2, 3, 7, 21])
+def test_folds_partition_the_training_subjects_and_never_a_test_subject(folds):
+    data = load_har_data("synthetic", synthetic_windows_per_subject=2)
+    training = np.concatenate([data.train.subjects, data.val.subjects])
+    groups = fold_subjects(training, folds, seed=5)
+    flat = [subject for group in groups for subject in group]
+    assert len(groups) == folds
+    assert sorted(flat) == sorted(set(training.tolist()))  # every training subject, each once
+    assert not set(flat) & set(data.test.subjects.tolist())
+    assert max(map(len, groups)) - min(map(len, groups)) <= 1
+    assert groups == fold_subjects(training, folds, seed=5)  # reproducible
+    assert folds == 21 or groups != fold_subjects(training, folds, seed=6)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    save_dir = tmp_path_factory.mktemp("cv")
+    result = run_subprocess([sys.executable, "main.py", *CV, "--save-dir", save_dir], env=ONE_THREAD)
+    assert result.returncode == 0, result.stderr
+    return save_dir, result.stdout
+
+
+def test_report_summarises_the_folds(uninterrupted):
+    save_dir, stdout = uninterrupted
+    report = json.loads((save_dir / "cv_report.json").read_text())
+    assert len(report["folds"]) == 2
+    pooled = np.zeros((6, 6), dtype=int)
+    for fold in report["folds"]:
+        fold_report = json.loads((save_dir / f"fold-{fold['fold']}" / "val_report.json").read_text())
+        assert fold_report["subjects"] == fold["subjects"]
+        assert fold["val_accuracy"] == fold_report["acc"] and fold["val_macro_f1"] == fold_report["macro_f1"]
+        metrics = [json.loads(line) for line in
+                   (save_dir / f"fold-{fold['fold']}" / "metrics.jsonl").read_text().splitlines()]
+        assert fold["best_epoch"] == 1 + int(np.argmax([m["val_macro_f1"] for m in metrics]))
+        # The fold's validation set is exactly its subjects' windows (32 each).
+        assert fold_report["num_samples"] == 32 * len(fold["subjects"])
+        pooled += np.array(fold_report["confusion_matrix"])
+        assert not (save_dir / f"fold-{fold['fold']}" / "test_report.json").exists()  # --no-test
+    assert len({s for f in report["folds"] for s in f["subjects"]}) == 21
+    assert report["pooled_confusion_matrix"] == pooled.tolist()
+    accuracies = [f["val_accuracy"] for f in report["folds"]]
+    assert report["mean"]["accuracy"] == pytest.approx(np.mean(accuracies))
+    assert report["std"]["accuracy"] == pytest.approx(np.std(accuracies))
+    assert report["worst"]["accuracy"] == min(accuracies)
+    assert (save_dir / "cv_confusion_matrix.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "pooled accuracy" in stdout and stdout.count("=== fold") == 2
+
+
+def test_killed_cv_run_resumes_at_its_fold_and_step(uninterrupted, tmp_path):
+    # Fold 0 takes 2 x 11 steps (+ 2 epoch saves); the 30th save falls inside fold 1.
+    killed = run_subprocess([sys.executable, "main.py", *CV, "--save-dir", tmp_path],
+                            env={**ONE_THREAD, "HAR_FAULT": "kill@save:30"})
+    assert killed.returncode == -signal.SIGKILL
+    assert (tmp_path / "fold-0" / "val_report.json").exists() and not (tmp_path / "cv_report.json").exists()
+    assert load_checkpoint(tmp_path / "fold-1" / "last.pt")["step"] < 20
+    resumed = run_subprocess([sys.executable, "main.py", *CV, "--save-dir", tmp_path], env=ONE_THREAD)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "fold 1/2 already finished" in resumed.stdout and "RESUMING" in resumed.stdout
+    expected_dir, _ = uninterrupted
+    for fold in ("fold-0", "fold-1"):
+        expected, actual = load_checkpoint(expected_dir / fold / "last.pt"), load_checkpoint(tmp_path / fold / "last.pt")
+        assert expected["step"] == actual["step"]
+        for key in ("model", "ema"):
+            weights = expected[key] if key == "model" else expected[key]["weights"]
+            other = actual[key] if key == "model" else actual[key]["weights"]
+            assert all(torch.equal(weights[name], other[name]) for name in weights), (fold, key)
+    assert json.loads((tmp_path / "cv_report.json").read_text())["folds"] == \
+        json.loads((expected_dir / "cv_report.json").read_text())["folds"]
+
+
+def test_folds_run_concurrently_under_torchrun_with_the_same_results(uninterrupted, tmp_path):
+    result = run_subprocess([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             "main_multi_gpu.py", "--multi-gpu", "ddp", "--device", "cpu", *CV,
+                             "--save-dir", tmp_path], env=ONE_THREAD)
+    assert result.returncode == 0, result.stderr
+    expected_dir, _ = uninterrupted
+    assert json.loads((tmp_path / "cv_report.json").read_text())["folds"] == \
+        json.loads((expected_dir / "cv_report.json").read_text())["folds"]
+    assert result.stdout.count("pooled accuracy") == 1  # rank 0 alone summarises
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--cv-folds", "1"], "--cv-folds must be 0 (off) or at least 2"),
+    (["--cv-folds", "40"], "more than the 21 training subjects"),
+    (["--cv-folds", "3", "--resume", "x.pt"], "each fold resumes from its own"),
+    (["--cv-folds", "3", "--val-subjects", "1"], "drop --val-subjects"),
+    (["--val-subjects", "2,99"], "validation subject(s) 2, 99 are not in the training split"),
+    (["--augment", "rotate,mirror"], "unknown augmentation 'mirror'"),
+    (["--ema-decay", "1"], "--ema-decay must be in [0, 1)"),
+])
+def test_bad_cv_and_recipe_flags_give_one_line(tmp_path, flags, message):
+    code, _, err = run_in_process("main.py", [*TINY_DATA, *flags, "--save-dir", tmp_path / "bad"])
+    assert code == 2 and message in err and err.count("\n") == 1 and "Traceback" not in err

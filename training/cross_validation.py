@@ -1,0 +1,142 @@
+"""Subject-wise cross-validation: K folds of whole training subjects, one ordinary run per fold.
+
+Each fold is a normal training run in <save-dir>/fold-k/ validated on its fold's subjects, so it
+writes, resumes and reports like any run. Folds are independent jobs: under torchrun each
+process takes every world_size-th fold on its own GPU, which is how several GPUs help a model
+this small; rank 0 then writes cv_report.json, prints the table and draws the pooled confusion.
+"""
+import copy
+import datetime
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from data.splits import load_har_data
+from training.cli import save_dir_of
+from training.environment import distributed_env, resolve_device_type
+from training.errors import UsageError
+from training.figures import plot_confusion_matrix
+from training.report import format_cv_table
+
+REPORT = "cv_report.json"
+FOLD_REPORT = "val_report.json"  # what a finished fold run leaves: its best weights on its fold
+RANKS_WAIT = datetime.timedelta(days=7)  # ranks that finish first wait for the slowest fold
+
+
+def fold_subjects(subjects, folds, seed):
+    """Shuffle the distinct subjects with `seed` and deal them into `folds` nearly equal groups."""
+    unique = np.unique(subjects)
+    if folds > len(unique):
+        raise UsageError(f"--cv-folds {folds} is more than the {len(unique)} training subjects; use at most "
+                         f"{len(unique)}")
+    shuffled = np.random.default_rng(seed).permutation(unique)
+    return [sorted(int(s) for s in group) for group in np.array_split(shuffled, folds)]
+
+
+def cross_validate(args):
+    """Run (or resume) this process's folds, then summarise on rank 0. Returns an exit code."""
+    if args.resume not in ("auto", None):
+        raise UsageError("--resume PATH names one checkpoint, but each fold resumes from its own "
+                         "fold-k/last.pt; drop --resume (or pass --no-resume to start every fold over)")
+    save_dir = save_dir_of(args)
+    data = load_har_data(args.dataset, args.data_dir, args.mode, args.val_fraction, split_seed=args.seed,
+                         synthetic_seed=args.synthetic_seed,
+                         synthetic_windows_per_subject=args.synthetic_windows_per_subject)
+    training_subjects = np.concatenate([data.train.subjects, data.val.subjects])
+    folds = fold_subjects(training_subjects, args.cv_folds, args.seed)
+    rank, local_rank, world_size = distributed_env()
+    save_dir.mkdir(parents=True, exist_ok=True)
+    from training.trainer import train  # the trainer imports this module's siblings: import late
+    for fold in range(rank, len(folds), world_size):
+        fold_args = _fold_args(args, save_dir, fold, folds[fold], local_rank)
+        if args.resume is not None and _fold_finished(fold_args.save_dir, folds[fold]):
+            print(f"fold {fold + 1}/{len(folds)} already finished (subjects {folds[fold]}); skipping", flush=True)
+            continue
+        print(f"\n=== fold {fold + 1}/{len(folds)}: validating on subjects {folds[fold]} -> {fold_args.save_dir}",
+              flush=True)
+        code = train(fold_args)
+        if code != 0:
+            return code  # preempted or stopped: the same command continues at this fold
+    if world_size > 1:
+        _wait_for_other_ranks(rank, world_size)
+    if rank == 0:
+        summary = summarise(save_dir, folds, data.class_names)
+        (save_dir / REPORT).write_text(json.dumps(summary, indent=2))
+        print(format_cv_table(summary), flush=True)
+        try:
+            plot_confusion_matrix(summary["pooled_confusion_matrix"], summary["class_names"],
+                                  save_dir / "cv_confusion_matrix.png", title="held-out folds, pooled")
+        except Exception as exc:  # a picture must never fail the run
+            print(f"warning: could not draw the confusion matrix ({exc})", flush=True)
+        print(f"wrote {save_dir / REPORT} and {save_dir / 'cv_confusion_matrix.png'}", flush=True)
+    return 0
+
+
+def _fold_args(args, save_dir, fold, subjects, local_rank):
+    """The flags of one fold's run: a single-device run on this process's GPU, in its own folder."""
+    fold_args = copy.copy(args)
+    fold_args.cv_folds = 0
+    fold_args.val_subjects = subjects
+    fold_args.save_dir = str(save_dir / f"fold-{fold}")
+    fold_args.multi_gpu = "none"
+    if resolve_device_type(args.device) == "cuda":
+        visible = args.gpu_ids or list(range(torch.cuda.device_count()))
+        if local_rank >= len(visible):
+            raise UsageError(f"local rank {local_rank} has no GPU: {len(visible)} in use on this node; "
+                             "start at most one process per GPU")
+        fold_args.gpu_ids = [visible[local_rank]]
+    return fold_args
+
+
+def _fold_finished(fold_dir, subjects):
+    """A fold is done once its run reported its best weights on these very subjects."""
+    try:
+        return json.loads((Path(fold_dir) / FOLD_REPORT).read_text()).get("subjects") == subjects
+    except (OSError, ValueError):
+        return False
+
+
+def _wait_for_other_ranks(rank, world_size):
+    """A barrier over torchrun's store; the group lives only for this wait."""
+    store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world_size, timeout=RANKS_WAIT))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"har-cv-attempt-{attempt}", store), rank=rank,
+                            world_size=world_size, timeout=RANKS_WAIT)
+    try:
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def summarise(save_dir, folds, class_names):
+    """cv_report.json's content from each fold's val_report.json and metrics.jsonl."""
+    rows, pooled = [], np.zeros((len(class_names), len(class_names)), dtype=np.int64)
+    for fold, subjects in enumerate(folds):
+        fold_dir = save_dir / f"fold-{fold}"
+        report = json.loads((fold_dir / FOLD_REPORT).read_text())
+        records = [json.loads(line) for line in (fold_dir / "metrics.jsonl").read_text().splitlines() if line]
+        best = max(records, key=lambda record: record["val_macro_f1"])  # the first of equals, as best.pt
+        row = {"fold": fold, "subjects": subjects, "best_epoch": best["epoch"], "epochs_run": len(records),
+               "val_accuracy": report["acc"], "val_macro_f1": report["macro_f1"],
+               "val_windows": report["num_samples"]}
+        test_path = fold_dir / "test_report.json"
+        if test_path.is_file():
+            test = json.loads(test_path.read_text())
+            row.update(test_accuracy=test["acc"], test_macro_f1=test["macro_f1"])
+        rows.append(row)
+        pooled += np.asarray(report["confusion_matrix"], dtype=np.int64)
+    summary = {"folds": rows, "class_names": list(class_names)}
+    for name, pick in (("mean", np.mean), ("std", np.std), ("worst", np.min)):
+        summary[name] = {"accuracy": float(pick([r["val_accuracy"] for r in rows])),
+                         "macro_f1": float(pick([r["val_macro_f1"] for r in rows]))}
+    summary["worst"]["fold"] = int(np.argmin([r["val_accuracy"] for r in rows]))
+    if all("test_accuracy" in r for r in rows):
+        summary["test_mean"] = {"accuracy": float(np.mean([r["test_accuracy"] for r in rows])),
+                                "macro_f1": float(np.mean([r["test_macro_f1"] for r in rows]))}
+    summary["pooled_accuracy"] = float(np.trace(pooled) / max(1, pooled.sum()))
+    summary["pooled_confusion_matrix"] = pooled.tolist()
+    return summary
