@@ -35,12 +35,17 @@ def add_run_flags(parser):
                         help="30 subjects; the default matches UCI HAR's size")
 
 
-def build_run(opts, save_dir, data_path, epochs):
+# The generalisation recipe (augmentation, weight average, label smoothing) is off unless a
+# benchmark asks for it: the overhead comparisons are about the loop, not about the recipe.
+RECIPE_OFF = ("--augment", "none", "--ema-decay", "0", "--label-smoothing", "0")
+
+
+def build_run(opts, save_dir, data_path, epochs, recipe=RECIPE_OFF):
     """A Run assembled by the trainer from the same flags `python main.py` would get."""
     argv = ["--dataset", "synthetic", "--synthetic-windows-per-subject", str(opts.synthetic_windows_per_subject),
             "--model", opts.model, "--batch-size", str(opts.batch_size), "--device", opts.device,
             "--data-path", data_path, "--epochs", str(epochs), "--save-dir", str(save_dir),
-            "--no-resume", "--save-every-steps", "0"]
+            "--no-resume", "--save-every-steps", "0", *recipe]
     args = parse_args(argv)
     run = _assemble(args, make_strategy(args))
     # Left uninstalled so the benchmark keeps the default signal handlers; the per-step check

@@ -98,6 +98,17 @@ def test_folds_run_concurrently_under_torchrun_with_the_same_results(uninterrupt
     assert result.stdout.count("pooled accuracy") == 1  # rank 0 alone summarises
 
 
+def test_a_paused_fold_stops_the_cv_run_until_the_same_command_runs_again(tmp_path):
+    flags = [*TINY_DATA, "--cv-folds", "2", "--epochs", "2", "--no-test", "--save-dir", tmp_path]
+    code, out, err = run_in_process("main.py", [*flags, "--stop-after-epochs", "1"])
+    assert code == 0, err
+    assert "fold 1/2 is not finished" in out and not (tmp_path / "fold-1").exists()
+    assert not (tmp_path / "cv_report.json").exists()
+    code, out, err = run_in_process("main.py", flags)
+    assert code == 0, err
+    assert "RESUMING" in out and len(json.loads((tmp_path / "cv_report.json").read_text())["folds"]) == 2
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--cv-folds", "1"], "--cv-folds must be 0 (off) or at least 2"),
     (["--cv-folds", "40"], "more than the 21 training subjects"),

@@ -59,8 +59,11 @@ def cross_validate(args):
         print(f"\n=== fold {fold + 1}/{len(folds)}: validating on subjects {folds[fold]} -> {fold_args.save_dir}",
               flush=True)
         code = train(fold_args)
-        if code != 0:
-            return code  # preempted or stopped: the same command continues at this fold
+        if code != 0 or not _fold_finished(fold_args.save_dir, folds[fold]):
+            # Preempted, or paused by --stop-after-epochs: the same command continues at this fold.
+            print(f"fold {fold + 1}/{len(folds)} is not finished; run the same command again to continue it",
+                  flush=True)
+            return code
     if world_size > 1:
         _wait_for_other_ranks(rank, world_size)
     if rank == 0:

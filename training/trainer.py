@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from data.augment import BatchAugmenter
+from data.augment import BatchAugmenter, sensor_triples
 from data.loaders import ShardedSampler, make_loader
 from data.resident import DeviceResidentLoader, keep_on_device, split_bytes
 from data.splits import fit_normalization, load_har_data, normalize
@@ -14,7 +14,7 @@ from training import checkpoint as ckpt
 from training.cli import augment_config, save_dir_of, warmup_epochs
 from training.ema import WeightAverage
 from training.epochs import train_epochs
-from training.errors import EXIT_PREEMPTED, RankLost, TrainingDiverged, UsageError
+from training.errors import EXIT_PREEMPTED, RankLost, TrainingDiverged
 from training.logger import RunLogger
 from training.loop import Optimization, build_adamw, predict
 from training.precision import Precision
@@ -183,12 +183,12 @@ def _generalisation_aids(run, checkpoint):
     args = run.args
     augment = None
     config = augment_config(args)
-    if config is not None:
-        try:
-            augment = BatchAugmenter(config, run.normalization["mean"], run.normalization["std"],
-                                     run.data.channel_names).to(run.strategy.device)
-        except ValueError as exc:
-            raise UsageError(f"--augment {args.augment}: {exc}") from None
+    if config is not None and "rotate" in config.kinds and not sensor_triples(run.data.channel_names):
+        run.log.warn("these channels have no x/y/z triples to rotate; augmenting without 'rotate'")
+        config.kinds = tuple(kind for kind in config.kinds if kind != "rotate")
+    if config is not None and config.kinds:
+        augment = BatchAugmenter(config, run.normalization["mean"], run.normalization["std"],
+                                 run.data.channel_names).to(run.strategy.device)
     ema = None
     if args.ema_decay > 0:
         ema = WeightAverage(run.model, args.ema_decay)

@@ -1,0 +1,49 @@
+"""What the generalisation recipe costs per training step: augmentation and the weight average against neither."""
+import argparse
+import functools
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from benchmarks.common import (RECIPE_OFF, add_run_flags, build_run, format_rates, interleave, machine_line,
+                               paired_ratio, planned_epochs, train_trainer_epoch)
+from data.augment import AUGMENTATIONS
+
+TARGET_RATIO = 0.9  # the augmentation may cost at most a tenth of a step
+FULL_AUGMENT = ("--augment", ",".join(AUGMENTATIONS), "--ema-decay", "0", "--label-smoothing", "0")
+FULL_RECIPE = ("--augment", ",".join(AUGMENTATIONS), "--ema-decay", "0.998", "--label-smoothing", "0.1")
+SIDES = {"plain": RECIPE_OFF, "augment": FULL_AUGMENT, "recipe": FULL_RECIPE}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.recipe_cost", description=__doc__,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_run_flags(parser)
+    opts = parser.parse_args(argv)
+    runs = {}
+    with tempfile.TemporaryDirectory(prefix="har-recipe-") as scratch:
+        try:
+            for name, flags in SIDES.items():
+                runs[name] = build_run(opts, Path(scratch) / name, "auto", planned_epochs(opts), recipe=flags)
+            device = runs["plain"].strategy.device
+            print("plain: the trainer's epoch with no augmentation, no weight average; augment: all of "
+                  f"{', '.join(AUGMENTATIONS)} on every batch; recipe: augment plus the weight average "
+                  "(decay 0.998) and label smoothing 0.1", flush=True)
+            print(machine_line(device), flush=True)
+            sides = {name: functools.partial(train_trainer_epoch, run) for name, run in runs.items()}
+            rates, other_cores = interleave(sides, opts.rounds, opts.epochs_per_round, runs["plain"].strategy.synchronize)
+        finally:
+            for run in runs.values():
+                run.log.close()
+    print(format_rates(rates, "samples/s", [("augment", "plain"), ("recipe", "plain")], other_cores))
+    print(f"augment/plain = {paired_ratio(rates, 'augment', 'plain'):.3f}, recipe/plain = "
+          f"{paired_ratio(rates, 'recipe', 'plain'):.3f} (median of per-round ratios over {opts.rounds} rounds; "
+          f"{opts.model}, batch {opts.batch_size}, {device}, {torch.get_num_threads()} threads; "
+          f"target: augmentation >= {TARGET_RATIO})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
