@@ -51,6 +51,7 @@ def test_report_summarises_the_folds(uninterrupted):
         metrics = [json.loads(line) for line in
                    (save_dir / f"fold-{fold['fold']}" / "metrics.jsonl").read_text().splitlines()]
         assert fold["best_epoch"] == 1 + int(np.argmax([m["val_macro_f1"] for m in metrics]))
+        assert fold["last_epoch_val_accuracy"] == metrics[-1]["val_acc"]
         # The fold's validation set is exactly its subjects' windows (32 each).
         assert fold_report["num_samples"] == 32 * len(fold["subjects"])
         pooled += np.array(fold_report["confusion_matrix"])

@@ -125,7 +125,10 @@ def summarise(save_dir, folds, class_names):
         best = max(records, key=lambda record: record["val_macro_f1"])  # the first of equals, as best.pt
         row = {"fold": fold, "subjects": subjects, "best_epoch": best["epoch"], "epochs_run": len(records),
                "val_accuracy": report["acc"], "val_macro_f1": report["macro_f1"],
-               "val_windows": report["num_samples"]}
+               "val_windows": report["num_samples"],
+               # The best epoch was chosen on this very fold, which flatters it a little; the last
+               # epoch's figure involves no choice.
+               "last_epoch_val_accuracy": records[-1]["val_acc"], "last_epoch_val_macro_f1": records[-1]["val_macro_f1"]}
         test_path = fold_dir / "test_report.json"
         if test_path.is_file():
             test = json.loads(test_path.read_text())
@@ -137,6 +140,8 @@ def summarise(save_dir, folds, class_names):
         summary[name] = {"accuracy": float(pick([r["val_accuracy"] for r in rows])),
                          "macro_f1": float(pick([r["val_macro_f1"] for r in rows]))}
     summary["worst"]["fold"] = int(np.argmin([r["val_accuracy"] for r in rows]))
+    summary["last_epoch_mean"] = {"accuracy": float(np.mean([r["last_epoch_val_accuracy"] for r in rows])),
+                                  "macro_f1": float(np.mean([r["last_epoch_val_macro_f1"] for r in rows]))}
     if all("test_accuracy" in r for r in rows):
         summary["test_mean"] = {"accuracy": float(np.mean([r["test_accuracy"] for r in rows])),
                                 "macro_f1": float(np.mean([r["test_macro_f1"] for r in rows]))}

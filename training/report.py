@@ -57,7 +57,8 @@ def format_cv_table(summary):
     for name in ("mean", "std", "worst"):
         lines.append(f"{name:>4}  {'':>10}  {summary[name]['accuracy']:7.4f}  {summary[name]['macro_f1']:6.4f}")
     lines.append(f"pooled accuracy over all held-out windows {summary['pooled_accuracy']:.4f}"
-                 f"; worst fold {summary['worst']['fold']}")
+                 f"; worst fold {summary['worst']['fold']}; mean at the last epoch (no choice made on the "
+                 f"fold) {summary['last_epoch_mean']['accuracy']:.4f}")
     if has_test:
         lines.append(f"test split, mean over the fold models: accuracy {summary['test_mean']['accuracy']:.4f}, "
                      f"macro-F1 {summary['test_mean']['macro_f1']:.4f}")
