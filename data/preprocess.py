@@ -70,6 +70,15 @@ def stream_channels(preprocessing, acc_g, gyro_rad_s, sample_rate_hz):
                     f"known: {', '.join(PREPROCESSINGS[:2])}")
 
 
+def available_channels(preprocessing, has_gyro):
+    """Names of the channels `preprocessing` can make from a stream with or without a gyroscope."""
+    if preprocessing == "uci-har":
+        return tuple(name for name in SIGNAL_NAMES if has_gyro or "gyro" not in name)
+    if preprocessing == "raw":
+        return ACC_AXES + (GYRO_AXES if has_gyro else ())
+    return ()
+
+
 def preprocessing_of(channel_names):
     """Which chain a set of channel names implies (used for windows brought in an .npz)."""
     if set(channel_names) <= set(RAW_CHANNELS):

@@ -1,0 +1,76 @@
+"""A recording through a checkpoint: the checkpoint's channels, sliding windows, probabilities."""
+from dataclasses import dataclass
+
+import numpy as np
+
+from data.errors import DataError
+from data.preprocess import available_channels, cut_windows, stream_channels, window_starts
+from data.splits import channel_names, select_channels
+from data.uci_har import SIGNAL_NAMES
+from inference.bundle import probabilities, require_sample_rate
+from inference.resample import on_model_clock
+from training.errors import UsageError
+
+
+@dataclass
+class WindowPredictions:
+    start_s: np.ndarray  # [N] window starts on the recording's clock
+    end_s: np.ndarray  # [N]
+    probabilities: np.ndarray  # [N, classes]
+    class_names: tuple
+    acc_magnitude_g: np.ndarray  # [m] |acc| at the model's rate, for the plot
+    sample_rate_hz: float  # the model's rate
+    start_s_of_stream: float
+    source_rate_hz: float
+
+    @property
+    def duration_s(self):
+        return len(self.acc_magnitude_g) / self.sample_rate_hz
+
+
+def check_channels(bundle, has_gyro, path):
+    """Refuse in one line a checkpoint whose channels this recording cannot give."""
+    available = available_channels(bundle.preprocessing, has_gyro)
+    names, mode = bundle.channel_names, bundle.config.get("mode", "flatten")
+    if set(names) <= set(available) or (_averaged(bundle) and set(SIGNAL_NAMES) <= set(available)):
+        return
+    lacking = "no gyroscope (gyro_x, gyro_y, gyro_z)" if not has_gyro else "other channels"
+    raise UsageError(f"the checkpoint's channels ({', '.join(names)}; --mode {mode}) cannot be made from {path}, "
+                     f"which has {lacking}; use a checkpoint trained with --mode first, or a recording with them")
+
+
+def _averaged(bundle):
+    return bundle.config.get("mode") == "average" and bundle.channel_names == channel_names("average")
+
+
+def model_channels(bundle, acc_g, gyro_rad_s):
+    """[C, m] stream in the checkpoint's channel order (check_channels has passed)."""
+    available = stream_channels(bundle.preprocessing, acc_g, gyro_rad_s, bundle.sample_rate_hz)
+    if _averaged(bundle):  # the same averaging as the training windows had
+        return select_channels(np.stack([available[name] for name in SIGNAL_NAMES])[None], "average")[0]
+    return np.stack([available[name] for name in bundle.channel_names])
+
+
+def check_usable(bundle, recording):
+    """What can be refused before any filtering: the rate, the preprocessing, the channels."""
+    require_sample_rate(bundle)
+    if bundle.preprocessing not in ("uci-har", "raw"):
+        raise UsageError(f"checkpoint {bundle.path} was trained on windows whose preprocessing is unknown "
+                         f"(channels {', '.join(bundle.channel_names)}), so recordings cannot be cut like them")
+    check_channels(bundle, recording.gyro_rad_s is not None, recording.path)
+
+
+def classify_recording(bundle, recording, device, stride_steps=None, sample_rate_hz=None):
+    check_usable(bundle, recording)
+    acc, gyro, start_s, source_hz = on_model_clock(recording, bundle.sample_rate_hz, sample_rate_hz)
+    window = bundle.window_steps
+    stride_steps = stride_steps or window // 2
+    if len(acc) < window:
+        raise DataError(f"{recording.path} lasts {len(acc) / bundle.sample_rate_hz:.2f} s, shorter than one "
+                        f"window of the model ({window} samples = {window / bundle.sample_rate_hz:g} s)")
+    stream = model_channels(bundle, acc, gyro)
+    starts = window_starts(stream.shape[1], window, stride_steps)
+    probs = probabilities(bundle, cut_windows(stream, starts, window), device)
+    begin_s = start_s + starts / bundle.sample_rate_hz
+    return WindowPredictions(begin_s, begin_s + window / bundle.sample_rate_hz, probs, bundle.class_names,
+                             np.linalg.norm(acc, axis=1), bundle.sample_rate_hz, start_s, source_hz)
