@@ -60,17 +60,32 @@ def check_usable(bundle, recording):
     check_channels(bundle, recording.gyro_rad_s is not None, recording.path)
 
 
-def classify_recording(bundle, recording, device, stride_steps=None, sample_rate_hz=None):
+@dataclass
+class RecordingWindows:
+    windows: np.ndarray  # float32 [N, C, T], raw units, the checkpoint's channels
+    start_steps: np.ndarray  # [N] window starts, in samples at the model's rate
+    acc_g: np.ndarray  # [m, 3] at the model's rate
+    start_s: float  # time of the first sample
+    source_rate_hz: float
+
+
+def recording_windows(bundle, recording, stride_steps=None, sample_rate_hz=None):
+    """The windows the checkpoint's training data would hold for this stream."""
     check_usable(bundle, recording)
     acc, gyro, start_s, source_hz = on_model_clock(recording, bundle.sample_rate_hz, sample_rate_hz)
     window = bundle.window_steps
-    stride_steps = stride_steps or window // 2
     if len(acc) < window:
         raise DataError(f"{recording.path} lasts {len(acc) / bundle.sample_rate_hz:.2f} s, shorter than one "
                         f"window of the model ({window} samples = {window / bundle.sample_rate_hz:g} s)")
     stream = model_channels(bundle, acc, gyro)
-    starts = window_starts(stream.shape[1], window, stride_steps)
-    probs = probabilities(bundle, cut_windows(stream, starts, window), device)
-    begin_s = start_s + starts / bundle.sample_rate_hz
-    return WindowPredictions(begin_s, begin_s + window / bundle.sample_rate_hz, probs, bundle.class_names,
-                             np.linalg.norm(acc, axis=1), bundle.sample_rate_hz, start_s, source_hz)
+    starts = window_starts(stream.shape[1], window, stride_steps or window // 2)
+    return RecordingWindows(cut_windows(stream, starts, window), starts, acc, start_s, source_hz)
+
+
+def classify_recording(bundle, recording, device, stride_steps=None, sample_rate_hz=None):
+    cut = recording_windows(bundle, recording, stride_steps, sample_rate_hz)
+    rate_hz = bundle.sample_rate_hz
+    begin_s = cut.start_s + cut.start_steps / rate_hz
+    return WindowPredictions(begin_s, begin_s + bundle.window_steps / rate_hz,
+                             probabilities(bundle, cut.windows, device), bundle.class_names,
+                             np.linalg.norm(cut.acc_g, axis=1), rate_hz, cut.start_s, cut.source_rate_hz)

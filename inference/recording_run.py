@@ -22,8 +22,8 @@ def predict_recording(args):
     check_stride(args.stride, bundle.window_steps)
     recording = read_recording(args.recording, args.acc_unit, args.gyro_unit)
     check_usable(bundle, recording)
-    out = prepare_out_dir(args.out, OUTPUTS, args.overwrite)
     predictions = classify_recording(bundle, recording, pick_device(args.device), args.stride, args.sample_rate)
+    out = prepare_out_dir(args.out, OUTPUTS, args.overwrite)
     labels = smooth_labels(predictions.probabilities, args.smooth)
     segments = merge_segments(labels, predictions.probabilities, predictions.start_s, predictions.end_s,
                               bundle.class_names)
