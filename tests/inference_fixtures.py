@@ -30,8 +30,7 @@ def make_checkpoint(path, model="cnn1d", mode="flatten", window_steps=128, seed=
         "sample_rate_hz": RATE_HZ, "window_steps": window_steps, "preprocessing": "uci-har",
     }
     state.update(overrides)
-    for key in [key for key, value in overrides.items() if value is None]:
-        del state[key]
+    state = {key: value for key, value in state.items() if value is not None}  # None: leave the key out
     torch.save(state, path)
     return path
 
