@@ -58,11 +58,17 @@ def export_onnx(bundle, path):
         raise UsageError("--format onnx needs the onnx package: pip install onnx onnxruntime") from None
     model = deployable(bundle)
     axes = {"signals": {0: "batch"}, "logits": {0: "batch"}}
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the legacy exporter announces its deprecation at every call
-        write_atomic(path, lambda partial: torch.onnx.export(
-            model, (example_windows(bundle, 2),), str(partial), dynamo=False, input_names=["signals"],
-            output_names=["logits"], dynamic_axes=axes, opset_version=ONNX_OPSET))
+    # ONNX has no operator for PyTorch's fused transformer-layer kernel: export the plain layers.
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the legacy exporter announces its deprecation at every call
+            write_atomic(path, lambda partial: torch.onnx.export(
+                model, (example_windows(bundle, 2),), str(partial), dynamo=False, input_names=["signals"],
+                output_names=["logits"], dynamic_axes=axes, opset_version=ONNX_OPSET))
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
 
 
 def run_exported(path, fmt, windows):
