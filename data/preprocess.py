@@ -16,6 +16,7 @@ MEDIAN_STEPS = 3
 FILTER_ORDER = 3
 NOISE_CUTOFF_HZ = 20.0
 GRAVITY_CUTOFF_HZ = 0.3
+MIN_FILTER_STEPS = 3 * (FILTER_ORDER + 1) + 1  # filtfilt pads each end with 3 x (order + 1) samples
 ACC_AXES = ("acc_x", "acc_y", "acc_z")
 GYRO_AXES = ("gyro_x", "gyro_y", "gyro_z")
 RAW_CHANNELS = ACC_AXES + GYRO_AXES
@@ -43,6 +44,8 @@ def uci_har_channels(acc_g, gyro_rad_s, sample_rate_hz):
     if NOISE_CUTOFF_HZ >= sample_rate_hz / 2:
         raise DataError(f"the UCI HAR filters need a sample rate above {2 * NOISE_CUTOFF_HZ:g} Hz, "
                         f"got {sample_rate_hz:g} Hz")
+    if len(acc_g) < MIN_FILTER_STEPS:
+        raise DataError(f"the UCI HAR filters need at least {MIN_FILTER_STEPS} samples, got {len(acc_g)}")
     total = denoise(np.asarray(acc_g).T, sample_rate_hz)
     body = total - low_pass(total, GRAVITY_CUTOFF_HZ, sample_rate_hz)
     rows = {f"body_acc_{axis}": body[i] for i, axis in enumerate("xyz")}

@@ -18,7 +18,8 @@ def evaluate_checkpoint(args):
     bundle = load_bundle(args.checkpoint)
     config = bundle.config
     # The split is rebuilt as training built it: same mode, validation share and seed.
-    data = load_har_data(args.dataset, args.data_dir, config.get("mode", "flatten"),
+    dataset = "npz" if args.dataset == "auto" and str(args.data_dir).endswith(".npz") else args.dataset
+    data = load_har_data(dataset, args.data_dir, config.get("mode", "flatten"),
                          config.get("val_fraction", 0.2), split_seed=config.get("seed", 0))
     split = getattr(data, args.split)
     _check_fits(bundle, data, split, args)

@@ -85,7 +85,13 @@ def test_raw_channel_windows_can_classify_a_recording(tmp_path):
     code, _, err = run_script("predict", ["--checkpoint", tmp_path / "run" / "best.pt", "--dataset", "npz",
                                           "--data-dir", path, "--out", tmp_path / "eval"])
     assert code == 0, err
-    assert json.loads((tmp_path / "eval" / "test_report.json").read_text())["num_samples"] > 0
+    report = json.loads((tmp_path / "eval" / "test_report.json").read_text())
+    assert report["num_samples"] > 0
+    # --dataset auto takes a file ending in .npz for what it is.
+    code, _, err = run_script("predict", ["--checkpoint", tmp_path / "run" / "best.pt", "--data-dir", path,
+                                          "--out", tmp_path / "eval-auto"])
+    assert code == 0, err
+    assert json.loads((tmp_path / "eval-auto" / "test_report.json").read_text())["acc"] == report["acc"]
 
 
 @pytest.mark.parametrize("extra, names", [
