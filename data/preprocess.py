@@ -7,7 +7,6 @@ Butterworth low-pass of it) and body motion (the rest). Filters run forwards and
 the whole stream, so a window depends on the samples around it, as in the dataset.
 """
 import numpy as np
-from scipy.signal import butter, filtfilt, medfilt
 
 from data.errors import DataError
 from data.uci_har import SIGNAL_NAMES
@@ -27,12 +26,16 @@ PREPROCESSINGS = ("uci-har", "raw", "unknown")
 
 def low_pass(signal, cutoff_hz, sample_rate_hz):
     """Zero-phase Butterworth low-pass along the last axis."""
+    # Imported here, not at the top: data.splits imports this module, and scipy.signal would add
+    # most of a second to every training start, which never filters.
+    from scipy.signal import butter, filtfilt
     b, a = butter(FILTER_ORDER, cutoff_hz / (sample_rate_hz / 2.0))
     return filtfilt(b, a, signal, axis=-1)
 
 
 def denoise(axes, sample_rate_hz):
     """Median then 20 Hz low-pass of each row of `axes` [3, n], in float64."""
+    from scipy.signal import medfilt  # see low_pass
     smoothed = np.stack([medfilt(row.astype(np.float64), MEDIAN_STEPS) for row in axes])
     return low_pass(smoothed, NOISE_CUTOFF_HZ, sample_rate_hz)
 
