@@ -16,6 +16,7 @@ OUTPUTS = ("test_report.json", "confusion_matrix.png")
 
 def evaluate_checkpoint(args):
     bundle = load_bundle(args.checkpoint)
+    device = pick_device(args.device)
     config = bundle.config
     # The split is rebuilt as training built it: same mode, validation share and seed.
     dataset = "npz" if args.dataset == "auto" and str(args.data_dir).endswith(".npz") else args.dataset
@@ -24,7 +25,7 @@ def evaluate_checkpoint(args):
     split = getattr(data, args.split)
     _check_fits(bundle, data, split, args)
     out = prepare_out_dir(args.out, OUTPUTS, args.overwrite)
-    probs = probabilities(bundle, split.signals, pick_device(args.device))
+    probs = probabilities(bundle, split.signals, device)
     predictions = probs.argmax(axis=1)
     loss = float(-np.log(np.clip(probs[np.arange(len(split)), split.labels], 1e-12, None)).mean())
     report = {**classification_report(split.labels, predictions, bundle.class_names), "loss": loss,

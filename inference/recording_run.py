@@ -19,10 +19,11 @@ def check_stride(stride_steps, window_steps):
 def predict_recording(args):
     """Everything that can be refused is refused before the first file is written."""
     bundle = load_bundle(args.checkpoint)
+    device = pick_device(args.device)
     check_stride(args.stride, bundle.window_steps)
     recording = read_recording(args.recording, args.acc_unit, args.gyro_unit)
     check_usable(bundle, recording)
-    predictions = classify_recording(bundle, recording, pick_device(args.device), args.stride, args.sample_rate)
+    predictions = classify_recording(bundle, recording, device, args.stride, args.sample_rate)
     out = prepare_out_dir(args.out, OUTPUTS, args.overwrite)
     labels = smooth_labels(predictions.probabilities, args.smooth)
     segments = merge_segments(labels, predictions.probabilities, predictions.start_s, predictions.end_s,

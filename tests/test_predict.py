@@ -296,3 +296,18 @@ def test_bad_flags(flags, names, checkpoint, recording, out_dir):
 def test_missing_checkpoint(recording, out_dir, tmp_path):
     refuse(["--checkpoint", tmp_path / "nope.pt", "--recording", recording, "--out", out_dir], out_dir,
            "nope.pt", "does not exist")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
+def test_cuda_without_a_gpu(checkpoint, recording, out_dir):
+    refuse(["--checkpoint", checkpoint, "--recording", recording, "--out", out_dir, "--device", "cuda"], out_dir,
+           "--device cuda")
+
+
+def test_evaluation_on_data_the_checkpoint_does_not_fit(checkpoint, out_dir, tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "four.npz"
+    np.savez(path, signals=rng.normal(size=(30, 4, 128)).astype(np.float32), labels=np.arange(30) % 6,
+             subjects=np.arange(30) % 5 + 1)
+    refuse(["--checkpoint", checkpoint, "--data-dir", path, "--out", out_dir], out_dir, "channel_0", "body_acc_x")
+    refuse(["--checkpoint", checkpoint, "--data-dir", tmp_path / "nowhere", "--out", out_dir], out_dir, "nowhere")
