@@ -57,6 +57,9 @@ def _read_csv(path):
     except (OSError, UnicodeDecodeError) as exc:
         raise DataError(f"{path} cannot be read ({type(exc).__name__}); expected a CSV file") from None
     header = [name.strip() for name in header or []]
+    if not header:
+        raise DataError(f"{path} is empty; expected a CSV whose first line names the columns "
+                        f"({TIME_COLUMN}, {', '.join(ACC_AXES)}, {', '.join(GYRO_AXES)})")
     unknown = [name for name in header if name not in COLUMNS]
     if unknown or len(set(header)) != len(header):
         problem = f"unknown column {unknown[0]!r}" if unknown else "a repeated column"
@@ -64,7 +67,7 @@ def _read_csv(path):
                         f"{', '.join(ACC_AXES)}, {', '.join(GYRO_AXES)}")
     try:
         values = np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2, dtype=np.float64)
-    except ValueError as exc:
+    except (ValueError, UnicodeDecodeError) as exc:
         raise DataError(f"{path}: not a table of numbers ({str(exc).splitlines()[0]})") from None
     if values.size == 0:
         values = np.zeros((0, len(header)))

@@ -227,6 +227,19 @@ def test_bad_recording(case, names, checkpoint, out_dir, tmp_path):
     refuse(["--checkpoint", checkpoint, "--recording", bad_recording(tmp_path, case), "--out", out_dir], out_dir, *names)
 
 
+@pytest.mark.parametrize("content, names", [
+    (b"", ["is empty"]),
+    (b"time_s,acc_x,acc_y,acc_z\n0,1,0,abc\n", ["not a table of numbers"]),
+    (b"time_s,acc_x,acc_y,acc_z\n0,1,0\n", ["rows have 3 values", "4 columns"]),
+    (b"time_s,acc_x,acc_y,acc_z\n\xff\xfe\x00\x81\n", ["cannot be read"]),
+], ids=["empty", "text", "short-row", "binary"])
+def test_recording_that_is_not_a_table(content, names, checkpoint, out_dir, tmp_path):
+    path = tmp_path / "odd.csv"
+    path.write_bytes(content)
+    refuse(["--checkpoint", checkpoint, "--recording", path, "--out", out_dir, "--sample-rate", "50"], out_dir,
+           "odd.csv", *names)
+
+
 def test_missing_accelerometer_axis(checkpoint, out_dir, tmp_path):
     time_s, acc, gyro = synthetic_stream(10.0)
     path = tmp_path / "two-axes.csv"
