@@ -17,7 +17,7 @@ NPZ_TEST_SEED = 0  # fixed, not --seed: runs with different seeds are tested on 
 
 @dataclass
 class Split:
-    signals: np.ndarray  # float32 [N, channels, 128]
+    signals: np.ndarray  # float32 [N, channels, steps]: 128 for UCI HAR, any length from an .npz
     labels: np.ndarray  # int64 [N], 0-based class index
     subjects: np.ndarray  # int64 [N]
 
