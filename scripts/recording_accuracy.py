@@ -2,10 +2,13 @@
 
 usage: python -m scripts.recording_accuracy --checkpoint RUN/best.pt
            [--recordings ../shared/data/hapt-dev/hapt_dev_recordings.npz] [--subjects 3,7,15,21,26,29]
+           [--as-rate HZ]
 
 Each recording (keys uSS_sK_acc / _gyro / _label, 50 Hz, acc in g) goes through the same
 functions as predict.py; every sample labelled 1..6 is scored against the window that speaks
-for it. Transitions (7..12) and unlabelled samples (0) are left out. Development data only:
+for it. Transitions (7..12) and unlabelled samples (0) are left out. --as-rate first resamples
+each recording to another rate, as if the phone had recorded at it, so that predict.py has to
+bring it back to the model's rate. Development data only:
 nothing in the tests needs it.
 """
 import argparse
@@ -16,6 +19,7 @@ import numpy as np
 from inference.bundle import load_bundle, pick_device
 from inference.classify import classify_recording
 from inference.recording import Recording
+from inference.resample import resample
 from inference.timeline import labels_at, smooth_labels
 
 RECORDING_RATE_HZ = 50.0
@@ -28,6 +32,7 @@ def main():
     parser.add_argument("--recordings", default="../shared/data/hapt-dev/hapt_dev_recordings.npz")
     parser.add_argument("--subjects", default="3,7,15,21,26,29", help="held out of training")
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--as-rate", type=float, default=RECORDING_RATE_HZ, metavar="HZ")
     args = parser.parse_args()
     bundle, device = load_bundle(args.checkpoint), pick_device(args.device)
     subjects = {int(s) for s in args.subjects.split(",")}
@@ -37,9 +42,9 @@ def main():
     tallies = {smoothing: defaultdict(lambda: [0, 0]) for smoothing in SMOOTHINGS}
     for name in names:
         label = archive[f"{name}_label"].astype(np.int64)
-        recording = Recording(archive[f"{name}_acc"].astype(np.float64), archive[f"{name}_gyro"].astype(np.float64),
-                              None, name)
-        predictions = classify_recording(bundle, recording, device, sample_rate_hz=RECORDING_RATE_HZ)
+        acc, gyro = (resample(archive[f"{name}_{sensor}"].astype(np.float64), RECORDING_RATE_HZ, args.as_rate)
+                     for sensor in ("acc", "gyro"))
+        predictions = classify_recording(bundle, Recording(acc, gyro, None, name), device, sample_rate_hz=args.as_rate)
         times_s = np.arange(len(label)) / RECORDING_RATE_HZ
         scored = (label >= 1) & (label <= 6)
         for smoothing in SMOOTHINGS:
@@ -48,8 +53,8 @@ def main():
             tally = tallies[smoothing][int(name[1:3])]
             tally[0] += int(np.sum(predicted[scored] == label[scored] - 1))
             tally[1] += int(np.sum(scored))
-    print(f"{bundle.describe()}\n{len(names)} recordings of subjects {sorted(subjects)}; per-sample accuracy "
-          "over samples labelled 1..6")
+    print(f"{bundle.describe()}\n{len(names)} recordings of subjects {sorted(subjects)} given at "
+          f"{args.as_rate:g} Hz; per-sample accuracy over samples labelled 1..6")
     print(f"{'subject':>7}  {'samples':>8}  " + "  ".join(f"{str(s or 'none'):>7}" for s in SMOOTHINGS))
     for subject in sorted(subjects):
         counts = [tallies[s][subject] for s in SMOOTHINGS]
