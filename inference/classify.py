@@ -35,8 +35,9 @@ def check_channels(bundle, has_gyro, path):
     if set(names) <= set(available) or (_averaged(bundle) and set(SIGNAL_NAMES) <= set(available)):
         return
     lacking = "no gyroscope (gyro_x, gyro_y, gyro_z)" if not has_gyro else "other channels"
+    instead = "a checkpoint trained with --mode first" if bundle.preprocessing == "uci-har" else "another checkpoint"
     raise UsageError(f"the checkpoint's channels ({', '.join(names)}; --mode {mode}) cannot be made from {path}, "
-                     f"which has {lacking}; use a checkpoint trained with --mode first, or a recording with them")
+                     f"which has {lacking}; use {instead}, or a recording with them")
 
 
 def _averaged(bundle):
