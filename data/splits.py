@@ -5,15 +5,19 @@ import numpy as np
 
 from data import synthetic, uci_har
 from data.errors import DataError
+from data.npz_windows import load_npz_windows
+from data.preprocess import preprocessing_of
 
 CHANNEL_MODES = ("flatten", "average", "first")
 AXES = ("x", "y", "z")
 SENSORS = ("body_acc", "body_gyro", "total_acc")
+NPZ_TEST_FRACTION = 0.2  # share of subjects held out for test when an .npz has no `split` array
+NPZ_TEST_SEED = 0  # fixed, not --seed: runs with different seeds are tested on the same subjects
 
 
 @dataclass
 class Split:
-    signals: np.ndarray  # float32 [N, channels, 128]
+    signals: np.ndarray  # float32 [N, channels, steps]: 128 for UCI HAR, any length from an .npz
     labels: np.ndarray  # int64 [N], 0-based class index
     subjects: np.ndarray  # int64 [N]
 
@@ -30,6 +34,9 @@ class HarData:
     channel_names: tuple
     source: str  # "uci-har" or "synthetic"
     description: str  # the one-line banner printed at start
+    # What turning a recording into these windows takes; checkpoints carry it for predict.py.
+    sample_rate_hz: float = uci_har.SAMPLE_RATE_HZ
+    preprocessing: str = "uci-har"  # see data/preprocess.py
 
 
 def load_har_data(dataset="auto", data_dir=None, mode="flatten", val_fraction=0.2, split_seed=0,
@@ -41,6 +48,8 @@ def load_har_data(dataset="auto", data_dir=None, mode="flatten", val_fraction=0.
     The test split is the dataset's own test subjects and is never used for choices made in
     training. Signals are NOT normalised here: see `fit_normalization` and `normalize`.
     """
+    if dataset == "npz":
+        return _load_npz(data_dir, mode, val_fraction, split_seed)
     source, raw, where = _load_source(dataset, data_dir, synthetic_seed, synthetic_windows_per_subject)
     train_all = Split(select_channels(raw["train"][0], mode), raw["train"][1], raw["train"][2])
     test = Split(select_channels(raw["test"][0], mode), raw["test"][1], raw["test"][2])
@@ -72,13 +81,42 @@ def _load_source(dataset, data_dir, synthetic_seed, windows_per_subject):
         raw = {split: uci_har.load_split(root, split) for split in ("train", "test")}
         return "uci-har", raw, str(root)
     if dataset not in ("auto", "synthetic"):
-        raise DataError(f"unknown --dataset {dataset!r}; choose auto, uci-har or synthetic")
+        raise DataError(f"unknown --dataset {dataset!r}; choose auto, uci-har, synthetic or npz")
     if windows_per_subject < 1:
         raise DataError("--synthetic-windows-per-subject must be at least 1")
     why = "generated, seed %d" % synthetic_seed
     if dataset == "auto":
         why += ", no --data-dir given"
     return "synthetic", synthetic.generate(synthetic_seed, windows_per_subject), why
+
+
+def _load_npz(data_dir, mode, val_fraction, split_seed):
+    """Windows brought in an .npz: its own `split`, else whole subjects held out for test."""
+    if not data_dir:
+        raise DataError("--dataset npz needs --data-dir pointing at an .npz file of windows")
+    if mode != "flatten":
+        raise DataError(f"--mode {mode} picks UCI HAR channels; windows from an .npz are used as they are "
+                        "(--mode flatten)")
+    windows = load_npz_windows(data_dir)
+    whole = Split(windows.signals, windows.labels, windows.subjects)
+    if windows.split is not None:
+        is_test, how = windows.split == "test", "its split array"
+    else:
+        if len(np.unique(whole.subjects)) < 3:
+            raise DataError(f"{data_dir} has no split array and {len(np.unique(whole.subjects))} subject(s); "
+                            "holding out whole subjects for validation and test needs at least three")
+        test_subjects = hold_out_subjects(whole.subjects, NPZ_TEST_FRACTION, NPZ_TEST_SEED)
+        is_test = np.isin(whole.subjects, test_subjects)
+        how = f"test subjects {sorted(int(s) for s in test_subjects)} held out"
+    train_all, test = _take(whole, ~is_test), _take(whole, is_test)
+    val_subjects = hold_out_subjects(train_all.subjects, val_fraction, split_seed)
+    is_val = np.isin(train_all.subjects, val_subjects)
+    train, val = _take(train_all, ~is_val), _take(train_all, is_val)
+    description = (f"data: npz ({data_dir}, {how}): {whole.signals.shape[1]} channels x "
+                   f"{whole.signals.shape[2]} steps; train {len(train)} windows, val {len(val)} / subjects "
+                   f"{sorted(int(s) for s in val_subjects)}, test {len(test)}")
+    return HarData(train, val, test, windows.class_names, windows.channel_names, "npz", description,
+                   sample_rate_hz=windows.sample_rate_hz, preprocessing=preprocessing_of(windows.channel_names))
 
 
 def select_channels(signals, mode):

@@ -1,5 +1,6 @@
-"""A small Transformer encoder over 32 tokens made by a strided convolutional stem."""
+"""A small Transformer encoder over tokens made by a strided convolutional stem (32 for 128 steps)."""
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from models.blocks import conv_block
@@ -21,5 +22,16 @@ class HARTransformer(nn.Module):
 
     def forward(self, x):
         tokens = self.stem(x).transpose(1, 2)  # [B, tokens, width]
-        tokens = tokens + self.position[:, :tokens.shape[1]]
+        tokens = tokens + self.positions(tokens.shape[1])
         return self.head(self.encoder(tokens).mean(dim=1))
+
+    def positions(self, num_tokens):
+        """[1, num_tokens, width] position embeddings: the table's first rows when it is long
+        enough (128 steps use 32 of 64), else the table stretched over the longer sequence, so
+        windows of any length work with the same parameters."""
+        max_tokens = self.position.shape[1]
+        if num_tokens <= max_tokens:
+            return self.position[:, :num_tokens]
+        stretched = F.interpolate(self.position.transpose(1, 2), size=num_tokens, mode="linear",
+                                  align_corners=True)
+        return stretched.transpose(1, 2)

@@ -54,10 +54,12 @@ def build_parser(multi_gpu):
                        help="ddp on CUDA: synchronise BatchNorm statistics across processes")
 
     group = parser.add_argument_group("data")
-    group.add_argument("--dataset", choices=("auto", "uci-har", "synthetic"), default="auto",
-                       help="auto: UCI HAR when --data-dir holds it, else the built-in synthetic data")
+    group.add_argument("--dataset", choices=("auto", "uci-har", "synthetic", "npz"), default="auto",
+                       help="auto: UCI HAR when --data-dir holds it, else the built-in synthetic data; "
+                            "npz: your own windows in an .npz file (see README)")
     group.add_argument("--data-dir", default=None,
-                       help="the 'UCI HAR Dataset' folder or the folder that holds it")
+                       help="the 'UCI HAR Dataset' folder or the folder that holds it; with --dataset npz, "
+                            "the .npz file")
     group.add_argument("--mode", choices=CHANNEL_MODES, default="flatten",
                        help="channels: flatten = all 9; average = x,y,z averaged over the three "
                             "sensors (3); first = body_acc x,y,z (3)")

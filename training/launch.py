@@ -37,7 +37,7 @@ def preflight(args):
     save_dir = save_dir_of(args)
     ckpt.prepare_save_dir(save_dir)
     ckpt.load_resume_checkpoint(args.resume, save_dir, warn=lambda message: None)  # workers warn
-    if args.dataset == "uci-har" or (args.dataset == "auto" and find_root(args.data_dir)):
+    if args.dataset in ("uci-har", "npz") or (args.dataset == "auto" and find_root(args.data_dir)):
         # Also parses and caches the text files once, so the workers start from the cache.
         load_har_data(args.dataset, args.data_dir, args.mode, args.val_fraction, split_seed=args.seed)
 

@@ -91,6 +91,10 @@ class Run:
             "num_classes": len(self.data.class_names),
             "class_names": list(self.data.class_names),
             "channel_names": list(self.data.channel_names),
+            # What predict.py needs to rebuild windows from a recording.
+            "sample_rate_hz": float(self.data.sample_rate_hz),
+            "window_steps": self.data.train.signals.shape[2],
+            "preprocessing": self.data.preprocessing,
         }
 
 

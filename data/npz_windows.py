@@ -1,0 +1,128 @@
+"""Bring your own windows: read and validate an .npz of pre-cut windows (--dataset npz).
+
+Arrays: signals float [N, C, T], labels int [N] (0-based), subjects int [N]; optional
+class_names [K] and channel_names [C] (unicode strings), sample_rate_hz (a number) and split [N]
+('train' / 'test'). Loaded with allow_pickle=False: nothing in the file can run code.
+"""
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from data.errors import DataError
+
+REQUIRED = ("signals", "labels", "subjects")
+OPTIONAL = ("class_names", "channel_names", "sample_rate_hz", "split")
+SPLIT_NAMES = ("train", "test")
+MIN_WINDOW_STEPS = 8  # two stride-2 or pooling stages in every model still leave two steps
+
+
+@dataclass
+class NpzWindows:
+    signals: np.ndarray  # float32 [N, C, T]
+    labels: np.ndarray  # int64 [N]
+    subjects: np.ndarray  # int64 [N]
+    class_names: tuple
+    channel_names: tuple
+    sample_rate_hz: float  # NaN when the file does not say
+    split: np.ndarray  # str [N] of 'train' / 'test', or None: the caller holds out subjects
+
+
+def load_npz_windows(path):
+    """Read `path` and check every array; each problem is one DataError line naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        what = "is a folder" if path.is_dir() else "does not exist"
+        raise DataError(f"--data-dir {path} {what}; --dataset npz needs an .npz file of windows")
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            arrays = {name: archive[name] for name in archive.files}
+    except ValueError as exc:
+        if "allow_pickle" in str(exc):
+            raise DataError(f"{path} holds Python objects (pickled arrays), which are not loaded; store "
+                            "strings as unicode arrays, e.g. np.array(names, dtype=str)") from None
+        raise DataError(f"{path} is not a readable .npz file ({exc})") from None
+    except (OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise DataError(f"{path} is not a readable .npz file ({type(exc).__name__})") from None
+    return _validate(path, arrays)
+
+
+def _validate(path, arrays):
+    missing = [name for name in REQUIRED if name not in arrays]
+    unknown = sorted(set(arrays) - set(REQUIRED) - set(OPTIONAL))
+    if missing or unknown:
+        problem = f"lacks {', '.join(missing)}" if missing else f"has unknown arrays {', '.join(unknown)}"
+        raise DataError(f"{path} {problem}; expected {', '.join(REQUIRED)} and optionally {', '.join(OPTIONAL)}")
+    signals = arrays["signals"]
+    if signals.dtype.kind not in "fiu" or signals.ndim != 3 or min(signals.shape) == 0:
+        raise DataError(f"{path}: signals must be a non-empty float array [N, C, T], got {signals.dtype} "
+                        f"{list(signals.shape)}")
+    count, channels, steps = signals.shape
+    if steps < MIN_WINDOW_STEPS:
+        raise DataError(f"{path}: windows of {steps} steps are too short for the models; at least "
+                        f"{MIN_WINDOW_STEPS}")
+    if not np.all(np.isfinite(signals)):
+        window, channel, step = (int(i) for i in np.argwhere(~np.isfinite(signals))[0])
+        raise DataError(f"{path}: signals hold NaN or infinity (first at window {window}, channel {channel}, "
+                        f"step {step})")
+    labels = _integers(path, arrays, "labels", count)
+    subjects = _integers(path, arrays, "subjects", count)
+    class_names = _names(path, arrays, "class_names", None)
+    num_classes = len(class_names) if class_names else int(labels.max()) + 1
+    if labels.min() < 0 or labels.max() >= num_classes:
+        bad = int(np.argmax((labels < 0) | (labels >= num_classes)))
+        raise DataError(f"{path}: label {labels[bad]} (window {bad}) is outside 0..{num_classes - 1}"
+                        + (f" ({num_classes} class_names)" if class_names else ""))
+    if num_classes < 2:
+        raise DataError(f"{path}: labels hold a single class; classification needs at least two")
+    channel_names = _names(path, arrays, "channel_names", channels)
+    return NpzWindows(signals.astype(np.float32), labels, subjects,
+                      class_names or tuple(f"class_{i}" for i in range(num_classes)),
+                      channel_names or tuple(f"channel_{i}" for i in range(channels)),
+                      _sample_rate(path, arrays), _split(path, arrays, count))
+
+
+def _integers(path, arrays, name, count):
+    values = arrays[name]
+    if values.dtype.kind not in "iu" or values.shape != (count,):
+        raise DataError(f"{path}: {name} must be integers of shape [{count}] (one per window), got "
+                        f"{values.dtype} {list(values.shape)}")
+    return values.astype(np.int64)
+
+
+def _names(path, arrays, name, count):
+    if name not in arrays:
+        return None
+    values = arrays[name]
+    if values.dtype.kind != "U" or values.ndim != 1 or (count is not None and len(values) != count):
+        size = f"[{count}]" if count is not None else "[K]"
+        raise DataError(f"{path}: {name} must be unicode strings of shape {size}, got {values.dtype} "
+                        f"{list(values.shape)}")
+    if len(set(values.tolist())) != len(values) or any(not value for value in values.tolist()):
+        raise DataError(f"{path}: {name} must be distinct and non-empty")
+    return tuple(values.tolist())
+
+
+def _sample_rate(path, arrays):
+    if "sample_rate_hz" not in arrays:
+        return float("nan")
+    value = arrays["sample_rate_hz"]
+    if value.shape != () or value.dtype.kind not in "fiu" or not np.isfinite(value) or value <= 0:
+        raise DataError(f"{path}: sample_rate_hz must be one positive number, got {value!r}")
+    return float(value)
+
+
+def _split(path, arrays, count):
+    if "split" not in arrays:
+        return None
+    split = arrays["split"]
+    if split.dtype.kind != "U" or split.shape != (count,):
+        raise DataError(f"{path}: split must be unicode strings of shape [{count}], got {split.dtype} "
+                        f"{list(split.shape)}")
+    odd = sorted(set(split.tolist()) - set(SPLIT_NAMES))
+    if odd:
+        raise DataError(f"{path}: split holds {odd[0]!r}; use 'train' or 'test'")
+    if not np.any(split == "test") or not np.any(split == "train"):
+        raise DataError(f"{path}: split needs both 'train' and 'test' windows")
+    return split

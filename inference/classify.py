@@ -1,0 +1,92 @@
+"""A recording through a checkpoint: the checkpoint's channels, sliding windows, probabilities."""
+from dataclasses import dataclass
+
+import numpy as np
+
+from data.errors import DataError
+from data.preprocess import available_channels, cut_windows, stream_channels, window_starts
+from data.splits import channel_names, select_channels
+from data.uci_har import SIGNAL_NAMES
+from inference.bundle import probabilities, require_sample_rate
+from inference.resample import on_model_clock
+from training.errors import UsageError
+
+
+@dataclass
+class WindowPredictions:
+    start_s: np.ndarray  # [N] window starts on the recording's clock
+    end_s: np.ndarray  # [N]
+    probabilities: np.ndarray  # [N, classes]
+    class_names: tuple
+    acc_magnitude_g: np.ndarray  # [m] |acc| at the model's rate, for the plot
+    sample_rate_hz: float  # the model's rate
+    start_s_of_stream: float
+    source_rate_hz: float
+
+    @property
+    def duration_s(self):
+        return len(self.acc_magnitude_g) / self.sample_rate_hz
+
+
+def check_channels(bundle, has_gyro, path):
+    """Refuse in one line a checkpoint whose channels this recording cannot give."""
+    available = available_channels(bundle.preprocessing, has_gyro)
+    names, mode = bundle.channel_names, bundle.config.get("mode", "flatten")
+    if set(names) <= set(available) or (_averaged(bundle) and set(SIGNAL_NAMES) <= set(available)):
+        return
+    lacking = "no gyroscope (gyro_x, gyro_y, gyro_z)" if not has_gyro else "other channels"
+    instead = "a checkpoint trained with --mode first" if bundle.preprocessing == "uci-har" else "another checkpoint"
+    raise UsageError(f"the checkpoint's channels ({', '.join(names)}; --mode {mode}) cannot be made from {path}, "
+                     f"which has {lacking}; use {instead}, or a recording with them")
+
+
+def _averaged(bundle):
+    return bundle.config.get("mode") == "average" and bundle.channel_names == channel_names("average")
+
+
+def model_channels(bundle, acc_g, gyro_rad_s):
+    """[C, m] stream in the checkpoint's channel order (check_channels has passed)."""
+    available = stream_channels(bundle.preprocessing, acc_g, gyro_rad_s, bundle.sample_rate_hz)
+    if _averaged(bundle):  # the same averaging as the training windows had
+        return select_channels(np.stack([available[name] for name in SIGNAL_NAMES])[None], "average")[0]
+    return np.stack([available[name] for name in bundle.channel_names])
+
+
+def check_usable(bundle, recording):
+    """What can be refused before any filtering: the rate, the preprocessing, the channels."""
+    require_sample_rate(bundle)
+    if bundle.preprocessing not in ("uci-har", "raw"):
+        raise UsageError(f"checkpoint {bundle.path} was trained on windows whose preprocessing is unknown "
+                         f"(channels {', '.join(bundle.channel_names)}), so recordings cannot be cut like them")
+    check_channels(bundle, recording.gyro_rad_s is not None, recording.path)
+
+
+@dataclass
+class RecordingWindows:
+    windows: np.ndarray  # float32 [N, C, T], raw units, the checkpoint's channels
+    start_steps: np.ndarray  # [N] window starts, in samples at the model's rate
+    acc_g: np.ndarray  # [m, 3] at the model's rate
+    start_s: float  # time of the first sample
+    source_rate_hz: float
+
+
+def recording_windows(bundle, recording, stride_steps=None, sample_rate_hz=None):
+    """The windows the checkpoint's training data would hold for this stream."""
+    check_usable(bundle, recording)
+    acc, gyro, start_s, source_hz = on_model_clock(recording, bundle.sample_rate_hz, sample_rate_hz)
+    window = bundle.window_steps
+    if len(acc) < window:
+        raise DataError(f"{recording.path} lasts {len(acc) / bundle.sample_rate_hz:.2f} s, shorter than one "
+                        f"window of the model ({window} samples = {window / bundle.sample_rate_hz:g} s)")
+    stream = model_channels(bundle, acc, gyro)
+    starts = window_starts(stream.shape[1], window, stride_steps or window // 2)
+    return RecordingWindows(cut_windows(stream, starts, window), starts, acc, start_s, source_hz)
+
+
+def classify_recording(bundle, recording, device, stride_steps=None, sample_rate_hz=None):
+    cut = recording_windows(bundle, recording, stride_steps, sample_rate_hz)
+    rate_hz = bundle.sample_rate_hz
+    begin_s = cut.start_s + cut.start_steps / rate_hz
+    return WindowPredictions(begin_s, begin_s + bundle.window_steps / rate_hz,
+                             probabilities(bundle, cut.windows, device), bundle.class_names,
+                             np.linalg.norm(cut.acc_g, axis=1), rate_hz, cut.start_s, cut.source_rate_hz)

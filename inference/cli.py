@@ -1,0 +1,57 @@
+"""Command-line parsers of predict.py and export.py."""
+import argparse
+import math
+
+from inference.recording import ACC_UNITS, GYRO_UNITS
+from inference.timeline import SMOOTHERS
+from training.errors import UsageError
+
+EXPORT_FORMATS = ("torchscript", "onnx")
+
+
+def predict_parser():
+    parser = argparse.ArgumentParser(
+        prog="predict.py", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Classify a whole recording with a trained checkpoint, or evaluate it on a dataset split.")
+    parser.add_argument("--checkpoint", required=True, help="best.pt or last.pt written by training")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--recording", help="CSV (time_s, acc_x..z, gyro_x..z) or .npz (acc, gyro, time_s)")
+    source.add_argument("--data-dir", help="evaluate instead: a UCI HAR folder, or an .npz with --dataset npz")
+    parser.add_argument("--out", required=True, help="output folder (created if missing)")
+    parser.add_argument("--overwrite", action="store_true", help="replace outputs already in --out")
+    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    group = parser.add_argument_group("recording")
+    group.add_argument("--sample-rate", type=float, default=None, metavar="HZ",
+                       help="the recording's rate when it has no time_s column")
+    group.add_argument("--acc-unit", choices=tuple(ACC_UNITS), default="g")
+    group.add_argument("--gyro-unit", choices=tuple(GYRO_UNITS), default="rad/s")
+    group.add_argument("--stride", type=int, default=None, metavar="STEPS",
+                       help="samples (at the model's rate) between window starts; default half a window")
+    group.add_argument("--smooth", nargs="?", choices=SMOOTHERS, const="hmm", default=None,
+                       help="smooth the window sequence: median of the probabilities over 5 windows, or "
+                            "hmm (a sticky Viterbi path; what --smooth alone picks)")
+    group = parser.add_argument_group("evaluation")
+    group.add_argument("--dataset", choices=("auto", "uci-har", "npz"), default="auto")
+    group.add_argument("--split", choices=("train", "val", "test"), default="test",
+                       help="val and train are rebuilt with the checkpoint's --val-fraction and --seed")
+    parser.add_argument("--debug", action="store_true", help="full tracebacks instead of one-line errors")
+    return parser
+
+
+def parse_predict_args(argv):
+    args = predict_parser().parse_args(argv)
+    if args.sample_rate is not None and not (math.isfinite(args.sample_rate) and args.sample_rate > 0):
+        raise UsageError(f"--sample-rate must be a positive number of Hz, got {args.sample_rate}")
+    return args
+
+
+def export_parser():
+    parser = argparse.ArgumentParser(
+        prog="export.py", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Export a checkpoint as a self-contained model: raw-unit windows [B, C, T] in, logits out.")
+    parser.add_argument("--checkpoint", required=True, help="best.pt or last.pt written by training")
+    parser.add_argument("--format", choices=EXPORT_FORMATS, required=True)
+    parser.add_argument("--out", required=True, help="file to write, e.g. model.pt or model.onnx")
+    parser.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    parser.add_argument("--debug", action="store_true", help="full tracebacks instead of one-line errors")
+    return parser

@@ -1,0 +1,53 @@
+"""predict.py --data-dir: a checkpoint's test report on a split, without training."""
+import json
+from pathlib import Path
+
+import numpy as np
+
+from data.splits import load_har_data
+from inference.bundle import load_bundle, pick_device, probabilities
+from inference.outputs import prepare_out_dir, write_atomic
+from training.errors import UsageError
+from training.figures import plot_confusion_matrix
+from training.report import classification_report, format_report
+
+OUTPUTS = ("test_report.json", "confusion_matrix.png")
+
+
+def evaluate_checkpoint(args):
+    bundle = load_bundle(args.checkpoint)
+    device = pick_device(args.device)
+    config = bundle.config
+    # The split is rebuilt as training built it: same mode, validation share and seed.
+    dataset = "npz" if args.dataset == "auto" and str(args.data_dir).endswith(".npz") else args.dataset
+    data = load_har_data(dataset, args.data_dir, config.get("mode", "flatten"),
+                         config.get("val_fraction", 0.2), split_seed=config.get("seed", 0))
+    split = getattr(data, args.split)
+    _check_fits(bundle, data, split, args)
+    out = prepare_out_dir(args.out, OUTPUTS, args.overwrite)
+    probs = probabilities(bundle, split.signals, device)
+    predictions = probs.argmax(axis=1)
+    loss = float(-np.log(np.clip(probs[np.arange(len(split)), split.labels], 1e-12, None)).mean())
+    report = {**classification_report(split.labels, predictions, bundle.class_names), "loss": loss,
+              "checkpoint": str(bundle.path), "split": args.split, "data": data.description}
+    write_atomic(out / "test_report.json",
+                 lambda partial: Path(partial).write_text(json.dumps(report, indent=2)))
+    write_atomic(out / "confusion_matrix.png", lambda partial: plot_confusion_matrix(
+        report["confusion_matrix"], bundle.class_names, partial, title=f"{args.split} split"))
+    print(f"{bundle.describe()}\n{data.description}\n{args.split} split:\n{format_report(report)}")
+    print(f"wrote {out / 'test_report.json'}, {out / 'confusion_matrix.png'}")
+    return 0
+
+
+def _check_fits(bundle, data, split, args):
+    if tuple(data.channel_names) != bundle.channel_names:
+        raise UsageError(f"{args.data_dir} gives channels {', '.join(data.channel_names)}; the checkpoint was "
+                         f"trained on {', '.join(bundle.channel_names)}")
+    if tuple(data.class_names) != bundle.class_names:
+        raise UsageError(f"{args.data_dir} has classes {', '.join(data.class_names)}; the checkpoint knows "
+                         f"{', '.join(bundle.class_names)}")
+    if split.signals.shape[2] != bundle.window_steps:
+        raise UsageError(f"{args.data_dir} has windows of {split.signals.shape[2]} steps; the checkpoint was "
+                         f"trained on {bundle.window_steps}")
+    if len(split) == 0:
+        raise UsageError(f"the {args.split} split of {args.data_dir} is empty")

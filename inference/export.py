@@ -1,0 +1,110 @@
+"""A checkpoint as one deployable file: raw-unit windows [B, C, T] in, logits out, with the
+normalisation inside, as TorchScript or ONNX (dynamic batch size)."""
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from inference.outputs import write_atomic
+from training.errors import UsageError
+
+ONNX_OPSET = 17
+PARITY_BATCH = 3  # traced with one batch size, checked with another: the batch must stay dynamic
+
+
+class RawUnitModel(nn.Module):
+    """(signals - mean) / std, then the model: what the deployed file computes."""
+
+    def __init__(self, model, mean, std):
+        super().__init__()
+        self.model = model
+        self.register_buffer("mean", torch.as_tensor(mean, dtype=torch.float32).reshape(1, -1, 1))
+        self.register_buffer("std", torch.as_tensor(std, dtype=torch.float32).reshape(1, -1, 1))
+
+    def forward(self, signals):
+        return self.model((signals - self.mean) / self.std)
+
+
+def deployable(bundle):
+    return RawUnitModel(bundle.model, bundle.mean, bundle.std).eval()
+
+
+def example_windows(bundle, batch_size, seed=0):
+    """Windows at the scale of the training data (mean +- std per channel)."""
+    generator = torch.Generator().manual_seed(seed)
+    noise = torch.randn(batch_size, len(bundle.channel_names), bundle.window_steps, generator=generator)
+    return noise * torch.from_numpy(bundle.std)[None, :, None] + torch.from_numpy(bundle.mean)[None, :, None]
+
+
+def export_torchscript(bundle, path):
+    model = deployable(bundle)
+    # torch.jit.trace warns that it is deprecated; it is still the one path whose file loads with
+    # torch.jit.load alone. No grad while tracing: the transformer then records the same fused
+    # inference path it takes in eval, so the traced graph does not depend on autograd state.
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(model, example_windows(bundle, 2), check_trace=False)
+    write_atomic(path, lambda partial: torch.jit.save(traced, str(partial)))
+
+
+def export_onnx(bundle, path):
+    # The TorchScript-based exporter (dynamo=False) needs the onnx package but not onnxscript,
+    # which the default dynamo exporter would add as a further dependency.
+    try:
+        import onnx  # noqa: F401
+    except ImportError:
+        raise UsageError("--format onnx needs the onnx package: pip install onnx onnxruntime") from None
+    model = deployable(bundle)
+    axes = {"signals": {0: "batch"}, "logits": {0: "batch"}}
+    # ONNX has no operator for PyTorch's fused transformer-layer kernel: export the plain layers.
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the legacy exporter announces its deprecation at every call
+            write_atomic(path, lambda partial: torch.onnx.export(
+                model, (example_windows(bundle, 2),), str(partial), dynamo=False, input_names=["signals"],
+                output_names=["logits"], dynamic_axes=axes, opset_version=ONNX_OPSET))
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+
+
+def run_exported(path, fmt, windows):
+    """Logits of an exported file for a float32 [B, C, T] array; None when onnxruntime is missing."""
+    if fmt == "torchscript":
+        with torch.no_grad():
+            return torch.jit.load(str(path)).eval()(torch.from_numpy(windows)).numpy()
+    try:
+        import onnxruntime
+    except ImportError:
+        return None
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, {"signals": windows})[0]
+
+
+def reference_logits(bundle, windows):
+    with torch.no_grad():
+        return deployable(bundle)(torch.from_numpy(windows)).numpy()
+
+
+def export(bundle, fmt, path):
+    """Write `path`, then check it against the PyTorch model; returns the largest |difference|."""
+    {"torchscript": export_torchscript, "onnx": export_onnx}[fmt](bundle, path)
+    windows = example_windows(bundle, PARITY_BATCH, seed=1).numpy()
+    logits = run_exported(path, fmt, windows)
+    if logits is None:
+        return None
+    return float(np.max(np.abs(logits - reference_logits(bundle, windows))))
+
+
+def check_out_file(out, overwrite):
+    out = Path(out)
+    if out.is_dir():
+        raise UsageError(f"--out {out} is a folder; give a file name such as {out / 'model.onnx'}")
+    if out.exists() and not overwrite:
+        raise UsageError(f"--out {out} exists; choose another name or pass --overwrite")
+    if not out.parent.is_dir():
+        raise UsageError(f"--out {out}: folder {out.parent} does not exist")
+    return out

@@ -1,0 +1,115 @@
+"""Read a continuous recording (CSV or .npz) into accelerometer in g and gyroscope in rad/s."""
+import csv
+import math
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from data.errors import DataError
+from data.preprocess import ACC_AXES, GYRO_AXES
+
+TIME_COLUMN = "time_s"
+COLUMNS = (TIME_COLUMN, *ACC_AXES, *GYRO_AXES)
+STANDARD_GRAVITY_M_S2 = 9.80665
+ACC_UNITS = {"g": 1.0, "m/s2": 1.0 / STANDARD_GRAVITY_M_S2}
+GYRO_UNITS = {"rad/s": 1.0, "deg/s": math.pi / 180.0}
+
+
+@dataclass
+class Recording:
+    acc_g: np.ndarray  # float64 [n, 3]
+    gyro_rad_s: np.ndarray  # float64 [n, 3], or None when the recording has no gyroscope
+    time_s: np.ndarray  # float64 [n], or None: then the sample rate must be given
+    path: str
+
+    def __len__(self):
+        return len(self.acc_g)
+
+
+def read_recording(path, acc_unit="g", gyro_unit="rad/s"):
+    """CSV with a header of COLUMNS (time_s and gyro_* optional), or .npz with acc, gyro, time_s."""
+    path = Path(path)
+    if not path.is_file():
+        what = "is a folder" if path.is_dir() else "does not exist"
+        raise DataError(f"--recording {path} {what}")
+    columns = _read_npz(path) if path.suffix.lower() == ".npz" else _read_csv(path)
+    acc = columns["acc"] * ACC_UNITS[acc_unit]
+    gyro = columns["gyro"] * GYRO_UNITS[gyro_unit] if columns.get("gyro") is not None else None
+    time_s = columns.get("time_s")
+    for name, values in (("acc", acc), ("gyro", gyro), (TIME_COLUMN, time_s)):
+        if values is not None and not np.all(np.isfinite(values)):
+            row = int(np.argwhere(~np.isfinite(values))[0][0])
+            raise DataError(f"{path}: {name} holds NaN or infinity (first at sample {row + 1}); fill or cut "
+                            "that stretch before classifying")
+    if time_s is not None and len(time_s) > 1 and np.any(np.diff(time_s) <= 0):
+        row = int(np.argmax(np.diff(time_s) <= 0))
+        raise DataError(f"{path}: {TIME_COLUMN} does not increase at sample {row + 2} ({time_s[row]:g} then "
+                        f"{time_s[row + 1]:g} s); time stamps must be strictly increasing")
+    return Recording(acc, gyro, time_s, str(path))
+
+
+def _read_csv(path):
+    try:
+        with open(path, newline="") as handle:
+            header = next(csv.reader(handle), None)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"{path} cannot be read ({type(exc).__name__}); expected a CSV file") from None
+    header = [name.strip() for name in header or []]
+    if not header:
+        raise DataError(f"{path} is empty; expected a CSV whose first line names the columns "
+                        f"({TIME_COLUMN}, {', '.join(ACC_AXES)}, {', '.join(GYRO_AXES)})")
+    unknown = [name for name in header if name not in COLUMNS]
+    if unknown or len(set(header)) != len(header):
+        problem = f"unknown column {unknown[0]!r}" if unknown else "a repeated column"
+        raise DataError(f"{path}: {problem} in the header; expected {TIME_COLUMN} (optional), "
+                        f"{', '.join(ACC_AXES)}, {', '.join(GYRO_AXES)}")
+    try:
+        values = np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2, dtype=np.float64)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise DataError(f"{path}: not a table of numbers ({str(exc).splitlines()[0]})") from None
+    if values.size == 0:
+        values = np.zeros((0, len(header)))
+    if values.shape[1] != len(header):
+        raise DataError(f"{path}: rows have {values.shape[1]} values but the header names {len(header)} columns")
+    table = {name: values[:, i] for i, name in enumerate(header)}
+    return _group(path, table, lambda axes: f"column(s) {', '.join(axes)}")
+
+
+def _read_npz(path):
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            arrays = {name: archive[name] for name in archive.files}
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise DataError(f"{path} is not a readable .npz of numeric arrays ({type(exc).__name__})") from None
+    unknown = sorted(set(arrays) - {"acc", "gyro", TIME_COLUMN})
+    if unknown or "acc" not in arrays:
+        problem = f"unknown array {unknown[0]!r}" if unknown else "no array 'acc'"
+        raise DataError(f"{path}: {problem}; expected acc [n, 3], optional gyro [n, 3] and {TIME_COLUMN} [n]")
+    table = {}
+    for name, array in arrays.items():
+        shape = (len(arrays["acc"]),) if name == TIME_COLUMN else (len(arrays["acc"]), 3)
+        if array.dtype.kind not in "fiu" or array.shape != shape:
+            raise DataError(f"{path}: {name} must be numbers of shape {list(shape)}, got {array.dtype} "
+                            f"{list(array.shape)}")
+        if name == TIME_COLUMN:
+            table[name] = array.astype(np.float64)
+        else:
+            table.update({f"{name}_{axis}": array[:, i].astype(np.float64) for i, axis in enumerate("xyz")})
+    return _group(path, table, lambda axes: f"array {axes[0].split('_')[0]}")
+
+
+def _group(path, table, name_of):
+    """acc [n, 3], gyro [n, 3] or None, time_s [n] or None from named 1-D columns."""
+    missing_acc = [axis for axis in ACC_AXES if axis not in table]
+    if missing_acc:
+        raise DataError(f"{path}: missing {name_of(missing_acc)}; the accelerometer "
+                        f"({', '.join(ACC_AXES)}) is required")
+    present_gyro = [axis for axis in GYRO_AXES if axis in table]
+    if present_gyro and len(present_gyro) < len(GYRO_AXES):
+        missing = [axis for axis in GYRO_AXES if axis not in table]
+        raise DataError(f"{path}: missing {name_of(missing)}; give all three gyroscope axes or none")
+    return {"acc": np.stack([table[axis] for axis in ACC_AXES], axis=1),
+            "gyro": np.stack([table[axis] for axis in GYRO_AXES], axis=1) if present_gyro else None,
+            "time_s": table.get(TIME_COLUMN)}

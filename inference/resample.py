@@ -1,0 +1,69 @@
+"""Bring a recording onto the model's sample clock: one uniform grid at the model's rate."""
+from fractions import Fraction
+
+import numpy as np
+from scipy.signal import resample_poly
+
+from training.errors import UsageError
+
+# Beyond these the rate is almost surely a unit mistake (time in ms, a period given as a rate);
+# below half the model's rate, upsampling would have to invent the motion the model looks at.
+MIN_RATE_RATIO = 0.5
+MAX_RATE_RATIO = 20.0
+JITTER_TOLERANCE = 0.01  # time steps within 1% of the median count as uniform
+RATE_AGREEMENT = 0.02  # --sample-rate and the time column may differ by 2%
+MAX_RATIO_DENOMINATOR = 1000  # resampling ratios are rounded to a fraction with at most this below
+
+
+def source_rate_hz(time_s, sample_rate_hz, path):
+    """The recording's rate: from its time stamps, else from --sample-rate."""
+    if time_s is None:
+        if sample_rate_hz is None:
+            raise UsageError(f"{path} has no time_s column; give its rate with --sample-rate HZ")
+        return float(sample_rate_hz)
+    if len(time_s) < 2:
+        raise UsageError(f"{path} holds fewer than two samples")
+    from_time = 1.0 / float(np.median(np.diff(time_s)))
+    if sample_rate_hz is not None and abs(sample_rate_hz / from_time - 1) > RATE_AGREEMENT:
+        raise UsageError(f"--sample-rate {sample_rate_hz:g} disagrees with the time_s column of {path} "
+                         f"({from_time:.4g} Hz); drop --sample-rate or fix the time stamps")
+    return from_time
+
+
+def check_rate(rate_hz, model_rate_hz, time_given, path):
+    if not MIN_RATE_RATIO * model_rate_hz <= rate_hz <= MAX_RATE_RATIO * model_rate_hz:
+        where = "its time_s column (in seconds?)" if time_given else "--sample-rate"
+        raise UsageError(f"{path} runs at {rate_hz:.4g} Hz by {where}, far from the model's {model_rate_hz:g} Hz "
+                         f"(accepted: {MIN_RATE_RATIO * model_rate_hz:g} to {MAX_RATE_RATIO * model_rate_hz:g} Hz); "
+                         "check the rate or the time unit")
+
+
+def to_uniform(values, time_s, rate_hz):
+    """Linear interpolation of [n, k] values onto start + i / rate_hz when the stamps jitter."""
+    if time_s is None:
+        return values
+    steps = np.diff(time_s)
+    if np.max(np.abs(steps * rate_hz - 1.0)) <= JITTER_TOLERANCE:
+        return values
+    grid = time_s[0] + np.arange(int(np.floor((time_s[-1] - time_s[0]) * rate_hz)) + 1) / rate_hz
+    return np.stack([np.interp(grid, time_s, column) for column in values.T], axis=1)
+
+
+def resample(values, from_hz, to_hz):
+    """[n, k] at from_hz -> [m, k] at to_hz, polyphase with its anti-aliasing filter."""
+    ratio = Fraction(to_hz / from_hz).limit_denominator(MAX_RATIO_DENOMINATOR)
+    if ratio == 1:
+        return values
+    # padtype="line" continues each edge's trend: zero padding would bend gravity (1 g) at both ends.
+    return resample_poly(values, ratio.numerator, ratio.denominator, axis=0, padtype="line")
+
+
+def on_model_clock(recording, model_rate_hz, sample_rate_hz=None):
+    """(acc_g [m, 3], gyro_rad_s [m, 3] or None, start_s, source_hz) at the model's rate."""
+    rate_hz = source_rate_hz(recording.time_s, sample_rate_hz, recording.path)
+    check_rate(rate_hz, model_rate_hz, recording.time_s is not None, recording.path)
+    start_s = float(recording.time_s[0]) if recording.time_s is not None else 0.0
+    signals = recording.acc_g if recording.gyro_rad_s is None else np.hstack([recording.acc_g, recording.gyro_rad_s])
+    signals = resample(to_uniform(signals, recording.time_s, rate_hz), rate_hz, model_rate_hz)
+    gyro = signals[:, 3:] if recording.gyro_rad_s is not None else None
+    return signals[:, :3], gyro, start_s, rate_hz

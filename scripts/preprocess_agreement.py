@@ -1,0 +1,47 @@
+"""How closely data/preprocess.py reproduces a UCI-HAR-layout split cut from the raw recordings.
+
+usage: python -m scripts.preprocess_agreement --data-dir ../hapt-dev-ucihar
+           [--recordings ../shared/data/hapt-dev/hapt_dev_recordings.npz] [--split test]
+           [--subjects 3,7,15,21,26,29]
+
+Cuts every recording of the split's subjects as the layout was cut (128 samples every 64,
+wholly inside one activity 1..6, recordings in name order) and prints the largest difference
+from the windows the loader reads. Development data only: nothing in the tests needs it.
+"""
+import argparse
+
+import numpy as np
+
+from data.preprocess import cut_windows, uci_har_channels
+from data.uci_har import SAMPLE_RATE_HZ, SIGNAL_NAMES, WINDOW_STEPS, find_root, load_split
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--recordings", default="../shared/data/hapt-dev/hapt_dev_recordings.npz")
+    parser.add_argument("--split", default="test", choices=("train", "test"))
+    parser.add_argument("--subjects", default="3,7,15,21,26,29", help="the subjects in --split")
+    args = parser.parse_args()
+    loaded, labels, _ = load_split(find_root(args.data_dir), args.split)
+    subjects = {int(s) for s in args.subjects.split(",")}
+    archive = np.load(args.recordings, allow_pickle=False)
+    ours = []
+    for name in sorted({key.rsplit("_", 1)[0] for key in archive.files if int(key[1:3]) in subjects}):
+        channels = uci_har_channels(archive[f"{name}_acc"], archive[f"{name}_gyro"], SAMPLE_RATE_HZ)
+        stream = np.stack([channels[channel] for channel in SIGNAL_NAMES])
+        label = archive[f"{name}_label"].astype(np.int64)
+        edges = np.flatnonzero(np.diff(label)) + 1
+        for first, stop in zip(np.r_[0, edges], np.r_[edges, len(label)]):
+            starts = np.arange(first, stop - WINDOW_STEPS + 1, WINDOW_STEPS // 2)
+            if 1 <= label[first] <= 6 and len(starts):
+                ours.append(cut_windows(stream, starts, WINDOW_STEPS))
+    ours = np.concatenate(ours)
+    if ours.shape != loaded.shape:
+        raise SystemExit(f"{len(ours)} windows cut here, {len(loaded)} in the {args.split} split: other subjects?")
+    print(f"{len(ours)} {args.split} windows of {sorted(subjects)}: largest |difference| "
+          f"{np.abs(ours - loaded).max():.2e} (the text files keep 8 significant digits)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""export.py: TorchScript and ONNX files that take raw-unit windows and match the PyTorch model."""
+import numpy as np
+import pytest
+import torch
+
+from inference_fixtures import make_checkpoint
+from test_bad_input import assert_refused, hostile_checkpoint
+from test_predict import run_script
+
+MODELS = ("cnn1d", "cnn_lstm", "transformer")
+BATCH_SIZES = (1, 4, 9)
+
+
+def expected_logits(checkpoint, windows):
+    """The checkpoint's model on (windows - mean) / std, built here without the export code."""
+    from models import build_model
+    state = torch.load(checkpoint, weights_only=True)
+    config = state["config"]
+    model = build_model(config["model"], state["in_channels"], state["num_classes"], norm=config["norm"])
+    model.load_state_dict(state["model"])
+    normalised = (torch.from_numpy(windows) - state["normalization"]["mean"][None, :, None]) / \
+        state["normalization"]["std"][None, :, None]
+    with torch.no_grad():
+        return model.eval()(normalised).numpy()
+
+
+def raw_windows(batch_size, steps, seed):
+    rng = np.random.default_rng(seed)
+    return (rng.normal(0, 0.4, (batch_size, 9, steps)) + 0.2).astype(np.float32)
+
+
+def run_torchscript(path, windows):
+    with torch.no_grad():
+        return torch.jit.load(str(path))(torch.from_numpy(windows)).numpy()
+
+
+def run_onnx(path, windows):
+    onnxruntime = pytest.importorskip("onnxruntime")
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == ["signals"]
+    return session.run(["logits"], {"signals": windows})[0]
+
+
+@pytest.mark.parametrize("fmt, runner", [("torchscript", run_torchscript), ("onnx", run_onnx)])
+@pytest.mark.parametrize("model", MODELS)
+def test_export_matches_pytorch(model, fmt, runner, tmp_path):
+    if fmt == "onnx":
+        pytest.importorskip("onnx")
+        pytest.importorskip("onnxruntime")
+    steps = 96 if model == "transformer" else 128  # the transformer also off its default length
+    checkpoint = make_checkpoint(tmp_path / "best.pt", model=model, window_steps=steps)
+    out = tmp_path / f"model.{fmt}"
+    code, stdout, err = run_script("export", ["--checkpoint", checkpoint, "--format", fmt, "--out", out])
+    assert code == 0, err
+    assert "largest logit difference" in stdout
+    for seed, batch_size in enumerate(BATCH_SIZES):
+        windows = raw_windows(batch_size, steps, seed)
+        got = runner(out, windows)
+        want = expected_logits(checkpoint, windows)
+        assert got.shape == (batch_size, 6)
+        assert np.abs(want).max() > 0.05  # a model that outputs ~0 would match anything
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+
+
+def test_exported_model_normalises_inside(tmp_path):
+    # Fed normalised windows, the export must disagree: the normalisation is its job.
+    checkpoint = make_checkpoint(tmp_path / "best.pt")
+    out = tmp_path / "model.pt"
+    assert run_script("export", ["--checkpoint", checkpoint, "--format", "torchscript", "--out", out])[0] == 0
+    windows = raw_windows(4, 128, 0)
+    state = torch.load(checkpoint, weights_only=True)
+    normalised = ((windows - state["normalization"]["mean"].numpy()[None, :, None]) /
+                  state["normalization"]["std"].numpy()[None, :, None]).astype(np.float32)
+    assert np.abs(run_torchscript(out, normalised) - expected_logits(checkpoint, windows)).max() > 1e-2
+
+
+def test_export_refuses_bad_input(tmp_path):
+    checkpoint = make_checkpoint(tmp_path / "best.pt")
+    existing = tmp_path / "model.onnx"
+    existing.write_bytes(b"keep me")
+    assert_refused(run_script("export", ["--checkpoint", checkpoint, "--format", "onnx", "--out", existing]),
+                   "exists", "--overwrite")
+    assert existing.read_bytes() == b"keep me"
+    assert_refused(run_script("export", ["--checkpoint", checkpoint, "--format", "onnx", "--out", tmp_path]),
+                   "is a folder")
+    assert_refused(run_script("export", ["--checkpoint", checkpoint, "--format", "tflite", "--out", existing]),
+                   "--format")
+    marker = tmp_path / "code-ran"
+    hostile = hostile_checkpoint(tmp_path / "hostile.pt", marker, checkpoint)
+    assert_refused(run_script("export", ["--checkpoint", hostile, "--format", "torchscript",
+                                         "--out", tmp_path / "m.pt"]), "holds objects other than tensors")
+    assert not marker.exists() and not (tmp_path / "m.pt").exists()

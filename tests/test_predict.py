@@ -1,0 +1,326 @@
+"""predict.py end to end: recordings in, windows.csv / timeline.csv / timeline.png out; evaluation
+without training; every bad input refused in one line with nothing in --out touched."""
+import contextlib
+import csv
+import io
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import TINY_DATA, run_in_process
+from data.uci_har import CLASS_NAMES
+from inference_fixtures import RATE_HZ, make_checkpoint, synthetic_stream, write_csv
+from test_bad_input import assert_refused, hostile_checkpoint, snapshot, write_fake_uci
+from training.errors import run_entry_point
+
+OUTPUTS = ("windows.csv", "timeline.csv", "timeline.png")
+
+
+def run_script(module_name, argv):
+    """(exit code, stdout, stderr) of predict.py or export.py's main, through the CLI wrapper."""
+    module = __import__(module_name)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = run_entry_point(module.main, [str(arg) for arg in argv])
+        except SystemExit as exc:  # argparse
+            code = exc.code
+    return code, out.getvalue(), err.getvalue()
+
+
+def read_rows(path):
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "best.pt")
+
+
+@pytest.fixture(scope="module")
+def stream():
+    return synthetic_stream(30.0)
+
+
+@pytest.fixture(scope="module")
+def recording(tmp_path_factory, stream):
+    return write_csv(tmp_path_factory.mktemp("rec") / "walk.csv", *stream)
+
+
+def predict(checkpoint, recording, out, *flags):
+    return run_script("predict", ["--checkpoint", checkpoint, "--recording", recording, "--out", out, *flags])
+
+
+def test_recording_outputs(checkpoint, recording, tmp_path):
+    code, out, err = predict(checkpoint, recording, tmp_path / "out")
+    assert code == 0, err
+    windows = read_rows(tmp_path / "out" / "windows.csv")
+    assert list(windows[0]) == ["start_s", "end_s", "predicted", "confidence", *CLASS_NAMES]
+    # 1500 samples at 50 Hz: windows every 64 from 0 to 1344, then one ending at the last sample.
+    starts = [float(row["start_s"]) for row in windows]
+    np.testing.assert_allclose(starts, [*(np.arange(0, 1345, 64) / RATE_HZ), (1500 - 128) / RATE_HZ], atol=1e-3)
+    for row in windows:
+        assert float(row["end_s"]) == pytest.approx(float(row["start_s"]) + 2.56, abs=1e-3)
+        probs = np.array([float(row[name]) for name in CLASS_NAMES])
+        assert probs.sum() == pytest.approx(1.0, abs=1e-3)
+        assert row["predicted"] == CLASS_NAMES[int(np.argmax(probs))]
+        assert float(row["confidence"]) == pytest.approx(probs.max(), abs=1e-4)
+    timeline = read_rows(tmp_path / "out" / "timeline.csv")
+    assert list(timeline[0]) == ["start_s", "end_s", "activity", "confidence"]
+    assert float(timeline[0]["start_s"]) == 0.0 and float(timeline[-1]["end_s"]) == pytest.approx(30.0, abs=1e-3)
+    for before, after in zip(timeline, timeline[1:]):
+        assert before["end_s"] == after["start_s"] and before["activity"] != after["activity"]
+    assert (tmp_path / "out" / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "windows" in out and all(name in out for name in CLASS_NAMES)
+
+
+def test_recording_matches_the_model_on_the_same_windows(checkpoint, stream, tmp_path):
+    # The probabilities in windows.csv are the checkpoint's model applied to its normalised windows.
+    from inference.bundle import load_bundle
+    from inference.classify import recording_windows
+    from inference.recording import Recording
+    time_s, acc, gyro = stream
+    code, _, err = predict(checkpoint, write_csv(tmp_path / "r.csv", time_s, acc, gyro), tmp_path / "out")
+    assert code == 0, err
+    bundle = load_bundle(checkpoint)
+    windows = recording_windows(bundle, Recording(acc, gyro, time_s, "r")).windows
+    state = torch.load(checkpoint, weights_only=True)
+    mean, std = state["normalization"]["mean"][None, :, None], state["normalization"]["std"][None, :, None]
+    with torch.no_grad():
+        expected = torch.softmax(bundle.model((torch.from_numpy(windows) - mean) / std), dim=1).numpy()
+    written = np.array([[float(row[name]) for name in CLASS_NAMES] for row in read_rows(tmp_path / "out" / "windows.csv")])
+    np.testing.assert_allclose(written, expected, atol=1e-3)
+
+
+def test_npz_csv_units_and_rates_agree(checkpoint, stream, tmp_path):
+    time_s, acc, gyro = stream
+    code, _, err = predict(checkpoint, write_csv(tmp_path / "g.csv", time_s, acc, gyro), tmp_path / "a")
+    assert code == 0, err
+    reference = read_rows(tmp_path / "a" / "windows.csv")
+    np.savez(tmp_path / "r.npz", acc=acc, gyro=gyro)
+    converted = write_csv(tmp_path / "si.csv", None, acc * 9.80665, np.degrees(gyro))
+    for name, recording, flags in (("b", tmp_path / "r.npz", ["--sample-rate", "50"]),
+                                   ("c", converted, ["--sample-rate", "50", "--acc-unit", "m/s2",
+                                                     "--gyro-unit", "deg/s"])):
+        code, _, err = predict(checkpoint, recording, tmp_path / name, *flags)
+        assert code == 0, err
+        rows = read_rows(tmp_path / name / "windows.csv")
+        assert [row["start_s"] for row in rows] == [row["start_s"] for row in reference]
+        for row, expected in zip(rows, reference):
+            assert abs(float(row["confidence"]) - float(expected["confidence"])) < 2e-3
+
+
+def test_a_100_hz_recording_is_resampled(checkpoint, tmp_path):
+    time_s, acc, gyro = synthetic_stream(30.0, rate_hz=100.0)
+    code, out, err = predict(checkpoint, write_csv(tmp_path / "fast.csv", time_s, acc, gyro), tmp_path / "out")
+    assert code == 0, err
+    assert "100 Hz" in out
+    windows = read_rows(tmp_path / "out" / "windows.csv")
+    assert len(windows) == 23  # as many as the same 30 s at 50 Hz
+    assert float(windows[-1]["end_s"]) == pytest.approx(30.0, abs=0.02)
+
+
+@pytest.mark.parametrize("smooth", ["median", "hmm"])
+def test_smoothing_gives_fewer_or_as_many_segments(checkpoint, recording, tmp_path, smooth):
+    assert predict(checkpoint, recording, tmp_path / "raw")[0] == 0
+    code, out, err = predict(checkpoint, recording, tmp_path / "smooth", "--smooth", smooth)
+    assert code == 0, err
+    assert f"{smooth} smoothing" in out
+    assert len(read_rows(tmp_path / "smooth" / "timeline.csv")) <= len(read_rows(tmp_path / "raw" / "timeline.csv"))
+
+
+def test_acc_only_recording_with_a_body_acc_checkpoint(tmp_path):
+    time_s, acc, _ = synthetic_stream(10.0)
+    checkpoint = make_checkpoint(tmp_path / "first.pt", mode="first")
+    code, _, err = predict(checkpoint, write_csv(tmp_path / "acc.csv", time_s, acc, None), tmp_path / "out")
+    assert code == 0, err
+
+
+def test_checkpoint_from_training_predicts(tmp_path, recording):
+    # The metadata predict.py reads is what the trainer writes.
+    code, _, err = run_in_process("main.py", [*TINY_DATA, "--synthetic-windows-per-subject", "8", "--epochs", "1",
+                                              "--save-dir", tmp_path / "run"])
+    assert code == 0, err
+    state = torch.load(tmp_path / "run" / "best.pt", weights_only=True)
+    assert (state["sample_rate_hz"], state["window_steps"], state["preprocessing"]) == (50.0, 128, "uci-har")
+    code, _, err = predict(tmp_path / "run" / "best.pt", recording, tmp_path / "out", "--smooth")
+    assert code == 0, err
+
+
+def test_evaluation_without_training(checkpoint, tmp_path):
+    root = write_fake_uci(tmp_path / "UCI HAR Dataset")
+    code, out, err = run_script("predict", ["--checkpoint", checkpoint, "--data-dir", root, "--out", tmp_path / "eval"])
+    assert code == 0, err
+    report = json.loads((tmp_path / "eval" / "test_report.json").read_text())
+    assert report["num_samples"] == 6 and report["split"] == "test"
+    matrix = np.array(report["confusion_matrix"])
+    assert matrix.sum() == 6 and report["acc"] == pytest.approx(np.trace(matrix) / 6)
+    # The report agrees with the model run by hand on the normalised test windows.
+    from data.uci_har import load_split
+    from inference.bundle import load_bundle
+    signals, labels, _ = load_split(root, "test")
+    state = torch.load(checkpoint, weights_only=True)
+    normalised = (torch.from_numpy(signals) - state["normalization"]["mean"][None, :, None]) / \
+        state["normalization"]["std"][None, :, None]
+    with torch.no_grad():
+        predicted = load_bundle(checkpoint).model(normalised).argmax(dim=1).numpy()
+    assert report["acc"] == pytest.approx(float(np.mean(predicted == labels)))
+    assert (tmp_path / "eval" / "confusion_matrix.png").read_bytes()[:4] == b"\x89PNG"
+
+
+# ---------------------------------------------------------------------------
+# Bad input: one line, exit 2, and --out as it was
+# ---------------------------------------------------------------------------
+
+@pytest.fixture
+def out_dir(tmp_path):
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / "keep.txt").write_text("results worth keeping\n")
+    return folder
+
+
+def refuse(argv, out_dir, *names):
+    before = snapshot(out_dir)
+    line = assert_refused(run_script("predict", argv), *names)
+    assert snapshot(out_dir) == before
+    return line
+
+
+def bad_recording(tmp_path, case):
+    time_s, acc, gyro = synthetic_stream(10.0)
+    path = tmp_path / f"{case}.csv"
+    if case == "short":
+        return write_csv(path, time_s[:100], acc[:100], gyro[:100])
+    if case == "repeated-column":
+        return write_csv(path, time_s, acc, gyro, header=["time_s", "acc_x", "acc_y", "gyro_z", "gyro_x", "gyro_y",
+                                                          "gyro_z"])
+    if case == "misspelt-column":
+        return write_csv(path, time_s, acc, gyro, header=["time_s", "acc_x", "acc_y", "acc_Z", "gyro_x", "gyro_y",
+                                                          "gyro_z"])
+    if case in ("nan", "inf"):
+        acc = acc.copy()
+        acc[200, 1] = np.nan if case == "nan" else np.inf
+        return write_csv(path, time_s, acc, gyro)
+    if case == "time-backwards":
+        time_s = time_s.copy()
+        time_s[300] = time_s[298]
+        return write_csv(path, time_s, acc, gyro)
+    if case == "time-in-ms":
+        return write_csv(path, time_s * 1000, acc, gyro)
+    raise ValueError(case)
+
+
+@pytest.mark.parametrize("case, names", [
+    ("short", ["shorter than one window"]),
+    ("repeated-column", ["repeated column"]),
+    ("misspelt-column", ["unknown column 'acc_Z'", "acc_z"]),
+    ("nan", ["NaN or infinity", "sample 201"]),
+    ("inf", ["NaN or infinity", "sample 201"]),
+    ("time-backwards", ["time_s does not increase", "sample 301"]),
+    ("time-in-ms", ["0.05 Hz", "time"]),
+])
+def test_bad_recording(case, names, checkpoint, out_dir, tmp_path):
+    refuse(["--checkpoint", checkpoint, "--recording", bad_recording(tmp_path, case), "--out", out_dir], out_dir, *names)
+
+
+@pytest.mark.parametrize("content, names", [
+    (b"", ["is empty"]),
+    (b"time_s,acc_x,acc_y,acc_z\n0,1,0,abc\n", ["not a table of numbers"]),
+    (b"time_s,acc_x,acc_y,acc_z\n0,1,0\n", ["rows have 3 values", "4 columns"]),
+    (b"time_s,acc_x,acc_y,acc_z\n\xff\xfe\x00\x81\n", ["cannot be read"]),
+], ids=["empty", "text", "short-row", "binary"])
+def test_recording_that_is_not_a_table(content, names, checkpoint, out_dir, tmp_path):
+    path = tmp_path / "odd.csv"
+    path.write_bytes(content)
+    refuse(["--checkpoint", checkpoint, "--recording", path, "--out", out_dir, "--sample-rate", "50"], out_dir,
+           "odd.csv", *names)
+
+
+def test_missing_accelerometer_axis(checkpoint, out_dir, tmp_path):
+    time_s, acc, gyro = synthetic_stream(10.0)
+    path = tmp_path / "two-axes.csv"
+    np.savetxt(path, np.c_[time_s, acc[:, :2], gyro], delimiter=",", comments="",
+               header="time_s,acc_x,acc_y,gyro_x,gyro_y,gyro_z")
+    refuse(["--checkpoint", checkpoint, "--recording", path, "--out", out_dir], out_dir, "missing", "acc_z")
+
+
+@pytest.mark.parametrize("flags, names", [
+    ([], ["no time_s column", "--sample-rate"]),
+    (["--sample-rate", "5000"], ["5000 Hz", "--sample-rate", "far from the model's 50 Hz"]),
+    (["--sample-rate", "3"], ["3 Hz", "--sample-rate"]),
+    (["--sample-rate", "-50"], ["--sample-rate must be a positive"]),
+])
+def test_sample_rate_without_time_column(flags, names, checkpoint, out_dir, tmp_path):
+    _, acc, gyro = synthetic_stream(10.0)
+    path = write_csv(tmp_path / "untimed.csv", None, acc, gyro)
+    refuse(["--checkpoint", checkpoint, "--recording", path, "--out", out_dir, *flags], out_dir, *names)
+
+
+@pytest.mark.parametrize("mode", ["flatten", "average"])
+def test_checkpoint_needs_channels_the_recording_lacks(mode, out_dir, tmp_path):
+    time_s, acc, _ = synthetic_stream(10.0)
+    checkpoint = make_checkpoint(tmp_path / f"{mode}.pt", mode=mode)
+    refuse(["--checkpoint", checkpoint, "--recording", write_csv(tmp_path / "acc.csv", time_s, acc, None),
+            "--out", out_dir], out_dir, f"--mode {mode}", "no gyroscope")
+
+
+def test_out_that_is_a_file(checkpoint, recording, tmp_path):
+    path = tmp_path / "results.txt"
+    path.write_text("not a folder\n")
+    assert_refused(predict(checkpoint, recording, path), "--out", "is a file")
+    assert path.read_text() == "not a folder\n"
+
+
+def test_existing_outputs_are_not_overwritten(checkpoint, recording, tmp_path):
+    assert predict(checkpoint, recording, tmp_path / "out")[0] == 0
+    before = snapshot(tmp_path / "out")
+    assert_refused(predict(checkpoint, recording, tmp_path / "out"), "already holds", "--overwrite")
+    assert snapshot(tmp_path / "out") == before
+    assert predict(checkpoint, recording, tmp_path / "out", "--overwrite")[0] == 0
+
+
+def test_hostile_checkpoint_is_not_unpickled(checkpoint, recording, out_dir, tmp_path):
+    marker = tmp_path / "code-ran"
+    path = hostile_checkpoint(tmp_path / "hostile.pt", marker, checkpoint)
+    refuse(["--checkpoint", path, "--recording", recording, "--out", out_dir], out_dir, "hostile.pt",
+           "holds objects other than tensors")
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("key", ["sample_rate_hz", "window_steps", "preprocessing", "normalization"])
+def test_checkpoint_lacking_what_predict_needs(key, recording, out_dir, tmp_path):
+    checkpoint = make_checkpoint(tmp_path / "old.pt", **{key: None})
+    refuse(["--checkpoint", checkpoint, "--recording", recording, "--out", out_dir], out_dir, "old.pt", key)
+
+
+@pytest.mark.parametrize("flags, names", [
+    (["--stride", "0"], ["--stride"]),
+    (["--stride", "129"], ["--stride"]),
+    (["--smooth", "mean"], ["--smooth"]),
+])
+def test_bad_flags(flags, names, checkpoint, recording, out_dir):
+    refuse(["--checkpoint", checkpoint, "--recording", recording, "--out", out_dir, *flags], out_dir, *names)
+
+
+def test_missing_checkpoint(recording, out_dir, tmp_path):
+    refuse(["--checkpoint", tmp_path / "nope.pt", "--recording", recording, "--out", out_dir], out_dir,
+           "nope.pt", "does not exist")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
+def test_cuda_without_a_gpu(checkpoint, recording, out_dir):
+    refuse(["--checkpoint", checkpoint, "--recording", recording, "--out", out_dir, "--device", "cuda"], out_dir,
+           "--device cuda")
+
+
+def test_evaluation_on_data_the_checkpoint_does_not_fit(checkpoint, out_dir, tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "four.npz"
+    np.savez(path, signals=rng.normal(size=(30, 4, 128)).astype(np.float32), labels=np.arange(30) % 6,
+             subjects=np.arange(30) % 5 + 1)
+    refuse(["--checkpoint", checkpoint, "--data-dir", path, "--out", out_dir], out_dir, "channel_0", "body_acc_x")
+    refuse(["--checkpoint", checkpoint, "--data-dir", tmp_path / "nowhere", "--out", out_dir], out_dir, "nowhere")
