@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from models import build_model
-from training.checkpoint import load_checkpoint
+from training.checkpoint import inference_weights, load_checkpoint
 from training.errors import UsageError
 
 NEEDED_KEYS = ("model", "config", "normalization", "class_names", "channel_names", "in_channels",
@@ -51,7 +51,7 @@ def load_bundle(path):
     model = build_model(config["model"], checkpoint["in_channels"], checkpoint["num_classes"],
                         dropout=config.get("dropout", 0.0), norm=config.get("norm", "batch"))
     try:
-        model.load_state_dict(checkpoint["model"])
+        model.load_state_dict(inference_weights(checkpoint))  # the moving average when the run kept one
     except RuntimeError as exc:
         raise UsageError(f"checkpoint {path}: weights do not fit a {config['model']} model "
                          f"({str(exc).splitlines()[0]})") from None

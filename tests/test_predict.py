@@ -324,3 +324,15 @@ def test_evaluation_on_data_the_checkpoint_does_not_fit(checkpoint, out_dir, tmp
              subjects=np.arange(30) % 5 + 1)
     refuse(["--checkpoint", checkpoint, "--data-dir", path, "--out", out_dir], out_dir, "channel_0", "body_acc_x")
     refuse(["--checkpoint", checkpoint, "--data-dir", tmp_path / "nowhere", "--out", out_dir], out_dir, "nowhere")
+
+
+def test_a_checkpoint_with_a_weight_average_predicts_with_the_average(tmp_path):
+    from inference.bundle import load_bundle
+    from models import build_model
+    torch.manual_seed(7)
+    average = build_model("cnn1d", 9, len(CLASS_NAMES), dropout=0.0).state_dict()
+    checkpoint = make_checkpoint(tmp_path / "ema.pt", ema={"weights": average, "updates": 12})
+    loaded = load_bundle(checkpoint).model.state_dict()
+    assert all(torch.equal(loaded[name], average[name]) for name in average)
+    trained = torch.load(checkpoint, weights_only=True)["model"]
+    assert not torch.equal(loaded["head.2.weight"], trained["head.2.weight"])  # not the trained weights
