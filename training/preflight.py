@@ -1,0 +1,35 @@
+"""The checks every process makes before any process group exists, so that bad input fails on all
+ranks alike, in one line, instead of in one rank while the others wait in a collective."""
+from data.splits import load_har_data
+from data.uci_har import find_root
+from training import checkpoint as ckpt
+from training.cli import save_dir_of
+from training.environment import check_parallel_args, distributed_env
+from training.save_dir_lock import NoLock, SaveDirLock
+
+
+def check_before_training(args, keep_lock=True):
+    """Flags, --save-dir (locked by rank 0), the checkpoint to resume and the data.
+
+    Returns the lock, held until its release() when keep_lock; the self-launcher only checks that
+    the folder is free (keep_lock=False), since its rank 0 worker takes the lock itself."""
+    check_parallel_args(args)
+    save_dir = save_dir_of(args)
+    ckpt.check_save_dir(save_dir)
+    lock = SaveDirLock(save_dir).acquire() if distributed_env()[0] == 0 else NoLock()
+    try:
+        ckpt.load_resume_checkpoint(args.resume, save_dir, warn=lambda message: None)  # the run warns later
+        check_data(args)
+    except BaseException:
+        lock.release()
+        raise
+    if not keep_lock:
+        lock.release()
+    return lock
+
+
+def check_data(args):
+    """Read UCI HAR once when it is what the run will use (it is parsed and cached on the way, so
+    the run itself starts from the cache); the synthetic data cannot be wrong."""
+    if args.dataset == "uci-har" or (args.dataset == "auto" and find_root(args.data_dir)):
+        load_har_data(args.dataset, args.data_dir, args.mode, args.val_fraction, split_seed=args.seed)
