@@ -1,4 +1,7 @@
 """PNG pictures of a run: the confusion matrix and the training curves (matplotlib, Agg backend)."""
+import json
+from pathlib import Path
+
 import numpy as np
 
 
@@ -56,3 +59,27 @@ def plot_curves(records, path, best_epoch=None):
     score_ax.legend()
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def write_run_figures(save_dir, warn):
+    """curves.png from metrics.jsonl and confusion_matrix.png from test_report.json, for whatever of
+    them exists. Drawing is a convenience: a failure is a warning, never a failed run."""
+    save_dir = Path(save_dir)
+    written = []
+    try:
+        metrics = save_dir / "metrics.jsonl"
+        if metrics.is_file():
+            records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+            if records:
+                best = max(records, key=lambda record: record["val_macro_f1"])["epoch"]  # first of equals
+                plot_curves(records, save_dir / "curves.png", best_epoch=best)
+                written.append(save_dir / "curves.png")
+        report_path = save_dir / "test_report.json"
+        if report_path.is_file():
+            report = json.loads(report_path.read_text())
+            plot_confusion_matrix(report["confusion_matrix"], report["class_names"],
+                                  save_dir / "confusion_matrix.png", title="test split")
+            written.append(save_dir / "confusion_matrix.png")
+    except Exception as exc:  # noqa: BLE001 - any failure to draw must leave the run's result alone
+        warn(f"could not draw the run's figures ({type(exc).__name__}: {exc}); the results are unaffected")
+    return written
