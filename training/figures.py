@@ -40,6 +40,7 @@ def plot_confusion_matrix(matrix, class_names, path, title="confusion matrix"):
 def plot_curves(records, path, best_epoch=None):
     """Loss, validation accuracy / macro-F1 and LR per epoch from metrics.jsonl records."""
     plt = _pyplot()
+    from matplotlib.ticker import MaxNLocator
     epochs = [r["epoch"] for r in records]
     figure, (loss_ax, score_ax, lr_ax) = plt.subplots(1, 3, figsize=(14, 4), constrained_layout=True)
     loss_ax.plot(epochs, [r["train_loss"] for r in records], marker=".", label="train")
@@ -52,6 +53,7 @@ def plot_curves(records, path, best_epoch=None):
     lr_ax.set_title("learning rate (end of epoch)")
     for ax in (loss_ax, score_ax, lr_ax):
         ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole: no 1.25
         ax.grid(alpha=0.3)
         if best_epoch is not None:
             ax.axvline(best_epoch, color="grey", linestyle="--", linewidth=1, label=f"best (epoch {best_epoch})")
