@@ -62,6 +62,13 @@ def test_config_file_sets_flags_and_the_command_line_wins(tmp_path):
     assert parse_args(["--config", str(path), "--amp"]).amp is True
 
 
+def test_config_flag_abbreviated_still_reads_the_file(tmp_path):
+    # argparse accepts --conf for --config; the file must not be skipped silently then.
+    path = write_yaml(tmp_path / "run.yaml", {"epochs": 3, "data_dir": "-odd-name"})
+    args = parse_args([f"--conf={path}"])
+    assert (args.epochs, args.data_dir) == (3, "-odd-name")  # a value that looks like a flag stays a value
+
+
 def test_json_config_file(tmp_path):
     path = tmp_path / "run.json"
     path.write_text(json.dumps({"batch_size": 8, "model": "transformer"}))

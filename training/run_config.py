@@ -29,11 +29,11 @@ def parse_with_config(parser, argv):
 
     argparse errors become one-line UsageErrors (no usage block, no second line per rank)."""
     parser.error = _usage_error(parser.prog)
-    path = _config_path(argv)
-    if path is None:
-        return parser.parse_args(argv)
-    file_argv = config_to_argv(parser, load_config_file(path))
-    parser.error = _usage_error(parser.prog, where=f"--config {path}")
+    args = parser.parse_args(argv)  # first alone: finds --config however it was spelt
+    if args.config is None:
+        return args
+    file_argv = config_to_argv(parser, load_config_file(args.config))
+    parser.error = _usage_error(parser.prog, where=f"--config {args.config}")
     parser.parse_args(file_argv)  # the file on its own, so its bad values are blamed on it
     parser.error = _usage_error(parser.prog)
     return parser.parse_args([*file_argv, *argv])
@@ -43,18 +43,6 @@ def _usage_error(prog, where=None):
     def error(message):
         raise UsageError(f"{where}: {message}" if where else f"{message} (see {prog} --help)")
     return error
-
-
-def _config_path(argv):
-    """The value of --config (or --config=PATH) in argv, else None."""
-    for index, token in enumerate(argv):
-        if token == "--config":
-            if index + 1 >= len(argv):
-                raise UsageError("--config needs a file: --config run.yaml")
-            return argv[index + 1]
-        if token.startswith("--config="):
-            return token.split("=", 1)[1]
-    return None
 
 
 def load_config_file(path):
@@ -140,7 +128,7 @@ def _tokens(action, key, value, parser, path):
         value = ",".join(str(item) for item in value)  # --gpu-ids 0,1,3
     elif isinstance(value, (dict, bool)):
         raise UsageError(f"--config {path}: {key} takes a value such as {action.default!r}, got {value!r}")
-    return [option, str(value)]
+    return [f"{option}={value}"]  # one token, so a value starting with '-' is not taken for a flag
 
 
 def resolved_config(args, save_dir):
