@@ -1,7 +1,6 @@
 """The checks every process makes before any process group exists, so that bad input fails on all
 ranks alike, in one line, instead of in one rank while the others wait in a collective."""
 from data.splits import load_har_data
-from data.uci_har import find_root
 from training import checkpoint as ckpt
 from training.cli import save_dir_of
 from training.environment import check_parallel_args, distributed_env
@@ -29,7 +28,9 @@ def check_before_training(args, keep_lock=True):
 
 
 def check_data(args):
-    """Read UCI HAR once when it is what the run will use (it is parsed and cached on the way, so
-    the run itself starts from the cache); the synthetic data cannot be wrong."""
-    if args.dataset == "uci-har" or (args.dataset == "auto" and find_root(args.data_dir)):
-        load_har_data(args.dataset, args.data_dir, args.mode, args.val_fraction, split_seed=args.seed)
+    """Load the data the run will use, as the run will, but only to see that it can: UCI HAR is
+    parsed and cached on the way (so the run starts from the cache); the synthetic data is made
+    with one window per subject, which checks the same flags in a fraction of the time."""
+    windows = min(args.synthetic_windows_per_subject, 1)  # below 1 stays, to be refused
+    load_har_data(args.dataset, args.data_dir, args.mode, args.val_fraction, split_seed=args.seed,
+                  synthetic_seed=args.synthetic_seed, synthetic_windows_per_subject=windows)
