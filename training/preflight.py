@@ -8,17 +8,17 @@ from training.save_dir_lock import NoLock, SaveDirLock
 
 
 def check_before_training(args, keep_lock=True):
-    """Flags, --save-dir (locked by rank 0), the checkpoint to resume and the data.
+    """Flags, the data, --save-dir (locked by rank 0) and the checkpoint to resume.
 
     Returns the lock, held until its release() when keep_lock; the self-launcher only checks that
     the folder is free (keep_lock=False), since its rank 0 worker takes the lock itself."""
     check_parallel_args(args)
+    check_data(args)  # first: refused data leaves no new --save-dir behind
     save_dir = save_dir_of(args)
     ckpt.check_save_dir(save_dir)
     lock = SaveDirLock(save_dir).acquire() if distributed_env()[0] == 0 else NoLock()
     try:
         ckpt.load_resume_checkpoint(args.resume, save_dir, warn=lambda message: None)  # the run warns later
-        check_data(args)
     except BaseException:
         lock.release()
         raise
