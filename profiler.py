@@ -5,12 +5,14 @@ from profiling.cli import launch_under_torchrun, needs_launch, parse_profiler_ar
 from profiling.measure import PerformanceProfiler
 from profiling.report import format_summary, write_profile
 from training.errors import run_entry_point
+from training.preflight import check_data
 
 __all__ = ["PerformanceProfiler", "main"]
 
 
 def main(argv):
     args = parse_profiler_args(argv)
+    check_data(args)  # before any process group, so a data error fails alike on every rank
     if needs_launch(args):
         return launch_under_torchrun(args, __file__, argv)
     profiler = PerformanceProfiler(args)

@@ -7,6 +7,7 @@ from training.cli import build_parser, check_args
 from training.environment import distributed_env, launched_by_torchrun
 from training.errors import UsageError
 from training.launch import processes_per_node, run_torchrun, torchrun_arguments
+from training.run_config import parse_with_config
 
 # Links assumed when one process has no process group to measure (bus bandwidth, latency per ring
 # step). CUDA: PCIe 4.0 x16 without NVLink, which NCCL drives at roughly 20 GB/s bus bandwidth
@@ -55,7 +56,7 @@ def build_profiler_parser():
 
 
 def parse_profiler_args(argv):
-    args = build_profiler_parser().parse_args(argv)
+    args = parse_with_config(build_profiler_parser(), argv)
     check_args(args)
     check_profiler_args(args)
     return args

@@ -47,7 +47,7 @@ def test_report_summarises_the_folds(uninterrupted):
     for fold in report["folds"]:
         fold_report = json.loads((save_dir / f"fold-{fold['fold']}" / "val_report.json").read_text())
         assert fold_report["subjects"] == fold["subjects"]
-        assert fold["val_accuracy"] == fold_report["acc"] and fold["val_macro_f1"] == fold_report["macro_f1"]
+        assert fold["val_accuracy"] == fold_report["accuracy"] and fold["val_macro_f1"] == fold_report["macro_f1"]
         metrics = [json.loads(line) for line in
                    (save_dir / f"fold-{fold['fold']}" / "metrics.jsonl").read_text().splitlines()]
         assert fold["best_epoch"] == 1 + int(np.argmax([m["val_macro_f1"] for m in metrics]))

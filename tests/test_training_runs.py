@@ -38,7 +38,7 @@ def assert_run_outputs(save_dir, epochs, world_size):
     assert set(report["per_class"]) == set(report["class_names"]) and len(report["class_names"]) == 6
     matrix = torch.tensor(report["confusion_matrix"])
     assert matrix.shape == (6, 6) and matrix.sum().item() == report["num_samples"] > 0
-    assert report["acc"] == pytest.approx(matrix.diag().sum().item() / matrix.sum().item())
+    assert report["accuracy"] == pytest.approx(matrix.diag().sum().item() / matrix.sum().item())
     assert list((save_dir / "logs").glob("events.out.tfevents.*"))
     checkpoint = load_checkpoint(save_dir / "last.pt")  # weights_only=True
     assert {"model", "optimizer", "scheduler", "scaler", "epoch", "step", "config", "normalization",

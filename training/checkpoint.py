@@ -82,16 +82,25 @@ def _place_copy(source, target):
         partial.unlink(missing_ok=True)
 
 
-def prepare_save_dir(save_dir):
+def check_save_dir(save_dir):
     """Create the output folder, or say in one line why it cannot be used."""
     if save_dir.exists() and not save_dir.is_dir():
         raise UsageError(f"--save-dir {save_dir} is a file; point it at a folder")
     try:
         save_dir.mkdir(parents=True, exist_ok=True)
-        probe = save_dir / ".write-test"
+        probe = save_dir / f".write-test.{os.getpid()}"  # one per process: ranks probe side by side
         probe.touch()
         probe.unlink()
-        for partial in save_dir.glob(".*.pt.*.tmp"):  # left by a process killed mid-write
+    except OSError as exc:
+        raise UsageError(f"--save-dir {save_dir} is not writable ({exc.strerror}); choose another folder") from None
+
+
+def prepare_save_dir(save_dir):
+    """check_save_dir, then remove what a process killed mid-write left; only with the folder's lock
+    held, since a running save's file looks just the same."""
+    check_save_dir(save_dir)
+    try:
+        for partial in save_dir.glob(".*.pt.*.tmp"):
             partial.unlink()
     except OSError as exc:
         raise UsageError(f"--save-dir {save_dir} is not writable ({exc.strerror}); choose another folder") from None

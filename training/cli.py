@@ -8,6 +8,7 @@ from data.splits import CHANNEL_MODES
 from data.synthetic import DEFAULT_WINDOWS_PER_SUBJECT
 from models import MODELS, NORMS
 from training.errors import UsageError
+from training.run_config import parse_with_config
 
 DEFAULT_WARMUP_EPOCHS = 2.0
 DEFAULT_AUGMENT = "none"
@@ -131,6 +132,9 @@ def build_parser(multi_gpu):
     group.add_argument("--seed", type=int, default=42, help="initialisation, shuffling and dropout")
 
     group = parser.add_argument_group("checkpoints and logging")
+    group.add_argument("--config", default=None, metavar="FILE",
+                       help="YAML or JSON file of flags (batch_size: 64 or batch-size: 64); flags given on "
+                            "the command line win. Every run writes its own to <save-dir>/config.yaml")
     group.add_argument("--save-dir", default=None,
                        help="checkpoints, logs and reports (default: checkpoints/<single|dp|ddp>)")
     group.add_argument("--resume", default="auto", metavar="{auto,PATH}",
@@ -154,7 +158,7 @@ def build_parser(multi_gpu):
 
 
 def parse_args(argv=None, multi_gpu=False):
-    args = build_parser(multi_gpu).parse_args(argv)
+    args = parse_with_config(build_parser(multi_gpu), argv)
     if not multi_gpu:
         args.multi_gpu, args.nproc_per_node = "none", None
     check_args(args)

@@ -124,7 +124,7 @@ def summarise(save_dir, folds, class_names):
         records = [json.loads(line) for line in (fold_dir / "metrics.jsonl").read_text().splitlines() if line]
         best = max(records, key=lambda record: record["val_macro_f1"])  # the first of equals, as best.pt
         row = {"fold": fold, "subjects": subjects, "best_epoch": best["epoch"], "epochs_run": len(records),
-               "val_accuracy": report["acc"], "val_macro_f1": report["macro_f1"],
+               "val_accuracy": report["accuracy"], "val_macro_f1": report["macro_f1"],
                "val_windows": report["num_samples"],
                # The best epoch was chosen on this very fold, which flatters it a little; the last
                # epoch's figure involves no choice.
@@ -132,7 +132,7 @@ def summarise(save_dir, folds, class_names):
         test_path = fold_dir / "test_report.json"
         if test_path.is_file():
             test = json.loads(test_path.read_text())
-            row.update(test_accuracy=test["acc"], test_macro_f1=test["macro_f1"])
+            row.update(test_accuracy=test["accuracy"], test_macro_f1=test["macro_f1"])
         rows.append(row)
         pooled += np.asarray(report["confusion_matrix"], dtype=np.int64)
     summary = {"folds": rows, "class_names": list(class_names)}

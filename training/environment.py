@@ -52,4 +52,11 @@ def check_parallel_args(args):
     if args.sync_bn and device_type != "cuda":
         raise UsageError("--sync-bn needs CUDA (SyncBatchNorm has no CPU kernel); on CPU use "
                          "--norm group or --norm none for batch-split-independent results")
+    # Checked from torchrun's LOCAL_WORLD_SIZE, so every rank of the node refuses alike and local
+    # rank 0 can say it, instead of only the ranks past the last GPU.
+    local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if launched_by_torchrun() else 1
+    gpus = len(args.gpu_ids) if args.gpu_ids else torch.cuda.device_count()
+    if device_type == "cuda" and local_processes > gpus:
+        raise UsageError(f"torchrun starts {local_processes} processes on this node but {gpus} GPU(s) are in use; "
+                         "lower --nproc_per_node, or pass --device cpu")
     return device_type, backend

@@ -1,6 +1,8 @@
 """User-facing errors: one line on stderr and a non-zero exit instead of a traceback."""
+import json
 import os
 import sys
+import time
 
 from data.errors import DataError
 
@@ -9,6 +11,9 @@ EXIT_DIVERGED = 3  # the loss became NaN/inf; nothing was saved over the last go
 EXIT_RANK_LOST = 4  # another rank died, or a collective waited longer than --dist-timeout for it
 EXIT_PREEMPTED = 75  # SIGTERM/SIGUSR1: the step finished and a checkpoint was saved; run again to resume
 EXIT_INTERRUPTED = 130
+
+
+QUIET_RANK_EXIT_DELAY_S = 3.0  # how long a silent rank waits for local rank 0 to print
 
 
 class UsageError(ValueError):
@@ -25,6 +30,11 @@ class RankLost(RuntimeError):
     exit_code = EXIT_RANK_LOST
 
 
+# Every rank checks the same flags, files and data, and agrees on a NaN step before stopping, so
+# these read the same on every rank; a lost peer (RankLost) is each rank's own story.
+SAME_ON_EVERY_RANK = (UsageError, DataError, TrainingDiverged)
+
+
 def run_entry_point(main, argv=None):
     """Call main(argv) and turn the errors above into one `error: ...` line and their exit code.
 
@@ -37,10 +47,32 @@ def run_entry_point(main, argv=None):
     except (UsageError, DataError, TrainingDiverged, RankLost) as exc:
         if debug:
             raise
+        code = getattr(exc, "exit_code", EXIT_USAGE)
+        _record_for_torchrun(exc)
+        if isinstance(exc, SAME_ON_EVERY_RANK) and os.environ.get("LOCAL_RANK", "0") != "0":
+            # Local rank 0 says it for the node. Leaving a moment later lets it print before
+            # torchrun, seeing this rank fail, stops the others.
+            time.sleep(QUIET_RANK_EXIT_DELAY_S)
+            return code
         print(f"error: {exc}", file=sys.stderr)
-        return getattr(exc, "exit_code", EXIT_USAGE)
+        return code
     except KeyboardInterrupt:
         if debug:
             raise
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def _record_for_torchrun(exc):
+    """Under torchrun, leave the message where its failure summary looks (TORCHELASTIC_ERROR_FILE),
+    so the summary shows it instead of a link to the docs on enabling tracebacks."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    message = {"message": f"{type(exc).__name__}: {exc}",
+               "extraInfo": {"py_callstack": f"{type(exc).__name__}: {exc}", "timestamp": str(int(time.time()))}}
+    try:
+        with open(path, "w") as handle:
+            json.dump({"message": message}, handle)
+    except OSError:
+        pass  # the summary then says less; the error line itself is unaffected

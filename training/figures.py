@@ -1,4 +1,7 @@
 """PNG pictures of a run: the confusion matrix and the training curves (matplotlib, Agg backend)."""
+import json
+from pathlib import Path
+
 import numpy as np
 
 
@@ -37,6 +40,7 @@ def plot_confusion_matrix(matrix, class_names, path, title="confusion matrix"):
 def plot_curves(records, path, best_epoch=None):
     """Loss, validation accuracy / macro-F1 and LR per epoch from metrics.jsonl records."""
     plt = _pyplot()
+    from matplotlib.ticker import MaxNLocator
     epochs = [r["epoch"] for r in records]
     figure, (loss_ax, score_ax, lr_ax) = plt.subplots(1, 3, figsize=(14, 4), constrained_layout=True)
     loss_ax.plot(epochs, [r["train_loss"] for r in records], marker=".", label="train")
@@ -49,6 +53,7 @@ def plot_curves(records, path, best_epoch=None):
     lr_ax.set_title("learning rate (end of epoch)")
     for ax in (loss_ax, score_ax, lr_ax):
         ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole: no 1.25
         ax.grid(alpha=0.3)
         if best_epoch is not None:
             ax.axvline(best_epoch, color="grey", linestyle="--", linewidth=1, label=f"best (epoch {best_epoch})")
@@ -56,3 +61,31 @@ def plot_curves(records, path, best_epoch=None):
     score_ax.legend()
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def write_run_figures(save_dir, warn):
+    """curves.png from metrics.jsonl and confusion_matrix.png from test_report.json, for whatever of
+    them exists. Drawing is a convenience: a failure is a warning, never a failed run."""
+    save_dir = Path(save_dir)
+    written = []
+    try:
+        metrics = save_dir / "metrics.jsonl"
+        if metrics.is_file():
+            records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+            if records:
+                best = max(records, key=lambda record: record["val_macro_f1"])["epoch"]  # first of equals
+                plot_curves(records, save_dir / "curves.png", best_epoch=best)
+                written.append(save_dir / "curves.png")
+        # The test split's when it was evaluated, else (--no-test) the validation split's.
+        for split in ("test", "val"):
+            report_path = save_dir / f"{split}_report.json"
+            if report_path.is_file():
+                report = json.loads(report_path.read_text())
+                plot_confusion_matrix(report["confusion_matrix"], report["class_names"],
+                                      save_dir / "confusion_matrix.png",
+                                      title="test split" if split == "test" else "validation split")
+                written.append(save_dir / "confusion_matrix.png")
+                break
+    except Exception as exc:  # noqa: BLE001 - any failure to draw must leave the run's result alone
+        warn(f"could not draw the run's figures ({type(exc).__name__}: {exc}); the results are unaffected")
+    return written

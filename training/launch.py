@@ -7,12 +7,9 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import get_args_parser, run
 
-from data.splits import load_har_data
-from data.uci_har import find_root
-from training import checkpoint as ckpt
-from training.cli import save_dir_of
 from training.errors import EXIT_PREEMPTED, UsageError
 from training.environment import check_parallel_args
+from training.preflight import check_before_training
 
 
 def processes_per_node(args):
@@ -34,12 +31,7 @@ def torchrun_arguments(script, argv, nproc):
 
 def preflight(args):
     """The user errors every worker would hit, caught once in this process before any starts."""
-    save_dir = save_dir_of(args)
-    ckpt.prepare_save_dir(save_dir)
-    ckpt.load_resume_checkpoint(args.resume, save_dir, warn=lambda message: None)  # workers warn
-    if args.dataset in ("uci-har", "npz") or (args.dataset == "auto" and find_root(args.data_dir)):
-        # Also parses and caches the text files once, so the workers start from the cache.
-        load_har_data(args.dataset, args.data_dir, args.mode, args.val_fraction, split_seed=args.seed)
+    check_before_training(args, keep_lock=False)  # the rank 0 worker takes the lock
 
 
 def launch_under_torchrun(args, script, argv):

@@ -17,8 +17,9 @@ def classification_report(labels, predictions, class_names):
     classes = np.arange(len(class_names))
     precision, recall, f1, support = precision_recall_fscore_support(
         labels, predictions, labels=classes, zero_division=0)
+    summary = summary_metrics(labels, predictions, len(class_names))
     return {
-        **summary_metrics(labels, predictions, len(class_names)),
+        "accuracy": summary["acc"], "macro_f1": summary["macro_f1"],  # named as scikit-learn names them
         "num_samples": int(len(labels)),
         "class_names": list(class_names),
         "per_class": {name: {"precision": float(precision[i]), "recall": float(recall[i]),
@@ -38,7 +39,7 @@ def format_report(report):
         row = report["per_class"][name]
         lines.append(f"{name:<{width}}  {row['precision']:9.3f}  {row['recall']:6.3f}  {row['f1']:5.3f}  "
                      f"{row['support']:7d}")
-    lines.append(f"accuracy {report['acc']:.4f}   macro-F1 {report['macro_f1']:.4f}   "
+    lines.append(f"accuracy {report['accuracy']:.4f}   macro-F1 {report['macro_f1']:.4f}   "
                  f"({report['num_samples']} windows)")
     lines.append("confusion matrix (rows true, columns predicted; order as above):")
     lines.extend("  " + " ".join(f"{count:5d}" for count in row) for row in report["confusion_matrix"])

@@ -15,11 +15,14 @@ from training.cli import augment_config, save_dir_of, warmup_epochs
 from training.ema import WeightAverage
 from training.epochs import train_epochs
 from training.errors import EXIT_PREEMPTED, RankLost, TrainingDiverged
+from training.figures import write_run_figures
 from training.logger import RunLogger
 from training.loop import Optimization, build_adamw, predict
 from training.precision import Precision
+from training.preflight import check_before_training
 from training.preemption import StopSignals
 from training.report import classification_report, format_report
+from training.run_config import record_run_config
 from training.schedule import build_scheduler, global_batch_size, scaled_lr, steps_per_epoch
 from training.strategy import make_strategy
 
@@ -100,6 +103,7 @@ class Run:
 
 def train(args):
     """Train as configured by the parsed CLI `args`; returns the process exit code."""
+    lock = check_before_training(args)  # before any process group, so bad input fails alike on every rank
     strategy = make_strategy(args)
     stop_signals = StopSignals().install()
     try:
@@ -108,6 +112,8 @@ def train(args):
         outcome = train_epochs(run)
         if outcome == "complete":
             _final_reports(run)
+        if outcome != "preempted" and strategy.is_main:  # a preempted job's grace time is for saving
+            write_run_figures(run.save_dir, run.log.warn)
         run.log.close()
         return EXIT_PREEMPTED if outcome == "preempted" else 0
     except (TrainingDiverged, RankLost):
@@ -119,6 +125,7 @@ def train(args):
     finally:
         stop_signals.restore()
         strategy.close()
+        lock.release()
 
 
 def _explain_lost_rank(exc, rank, timeout_s):
@@ -178,6 +185,7 @@ def _assemble(args, strategy):
     if checkpoint is not None:
         _restore_progress(run, checkpoint, resume_from)
     strategy.check_same_on_all_ranks(run.progress.step, "the optimizer steps already taken")
+    record_run_config(args, save_dir, checkpoint, log, strategy.is_main)
     run.opt = _make_optimization(run, checkpoint)
     return run
 

@@ -1,0 +1,37 @@
+"""The checks every process makes before any process group exists, so that bad input fails on all
+ranks alike, in one line, instead of in one rank while the others wait in a collective."""
+from data.splits import load_har_data
+from training import checkpoint as ckpt
+from training.cli import save_dir_of
+from training.environment import check_parallel_args, distributed_env
+from training.save_dir_lock import NoLock, SaveDirLock
+
+
+def check_before_training(args, keep_lock=True):
+    """Flags, the data, --save-dir (locked by rank 0) and the checkpoint to resume.
+
+    Returns the lock, held until its release() when keep_lock; the self-launcher only checks that
+    the folder is free (keep_lock=False), since its rank 0 worker takes the lock itself."""
+    check_parallel_args(args)
+    check_data(args)  # first: refused data leaves no new --save-dir behind
+    save_dir = save_dir_of(args)
+    ckpt.check_save_dir(save_dir)
+    lock = SaveDirLock(save_dir).acquire() if distributed_env()[0] == 0 else NoLock()
+    try:
+        ckpt.load_resume_checkpoint(args.resume, save_dir, warn=lambda message: None)  # the run warns later
+    except BaseException:
+        lock.release()
+        raise
+    if not keep_lock:
+        lock.release()
+    return lock
+
+
+def check_data(args):
+    """Load the data the run will use, as the run will, but only to see that it can: UCI HAR is
+    parsed and cached on the way (so the run starts from the cache); the synthetic data is made
+    with one window per subject, which checks the same flags in a fraction of the time."""
+    windows = min(args.synthetic_windows_per_subject, 1)  # below 1 stays, to be refused
+    load_har_data(args.dataset, args.data_dir, args.mode, args.val_fraction, split_seed=args.seed,
+                  synthetic_seed=args.synthetic_seed, synthetic_windows_per_subject=windows,
+                  val_subjects=args.val_subjects)
