@@ -49,16 +49,11 @@ def load_har_data(dataset="auto", data_dir=None, mode="flatten", val_fraction=0.
     training. Signals are NOT normalised here: see `fit_normalization` and `normalize`.
     """
     if dataset == "npz":
-        return _load_npz(data_dir, mode, val_fraction, split_seed)
+        return _load_npz(data_dir, mode, val_fraction, split_seed, val_subjects)
     source, raw, where = _load_source(dataset, data_dir, synthetic_seed, synthetic_windows_per_subject)
     train_all = Split(select_channels(raw["train"][0], mode), raw["train"][1], raw["train"][2])
     test = Split(select_channels(raw["test"][0], mode), raw["test"][1], raw["test"][2])
-    if val_subjects is None:
-        val_subjects = hold_out_subjects(train_all.subjects, val_fraction, split_seed)
-    else:
-        val_subjects = check_val_subjects(train_all.subjects, val_subjects)
-    is_val = np.isin(train_all.subjects, val_subjects)
-    train, val = _take(train_all, ~is_val), _take(train_all, is_val)
+    train, val, val_subjects = _hold_out(train_all, val_fraction, split_seed, val_subjects)
     description = (f"data: {source} ({where}), mode={mode}: {train.signals.shape[1]} channels x "
                    f"{train.signals.shape[2]} steps; train {len(train)} windows / "
                    f"{len(np.unique(train.subjects))} subjects, val {len(val)} / {len(val_subjects)} "
@@ -90,7 +85,7 @@ def _load_source(dataset, data_dir, synthetic_seed, windows_per_subject):
     return "synthetic", synthetic.generate(synthetic_seed, windows_per_subject), why
 
 
-def _load_npz(data_dir, mode, val_fraction, split_seed):
+def _load_npz(data_dir, mode, val_fraction, split_seed, val_subjects):
     """Windows brought in an .npz: its own `split`, else whole subjects held out for test."""
     if not data_dir:
         raise DataError("--dataset npz needs --data-dir pointing at an .npz file of windows")
@@ -109,9 +104,7 @@ def _load_npz(data_dir, mode, val_fraction, split_seed):
         is_test = np.isin(whole.subjects, test_subjects)
         how = f"test subjects {sorted(int(s) for s in test_subjects)} held out"
     train_all, test = _take(whole, ~is_test), _take(whole, is_test)
-    val_subjects = hold_out_subjects(train_all.subjects, val_fraction, split_seed)
-    is_val = np.isin(train_all.subjects, val_subjects)
-    train, val = _take(train_all, ~is_val), _take(train_all, is_val)
+    train, val, val_subjects = _hold_out(train_all, val_fraction, split_seed, val_subjects)
     description = (f"data: npz ({data_dir}, {how}): {whole.signals.shape[1]} channels x "
                    f"{whole.signals.shape[2]} steps; train {len(train)} windows, val {len(val)} / subjects "
                    f"{sorted(int(s) for s in val_subjects)}, test {len(test)}")
@@ -148,6 +141,16 @@ def hold_out_subjects(subjects, val_fraction, seed):
                         f"{len(unique)}")
     count = min(len(unique) - 1, max(1, round(val_fraction * len(unique))))
     return np.sort(np.random.default_rng(seed).choice(unique, size=count, replace=False))
+
+
+def _hold_out(train_all, val_fraction, seed, val_subjects):
+    """(train, val, validation subjects): the given subjects, else a random `val_fraction` of them."""
+    if val_subjects is None:
+        val_subjects = hold_out_subjects(train_all.subjects, val_fraction, seed)
+    else:
+        val_subjects = check_val_subjects(train_all.subjects, val_subjects)
+    is_val = np.isin(train_all.subjects, val_subjects)
+    return _take(train_all, ~is_val), _take(train_all, is_val), val_subjects
 
 
 def check_val_subjects(subjects, val_subjects):

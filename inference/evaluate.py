@@ -18,10 +18,11 @@ def evaluate_checkpoint(args):
     bundle = load_bundle(args.checkpoint)
     device = pick_device(args.device)
     config = bundle.config
-    # The split is rebuilt as training built it: same mode, validation share and seed.
+    # The split is rebuilt as training built it: same mode, validation subjects (or share) and seed.
     dataset = "npz" if args.dataset == "auto" and str(args.data_dir).endswith(".npz") else args.dataset
     data = load_har_data(dataset, args.data_dir, config.get("mode", "flatten"),
-                         config.get("val_fraction", 0.2), split_seed=config.get("seed", 0))
+                         config.get("val_fraction", 0.2), split_seed=config.get("seed", 0),
+                         val_subjects=config.get("val_subjects"))
     split = getattr(data, args.split)
     _check_fits(bundle, data, split, args)
     out = prepare_out_dir(args.out, OUTPUTS, args.overwrite)

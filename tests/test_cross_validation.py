@@ -9,7 +9,8 @@ import torch
 
 from conftest import TINY_DATA, load_checkpoint, run_in_process, run_subprocess
 from data.splits import load_har_data
-from training.cross_validation import fold_subjects
+from training.cross_validation import FOLDS_FILE, _claim_folder, fold_subjects
+from training.errors import UsageError
 
 # 21 training subjects x 32 windows, 2 folds, 2 epochs, a checkpoint after every step.
 CV = [*TINY_DATA, "--cv-folds", "2", "--epochs", "2", "--no-test", "--save-every-steps", "1",
@@ -29,6 +30,15 @@ def test_folds_partition_the_training_subjects_and_never_a_test_subject(folds):
     assert max(map(len, groups)) - min(map(len, groups)) <= 1
     assert groups == fold_subjects(training, folds, seed=5)  # reproducible
     assert folds == 21 or groups != fold_subjects(training, folds, seed=6)
+
+
+def test_a_folder_trained_with_other_folds_is_refused_unless_starting_over(tmp_path):
+    _claim_folder(tmp_path, [[1, 2], [3]], fresh=False, writer=True)
+    _claim_folder(tmp_path, [[1, 2], [3]], fresh=False, writer=True)  # the same folds resume
+    with pytest.raises(UsageError, match="other folds"):  # another seed would leak validation subjects
+        _claim_folder(tmp_path, [[1, 3], [2]], fresh=False, writer=False)
+    _claim_folder(tmp_path, [[1, 3], [2]], fresh=True, writer=True)  # --no-resume starts over
+    assert json.loads((tmp_path / FOLDS_FILE).read_text()) == [[1, 3], [2]]
 
 
 @pytest.fixture(scope="module")

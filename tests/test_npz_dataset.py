@@ -91,7 +91,7 @@ def test_raw_channel_windows_can_classify_a_recording(tmp_path):
     code, _, err = run_script("predict", ["--checkpoint", tmp_path / "run" / "best.pt", "--data-dir", path,
                                           "--out", tmp_path / "eval-auto"])
     assert code == 0, err
-    assert json.loads((tmp_path / "eval-auto" / "test_report.json").read_text())["acc"] == report["acc"]
+    assert json.loads((tmp_path / "eval-auto" / "test_report.json").read_text())["accuracy"] == report["accuracy"]
 
 
 @pytest.mark.parametrize("extra, names", [
@@ -203,3 +203,16 @@ def test_transformer_at_128_steps_is_unchanged():
     assert stretched.shape == (1, 100, 64)
     np.testing.assert_allclose(stretched[0, [0, -1]].detach().numpy(), model.position[0, [0, -1]].detach().numpy(),
                                atol=1e-6)
+
+
+def test_cross_validation_on_npz_validates_each_fold_on_its_own_subjects(tmp_path):
+    arrays = windows(subjects=6)
+    arrays["split"] = np.where(arrays["subjects"] == 6, "test", "train")
+    path = write_npz(tmp_path / "w.npz", **arrays)
+    code, out, err = train(path, tmp_path / "cv", "--cv-folds", "2", "--no-test")
+    assert code == 0, err
+    report = json.loads((tmp_path / "cv" / "cv_report.json").read_text())
+    subjects = [fold["subjects"] for fold in report["folds"]]
+    assert sorted(s for fold in subjects for s in fold) == [1, 2, 3, 4, 5]
+    for fold in report["folds"]:  # each fold's validation set is exactly its own subjects' windows
+        assert fold["val_windows"] == 12 * len(fold["subjects"])

@@ -157,7 +157,7 @@ def test_evaluation_without_training(checkpoint, tmp_path):
     report = json.loads((tmp_path / "eval" / "test_report.json").read_text())
     assert report["num_samples"] == 6 and report["split"] == "test"
     matrix = np.array(report["confusion_matrix"])
-    assert matrix.sum() == 6 and report["acc"] == pytest.approx(np.trace(matrix) / 6)
+    assert matrix.sum() == 6 and report["accuracy"] == pytest.approx(np.trace(matrix) / 6)
     # The report agrees with the model run by hand on the normalised test windows.
     from data.uci_har import load_split
     from inference.bundle import load_bundle
@@ -167,7 +167,7 @@ def test_evaluation_without_training(checkpoint, tmp_path):
         state["normalization"]["std"][None, :, None]
     with torch.no_grad():
         predicted = load_bundle(checkpoint).model(normalised).argmax(dim=1).numpy()
-    assert report["acc"] == pytest.approx(float(np.mean(predicted == labels)))
+    assert report["accuracy"] == pytest.approx(float(np.mean(predicted == labels)))
     assert (tmp_path / "eval" / "confusion_matrix.png").read_bytes()[:4] == b"\x89PNG"
 
 

@@ -219,6 +219,15 @@ def check_args(args):
                              f"(--epochs {args.epochs}); lower it or train longer")
 
 
+def data_options(args, **overrides):
+    """The keyword arguments of data.splits.load_har_data that the flags describe."""
+    options = dict(dataset=args.dataset, data_dir=args.data_dir, mode=args.mode, val_fraction=args.val_fraction,
+                   split_seed=args.seed, synthetic_seed=args.synthetic_seed,
+                   synthetic_windows_per_subject=args.synthetic_windows_per_subject,
+                   val_subjects=args.val_subjects)
+    return {**options, **overrides}
+
+
 def save_dir_of(args):
     """--save-dir, else checkpoints/<single|dp|ddp> after the parallel mode."""
     if args.save_dir:

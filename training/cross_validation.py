@@ -16,13 +16,15 @@ import torch
 import torch.distributed as dist
 
 from data.splits import load_har_data
-from training.cli import save_dir_of
+from training.cli import data_options, save_dir_of
 from training.environment import distributed_env, resolve_device_type
-from training.errors import UsageError
+from training.errors import SAME_ON_EVERY_RANK, UsageError
 from training.figures import plot_confusion_matrix
-from training.report import format_cv_table
+from training.report import best_record, format_cv_table
+from training.trainer import train
 
 REPORT = "cv_report.json"
+FOLDS_FILE = "cv_folds.json"  # the folds this folder's runs were trained with
 FOLD_REPORT = "val_report.json"  # what a finished fold run leaves: its best weights on its fold
 RANKS_WAIT = datetime.timedelta(days=7)  # ranks that finish first wait for the slowest fold
 
@@ -42,15 +44,16 @@ def cross_validate(args):
     if args.resume not in ("auto", None):
         raise UsageError("--resume PATH names one checkpoint, but each fold resumes from its own "
                          "fold-k/last.pt; drop --resume (or pass --no-resume to start every fold over)")
+    if args.multi_gpu == "dp":
+        raise UsageError("--cv-folds runs each fold on one device; use --multi-gpu ddp under torchrun to "
+                         "run folds on several GPUs at once")
     save_dir = save_dir_of(args)
-    data = load_har_data(args.dataset, args.data_dir, args.mode, args.val_fraction, split_seed=args.seed,
-                         synthetic_seed=args.synthetic_seed,
-                         synthetic_windows_per_subject=args.synthetic_windows_per_subject)
+    data = load_har_data(**data_options(args))
     training_subjects = np.concatenate([data.train.subjects, data.val.subjects])
     folds = fold_subjects(training_subjects, args.cv_folds, args.seed)
     rank, local_rank, world_size = distributed_env()
-    save_dir.mkdir(parents=True, exist_ok=True)
-    from training.trainer import train  # the trainer imports this module's siblings: import late
+    _claim_folder(save_dir, folds, fresh=args.resume is None, writer=rank == 0)
+    code, finished = 0, True
     for fold in range(rank, len(folds), world_size):
         fold_args = _fold_args(args, save_dir, fold, folds[fold], local_rank)
         if args.resume is not None and _fold_finished(fold_args.save_dir, folds[fold]):
@@ -58,25 +61,55 @@ def cross_validate(args):
             continue
         print(f"\n=== fold {fold + 1}/{len(folds)}: validating on subjects {folds[fold]} -> {fold_args.save_dir}",
               flush=True)
-        code = train(fold_args)
+        try:
+            code = train(fold_args)
+        except SAME_ON_EVERY_RANK as exc:
+            exc.this_rank_only = True  # other ranks run other folds: this rank must say it itself
+            raise
         if code != 0 or not _fold_finished(fold_args.save_dir, folds[fold]):
             # Preempted, or paused by --stop-after-epochs: the same command continues at this fold.
             print(f"fold {fold + 1}/{len(folds)} is not finished; run the same command again to continue it",
                   flush=True)
-            return code
+            finished = False
+            break
     if world_size > 1:
-        _wait_for_other_ranks(rank, world_size)
-    if rank == 0:
-        summary = summarise(save_dir, folds, data.class_names)
-        (save_dir / REPORT).write_text(json.dumps(summary, indent=2))
-        print(format_cv_table(summary), flush=True)
+        # Every rank gets here, finished or not, so none waits for a rank that has already left.
+        finished = _all_ranks_finished(rank, world_size, finished)
+    if rank == 0 and finished:
+        _write_summary(save_dir, folds, data.class_names, args.no_test)
+    return code
+
+
+def _claim_folder(save_dir, folds, fresh, writer):
+    """Record the folds in <save-dir>/cv_folds.json, and refuse a folder whose folds differ: resuming a
+    fold trained with other validation subjects would leak them into its training set."""
+    record = save_dir / FOLDS_FILE
+    if record.is_file() and not fresh:
         try:
-            plot_confusion_matrix(summary["pooled_confusion_matrix"], summary["class_names"],
-                                  save_dir / "cv_confusion_matrix.png", title="held-out folds, pooled")
-        except Exception as exc:  # a picture must never fail the run
-            print(f"warning: could not draw the confusion matrix ({exc})", flush=True)
-        print(f"wrote {save_dir / REPORT} and {save_dir / 'cv_confusion_matrix.png'}", flush=True)
-    return 0
+            recorded = json.loads(record.read_text())
+        except (OSError, ValueError):
+            recorded = None
+        if recorded != folds:
+            raise UsageError(f"{save_dir} holds a cross-validation with other folds ({record}); a different "
+                             "--seed, --cv-folds or data changes them. Use another --save-dir, or --no-resume "
+                             "to start every fold over")
+    if writer:
+        save_dir.mkdir(parents=True, exist_ok=True)
+        partial = record.with_name(f".{record.name}.{os.getpid()}.tmp")
+        partial.write_text(json.dumps(folds))
+        os.replace(partial, record)
+
+
+def _write_summary(save_dir, folds, class_names, no_test):
+    summary = summarise(save_dir, folds, class_names, use_test=not no_test)
+    (save_dir / REPORT).write_text(json.dumps(summary, indent=2))
+    print(format_cv_table(summary), flush=True)
+    try:
+        plot_confusion_matrix(summary["pooled_confusion_matrix"], summary["class_names"],
+                              save_dir / "cv_confusion_matrix.png", title="held-out folds, pooled")
+    except Exception as exc:  # noqa: BLE001 - a picture must never fail the run
+        print(f"warning: could not draw the confusion matrix ({exc})", flush=True)
+    print(f"wrote {save_dir / REPORT} and {save_dir / 'cv_confusion_matrix.png'}", flush=True)
 
 
 def _fold_args(args, save_dir, fold, subjects, local_rank):
@@ -103,26 +136,29 @@ def _fold_finished(fold_dir, subjects):
         return False
 
 
-def _wait_for_other_ranks(rank, world_size):
-    """A barrier over torchrun's store; the group lives only for this wait."""
+def _all_ranks_finished(rank, world_size, finished):
+    """True when every rank finished all its folds. A group over torchrun's store that lives only
+    for this question; ranks that finish early wait here for the slowest fold."""
     store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world_size, timeout=RANKS_WAIT))
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     dist.init_process_group("gloo", store=dist.PrefixStore(f"har-cv-attempt-{attempt}", store), rank=rank,
                             world_size=world_size, timeout=RANKS_WAIT)
     try:
-        dist.barrier()
+        flag = torch.tensor([int(finished)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
     finally:
         dist.destroy_process_group()
 
 
-def summarise(save_dir, folds, class_names):
+def summarise(save_dir, folds, class_names, use_test=True):
     """cv_report.json's content from each fold's val_report.json and metrics.jsonl."""
     rows, pooled = [], np.zeros((len(class_names), len(class_names)), dtype=np.int64)
     for fold, subjects in enumerate(folds):
         fold_dir = save_dir / f"fold-{fold}"
         report = json.loads((fold_dir / FOLD_REPORT).read_text())
         records = [json.loads(line) for line in (fold_dir / "metrics.jsonl").read_text().splitlines() if line]
-        best = max(records, key=lambda record: record["val_macro_f1"])  # the first of equals, as best.pt
+        best = best_record(records)
         row = {"fold": fold, "subjects": subjects, "best_epoch": best["epoch"], "epochs_run": len(records),
                "val_accuracy": report["accuracy"], "val_macro_f1": report["macro_f1"],
                "val_windows": report["num_samples"],
@@ -130,16 +166,17 @@ def summarise(save_dir, folds, class_names):
                # epoch's figure involves no choice.
                "last_epoch_val_accuracy": records[-1]["val_acc"], "last_epoch_val_macro_f1": records[-1]["val_macro_f1"]}
         test_path = fold_dir / "test_report.json"
-        if test_path.is_file():
+        if use_test and test_path.is_file():  # not an older run's report under --no-test
             test = json.loads(test_path.read_text())
             row.update(test_accuracy=test["accuracy"], test_macro_f1=test["macro_f1"])
         rows.append(row)
         pooled += np.asarray(report["confusion_matrix"], dtype=np.int64)
     summary = {"folds": rows, "class_names": list(class_names)}
-    for name, pick in (("mean", np.mean), ("std", np.std), ("worst", np.min)):
+    for name, pick in (("mean", np.mean), ("std", np.std)):
         summary[name] = {"accuracy": float(pick([r["val_accuracy"] for r in rows])),
                          "macro_f1": float(pick([r["val_macro_f1"] for r in rows]))}
-    summary["worst"]["fold"] = int(np.argmin([r["val_accuracy"] for r in rows]))
+    worst = min(rows, key=lambda r: r["val_accuracy"])  # one fold's figures, not minima from two folds
+    summary["worst"] = {"accuracy": worst["val_accuracy"], "macro_f1": worst["val_macro_f1"], "fold": worst["fold"]}
     summary["last_epoch_mean"] = {"accuracy": float(np.mean([r["last_epoch_val_accuracy"] for r in rows])),
                                   "macro_f1": float(np.mean([r["last_epoch_val_macro_f1"] for r in rows]))}
     if all("test_accuracy" in r for r in rows):

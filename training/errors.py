@@ -31,7 +31,8 @@ class RankLost(RuntimeError):
 
 
 # Every rank checks the same flags, files and data, and agrees on a NaN step before stopping, so
-# these read the same on every rank; a lost peer (RankLost) is each rank's own story.
+# these read the same on every rank; a lost peer (RankLost) is each rank's own story, and so is an
+# error marked `this_rank_only` (a cross-validation fold that only this rank runs).
 SAME_ON_EVERY_RANK = (UsageError, DataError, TrainingDiverged)
 
 
@@ -49,7 +50,8 @@ def run_entry_point(main, argv=None):
             raise
         code = getattr(exc, "exit_code", EXIT_USAGE)
         _record_for_torchrun(exc)
-        if isinstance(exc, SAME_ON_EVERY_RANK) and os.environ.get("LOCAL_RANK", "0") != "0":
+        shared = isinstance(exc, SAME_ON_EVERY_RANK) and not getattr(exc, "this_rank_only", False)
+        if shared and os.environ.get("LOCAL_RANK", "0") != "0":
             # Local rank 0 says it for the node. Leaving a moment later lets it print before
             # torchrun, seeing this rank fail, stops the others.
             time.sleep(QUIET_RANK_EXIT_DELAY_S)

@@ -4,6 +4,8 @@ from pathlib import Path
 
 import numpy as np
 
+from training.report import best_record
+
 
 def _pyplot():
     import matplotlib
@@ -63,8 +65,9 @@ def plot_curves(records, path, best_epoch=None):
     plt.close(figure)
 
 
-def write_run_figures(save_dir, warn):
-    """curves.png from metrics.jsonl and confusion_matrix.png from test_report.json, for whatever of
+def write_run_figures(save_dir, warn, use_test=True):
+    """curves.png from metrics.jsonl and confusion_matrix.png from test_report.json (from
+    val_report.json when there is none, or when `use_test` is off: --no-test), for whatever of
     them exists. Drawing is a convenience: a failure is a warning, never a failed run."""
     save_dir = Path(save_dir)
     written = []
@@ -73,11 +76,10 @@ def write_run_figures(save_dir, warn):
         if metrics.is_file():
             records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
             if records:
-                best = max(records, key=lambda record: record["val_macro_f1"])["epoch"]  # first of equals
+                best = best_record(records)["epoch"]
                 plot_curves(records, save_dir / "curves.png", best_epoch=best)
                 written.append(save_dir / "curves.png")
-        # The test split's when it was evaluated, else (--no-test) the validation split's.
-        for split in ("test", "val"):
+        for split in ("test", "val") if use_test else ("val",):
             report_path = save_dir / f"{split}_report.json"
             if report_path.is_file():
                 report = json.loads(report_path.read_text())

@@ -2,7 +2,7 @@
 ranks alike, in one line, instead of in one rank while the others wait in a collective."""
 from data.splits import load_har_data
 from training import checkpoint as ckpt
-from training.cli import save_dir_of
+from training.cli import data_options, save_dir_of
 from training.environment import check_parallel_args, distributed_env
 from training.save_dir_lock import NoLock, SaveDirLock
 
@@ -16,7 +16,10 @@ def check_before_training(args, keep_lock=True):
     check_data(args)  # first: refused data leaves no new --save-dir behind
     save_dir = save_dir_of(args)
     ckpt.check_save_dir(save_dir)
-    lock = SaveDirLock(save_dir).acquire() if distributed_env()[0] == 0 else NoLock()
+    # DDP ranks share one folder and rank 0 holds it for all; any other run (a cross-validation
+    # fold under torchrun included) has a folder of its own to hold.
+    holder = args.multi_gpu != "ddp" or distributed_env()[0] == 0
+    lock = SaveDirLock(save_dir).acquire() if holder else NoLock()
     try:
         ckpt.load_resume_checkpoint(args.resume, save_dir, warn=lambda message: None)  # the run warns later
     except BaseException:
@@ -32,6 +35,4 @@ def check_data(args):
     parsed and cached on the way (so the run starts from the cache); the synthetic data is made
     with one window per subject, which checks the same flags in a fraction of the time."""
     windows = min(args.synthetic_windows_per_subject, 1)  # below 1 stays, to be refused
-    load_har_data(args.dataset, args.data_dir, args.mode, args.val_fraction, split_seed=args.seed,
-                  synthetic_seed=args.synthetic_seed, synthetic_windows_per_subject=windows,
-                  val_subjects=args.val_subjects)
+    load_har_data(**data_options(args, synthetic_windows_per_subject=windows))

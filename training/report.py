@@ -12,6 +12,11 @@ def summary_metrics(labels, predictions, num_classes):
                                        average="macro", zero_division=0))}
 
 
+def best_record(records):
+    """The metrics.jsonl epoch record best.pt holds: the first with the highest validation macro-F1."""
+    return max(records, key=lambda record: record["val_macro_f1"])
+
+
 def classification_report(labels, predictions, class_names):
     """The JSON-ready test report: overall figures, per-class figures and the confusion matrix."""
     classes = np.arange(len(class_names))

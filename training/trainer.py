@@ -5,23 +5,21 @@ from pathlib import Path
 
 import torch
 
-from data.augment import BatchAugmenter, sensor_triples
 from data.loaders import ShardedSampler, make_loader
 from data.resident import DeviceResidentLoader, keep_on_device, split_bytes
 from data.splits import fit_normalization, load_har_data, normalize
 from models import build_model, count_parameters
 from training import checkpoint as ckpt
-from training.cli import augment_config, save_dir_of, warmup_epochs
-from training.ema import WeightAverage
+from training.cli import data_options, save_dir_of, warmup_epochs
 from training.epochs import train_epochs
 from training.errors import EXIT_PREEMPTED, RankLost, TrainingDiverged
 from training.figures import write_run_figures
 from training.logger import RunLogger
-from training.loop import Optimization, build_adamw, predict
+from training.loop import Optimization, build_adamw
 from training.precision import Precision
-from training.preflight import check_before_training
 from training.preemption import StopSignals
-from training.report import classification_report, format_report
+from training.preflight import check_before_training
+from training.recipe import final_reports, generalisation_aids
 from training.run_config import record_run_config
 from training.schedule import build_scheduler, global_batch_size, scaled_lr, steps_per_epoch
 from training.strategy import make_strategy
@@ -111,9 +109,9 @@ def train(args):
         run.stop_signals = stop_signals
         outcome = train_epochs(run)
         if outcome == "complete":
-            _final_reports(run)
+            final_reports(run)
         if outcome != "preempted" and strategy.is_main:  # a preempted job's grace time is for saving
-            write_run_figures(run.save_dir, run.log.warn)
+            write_run_figures(run.save_dir, run.log.warn, use_test=not args.no_test)
         run.log.close()
         return EXIT_PREEMPTED if outcome == "preempted" else 0
     except (TrainingDiverged, RankLost):
@@ -148,10 +146,7 @@ def _assemble(args, strategy):
     log = RunLogger(save_dir, strategy.is_main)
     resume_from, checkpoint = ckpt.load_resume_checkpoint(args.resume, save_dir, log.warn)
 
-    data = load_har_data(args.dataset, args.data_dir, args.mode, args.val_fraction, split_seed=args.seed,
-                         synthetic_seed=args.synthetic_seed,
-                         synthetic_windows_per_subject=args.synthetic_windows_per_subject,
-                         val_subjects=args.val_subjects)
+    data = load_har_data(**data_options(args))
     log.info(data.description)
     in_channels, num_classes = data.train.signals.shape[1], len(data.class_names)
     if checkpoint is not None:
@@ -188,27 +183,6 @@ def _assemble(args, strategy):
     record_run_config(args, save_dir, checkpoint, log, strategy.is_main)
     run.opt = _make_optimization(run, checkpoint)
     return run
-
-
-def _generalisation_aids(run, checkpoint):
-    """The batch augmenter and the weight average the flags ask for (None when off)."""
-    args = run.args
-    augment = None
-    config = augment_config(args)
-    if config is not None and "rotate" in config.kinds and not sensor_triples(run.data.channel_names):
-        run.log.warn("these channels have no x/y/z triples to rotate; augmenting without 'rotate'")
-        config.kinds = tuple(kind for kind in config.kinds if kind != "rotate")
-    if config is not None and config.kinds:
-        augment = BatchAugmenter(config, run.normalization["mean"], run.normalization["std"],
-                                 run.data.channel_names).to(run.strategy.device)
-    ema = None
-    if args.ema_decay > 0:
-        ema = WeightAverage(run.model, args.ema_decay)
-        if checkpoint is not None and checkpoint.get("ema"):
-            ema.load_state(checkpoint["ema"])
-        elif checkpoint is not None:
-            run.log.info("the checkpoint has no weight average: it starts from the resumed weights")
-    return augment, ema
 
 
 def _make_loaders(run):
@@ -251,7 +225,7 @@ def _make_optimization(run, checkpoint):
                  f"({args.batch_size} per GPU x {strategy.data_parallel_size} replicas x {args.grad_accum_steps} "
                  f"accumulation) -> peak {peak_lr:.2e}; warmup {warmup_steps} of {total_steps} steps "
                  f"({steps_each_epoch} per epoch), then cosine to 0")
-    augment, ema = _generalisation_aids(run, checkpoint)
+    augment, ema = generalisation_aids(run, checkpoint)
     return Optimization(optimizer, build_scheduler(optimizer, warmup_steps, total_steps, start_step),
                         grad_scaler, args.grad_accum_steps, args.max_grad_norm, args.label_smoothing,
                         augment, ema)
@@ -290,28 +264,3 @@ def _steps_into_epoch(run):
     if run.resume_state["exact"]:
         return progress.batch_in_epoch // run.args.grad_accum_steps
     return round(progress.epoch_position / run.global_batch)
-
-
-def _final_reports(run):
-    """Reload the best weights and report the validation split and, unless --no-test, the test
-    split, seen here for the first time."""
-    best_path = run.save_dir / ckpt.BEST
-    if run.strategy.is_main:
-        if best_path.is_file():
-            run.model.load_state_dict(ckpt.inference_weights(ckpt.load_checkpoint(best_path)))
-        else:
-            run.log.warn(f"{best_path} not found; reporting with the current weights")
-    run.strategy.broadcast_module(run.model)  # ranks on other nodes may not see rank 0's files
-    splits = ("val",) if run.args.no_test else ("val", "test")
-    for split in splits:
-        labels, predictions, loss = predict(run.strategy.eval_model(run.model), run.loaders[split],
-                                            run.strategy, run.precision)
-        subjects = sorted(int(subject) for subject in set(getattr(run.data, split).subjects))
-        report = {**classification_report(labels, predictions, run.data.class_names), "loss": loss,
-                  "checkpoint": str(best_path), "subjects": subjects}
-        run.log.write_json(f"{split}_report.json", report)
-    if run.args.no_test:
-        run.log.info(f"--no-test: the test split was not evaluated; wrote {run.save_dir / 'val_report.json'}")
-        return
-    run.log.info("test split (best checkpoint by validation macro-F1):\n" + format_report(report))
-    run.log.info(f"wrote {run.save_dir / 'test_report.json'}")
