@@ -5,6 +5,7 @@ import math
 from inference.recording import ACC_UNITS, GYRO_UNITS
 from inference.timeline import SMOOTHERS
 from training.errors import UsageError
+from training.run_config import usage_error
 
 EXPORT_FORMATS = ("torchscript", "onnx")
 
@@ -33,8 +34,10 @@ def predict_parser():
     group = parser.add_argument_group("evaluation")
     group.add_argument("--dataset", choices=("auto", "uci-har", "npz"), default="auto")
     group.add_argument("--split", choices=("train", "val", "test"), default="test",
-                       help="val and train are rebuilt with the checkpoint's --val-fraction and --seed")
+                       help="val and train are rebuilt with the checkpoint's --val-subjects (or "
+                            "--val-fraction) and --seed")
     parser.add_argument("--debug", action="store_true", help="full tracebacks instead of one-line errors")
+    parser.error = usage_error(parser.prog)  # one line, like every other bad input
     return parser
 
 
@@ -54,4 +57,5 @@ def export_parser():
     parser.add_argument("--out", required=True, help="file to write, e.g. model.pt or model.onnx")
     parser.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     parser.add_argument("--debug", action="store_true", help="full tracebacks instead of one-line errors")
+    parser.error = usage_error(parser.prog)  # one line, like every other bad input
     return parser

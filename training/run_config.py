@@ -28,18 +28,18 @@ def parse_with_config(parser, argv):
     """Parse argv after the flags of its --config file, so the command line wins over the file.
 
     argparse errors become one-line UsageErrors (no usage block, no second line per rank)."""
-    parser.error = _usage_error(parser.prog)
+    parser.error = usage_error(parser.prog)
     args = parser.parse_args(argv)  # first alone: finds --config however it was spelt
     if args.config is None:
         return args
     file_argv = config_to_argv(parser, load_config_file(args.config))
-    parser.error = _usage_error(parser.prog, where=f"--config {args.config}")
+    parser.error = usage_error(parser.prog, where=f"--config {args.config}")
     parser.parse_args(file_argv)  # the file on its own, so its bad values are blamed on it
-    parser.error = _usage_error(parser.prog)
+    parser.error = usage_error(parser.prog)
     return parser.parse_args([*file_argv, *argv])
 
 
-def _usage_error(prog, where=None):
+def usage_error(prog, where=None):
     def error(message):
         raise UsageError(f"{where}: {message}" if where else f"{message} (see {prog} --help)")
     return error
