@@ -9,8 +9,9 @@ from dataclasses import dataclass
 
 import torch
 
+from data.splits import AXES
+
 AUGMENTATIONS = ("rotate", "scale", "jitter", "shift")
-AXES = ("x", "y", "z")
 
 
 @dataclass

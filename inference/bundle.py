@@ -8,6 +8,7 @@ import torch
 
 from models import build_model
 from training.checkpoint import inference_weights, load_checkpoint
+from training.environment import resolve_device_type
 from training.errors import UsageError
 
 NEEDED_KEYS = ("model", "config", "normalization", "class_names", "channel_names", "in_channels",
@@ -67,11 +68,8 @@ def require_sample_rate(bundle):
 
 
 def pick_device(name):
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda but no GPU is visible; use --device cpu or auto")
-    return torch.device(name)
+    """--device auto|cuda|cpu as torch.device, with training's check that CUDA is there."""
+    return torch.device(resolve_device_type(name))
 
 
 @torch.no_grad()

@@ -4,6 +4,7 @@ import io
 import os
 from pathlib import Path
 
+from training.atomic import write_atomic
 from training.errors import UsageError
 
 
@@ -22,18 +23,6 @@ def prepare_out_dir(out, names, overwrite=False):
     if not os.access(out, os.W_OK):
         raise UsageError(f"--out {out} is not writable; choose another folder")
     return out
-
-
-def write_atomic(path, write):
-    """write(partial_path) fills a temporary file that then replaces `path` in one rename."""
-    path = Path(path)
-    # The suffix stays last so that writers choosing a format by extension (matplotlib) still can.
-    partial = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
-    try:
-        write(partial)
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
 
 
 def write_csv(path, header, rows):

@@ -1,11 +1,11 @@
 """timeline.png: the activity over time, the confidence under it, and the signal's magnitude."""
 import numpy as np
 
-from training.figures import _pyplot  # the same Agg set-up as the training figures
+from training.figures import pyplot  # the same Agg set-up as the training figures
 
 
 def plot_timeline(predictions, segments, path, title):
-    plt = _pyplot()
+    plt = pyplot()
     names = list(predictions.class_names)
     colours = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")
     figure, (activity_ax, confidence_ax, signal_ax) = plt.subplots(

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from data.splits import load_har_data
+from training.atomic import write_atomic
 from training.cli import data_options, save_dir_of
 from training.environment import distributed_env, resolve_device_type
 from training.errors import SAME_ON_EVERY_RANK, UsageError
@@ -95,9 +96,7 @@ def _claim_folder(save_dir, folds, fresh, writer):
                              "to start every fold over")
     if writer:
         save_dir.mkdir(parents=True, exist_ok=True)
-        partial = record.with_name(f".{record.name}.{os.getpid()}.tmp")
-        partial.write_text(json.dumps(folds))
-        os.replace(partial, record)
+        write_atomic(record, lambda partial: Path(partial).write_text(json.dumps(folds)))
 
 
 def _write_summary(save_dir, folds, class_names, no_test):

@@ -7,7 +7,8 @@ import numpy as np
 from training.report import best_record
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, imported only when a picture is drawn."""
     import matplotlib
     matplotlib.use("Agg")  # files only: no display on servers and CI
     import matplotlib.pyplot as plt
@@ -16,7 +17,7 @@ def _pyplot():
 
 def plot_confusion_matrix(matrix, class_names, path, title="confusion matrix"):
     """Counts on the left, rows normalised to recall on the right; rows are the true classes."""
-    plt = _pyplot()
+    plt = pyplot()
     counts = np.asarray(matrix, dtype=np.int64)
     row_totals = counts.sum(axis=1, keepdims=True)
     recall = np.divide(counts, row_totals, out=np.zeros(counts.shape), where=row_totals > 0)
@@ -41,7 +42,7 @@ def plot_confusion_matrix(matrix, class_names, path, title="confusion matrix"):
 
 def plot_curves(records, path, best_epoch=None):
     """Loss, validation accuracy / macro-F1 and LR per epoch from metrics.jsonl records."""
-    plt = _pyplot()
+    plt = pyplot()
     from matplotlib.ticker import MaxNLocator
     epochs = [r["epoch"] for r in records]
     figure, (loss_ax, score_ax, lr_ax) = plt.subplots(1, 3, figsize=(14, 4), constrained_layout=True)

@@ -4,13 +4,13 @@ import argparse
 import datetime
 import difflib
 import json
-import os
 import platform
 import subprocess
 from pathlib import Path
 
 import yaml
 
+from training.atomic import write_atomic
 from training.errors import UsageError
 
 CONFIG_NAME = "config.yaml"
@@ -175,9 +175,7 @@ def write_resolved_config(args, save_dir):
               "# versions: " + ", ".join(f"{name} {value if value is not None else 'none'}"
                                          for name, value in found.items())]
     text = "\n".join(header) + "\n" + yaml.safe_dump(config, sort_keys=False)
-    partial = save_dir / f".{CONFIG_NAME}.{os.getpid()}.tmp"
-    partial.write_text(text)
-    os.replace(partial, save_dir / CONFIG_NAME)
+    write_atomic(save_dir / CONFIG_NAME, lambda partial: Path(partial).write_text(text))
 
 
 def changed_flags(saved, args, save_dir):
