@@ -12,9 +12,11 @@ from data.synthetic import DEFAULT_WINDOWS_PER_SUBJECT
 from models import MODELS
 from profiling.host_load import machine_busy_cpu_s, own_cpu_s
 from training import faults, rng_state
-from training.cli import parse_args
+from training.cli import COMPILE_MODES, parse_args
+from training.environment import launched_by_torchrun
 from training.epochs import _StepHook
-from training.loop import EpochPlan, EpochTally, train_one_epoch
+from training.loop import EpochPlan, train_one_epoch
+from training.tally import EpochTally
 from training.preemption import StopSignals
 from training.strategy import make_strategy
 from training.trainer import _assemble
@@ -33,6 +35,9 @@ def add_run_flags(parser):
     parser.add_argument("--epochs-per-round", type=int, default=1)
     parser.add_argument("--synthetic-windows-per-subject", type=int, default=DEFAULT_WINDOWS_PER_SUBJECT,
                         help="30 subjects; the default matches UCI HAR's size")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model on every side")
+    parser.add_argument("--compile-mode", choices=COMPILE_MODES, default=None, help="as training's (implies --compile)")
+    parser.add_argument("--json", default=None, help="also write the figures to this JSON file")
 
 
 # The generalisation recipe (augmentation, weight average, label smoothing) is off unless a
@@ -41,12 +46,16 @@ RECIPE_OFF = ("--augment", "none", "--ema-decay", "0", "--label-smoothing", "0")
 
 
 def build_run(opts, save_dir, data_path, epochs, recipe=RECIPE_OFF):
-    """A Run assembled by the trainer from the same flags `python main.py` would get."""
+    """A Run assembled by the trainer from the same flags `python main.py` would get; under
+    torchrun, the flags of `main_multi_gpu.py --multi-gpu ddp`."""
     argv = ["--dataset", "synthetic", "--synthetic-windows-per-subject", str(opts.synthetic_windows_per_subject),
             "--model", opts.model, "--batch-size", str(opts.batch_size), "--device", opts.device,
             "--data-path", data_path, "--epochs", str(epochs), "--save-dir", str(save_dir),
             "--no-resume", "--save-every-steps", "0", *recipe]
-    args = parse_args(argv)
+    if opts.compile or opts.compile_mode:
+        argv += ["--compile"] + (["--compile-mode", opts.compile_mode] if opts.compile_mode else [])
+    distributed = launched_by_torchrun()
+    args = parse_args(argv + (["--multi-gpu", "ddp"] if distributed else []), multi_gpu=distributed)
     run = _assemble(args, make_strategy(args))
     # Left uninstalled so the benchmark keeps the default signal handlers; the per-step check
     # reads the same attribute either way.
@@ -60,7 +69,8 @@ def planned_epochs(opts):
 
 
 def train_trainer_epoch(run, epoch):
-    """One training epoch the way `_run_epoch` runs it, without validation or checkpoints; returns samples."""
+    """One training epoch the way `_run_epoch` runs it, without validation or checkpoints; returns
+    the samples all ranks trained on."""
     args, strategy, progress = run.args, run.strategy, run.progress
     loader = run.loaders["train"]
     loader.sampler.set_epoch(epoch, start=0)
@@ -74,7 +84,7 @@ def train_trainer_epoch(run, epoch):
     result = train_one_epoch(run.train_model, batches, run.opt, strategy, run.precision, plan, tally, hook)
     bar.close()
     progress.epoch, progress.step = epoch + 1, plan.first_step + result.steps
-    return tally.samples
+    return tally.samples * strategy.world_size
 
 
 def _quiet_progress_bar(run, steps, description):
@@ -84,11 +94,12 @@ def _quiet_progress_bar(run, steps, description):
         return run.log.progress(steps, description)
 
 
-def interleave(sides, rounds, epochs_per_round, synchronize):
+def interleave(sides, rounds, epochs_per_round, synchronize, watch_other_processes=True):
     """Warm each side up for one epoch, then time them in turn (A B A B ...).
 
     `sides` maps a name to train(epoch) -> items done. Returns (name -> items per second, one per
-    round; CPU cores other processes kept busy during each round, None where unknown)."""
+    round; CPU cores other processes kept busy during each round, None where unknown or not
+    watched: under torchrun the other ranks are such processes)."""
     for train in sides.values():
         train(0)  # first-call costs (allocator growth, kernel choice, lazy imports) stay out of the figures
     rates = {name: [] for name in sides}
@@ -102,7 +113,7 @@ def interleave(sides, rounds, epochs_per_round, synchronize):
             items = sum(train(epoch) for epoch in range(first_epoch, first_epoch + epochs_per_round))
             synchronize()
             rates[name].append(items / (time.perf_counter() - start_s))
-        other_cores.append(meter.cores_busy())
+        other_cores.append(meter.cores_busy() if watch_other_processes else None)
     return rates, other_cores
 
 

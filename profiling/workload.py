@@ -10,7 +10,7 @@ from data.loaders import ShardedSampler, make_loader
 from data.resident import DeviceResidentLoader, keep_on_device, split_bytes
 from data.splits import fit_normalization, load_har_data, normalize
 from models import build_model, count_parameters
-from training.loop import build_adamw
+from training.loop import build_adamw, compile_for_training
 from training.precision import Precision
 from training.schedule import steps_per_epoch
 
@@ -63,8 +63,7 @@ def build_workload(args, strategy):
                         norm=args.norm).to(device)
     precision = Precision(device, args.amp, args.amp_dtype)
     train_model = strategy.wrap(model, precision)
-    if args.compile:
-        train_model = torch.compile(train_model)  # around DDP, so no_sync stays on the DDP module
+    train_model = compile_for_training(train_model, args)
     optimizer = build_adamw(model, args.lr, args.weight_decay, device)
     sampler = ShardedSampler(len(train), world_size=strategy.world_size, rank=strategy.rank, shuffle=True,
                              seed=args.seed, pad=True)

@@ -18,6 +18,8 @@ EQUIVALENT = [*TINY_DATA, "--norm", "none", "--dropout", "0", "--lr-scaling", "n
               "--label-smoothing", "0", "--ema-decay", "0", "--no-resume"]
 # Differences of float32 summation order only; a real mismatch is orders of magnitude larger.
 WEIGHT_TOLERANCE = 2e-5
+# Compiled kernels fuse and reorder more of the arithmetic; still far below a real mismatch.
+COMPILE_TOLERANCE = 1e-4
 EPOCH_KEYS = {"epoch", "train_loss", "val_loss", "val_acc", "val_macro_f1", "lr", "samples_per_s",
               "epoch_time_s", "world_size", "memory"}
 
@@ -229,6 +231,28 @@ def test_compiled_model_saves_unprefixed_weights(tmp_path):
     weights = load_checkpoint(tmp_path / "compiled" / "last.pt")["model"]
     from models import build_model
     build_model("cnn1d", 9, 6).load_state_dict(weights)  # strict: no _orig_mod. prefixes
+
+
+def test_compiled_ddp_accumulation_gives_the_eager_weights(tmp_path):
+    # torch.compile wraps the DDP module, so no_sync must still govern the micro-batches of an
+    # accumulation window through the compiled forward; fused kernels may only reorder float sums.
+    common = ["--multi-gpu", "ddp", "--nproc-per-node", "2", "--device", "cpu", *EQUIVALENT, "--batch-size", "8",
+              "--grad-accum-steps", "2", "--epochs", "1"]
+    weights = {}
+    for name, extra in (("eager", []), ("compiled", ["--compile"])):
+        result = run_subprocess([sys.executable, "main_multi_gpu.py", *common, *extra, "--save-dir", tmp_path / name])
+        assert result.returncode == 0, result.stderr[-3000:]
+        checkpoint = load_checkpoint(tmp_path / name / "last.pt")
+        assert checkpoint["step"] == 17 and checkpoint["config"]["compile"] == bool(extra)
+        weights[name] = checkpoint["model"]
+    assert max_abs_difference(weights["eager"], weights["compiled"]) < COMPILE_TOLERANCE
+
+
+def test_cuda_graph_compile_modes_are_refused_on_cpu(tmp_path):
+    code, _, err = run_in_process("main.py", [*TINY_DATA, "--device", "cpu", "--compile-mode", "reduce-overhead",
+                                              "--save-dir", tmp_path / "run"])
+    assert code == 2 and err.count("\n") == 1
+    assert "--compile-mode reduce-overhead records CUDA graphs" in err and not (tmp_path / "run").exists()
 
 
 def test_resume_with_a_larger_global_batch_follows_the_new_lr_schedule(tmp_path):

@@ -3,6 +3,7 @@ import os
 
 import torch
 
+from training.cli import CUDA_GRAPH_MODES
 from training.errors import UsageError
 
 
@@ -43,6 +44,9 @@ def check_parallel_args(args):
     if args.multi_gpu == "dp" and args.compile and device_type == "cuda":
         raise UsageError("--compile does not work through DataParallel's replica threads; "
                          "use --multi-gpu ddp with --compile")
+    if args.compile_mode in CUDA_GRAPH_MODES and device_type != "cuda":
+        raise UsageError(f"--compile-mode {args.compile_mode} records CUDA graphs, which need a GPU; on "
+                         f"{device_type} use --compile-mode default")
     if args.multi_gpu != "ddp":
         if args.sync_bn:
             raise UsageError("--sync-bn only applies to --multi-gpu ddp")
@@ -56,7 +60,9 @@ def check_parallel_args(args):
     # rank 0 can say it, instead of only the ranks past the last GPU.
     local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if launched_by_torchrun() else 1
     gpus = len(args.gpu_ids) if args.gpu_ids else torch.cuda.device_count()
-    if device_type == "cuda" and local_processes > gpus:
+    # NCCL refuses two ranks on one GPU; gloo lets them share it (slower, but it tests multi-rank
+    # logic with CUDA tensors on a one-GPU machine).
+    if device_type == "cuda" and local_processes > gpus and backend == "nccl":
         raise UsageError(f"torchrun starts {local_processes} processes on this node but {gpus} GPU(s) are in use; "
-                         "lower --nproc_per_node, or pass --device cpu")
+                         "lower --nproc_per_node, pass --backend gloo to share GPUs, or pass --device cpu")
     return device_type, backend

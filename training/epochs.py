@@ -7,10 +7,9 @@ import torch
 from training import checkpoint as ckpt
 from training import faults, rng_state
 from training.errors import TrainingDiverged
-from training.loop import EpochPlan, EpochTally, predict, train_one_epoch
+from training.loop import EpochPlan, predict, train_one_epoch
 from training.report import summary_metrics
-
-NO_NONFINITE_STEP = 2**62  # stands for "none" when the earliest bad step is taken over ranks
+from training.tally import NO_NONFINITE_STEP, EpochTally
 
 
 def train_epochs(run):
@@ -116,13 +115,14 @@ class _StepHook:
         if batches_done >= self.plan.batches_in_epoch:
             return False  # the epoch's own end follows: validation, save, then any stop request
         if step % args.log_interval == 0:
-            _check_finite(run, self.tally)
+            stop = _check_in(run, self.tally)
             if run.strategy.is_main:
-                loss = (self.tally.loss_sum / max(1, self.tally.samples)).item()
-                lr = run.opt.scheduler.get_last_lr()[0]
+                loss, lr = self.tally.mean_loss(), run.opt.scheduler.get_last_lr()[0]
                 self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}")
                 run.log.log_step(step, loss, lr)
-        stop = _stop_requested(run)
+        else:
+            # One process needs no agreement, so it stops at once; ranks wait for the next check-in.
+            stop = run.strategy.world_size == 1 and run.stop_signals.received is not None
         if stop or (args.save_every_steps and step % args.save_every_steps == 0):
             self._save_mid_epoch(step, batches_done)
         return stop
@@ -147,17 +147,28 @@ def _save(run, is_best, tally=(0.0, 0)):
 
 def _global_tally(strategy, tally):
     """(sum of per-sample losses, samples) over all ranks, as Python numbers."""
-    totals = strategy.sum_over_ranks(torch.stack([tally.loss_sum, torch.tensor(
+    totals = strategy.sum_over_ranks(torch.stack([tally.loss_sum(), torch.tensor(
         float(tally.samples), dtype=torch.float64, device=strategy.device)]))
     loss_sum, samples = totals.tolist()
     return loss_sum, int(samples)
 
 
+def _check_in(run, tally):
+    """At log points: stop the run if a loss on any rank was NaN/inf, and return whether any rank
+    received a stop signal. One small message between ranks, none in one process: the only
+    per-step exchange is DDP's own, and a stop request waits at most --log-interval steps."""
+    received = run.stop_signals.received is not None
+    stop, negative_earliest = run.strategy.max_ints([int(received), -int(tally.earliest_nonfinite_step())])
+    _raise_if_diverged(run, -negative_earliest)
+    return bool(stop)
+
+
 def _check_finite(run, tally):
     """Stop, before anything is saved, once a loss on any rank was NaN or inf."""
-    first = tally.first_nonfinite_step
-    encoded = torch.where(first < 0, torch.full_like(first, NO_NONFINITE_STEP), first)
-    earliest = -int(run.strategy.max_over_ranks(-encoded))
+    _raise_if_diverged(run, -run.strategy.max_ints([-int(tally.earliest_nonfinite_step())])[0])
+
+
+def _raise_if_diverged(run, earliest):
     if earliest != NO_NONFINITE_STEP:
         last = run.save_dir / ckpt.LAST
         kept = f"{last} still holds the last good state" if last.exists() else "nothing was saved"

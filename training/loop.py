@@ -33,22 +33,20 @@ def build_adamw(model, lr, weight_decay, device):
     return torch.optim.AdamW(groups, lr=lr, fused=True if device.type == "cuda" else None)
 
 
+def compile_for_training(train_model, args):
+    """torch.compile around the wrapped model (around DDP, so no_sync stays on the DDP module),
+    or the model itself without --compile."""
+    if not args.compile:
+        return train_model
+    return torch.compile(train_model, mode=None if args.compile_mode in (None, "default") else args.compile_mode)
+
+
 @dataclass
 class EpochPlan:
     """Where this call starts inside the epoch; a resumed epoch starts past its first batches."""
     first_batch: int  # micro-batches of the epoch this rank already did before this call
     batches_in_epoch: int  # micro-batches of the whole epoch on this rank: fixes the accumulation windows
     first_step: int  # optimizer steps taken before this call, over the whole run
-
-
-class EpochTally:
-    """This rank's running loss for the epoch, kept on the device and read only at log and save
-    points, plus the first step whose loss was NaN/inf (-1 while there is none)."""
-
-    def __init__(self, device, loss_sum=0.0, samples=0):
-        self.loss_sum = torch.tensor(loss_sum, dtype=torch.float64, device=device)  # sum of per-sample losses
-        self.samples = samples
-        self.first_nonfinite_step = torch.full((), -1, dtype=torch.int64, device=device)
 
 
 @dataclass
@@ -63,7 +61,8 @@ def train_one_epoch(model, loader, opt, strategy, precision, plan, tally, after_
 
     after_step(step) runs after every optimizer step with the run's step count; it logs,
     saves and may return True to leave the epoch at that step boundary. Nothing here reads a
-    value back from the device, so the host never waits on the GPU inside the loop."""
+    value back from the device or talks to other ranks (beyond DDP's gradient all-reduce), so
+    the host never waits on the GPU inside the loop; `tally` adds no kernel either."""
     model.train()
     device = strategy.device
     watch_nonfinite = not opt.grad_scaler.is_enabled()  # an fp16 GradScaler skips such steps itself
@@ -81,12 +80,7 @@ def train_one_epoch(model, loader, opt, strategy, precision, plan, tally, after_
             with precision.autocast():
                 loss = F.cross_entropy(model(signals), labels, label_smoothing=opt.label_smoothing)
             opt.grad_scaler.scale(loss / window_size if window_size > 1 else loss).backward()
-        loss = loss.detach()
-        tally.loss_sum += loss * labels.shape[0]
-        tally.samples += labels.shape[0]
-        if watch_nonfinite:
-            first = tally.first_nonfinite_step
-            first.masked_fill_((first < 0) & ~torch.isfinite(loss), plan.first_step + steps + 1)
+        tally.add(loss.detach(), labels.shape[0], plan.first_step + steps + 1 if watch_nonfinite else None)
         if not steps_now:
             continue
         if opt.max_grad_norm > 0:

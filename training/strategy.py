@@ -1,7 +1,7 @@
 """Everything that differs between one device, DataParallel and DDP, behind one small interface.
 
 The trainer and loop only call: wrap, eval_model, no_sync, sum_over_ranks, max_over_ranks,
-any_rank, gather_concat, gather_objects, check_same_on_all_ranks, broadcast_module,
+any_rank, max_ints, gather_concat, gather_objects, check_same_on_all_ranks, broadcast_module,
 memory_report, synchronize and close.
 """
 import contextlib
@@ -56,6 +56,9 @@ class SingleDevice:
 
     def any_rank(self, flag):
         return flag
+
+    def max_ints(self, values):
+        return list(values)
 
     def gather_concat(self, tensor):
         return tensor
@@ -122,10 +125,10 @@ class DistributedStrategy(SingleDevice):
         rank, local_rank, world_size = distributed_env()
         if device_type == "cuda":
             visible = gpu_ids or list(range(torch.cuda.device_count()))
-            if local_rank >= len(visible):
+            if local_rank >= len(visible) and backend != "gloo":
                 raise UsageError(f"local rank {local_rank} has no GPU: {len(visible)} in use on this node; "
                                  "lower --nproc-per-node / torchrun's --nproc_per_node")
-            device = torch.device("cuda", visible[local_rank])
+            device = torch.device("cuda", visible[local_rank % len(visible)])  # gloo ranks may share a GPU
             torch.cuda.set_device(device)
         else:
             device = torch.device("cpu")
@@ -141,7 +144,7 @@ class DistributedStrategy(SingleDevice):
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         dist.init_process_group(backend, store=dist.PrefixStore(f"har-attempt-{attempt}", store), rank=rank,
                                 world_size=world_size, timeout=timeout,
-                                device_id=device if device.type == "cuda" else None)
+                                device_id=device if backend == "nccl" else None)
         # Control messages (stop requests, RNG states) are tiny CPU values: a gloo group carries
         # them without making the host wait for the GPU stream, as an NCCL collective would.
         self._control = dist.new_group(backend="gloo") if backend == "nccl" else None
@@ -185,6 +188,12 @@ class DistributedStrategy(SingleDevice):
         value = torch.tensor([int(flag)])
         dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self._control)
         return bool(value.item())
+
+    def max_ints(self, values):
+        """The element-wise maximum over ranks of a few Python ints, in one control message."""
+        tensor = torch.tensor(values, dtype=torch.int64)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._control)
+        return tensor.tolist()
 
     def gather_objects(self, value):
         """Every rank's picklable `value`, in rank order (in memory only, never from disk)."""

@@ -15,7 +15,7 @@ from training.epochs import train_epochs
 from training.errors import EXIT_PREEMPTED, RankLost, TrainingDiverged
 from training.figures import write_run_figures
 from training.logger import RunLogger
-from training.loop import Optimization, build_adamw
+from training.loop import Optimization, build_adamw, compile_for_training
 from training.precision import Precision
 from training.preemption import StopSignals
 from training.preflight import check_before_training
@@ -165,8 +165,7 @@ def _assemble(args, strategy):
     model.to(strategy.device)
     precision = Precision(strategy.device, args.amp, args.amp_dtype)
     train_model = strategy.wrap(model, precision)
-    if args.compile:
-        train_model = torch.compile(train_model)  # around DDP, so no_sync stays on the DDP module
+    train_model = compile_for_training(train_model, args)
     log.info(f"run: {strategy.describe()} | model {args.model}: {count_parameters(model):,} parameters | "
              f"{precision.describe()}")
 

@@ -1,0 +1,57 @@
+"""The epoch's running training loss and the first step whose loss was NaN/inf, kept off the hot path.
+
+A step only appends its loss tensor to a list: no kernel, no host sync. The list is folded
+into two device scalars at read points (log, save, epoch end) and whenever it grows long, so on
+a GPU the per-step cost of the tally is a Python append, whatever the step's length.
+"""
+import torch
+
+NO_NONFINITE_STEP = 2**62  # "no bad step yet": larger than any step, so a minimum over ranks finds the earliest
+FOLD_EVERY = 256  # micro-batches kept before folding: bounds the list, costs a few kernels per fold
+
+
+class EpochTally:
+    """This rank's sum of per-sample losses and sample count for the epoch, plus the earliest
+    optimizer step whose loss was not finite."""
+
+    def __init__(self, device, loss_sum=0.0, samples=0):
+        self.device = device
+        self.samples = samples
+        self._loss_sum = torch.tensor(loss_sum, dtype=torch.float64, device=device)
+        self._earliest_nonfinite = torch.tensor(NO_NONFINITE_STEP, dtype=torch.int64, device=device)
+        self._losses, self._sizes, self._steps = [], [], []
+
+    def add(self, loss, batch_samples, step):
+        """Record a micro-batch's mean loss (a detached device scalar). `step` is the optimizer
+        step it belongs to, or None where its NaNs are handled elsewhere (a GradScaler skips them)."""
+        self._losses.append(loss)
+        self._sizes.append(batch_samples)
+        self._steps.append(NO_NONFINITE_STEP if step is None else step)
+        self.samples += batch_samples
+        if len(self._losses) >= FOLD_EVERY:
+            self._fold()
+
+    def loss_sum(self):
+        """The device scalar sum of per-sample losses so far (float64)."""
+        self._fold()
+        return self._loss_sum
+
+    def earliest_nonfinite_step(self):
+        """The device scalar step of the first NaN/inf loss, NO_NONFINITE_STEP while there is none."""
+        self._fold()
+        return self._earliest_nonfinite
+
+    def mean_loss(self):
+        """The epoch's mean training loss on this rank so far, read back to the host."""
+        return (self.loss_sum() / max(1, self.samples)).item()
+
+    def _fold(self):
+        if not self._losses:
+            return
+        losses = torch.stack(self._losses).double()
+        sizes = torch.tensor(self._sizes, dtype=torch.float64, device=self.device)
+        steps = torch.tensor(self._steps, dtype=torch.int64, device=self.device)
+        self._loss_sum += torch.dot(losses, sizes)
+        flagged = torch.where(torch.isfinite(losses), NO_NONFINITE_STEP, steps)
+        torch.minimum(self._earliest_nonfinite, flagged.min(), out=self._earliest_nonfinite)
+        self._losses, self._sizes, self._steps = [], [], []
