@@ -97,6 +97,29 @@ def test_ddp_two_ranks_equal_one_process_with_the_global_batch(tmp_path):
     assert max_abs_difference(half["model"], one_checkpoint["model"]) > 100 * WEIGHT_TOLERANCE
 
 
+def test_ddp_validates_every_shard_with_rank_0s_batchnorm_statistics(tmp_path):
+    # DDP no longer broadcasts buffers before each forward; the trainer copies rank 0's before
+    # evaluating. Rank 1's own statistics would give another validation loss than rank 0's weights.
+    flags = [*EQUIVALENT[:EQUIVALENT.index("--norm")], *EQUIVALENT[EQUIVALENT.index("--norm") + 2:],
+             "--norm", "batch", "--batch-size", "16", "--epochs", "1"]
+    ddp = run_subprocess([*torchrun(), "--standalone", "--nproc_per_node=2", "main_multi_gpu.py", "--multi-gpu",
+                          "ddp", "--device", "cpu", *flags, "--save-dir", tmp_path / "ddp"])
+    assert ddp.returncode == 0, ddp.stderr
+    logged = read_metrics(tmp_path / "ddp")[-1]["val_loss"]
+    from data.splits import load_har_data, normalize
+    from models import build_model
+    from training.cli import data_options, parse_args
+    checkpoint = load_checkpoint(tmp_path / "ddp" / "last.pt")
+    data = load_har_data(**data_options(parse_args([*flags, "--save-dir", str(tmp_path / "x")])))
+    val = normalize(data.val, checkpoint["normalization"]["mean"].numpy(), checkpoint["normalization"]["std"].numpy())
+    model = build_model("cnn1d", 9, 6, dropout=0.0, norm="batch")
+    model.load_state_dict(checkpoint["model"])
+    with torch.no_grad():
+        expected = torch.nn.functional.cross_entropy(model.eval()(torch.from_numpy(val.signals)),
+                                                     torch.from_numpy(val.labels)).item()
+    assert abs(logged - expected) < 1e-5, (logged, expected)
+
+
 def test_ddp_with_augmentation_is_reproducible_and_really_augments(tmp_path):
     """Each rank draws its own augmentation from (seed, epoch, rank): a rerun repeats it bit for bit."""
     def ddp_run(name, augment):

@@ -80,6 +80,7 @@ def _run_epoch(run, epoch):
     loss_sum, samples = _global_tally(strategy, tally)
     train_time_s = float(strategy.max_over_ranks(torch.tensor(result.train_time_s, dtype=torch.float64,
                                                               device=strategy.device)))
+    _sync_buffers(run)
     labels, predictions, val_loss = predict(run.validation_model(), run.loaders["val"], strategy, run.precision)
     metrics = summary_metrics(labels, predictions, len(run.data.class_names))
     is_best = metrics["macro_f1"] > progress.best_metric
@@ -137,8 +138,17 @@ class _StepHook:
         _save(run, is_best=False, tally=_global_tally(run.strategy, self.tally))
 
 
+def _sync_buffers(run):
+    """Give every rank rank 0's buffers (DDP no longer broadcasts them each step), in the model and
+    in its average, before anything reads them: evaluation, or a checkpoint every rank resumes from."""
+    run.strategy.sync_buffers(run.model)
+    if run.opt.ema is not None:
+        run.strategy.sync_buffers(run.opt.ema.module)
+
+
 def _save(run, is_best, tally=(0.0, 0)):
     """Checkpoint on rank 0; every rank takes part, since each rank's RNG state goes in it."""
+    _sync_buffers(run)
     rng_states = run.strategy.gather_objects(rng_state.capture(run.strategy.device))
     if run.strategy.is_main:
         state = run.checkpoint_state(rng_states, tally)

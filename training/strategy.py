@@ -2,7 +2,7 @@
 
 The trainer and loop only call: wrap, eval_model, no_sync, sum_over_ranks, max_over_ranks,
 any_rank, max_ints, gather_concat, gather_objects, check_same_on_all_ranks, broadcast_module,
-memory_report, synchronize and close.
+sync_buffers, memory_report, synchronize and close.
 """
 import contextlib
 import datetime
@@ -71,6 +71,9 @@ class SingleDevice:
 
     def broadcast_module(self, module):
         """Make every rank hold rank 0's parameters and buffers (nothing to do in one process)."""
+
+    def sync_buffers(self, module):
+        """Make every rank hold rank 0's buffers, e.g. BatchNorm statistics (nothing to do in one process)."""
 
     def memory_report(self):
         return [describe(str(self.device), memory_fields(self.device), read_memory(self.device))]
@@ -161,8 +164,12 @@ class DistributedStrategy(SingleDevice):
         if self.sync_bn:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         device_ids = [self.device.index] if self.device.type == "cuda" else None
+        # broadcast_buffers=False: DDP would otherwise broadcast every buffer from rank 0 before each
+        # forward, a second collective per step. Training in train mode never reads running
+        # statistics, so the trainer copies rank 0's buffers only where they are read: before
+        # evaluation and at checkpoints (sync_buffers).
         self._ddp = DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=False,
-                                            gradient_as_bucket_view=True)
+                                            gradient_as_bucket_view=True, broadcast_buffers=False)
         return self._ddp
 
     def eval_model(self, model):
@@ -224,6 +231,10 @@ class DistributedStrategy(SingleDevice):
     def broadcast_module(self, module):
         for tensor in module.state_dict().values():
             dist.broadcast(tensor, src=0)
+
+    def sync_buffers(self, module):
+        for buffer in module.buffers():
+            dist.broadcast(buffer, src=0)
 
     def memory_report(self):
         """Every rank's figures, gathered so rank 0 can log them all."""
