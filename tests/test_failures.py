@@ -133,3 +133,33 @@ def test_fp16_grad_scaler_skips_a_nonfinite_step_and_goes_on(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     last = load_checkpoint(tmp_path / "last.pt")
     assert all(torch.isfinite(tensor).all() for tensor in last["model"].values() if tensor.is_floating_point())
+
+
+def test_a_window_with_a_nonfinite_loss_leaves_batchnorm_statistics_as_they_were():
+    # The fp16 path (CUDA only) skips such a step in the GradScaler; the guard undoes what the
+    # forward pass did to the running statistics. The guard itself is device-independent.
+    from models import build_model
+    from training.precision import SkippedStepBuffers
+    torch.manual_seed(0)
+    model = build_model("cnn1d", 9, 6).train()
+    guard = SkippedStepBuffers(model)
+    batch = torch.randn(8, 9, 128)
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+
+    guard.open_window()
+    guard.watch(torch.nn.functional.cross_entropy(model(batch), torch.zeros(8, dtype=torch.long)).detach())
+    guard.watch(torch.nn.functional.cross_entropy(model(batch * float("nan")), torch.zeros(8, dtype=torch.long)))
+    guard.close_window()
+    after = model.state_dict()
+    assert all(torch.equal(before[name], after[name]) for name, tensor in after.items() if tensor.is_floating_point())
+
+    guard.open_window()
+    guard.watch(torch.nn.functional.cross_entropy(model(batch), torch.zeros(8, dtype=torch.long)).detach())
+    guard.close_window()
+    moved = model.state_dict()
+    assert any(not torch.equal(before[name], moved[name]) for name in guard_buffer_names(model))
+    assert all(torch.isfinite(moved[name]).all() for name in guard_buffer_names(model))
+
+
+def guard_buffer_names(model):
+    return [name for name, buffer in model.named_buffers() if buffer.is_floating_point()]

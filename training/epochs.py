@@ -98,6 +98,7 @@ def _run_epoch(run, epoch):
               "world_size": strategy.world_size, "global_batch_size": run.global_batch,
               "memory": strategy.memory_report()}
     log.log_epoch(record, is_best)
+    strategy.reset_memory_peaks()  # each epoch record reports its own peak
     return True
 
 

@@ -14,13 +14,14 @@ from training.preflight import check_before_training
 
 def processes_per_node(args):
     """--nproc-per-node, else one per GPU in use, else one CPU process."""
-    device_type, _ = check_parallel_args(args)
+    device_type, backend = check_parallel_args(args)
     gpus = len(args.gpu_ids) if args.gpu_ids else (torch.cuda.device_count() if device_type == "cuda" else 0)
     if args.nproc_per_node is None:
         return max(1, gpus)
-    if args.device != "cpu" and args.nproc_per_node > gpus:
+    if device_type == "cuda" and args.nproc_per_node > gpus and backend != "gloo":
         raise UsageError(f"--nproc-per-node {args.nproc_per_node} is more than the {gpus} GPU(s) in use; "
-                         "lower it, or pass --device cpu to run that many CPU processes")
+                         "lower it, pass --backend gloo to share GPUs, or pass --device cpu to run that many "
+                         "CPU processes")
     return args.nproc_per_node
 
 

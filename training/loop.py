@@ -20,6 +20,7 @@ class Optimization:
     label_smoothing: float = 0.0
     augment: object = None  # a data.augment.BatchAugmenter, or None
     ema: object = None  # a training.ema.WeightAverage updated after every step, or None
+    buffer_guard: object = None  # a training.precision.SkippedStepBuffers under fp16, or None
 
 
 def build_adamw(model, lr, weight_decay, device):
@@ -67,6 +68,8 @@ def train_one_epoch(model, loader, opt, strategy, precision, plan, tally, after_
     device = strategy.device
     watch_nonfinite = not opt.grad_scaler.is_enabled()  # an fp16 GradScaler skips such steps itself
     parameters = [p for p in model.parameters() if p.requires_grad]
+    guard = opt.buffer_guard
+    window_open = False
     steps = 0
     start = time.perf_counter()
     for batch_index, (signals, labels) in enumerate(loader, start=plan.first_batch):
@@ -75,12 +78,17 @@ def train_one_epoch(model, loader, opt, strategy, precision, plan, tally, after_
         if opt.augment is not None:
             signals = opt.augment(signals)
         window_size, steps_now = micro_step_plan(batch_index, plan.batches_in_epoch, opt.grad_accum_steps)
+        if guard is not None and not window_open:
+            guard.open_window()
+            window_open = True
         # Only the micro-batch that ends an accumulation window all-reduces its gradients.
         with strategy.no_sync() if not steps_now else contextlib.nullcontext():
             with precision.autocast():
                 loss = F.cross_entropy(model(signals), labels, label_smoothing=opt.label_smoothing)
             opt.grad_scaler.scale(loss / window_size if window_size > 1 else loss).backward()
         tally.add(loss.detach(), labels.shape[0], plan.first_step + steps + 1 if watch_nonfinite else None)
+        if guard is not None:
+            guard.watch(loss.detach())
         if not steps_now:
             continue
         if opt.max_grad_norm > 0:
@@ -88,6 +96,9 @@ def train_one_epoch(model, loader, opt, strategy, precision, plan, tally, after_
             torch.nn.utils.clip_grad_norm_(parameters, opt.max_grad_norm)
         opt.grad_scaler.step(opt.optimizer)
         opt.grad_scaler.update()
+        if guard is not None:
+            guard.close_window()  # a step the scaler skipped leaves no trace in the buffers either
+            window_open = False
         opt.optimizer.zero_grad(set_to_none=True)
         opt.scheduler.step()
         if opt.ema is not None:

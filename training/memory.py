@@ -15,11 +15,20 @@ def memory_fields(device):
 
 
 def read_memory(device):
-    """Values in GiB, in the order of memory_fields(device). Peaks cover the whole run."""
+    """Values in GiB, in the order of memory_fields(device). Peaks cover the process's life, or on
+    CUDA the time since the last reset_peaks(device)."""
     if device.type == "cuda":
         return [torch.cuda.memory_allocated(device) / GIB, torch.cuda.max_memory_allocated(device) / GIB,
                 torch.cuda.memory_reserved(device) / GIB]
     return [_current_rss_bytes() / GIB, _peak_rss_bytes() / GIB]
+
+
+def reset_peaks(device):
+    """Start a new peak window on a CUDA device (e.g. one per epoch), from the memory in use now.
+
+    The CPU figure is getrusage's peak RSS, which no call can lower: it keeps covering the run."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
 
 
 def describe(label, fields, values):

@@ -43,3 +43,35 @@ class Precision:
             return "precision: fp32 (AMP off)"
         scaler = " with GradScaler" if self.needs_grad_scaler else ""
         return f"precision: AMP {self.dtype_name} autocast{scaler}"
+
+
+class SkippedStepBuffers:
+    """Under fp16 the GradScaler skips a step whose gradients overflowed, but the forward passes
+    have already folded the window's batches into BatchNorm's running statistics, so one NaN batch
+    would leave them NaN for the rest of the run. This keeps the float buffers as they were when
+    the accumulation window opened and puts them back if a loss of the window was not finite,
+    with no host sync."""
+
+    def __init__(self, model):
+        self.buffers = [buffer for buffer in model.buffers() if buffer.is_floating_point()]
+        self.saved = [buffer.detach().clone() for buffer in self.buffers]
+        self.finite = None  # a device bool: every loss of the open window was finite
+
+    def open_window(self):
+        torch._foreach_copy_(self.saved, self.buffers)
+        self.finite = None
+
+    def watch(self, loss):
+        finite = torch.isfinite(loss)
+        self.finite = finite if self.finite is None else self.finite & finite
+
+    def close_window(self):
+        for buffer, saved in zip(self.buffers, self.saved):
+            torch.where(self.finite, buffer, saved, out=buffer)
+
+
+def skipped_step_buffers(model, precision):
+    """The guard for fp16 runs of models with float buffers; None where nothing needs guarding."""
+    if not precision.needs_grad_scaler or not any(b.is_floating_point() for b in model.buffers()):
+        return None
+    return SkippedStepBuffers(model)

@@ -2,7 +2,7 @@
 
 The trainer and loop only call: wrap, eval_model, no_sync, sum_over_ranks, max_over_ranks,
 any_rank, max_ints, gather_concat, gather_objects, check_same_on_all_ranks, broadcast_module,
-sync_buffers, memory_report, synchronize and close.
+sync_buffers, memory_report, reset_memory_peaks, synchronize and close.
 """
 import contextlib
 import datetime
@@ -15,7 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from training.environment import check_parallel_args, distributed_env
 from training.errors import UsageError
-from training.memory import describe, memory_fields, read_memory
+from training.memory import describe, memory_fields, read_memory, reset_peaks
 
 
 class SingleDevice:
@@ -78,6 +78,10 @@ class SingleDevice:
     def memory_report(self):
         return [describe(str(self.device), memory_fields(self.device), read_memory(self.device))]
 
+    def reset_memory_peaks(self):
+        """Start the next epoch's peak window (CUDA; a process's peak RSS cannot be lowered)."""
+        reset_peaks(self.device)
+
     def synchronize(self):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -115,6 +119,10 @@ class DataParallelStrategy(SingleDevice):
         # Replica 0 also holds the gathered outputs and the optimizer, so it shows the imbalance.
         return [describe(f"cuda:{i}", memory_fields(torch.device("cuda", i)), read_memory(torch.device("cuda", i)))
                 for i in self.gpu_ids]
+
+    def reset_memory_peaks(self):
+        for i in self.gpu_ids:
+            reset_peaks(torch.device("cuda", i))
 
     def synchronize(self):
         for i in self.gpu_ids:

@@ -16,7 +16,7 @@ from training.errors import EXIT_PREEMPTED, RankLost, TrainingDiverged
 from training.figures import write_run_figures
 from training.logger import RunLogger
 from training.loop import Optimization, build_adamw, compile_for_training
-from training.precision import Precision
+from training.precision import Precision, skipped_step_buffers
 from training.preemption import StopSignals
 from training.preflight import check_before_training
 from training.recipe import final_reports, generalisation_aids
@@ -214,7 +214,11 @@ def _make_optimization(run, checkpoint):
     grad_scaler = run.precision.make_grad_scaler()
     start_step = 0
     if checkpoint is not None:
-        optimizer.load_state_dict(checkpoint["optimizer"])
+        # The saved groups carry the saving device's `fused` flag, which load_state_dict would
+        # restore: a CPU checkpoint resumed on CUDA (or back) must use this device's kernel.
+        saved = checkpoint["optimizer"]
+        optimizer.load_state_dict({**saved, "param_groups": [{**group, "fused": optimizer.defaults["fused"]}
+                                                             for group in saved["param_groups"]]})
         for group, decay in zip(optimizer.param_groups, (args.weight_decay, 0.0)):
             group.update(lr=peak_lr, initial_lr=peak_lr, weight_decay=decay)
         start_step = run.progress.epoch * steps_each_epoch + _steps_into_epoch(run)
@@ -227,7 +231,7 @@ def _make_optimization(run, checkpoint):
     augment, ema = generalisation_aids(run, checkpoint)
     return Optimization(optimizer, build_scheduler(optimizer, warmup_steps, total_steps, start_step),
                         grad_scaler, args.grad_accum_steps, args.max_grad_norm, args.label_smoothing,
-                        augment, ema)
+                        augment, ema, skipped_step_buffers(run.model, run.precision))
 
 
 def _restore_progress(run, checkpoint, path):
