@@ -59,4 +59,11 @@ def max_abs_difference(state_a, state_b):
                for k in state_a if state_a[k].is_floating_point())
 
 
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+# Marked as well as skipped, so that `pytest -m cuda` on a GPU machine selects every CUDA test.
+CUDA_MARKS = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def requires_cuda(test):
+    for mark in CUDA_MARKS:
+        test = mark(test)
+    return test
