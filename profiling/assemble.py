@@ -15,17 +15,18 @@ RUN_KEYS = ("step_time_s", "step_time_min_s", "step_time_max_s", "step_time_medi
             "data_wait_share", "compute_step_time_s", "comm_time_s")
 
 
-def assemble_profile(args, work, runs, phases, memory, benchmark, trace_files, host_load):
+def assemble_profile(args, work, runs, phases, memory, benchmark, trace_files, host_load, host_effects=None):
     strategy = work.strategy
     timing = {key: _summary([run[key] for run in runs]) for key in RUN_KEYS}
     timing["compute_to_comm_ratio"] = _ratio_summary(runs, timing)
     link = choose_link(args, benchmark, strategy.device.type)
     compute_s = timing["compute_step_time_s"]["mean"]
     predictions = predict_scaling(compute_s, work.gradient_bytes, link, args.predict_gpus,
-                                  messages=ddp_bucket_count(work.gradient_bytes))
+                                  messages=ddp_bucket_count(work.gradient_bytes), host_effects=host_effects)
     figures = Figures(compute_s, work.gradient_bytes, link, work.batch_size, work.precision.enabled,
                       timing["data_wait_share"]["mean"], backward_s=phases["backward_s"] if phases else None,
-                      reference_gpus=4 if 4 in args.predict_gpus else max(args.predict_gpus))
+                      reference_gpus=4 if 4 in args.predict_gpus else max(args.predict_gpus),
+                      host_effects=host_effects)
     return {
         "config": _config(args, work),
         "model": {"name": args.model, "parameters": work.num_parameters, "gradient_bytes": work.gradient_bytes,
@@ -39,6 +40,7 @@ def assemble_profile(args, work, runs, phases, memory, benchmark, trace_files, h
         "allreduce_benchmark": _benchmark_entry(benchmark),
         "link": {"bandwidth_gb_per_s": link.bandwidth_bytes_per_s / BYTES_PER_GB, "latency_us": link.latency_s * 1e6,
                  "source": link.source},
+        "host_effects": host_effects,
         "predictions": predictions,
         "recommendations": recommendations(figures, args.predict_gpus),
         "host_load": host_load,
@@ -89,10 +91,10 @@ def _notes(strategy, work, host_load):
         "samples/s = global samples per step / step time; mean +- sample std over the repeats; "
         "warm-up steps ran once, before the first repeat",
         "data-wait share: host time spent in next(loader) and the copy to the device / step time",
-        "T_compute: the same steps under DDP no_sync() (no gradient all-reduce; DDP's per-forward "
-        "buffer broadcast still runs); T_comm = max(T_step - T_compute, 0) is the communication "
+        "T_compute: the same steps under DDP no_sync() (no gradient all-reduce; DDP is built without "
+        "its per-forward buffer broadcast, as training builds it); T_comm = max(T_step - T_compute, 0) is the communication "
         "not hidden behind compute; R = mean T_compute / mean T_comm",
-        "predictions: weak scaling (per-GPU batch fixed), step = T_compute + ring all-reduce time, "
+        "predictions: weak scaling (per-GPU batch fixed), step = each rank's step + ring all-reduce time, "
         "no overlap with backward assumed; speedup = N x T_step(1) / T_step(N) in global samples/s",
         "epoch time = optimizer steps in one epoch of the whole training split x mean step time",
     ]
@@ -106,6 +108,10 @@ def _notes(strategy, work, host_load):
     if strategy.world_size == 1:
         notes.append("one process: no all-reduce runs, T_compute = T_step, and the all-reduce time in the "
                      "predictions comes from the bandwidth and latency stated under 'link'")
+        notes.append("predictions for N ranks: each rank's step = the step measured with N-1 neighbour processes "
+                     "on this host (CPU, where they fit on its cores; else the lone step) + the expected wait for "
+                     "the slowest of N ranks + DDP's own per-step cost, then + the ring all-reduce "
+                     "(see 'host_effects')")
     if strategy.device.type == "cpu":
         notes.append(f"CPU: {torch.get_num_threads()} thread(s) per process (torchrun sets OMP_NUM_THREADS=1 "
                      "for 2+ processes unless it is set); memory is process RSS, not a device figure")

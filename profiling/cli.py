@@ -59,6 +59,7 @@ def parse_profiler_args(argv):
     args = parse_with_config(build_profiler_parser(), argv)
     check_args(args)
     check_profiler_args(args)
+    args.command_line = list(argv)  # what the host-sharing neighbours run
     return args
 
 

@@ -84,22 +84,41 @@ def share(part_s, whole_s):
     return part_s / whole_s if whole_s > 0 else 0.0
 
 
-def predict_world(compute_s, gradient_bytes, world_size, link, messages=1, accumulation=1):
+def rank_step_s(compute_s, world_size, host_effects=None):
+    """One rank's step without the all-reduce when N ranks run: the lone step, or, with the host
+    effects a 1-process profile measured (profiling/host_sharing.py), the step slowed by
+    neighbours on the same cores, plus the wait for the slowest rank, plus DDP's own cost."""
+    if world_size <= 1 or not host_effects:
+        return compute_s
+    shared_s = _by_count(host_effects["shared"], world_size, compute_s)
+    straggler_s = _by_count(host_effects["straggler_s"], world_size, 0.0)
+    return shared_s + straggler_s + host_effects["ddp_step_s"]
+
+
+def _by_count(table, world_size, default):
+    # JSON turns the integer keys into strings; a profile read back must predict the same.
+    return table.get(world_size, table.get(str(world_size), default))
+
+
+def predict_world(compute_s, gradient_bytes, world_size, link, messages=1, accumulation=1, host_effects=None):
     """The predicted step on N GPUs: all-reduce time, step time, speedup, efficiency, R and the
     all-reduce share. With gradient accumulation k the all-reduce is paid once per k
-    micro-batches, so the per-micro-batch step is T_compute + T_allreduce / k."""
+    micro-batches, so the per-micro-batch step is T_compute + T_allreduce / k. With
+    `host_effects` each rank's compute is rank_step_s's, not the lone process's."""
     allreduce_s = ring_allreduce_time_s(gradient_bytes, world_size, link.bandwidth_bytes_per_s,
                                         link.latency_s, messages) / accumulation
-    step_s = compute_s + allreduce_s
+    rank_s = rank_step_s(compute_s, world_size, host_effects)
+    step_s = rank_s + allreduce_s
     gain = speedup(world_size, compute_s, step_s)
-    return {"world_size": world_size, "allreduce_s": allreduce_s, "step_s": step_s, "speedup": gain,
-            "efficiency": efficiency(gain, world_size), "allreduce_share": share(allreduce_s, step_s),
-            "compute_to_comm_ratio": compute_s / allreduce_s if allreduce_s > 0 else math.inf}
+    return {"world_size": world_size, "allreduce_s": allreduce_s, "rank_step_s": rank_s, "step_s": step_s,
+            "speedup": gain, "efficiency": efficiency(gain, world_size), "allreduce_share": share(allreduce_s, step_s),
+            "compute_to_comm_ratio": rank_s / allreduce_s if allreduce_s > 0 else math.inf}
 
 
-def predict_scaling(compute_s, gradient_bytes, link, world_sizes, messages=1):
+def predict_scaling(compute_s, gradient_bytes, link, world_sizes, messages=1, host_effects=None):
     """predict_world for each N, from the compute time of one GPU's step."""
-    return [predict_world(compute_s, gradient_bytes, n, link, messages) for n in world_sizes]
+    return [predict_world(compute_s, gradient_bytes, n, link, messages, host_effects=host_effects)
+            for n in world_sizes]
 
 
 def accumulation_for_efficiency(compute_s, allreduce_s, target_efficiency):

@@ -7,6 +7,7 @@ from profiling.allreduce_bench import benchmark_allreduce
 from profiling.assemble import assemble_profile
 from profiling.comm_model import comm_split
 from profiling.host_load import HostCpuMeter
+from profiling.host_sharing import measure_host_effects
 from profiling.report import default_output_dir
 from profiling.timing import LapTimer, NullTimer, StepClock, barrier, gather_per_rank, reduce_over_ranks
 from profiling.trace import write_trace
@@ -50,12 +51,17 @@ class PerformanceProfiler:
         meter.start()
         runs = [measured_run(work, args.steps) for _ in range(args.repeats)]
         host_load = meter.stop(work.strategy)
-        memory = peak_memory(work)
+        memory = peak_memory(work)  # before the host-effects pass copies the model
+        lone_samples_s = [value for run in runs for value in run.pop("step_samples_s")]
+        host_effects = None
+        if work.strategy.world_size == 1:
+            # After the headline runs, so neighbours never disturb them.
+            host_effects = measure_host_effects(work, args, timed_steps, lone_samples_s)
         phases = phase_breakdown(work, args.phase_steps) if args.phase_steps else None
         gradient_elements = work.gradient_bytes // 4  # all-reduced as fp32, like DDP's gradients
         benchmark = benchmark_allreduce(work.strategy, gradient_elements, args.allreduce_iters)
         trace_files = write_trace(work, self.output_dir / "trace") if args.trace else []
-        return assemble_profile(args, work, runs, phases, memory, benchmark, trace_files, host_load)
+        return assemble_profile(args, work, runs, phases, memory, benchmark, trace_files, host_load, host_effects)
 
 
 def measured_run(work, steps):
@@ -91,7 +97,8 @@ def timed_steps(work, steps, sync_gradients):
     return {"steps": steps, "step_time_s": step_s, "step_time_min_s": merged["min_s"],
             "step_time_max_s": merged["max_s"], "step_time_median_s": merged["median_s"],
             "samples_per_s": work.global_samples_per_step / step_s,
-            "data_wait_share": merged["data_s"] / merged["total_s"]}
+            "data_wait_share": merged["data_s"] / merged["total_s"],
+            "step_samples_s": step_times_s}  # this rank's own, for the straggler estimate
 
 
 def phase_breakdown(work, steps):

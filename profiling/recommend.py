@@ -21,6 +21,7 @@ class Figures:
     data_wait_share: float
     backward_s: float = None  # from the phase breakdown, when it ran
     reference_gpus: int = 4
+    host_effects: dict = None  # what N ranks add beyond the lone step (profiling/host_sharing.py)
 
 
 def recommendations(figures, world_sizes):
@@ -37,8 +38,8 @@ def larger_batch_shares(compute_s, allreduce_s, batch_size, new_batch_size):
 
 
 def _gpu_count(f, world_sizes):
-    predicted = [predict_world(f.compute_s, f.gradient_bytes, n, f.link, _buckets_of(f)) for n in world_sizes
-                 if n > 1]
+    predicted = [predict_world(f.compute_s, f.gradient_bytes, n, f.link, _buckets_of(f), host_effects=f.host_effects)
+                 for n in world_sizes if n > 1]
     if not predicted:
         return _item("gpu count", "no multi-GPU size was asked for (--predict-gpus)", {})
     table = {f"speedup_{p['world_size']}": p["speedup"] for p in predicted}
@@ -57,9 +58,10 @@ def _gpu_count(f, world_sizes):
                 f"{gain['world_size']} GPUs ({gain['efficiency']:.0%} efficiency)")
     if not worthwhile:
         # A model this small rarely fills one GPU, so the GPUs pay off as independent jobs instead.
-        text += ("; to use several GPUs anyway, run independent jobs on them: cross-validation folds run "
-                 "one per GPU with torchrun ... main_multi_gpu.py --multi-gpu ddp --cv-folds K, or separate "
-                 "seeds or recipes")
+        text += ("; what would pay: a larger per-GPU batch or --grad-accum-steps (see below), which spread "
+                 "the all-reduce and DDP's fixed cost over more samples, or independent jobs, one per GPU: "
+                 "cross-validation folds with torchrun ... main_multi_gpu.py --multi-gpu ddp --cv-folds K, or "
+                 "separate seeds or recipes")
     text += f" [bandwidth {f.link.source}; no overlap of all-reduce and backward assumed]"
     return _item("gpu count", text, table)
 
@@ -79,8 +81,9 @@ def _larger_batch(f):
 
 def _accumulation(f):
     n, k = f.reference_gpus, 4
-    plain = predict_world(f.compute_s, f.gradient_bytes, n, f.link, _buckets_of(f))
-    accumulated = predict_world(f.compute_s, f.gradient_bytes, n, f.link, _buckets_of(f), accumulation=k)
+    plain = predict_world(f.compute_s, f.gradient_bytes, n, f.link, _buckets_of(f), host_effects=f.host_effects)
+    accumulated = predict_world(f.compute_s, f.gradient_bytes, n, f.link, _buckets_of(f), accumulation=k,
+                                host_effects=f.host_effects)
     needed = accumulation_for_efficiency(f.compute_s, plain["allreduce_s"], ACCUMULATION_TARGET)
     text = (f"--grad-accum-steps {k} would give a predicted speedup of {accumulated['speedup']:.2f}x on {n} "
             f"GPUs (vs {plain['speedup']:.2f}x without), by all-reducing once per {k} micro-batches; "
@@ -93,8 +96,9 @@ def _accumulation(f):
 
 def _half_precision_gradients(f):
     n = f.reference_gpus
-    full = predict_world(f.compute_s, f.gradient_bytes, n, f.link, _buckets_of(f))
-    half = predict_world(f.compute_s, f.gradient_bytes // 2, n, f.link, _buckets_of(f))
+    full = predict_world(f.compute_s, f.gradient_bytes, n, f.link, _buckets_of(f), host_effects=f.host_effects)
+    half = predict_world(f.compute_s, f.gradient_bytes // 2, n, f.link, _buckets_of(f),
+                         host_effects=f.host_effects)
     amp_state = "on" if f.amp_enabled else "off"
     text = (f"AMP (here {amp_state}) does not shrink the all-reduce: autocast keeps parameters and "
             f"gradients in fp32, so DDP sends {f.gradient_bytes / BYTES_PER_MB:.2f} MB either way; a DDP "
@@ -143,7 +147,8 @@ def _buckets_of(f):
 
 
 def _allreduce_s(f, world_size):
-    return predict_world(f.compute_s, f.gradient_bytes, world_size, f.link, _buckets_of(f))["allreduce_s"]
+    return predict_world(f.compute_s, f.gradient_bytes, world_size, f.link, _buckets_of(f),
+                         host_effects=f.host_effects)["allreduce_s"]
 
 
 def _item(topic, text, numbers):

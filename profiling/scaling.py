@@ -35,11 +35,14 @@ def measured_link(profile):
     return Link(math.inf if bandwidth is None else bandwidth, fitted["latency_s"], fitted["source"])
 
 
-def extrapolate(baseline, link, world_sizes):
-    """Predictions for more GPUs from the 1-process step time and a measured link."""
+def extrapolate(baseline, link, world_sizes, host_aware=True):
+    """Predictions for more GPUs from the 1-process profile (its step time and, when host_aware,
+    the host effects it measured) and a measured link."""
     gradient_bytes = baseline["model"]["gradient_bytes"]
     step_1_s = baseline["timing"]["step_time_s"]["mean"]
-    return [predict_world(step_1_s, gradient_bytes, n, link, ddp_bucket_count(gradient_bytes)) for n in world_sizes]
+    host_effects = baseline.get("host_effects") if host_aware else None
+    return [predict_world(step_1_s, gradient_bytes, n, link, ddp_bucket_count(gradient_bytes),
+                          host_effects=host_effects) for n in world_sizes]
 
 
 def _row(profile, baseline):
@@ -58,6 +61,7 @@ def _row(profile, baseline):
            "bus_bandwidth_gb_per_s": profile["allreduce_benchmark"].get("bus_bandwidth_gb_per_s"),
            "measured_speedup": None, "measured_speedup_std": None, "measured_efficiency": None,
            "predicted_speedup": None, "predicted_efficiency": None, "predicted_step_ms": None,
+           "prediction_error": None, "allreduce_only_speedup": None, "predicted_rank_step_ms": None,
            "allreduce_ms": None, "compute_growth_ms": None, "comm_excess_ms": None}
     if baseline is None:
         return row
@@ -70,13 +74,16 @@ def _row(profile, baseline):
     if link is None:
         return row
     predicted = extrapolate(baseline, link, [world_size])[0]
+    allreduce_only = extrapolate(baseline, link, [world_size], host_aware=False)[0]
     gradient_bytes = profile["model"]["gradient_bytes"]
     allreduce_s = ring_allreduce_time_s(gradient_bytes, world_size, link.bandwidth_bytes_per_s, link.latency_s,
                                         ddp_bucket_count(gradient_bytes))
     # Where the measured step differs from the prediction: slower compute on each rank, or more
     # exposed communication than the benchmarked all-reduce.
     row.update(predicted_speedup=predicted["speedup"], predicted_efficiency=predicted["efficiency"],
-               predicted_step_ms=predicted["step_s"] * 1e3, allreduce_ms=allreduce_s * 1e3,
+               predicted_step_ms=predicted["step_s"] * 1e3, predicted_rank_step_ms=predicted["rank_step_s"] * 1e3,
+               prediction_error=predicted["speedup"] / gain - 1, allreduce_only_speedup=allreduce_only["speedup"],
+               allreduce_ms=allreduce_s * 1e3,
                compute_growth_ms=(timing["compute_step_time_s"]["mean"] - base["step_time_s"]["mean"]) * 1e3,
                comm_excess_ms=(timing["comm_time_s"]["mean"] - allreduce_s) * 1e3)
     return row

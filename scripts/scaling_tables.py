@@ -63,7 +63,9 @@ def _header(profiles, args):
              "figures are mean +- sample std over the runs.",
              "Method: weak scaling (per-GPU batch fixed). Speedup = samples/s of N processes / samples/s of one. "
              "T_compute is the same step under DDP no_sync(), T_comm = T_step - T_compute (the communication "
-             "left exposed), R = T_compute / T_comm. Predicted step = one-process step + ring all-reduce "
+             "left exposed), R = T_compute / T_comm. Predicted step = each rank's step as the 1-process profile "
+             "measured it for N ranks (with N-1 neighbour processes on the same cores where they fit, plus the "
+             "expected wait for the slowest of N, plus DDP's own per-step cost) + ring all-reduce "
              "2(N-1)/N x gradient bytes / bandwidth + 2(N-1) x latency, with bandwidth and latency fitted to the "
              "all-reduce benchmark of the N-process run; no overlap of all-reduce and backward is assumed.",
              "Epoch time = optimizer steps in one epoch of the whole training split x mean step time."]
@@ -110,13 +112,15 @@ def _comparison(row):
              f"({row['measured_efficiency']:.0%} efficiency)"]
     if row["predicted_speedup"] is None:
         return lines
-    lines[0] += (f", predicted {row['predicted_speedup']:.2f}x ({row['predicted_efficiency']:.0%}) from the "
-                 f"1-process step and the benchmarked all-reduce ({row['allreduce_ms']:.2f} ms)")
+    lines[0] += (f", predicted {row['predicted_speedup']:.2f}x ({row['prediction_error']:+.0%} off) from the "
+                 f"1-process profile: rank step {row['predicted_rank_step_ms']:.2f} ms (its host effects) + the "
+                 f"benchmarked all-reduce {row['allreduce_ms']:.2f} ms; the all-reduce alone would predict "
+                 f"{row['allreduce_only_speedup']:.2f}x")
     gap_ms = row["step_time_ms"] - row["predicted_step_ms"]
     lines.append(f"  measured step {row['step_time_ms']:.2f} ms vs predicted {row['predicted_step_ms']:.2f} ms "
-                 f"({gap_ms:+.2f} ms) = compute per process {row['compute_growth_ms']:+.2f} ms (T_compute at {n} vs "
-                 f"the 1-process step) + exposed communication {row['comm_excess_ms']:+.2f} ms beyond the "
-                 "benchmarked all-reduce (waiting for the slower process, DDP's bookkeeping)")
+                 f"({gap_ms:+.2f} ms); against the lone step: compute per process {row['compute_growth_ms']:+.2f} ms "
+                 f"(T_compute at {n} vs the 1-process step) + exposed communication {row['comm_excess_ms']:+.2f} ms "
+                 "beyond the benchmarked all-reduce (waiting for the slower process, DDP's bookkeeping)")
     return lines
 
 
@@ -132,10 +136,13 @@ def _overall(rows, profiles):
         lines += _batch_effect(multi)
         predicted = [r for r in multi if r["predicted_speedup"] is not None]
         if predicted:
-            gaps = [r["measured_speedup"] - r["predicted_speedup"] for r in predicted]
-            lines.append(f"  measured minus predicted speedup: {min(gaps):+.2f} to {max(gaps):+.2f}; the prediction "
-                         "counts only the benchmarked all-reduce, so slower compute per process and waiting for "
-                         "the slower process show up as this gap")
+            worst_error = max(predicted, key=lambda r: abs(r["prediction_error"]))
+            lines.append("  prediction error (predicted / measured speedup - 1): "
+                         + ", ".join(f"{_label(r)} {r['prediction_error']:+.1%}" for r in predicted)
+                         + f"; largest {abs(worst_error['prediction_error']):.1%} ({_label(worst_error)})")
+            lines.append("  the all-reduce alone would have predicted: " + ", ".join(
+                f"{_label(r)} {r['allreduce_only_speedup']:.2f}x ({r['allreduce_only_speedup'] / r['measured_speedup'] - 1:+.0%})"
+                for r in predicted))
     loaded = [p for p in profiles if p.get("host_load") and
               p["host_load"]["other_processes_cpu_s"] > OTHER_CPU_WORRY * p["host_load"]["wall_s"]]
     if loaded:

@@ -3,6 +3,8 @@ import copy
 import csv
 import json
 import math
+import os
+import subprocess
 import sys
 from argparse import Namespace
 
@@ -94,6 +96,38 @@ def test_recommendation_numbers():
         "speedup_without"]
 
 
+def test_expected_maximum_of_several_draws_from_the_measured_step_times():
+    from profiling.host_sharing import expected_maximum
+    samples = [4.0, 1.0, 3.0, 2.0]
+    assert expected_maximum(samples, 1) == pytest.approx(2.5)  # one rank: the mean
+    assert expected_maximum(samples, 2) == pytest.approx((1 * 1 + 2 * 3 + 3 * 5 + 4 * 7) / 16)
+    assert 3.9 < expected_maximum(samples, 64) <= 4.0  # many ranks: nearly always the slowest step
+
+
+def test_host_effects_enter_each_ranks_step_and_survive_a_json_round_trip():
+    from profiling.comm_model import rank_step_s
+    effects = {"shared": {2: 0.012}, "straggler_s": {2: 0.001, 4: 0.002}, "ddp_step_s": 0.0005}
+    link = Link(1e9, 1e-4, "test")
+    assert rank_step_s(0.010, 1, effects) == 0.010  # one process pays none of it
+    assert rank_step_s(0.010, 2, effects) == pytest.approx(0.012 + 0.001 + 0.0005)
+    assert rank_step_s(0.010, 4, effects) == pytest.approx(0.010 + 0.002 + 0.0005)  # no neighbours measured at 4
+    plain = predict_world(0.010, 4_000_000, 2, link)
+    hosted = predict_world(0.010, 4_000_000, 2, link, host_effects=effects)
+    assert hosted["step_s"] == pytest.approx(plain["step_s"] + 0.0035)
+    assert hosted["speedup"] == pytest.approx(2 * 0.010 / hosted["step_s"])
+    read_back = json.loads(json.dumps(effects))  # integer keys come back as strings
+    assert predict_world(0.010, 4_000_000, 2, link, host_effects=read_back) == hosted
+
+
+def test_neighbours_only_where_ranks_would_share_this_hosts_cores():
+    import torch
+    from profiling.host_sharing import host_rank_counts
+    cores = os.cpu_count()
+    assert host_rank_counts([1, 2, 4, 8], torch.device("cpu"), 1) == [n for n in (2, 4, 8) if n <= cores]
+    assert host_rank_counts([1, 2, 4, 8], torch.device("cpu"), cores) == []
+    assert host_rank_counts([1, 2], torch.device("cuda", 0), 1) == []  # each rank has its own GPU
+
+
 @pytest.fixture(scope="module")
 def tiny_profile(tmp_path_factory):
     """One real profiler.py run on CPU with tiny settings, shared by the tests below."""
@@ -122,6 +156,11 @@ def test_profiler_py_writes_sane_json_and_csv(tiny_profile):
     assert not profile["allreduce_benchmark"]["measured"] and "assumed" in profile["link"]["source"]
     assert [p["world_size"] for p in profile["predictions"]] == [1, 2, 4, 8]
     assert all(0 < p["speedup"] <= p["world_size"] for p in profile["predictions"])
+    effects = profile["host_effects"]  # default threads fill the cores, so no neighbours fit
+    assert effects["shared"] == {} and set(effects["straggler_s"]) == {"2", "4", "8"}
+    assert effects["ddp_step_s"] >= 0 and all(value >= 0 for value in effects["straggler_s"].values())
+    for prediction in profile["predictions"][1:]:
+        assert prediction["rank_step_s"] >= timing["step_time_s"]["mean"] + effects["ddp_step_s"] - 1e-12
     with open(out / "profile_summary.csv") as handle:
         summary = {row["metric"]: row for row in csv.DictReader(handle)}
     assert float(summary["samples_per_s"]["mean"]) > 0 and float(summary["step_time_s"]["std"]) >= 0
@@ -150,6 +189,18 @@ def test_scaling_report_writers_on_a_two_process_profile_made_from_the_real_one(
     assert all(path.stat().st_size > 0 for path in paths) and len(paths) == 7
     assert "measured 1.80x" in (tmp_path / "r.txt").read_text()
     assert "\\begin{tabular}" in (tmp_path / "t.tex").read_text()
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores for one thread per rank")
+def test_one_process_profile_measures_its_step_beside_a_neighbour_and_leaves_none_behind(tmp_path):
+    result = run_subprocess([sys.executable, "profiler.py", *TINY_DATA, "--device", "cpu", "--warmup-steps", "2",
+                             "--steps", "5", "--repeats", "2", "--phase-steps", "0", "--predict-gpus", "1,2",
+                             "--output-dir", tmp_path], timeout=180, env={"OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr
+    effects = json.loads((tmp_path / "profile.json").read_text())["host_effects"]
+    assert list(effects["shared"]) == ["2"] and effects["shared"]["2"] > 0
+    leftovers = subprocess.run(["pgrep", "-f", "profiling.neighbour"], capture_output=True, text=True)
+    assert leftovers.stdout.strip() == ""
 
 
 def test_bad_input_is_one_line_and_exit_2():

@@ -1,0 +1,137 @@
+"""What one process cannot see of N ranks on one host, measured from that one process.
+
+- Neighbours: N-1 processes training the same step on the same CPU cores slow every rank's
+  compute (shared cores, caches, memory bandwidth), and make its step time vary more.
+- Stragglers: a synchronous DDP step lasts as long as the slowest rank's compute, the expected
+  maximum of N draws from the per-step times, not their mean.
+- DDP's own per-step cost: its forward hook, the reducer's autograd hooks and bucket, and the
+  call into the backend, measured on a one-rank process group (which sends nothing).
+"""
+import copy
+import dataclasses
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from profiling.neighbour import READY
+from profiling.timing import NullTimer
+from profiling.workload import optimizer_step
+from training.loop import build_adamw
+
+NEIGHBOUR_START_TIMEOUT_S = 300
+
+
+def host_rank_counts(world_sizes, device, threads_per_rank):
+    """The N of --predict-gpus whose ranks would share this host's CPU cores and still fit on them:
+    CPU runs with N x threads <= cores. On a GPU each rank has its own device, so none."""
+    if device.type != "cpu":
+        return []
+    cores = os.cpu_count() or 1
+    return [n for n in world_sizes if 1 < n and n * threads_per_rank <= cores]
+
+
+class Neighbours:
+    """`count` neighbour processes running the profiled step while the block runs."""
+
+    def __init__(self, profiler_argv, count, threads_per_rank):
+        self.argv, self.count, self.threads = list(profiler_argv), count, threads_per_rank
+        self.processes = []
+
+    def __enter__(self):
+        env = {key: value for key, value in os.environ.items()
+               if key not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+        env["OMP_NUM_THREADS"] = str(self.threads)
+        for _ in range(self.count):
+            self.processes.append(subprocess.Popen([sys.executable, "-m", "profiling.neighbour", *self.argv],
+                                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                                   env=env))
+        deadline = time.monotonic() + NEIGHBOUR_START_TIMEOUT_S
+        for process in self.processes:
+            line = process.stdout.readline()  # blocks until the neighbour has warmed up
+            if line.strip() != READY or time.monotonic() > deadline:
+                self.__exit__(None, None, None)
+                raise RuntimeError("a neighbour process of the host-sharing measurement did not start")
+        return self
+
+    def __exit__(self, *exc):
+        for process in self.processes:
+            process.terminate()
+        for process in self.processes:
+            process.wait()
+        self.processes = []
+
+
+def measure_host_effects(work, args, timed_steps, lone_step_samples_s):
+    """For a 1-process profile: {"shared": {N: step time with N-1 neighbours}, "straggler_s": {N: expected
+    wait for the slowest of N ranks}, "ddp_step_s": DDP's own cost per step, "what": how}."""
+    threads = torch.get_num_threads()
+    shared, samples_by_n = {}, {}
+    for n in host_rank_counts(args.predict_gpus, work.strategy.device, threads):
+        with Neighbours(args.command_line, n - 1, threads):
+            runs = [timed_steps(work, args.steps, sync_gradients=True) for _ in range(args.repeats)]
+        shared[n] = statistics.fmean(run["step_time_s"] for run in runs)
+        samples_by_n[n] = [value for run in runs for value in run["step_samples_s"]]
+    stragglers = {}
+    for n in args.predict_gpus:
+        if n > 1:
+            samples = samples_by_n.get(n, lone_step_samples_s)
+            stragglers[n] = max(expected_maximum(samples, n) - statistics.fmean(samples), 0.0)
+    ddp_s = ddp_step_cost_s(work, timed_steps, args.steps, args.repeats)
+    return {"shared": shared, "straggler_s": stragglers, "ddp_step_s": ddp_s or 0.0,
+            "what": f"step time with N-1 neighbour processes on this host's cores for N in {sorted(shared) or 'none'} "
+                    "(others: each rank on its own device); straggler = E[max of N per-step times] - mean; DDP's "
+                    "own per-step cost on a one-rank gloo group"}
+
+
+def expected_maximum(samples, count):
+    """E[max of `count` independent draws] from the empirical distribution of `samples`."""
+    ordered = sorted(samples)
+    n = len(ordered)
+    return sum(value * (((i + 1) / n) ** count - (i / n) ** count) for i, value in enumerate(ordered))
+
+
+def ddp_step_cost_s(work, timed_steps, steps, repeats):
+    """Seconds DDP adds to one optimizer step of this workload on a one-rank gloo group (its
+    bookkeeping without any transfer), as the median difference of alternating timed runs; None
+    where a process group already exists (a multi-process profile measures DDP directly)."""
+    if dist.is_initialized():
+        return None
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        plain, wrapped = _twin(work, ddp=False), _twin(work, ddp=True)
+        differences = []
+        for _ in range(repeats):
+            plain_s = timed_steps(plain, steps, sync_gradients=True)["step_time_s"]
+            wrapped_s = timed_steps(wrapped, steps, sync_gradients=True)["step_time_s"]
+            differences.append(wrapped_s - plain_s)
+        return max(sorted(differences)[len(differences) // 2], 0.0)
+    finally:
+        dist.destroy_process_group()
+
+
+def _twin(work, ddp):
+    """The workload with a copy of the model and its own optimizer, DDP-wrapped as training wraps it."""
+    model = copy.deepcopy(work.model)
+    device = work.strategy.device
+    train_model = model
+    if ddp:
+        train_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                              gradient_as_bucket_view=True, broadcast_buffers=False)
+    optimizer = build_adamw(model, work.optimizer.defaults["lr"], work.optimizer.param_groups[0]["weight_decay"],
+                            device)
+    twin = dataclasses.replace(work, model=model, train_model=train_model, optimizer=optimizer)
+    _warm_up(twin)
+    return twin
+
+
+def _warm_up(work, steps=3):
+    for _ in range(steps):
+        optimizer_step(work, sync_gradients=True, timer=NullTimer())
+    if work.strategy.device.type == "cuda":
+        torch.cuda.synchronize(work.strategy.device)

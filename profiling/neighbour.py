@@ -1,0 +1,28 @@
+"""A stand-in for another rank on the same host: trains the profiled step, alone, until stopped.
+
+`python -m profiling.neighbour <profiler flags>` builds the workload the profiler measures, warms
+it up, prints READY and then takes optimizer steps until it is terminated. It joins no process
+group: it only occupies the cores (and memory bandwidth) another rank would.
+"""
+import sys
+
+from profiling.cli import parse_profiler_args
+from profiling.timing import NullTimer
+from profiling.workload import build_workload, optimizer_step
+from training.strategy import make_strategy
+
+READY = "READY"
+
+
+def main(argv):
+    args = parse_profiler_args(argv)
+    work = build_workload(args, make_strategy(args))
+    for _ in range(args.warmup_steps):
+        optimizer_step(work, sync_gradients=True, timer=NullTimer())
+    print(READY, flush=True)
+    while True:
+        optimizer_step(work, sync_gradients=True, timer=NullTimer())
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
