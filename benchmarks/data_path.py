@@ -1,6 +1,7 @@
 """The device-resident data path against the DataLoader path: whole training epochs and bare loader iteration."""
 import argparse
 import functools
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -71,7 +72,22 @@ def main(argv=None):
           f"{paired_ratio(training, 'device', 'dataloader'):.3f}), "
           f"{median_ratio(iteration, 'device', 'dataloader'):.3f} bare iteration (medians of {opts.rounds} "
           f"rounds, {opts.model}, batch {opts.batch_size}, {device}, {torch.get_num_threads()} threads)")
+    if opts.json:  # --json comes with the shared run flags
+        Path(opts.json).write_text(json.dumps(figures(opts, device, iteration, training), indent=2) + "\n")
+        print(f"wrote {opts.json}")
     return 0
+
+
+def figures(opts, device, iteration, training):
+    """What the tables above show, for a program to read: per-round rates of each path and the
+    device/dataloader ratios (median of each side's rates, and median of the per-round ratios)."""
+    def side(rates, unit):
+        return {"unit": unit, "rates": rates, "ratio": median_ratio(rates, "device", "dataloader"),
+                "paired_ratio": paired_ratio(rates, "device", "dataloader")}
+    return {"model": opts.model, "batch_size": opts.batch_size, "device": str(device),
+            "threads": torch.get_num_threads(), "rounds": opts.rounds, "epochs_per_round": opts.epochs_per_round,
+            "iteration_passes": opts.iteration_passes, "machine": machine_line(device),
+            "iteration": side(iteration, "batches/s"), "training": side(training, "samples/s")}
 
 
 if __name__ == "__main__":

@@ -1,0 +1,125 @@
+"""The check's JSON as one markdown page: a table per group that ran, then what did not finish."""
+from benchmarks.gpu_check.plan import PRECISIONS
+
+
+def markdown_report(result):
+    groups = {}
+    for step in result["steps"]:
+        groups.setdefault(step["group"], []).append(step)
+    lines = header(result) + tests_section(groups.get("tests", []))
+    for group, title, columns, rows, notes in TABLES:
+        found = rows(groups.get(group, []))
+        if found:  # groups that did not run, or left no figures, leave no empty table
+            lines += table(title, columns, found) + (notes(groups[group]) if notes else [])
+    return "\n".join(lines + problems_section(result["steps"])) + "\n"
+
+
+def header(result):
+    machine, counts = result["machine"], {}
+    for step in result["steps"]:
+        counts[step["status"]] = counts.get(step["status"], 0) + 1
+    return [f"# GPU check: {machine.get('gpu') or result['device']}, {result['started'][:10]}", "",
+            f"torch {machine.get('torch')}, CUDA {machine.get('cuda')}, cuDNN {machine.get('cudnn')}, NCCL "
+            f"{machine.get('nccl')}; {machine.get('gpu_count', 0)} GPU(s) of {machine.get('gpu_memory_gib')} GiB; "
+            f"{machine.get('cpu_cores')} CPU cores; commit {machine.get('commit')}; "
+            f"{'quick' if result['quick'] else 'full'} check in {result['wall_s']:.0f} s "
+            f"({', '.join(f'{n} {status}' for status, n in counts.items())})", ""]
+
+
+def table(title, columns, rows):
+    return [f"## {title}", "", "| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns),
+            *("| " + " | ".join(map(str, row)) + " |" for row in rows), ""]
+
+
+def cell(step, key, form):
+    """A figure of a step for a table, or the step's status when it left none."""
+    figures = (step or {}).get("figures") or {}
+    if figures.get(key) is None:
+        return (step or {}).get("status", "not run")
+    return format(figures[key], form)
+
+
+def tests_section(steps):
+    lines = ["## CUDA tests (`pytest -m cuda`)", ""] if steps else []
+    for step in steps:
+        figures = step.get("figures") or {}
+        counts = figures.get("counts") or {}
+        lines.append(", ".join(f"{n} {word}" for word, n in counts.items()) or f"no counts ({step['status']})")
+        lines += [f"- `{line}`" for line in figures.get("failures", [])] + [""]
+    return lines
+
+
+def configurations(steps):
+    return [entry for step in steps for entry in ((step.get("figures") or {}).get("configurations") or [])]
+
+
+def matrix_cell(entry):
+    """samples/s (peak allocated GiB) of one configuration, or its status when it has none; n/a: no
+    CUDA allocator peak to read (a CPU run)."""
+    if entry is None or entry.get("status") != "ok" or entry.get("samples_per_s") is None:
+        return (entry or {}).get("status") or "not run"
+    peak = entry.get("peak_allocated_gib")
+    return f"{entry['samples_per_s']:,.0f} ({'n/a' if peak is None else format(peak, '.3f')})"
+
+
+def matrix_rows(steps):
+    """One row per (model, batch): samples/s and peak GiB under each precision."""
+    found = {(e["model"], e["batch_size"], e["precision"]): e for e in configurations(steps)}
+    return [[model, batch, *(matrix_cell(found.get((model, batch, p))) for p in PRECISIONS)]
+            for model, batch in dict.fromkeys((m, b) for m, b, _ in found)]
+
+
+def matrix_notes(steps):
+    """Why each configuration without figures has none."""
+    lines = [f"- {e['model']} bs{e['batch_size']} {e['precision']}: {e['status']}: {e['why']}"
+             for e in configurations(steps) if e.get("status") != "ok" and e.get("why")]
+    return lines + [""] if lines else []
+
+
+def data_path_rows(steps):
+    return [[cell(s, "device_samples_per_s", ",.0f"), cell(s, "dataloader_samples_per_s", ",.0f"),
+             f"{cell(s, 'training_ratio', '.3f')} ({cell(s, 'training_paired_ratio', '.3f')})",
+             cell(s, "iteration_ratio", ".3f")] for s in steps]
+
+
+def ddp_rows(steps):
+    return [[cell(s, "model", "s"), cell(s, "backend", "s"), cell(s, "samples_per_s", ",.0f"),
+             cell(s, "step_time_ms", ".2f"), cell(s, "peak_memory_gib", ".3f")] for s in steps]
+
+
+def epoch_rows(steps):
+    return [[f"{s['wall_s']:.1f}" if "wall_s" in s else s["status"], cell(s, "epoch_time_s", ".1f"),
+             cell(s, "samples_per_s", ",.0f"), cell(s, "val_macro_f1", ".3f")] for s in steps]
+
+
+def overhead_rows(steps):
+    return [[s["params"]["batch_size"], s["params"]["compile"], cell(s, "trainer_samples_per_s", ",.0f"),
+             cell(s, "minimal_samples_per_s", ",.0f"), cell(s, "ratio", ".3f"), cell(s, "paired_ratio", ".3f")]
+            for s in steps]
+
+
+# (group, title, columns, rows of the group's steps, lines under the table), in the order of the page
+TABLES = (
+    ("profile", "Training-step throughput (benchmarks.gpu_check.throughput, one process, one GPU): "
+                "samples/s (peak allocated GiB)", ["model", "batch", *PRECISIONS], matrix_rows, matrix_notes),
+    ("data_path", "Data path (benchmarks.data_path): device-resident against DataLoader",
+     ["device samples/s", "DataLoader samples/s", "ratio (per round)", "bare iteration ratio"], data_path_rows, None),
+    ("ddp_profile", "DDP with one rank (profiler.py --multi-gpu ddp --nproc-per-node 1)",
+     ["model", "backend", "samples/s", "step ms", "peak allocated GiB"], ddp_rows, None),
+    ("epoch", "One epoch end to end (main.py --epochs 1; UCI HAR's size, smaller with --quick)",
+     ["process wall s", "epoch s", "training samples/s", "val macro-F1"], epoch_rows, None),
+    ("overhead", "Trainer against a minimal loop (benchmarks.overhead)",
+     ["batch", "compile", "trainer samples/s", "minimal samples/s", "ratio", "per-round ratio"], overhead_rows, None),
+)
+
+
+def problems_section(steps):
+    unfinished = [step for step in steps if step["status"] != "ok"]
+    if not unfinished:
+        return ["Every step finished."]
+    lines = table("Steps that did not finish", ["step", "status", "exit code", "why"],
+                  [[s["name"], s["status"], s.get("returncode"), s.get("why", "")] for s in unfinished])
+    for step in unfinished:
+        if step.get("tail"):
+            lines += [f"### {step['name']}", "", "```", step["tail"].rstrip(), "```", ""]
+    return lines

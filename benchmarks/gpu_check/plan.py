@@ -1,0 +1,71 @@
+"""The check's plan: which commands run, in which order, in which time budget, with their figures where."""
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# The throughput matrix, measured in one process by benchmarks.gpu_check.throughput.
+MODELS = ("cnn1d", "cnn_lstm", "transformer")
+BATCH_SIZES = (32, 256, 1024)
+PRECISIONS = {"fp32": ["--no-amp"], "bf16": ["--amp", "--amp-dtype", "bf16"], "fp16": ["--amp", "--amp-dtype", "fp16"]}
+OVERHEAD_BATCHES = (32, 8)
+COMPILE_VARIANTS = {"eager": [], "compile": ["--compile"], "reduce-overhead": ["--compile-mode", "reduce-overhead"]}
+# Seconds per group, in running order; what a group leaves unused passes to the next. The total
+# leaves half a minute of the ten for start-up and writing. The matrix has the second largest
+# share: its 27 configurations share one process, but each still builds, warms up and times a model.
+GROUP_BUDGET_S = {"tests": 190, "profile": 180, "data_path": 30, "ddp_profile": 25, "epoch": 25, "overhead": 120}
+# No single step of these may eat its whole group: a hung one would skip every later one.
+STEP_LIMIT_S = {"overhead": 110}
+
+
+@dataclass(frozen=True)
+class Effort:
+    profile: tuple  # (warm-up steps, measured steps, repeats) of each throughput configuration and the DDP profile
+    rounds: int  # benchmark rounds per side
+    passes: int  # data_path's bare-iteration passes per round
+    windows: tuple = ()  # data flags: () keeps the synthetic default, UCI HAR's size
+
+
+FULL = Effort(profile=(10, 30, 2), rounds=3, passes=5)
+QUICK = Effort(profile=(2, 5, 1), rounds=1, passes=1, windows=("--synthetic-windows-per-subject", "64"))
+
+
+@dataclass
+class Step:
+    name: str
+    group: str
+    command: list
+    params: dict = field(default_factory=dict)
+    output: Path = None  # the file it writes its figures to (None: they come on stdout)
+    cuda_only: bool = False  # refused on CPU by design; skipped there, not failed
+    partial: bool = False  # writes its figures as it goes: read them even after a failure or time-out
+
+
+def build_plan(scratch, device="cuda", quick=False):
+    """Every step of the check, in running order; figures go under `scratch`."""
+    effort, python = (QUICK if quick else FULL), sys.executable
+    warmup, measured, repeats = effort.profile
+    timing = ["--warmup-steps", str(warmup), "--steps", str(measured), "--repeats", str(repeats), "--phase-steps", "0"]
+    steps = [Step("pytest -m cuda", "tests", [python, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider"])]
+    matrix = scratch / "throughput.json"
+    steps.append(Step("throughput matrix", "profile", [
+        python, "-m", "benchmarks.gpu_check.throughput", "--device", device, *(["--quick"] if quick else []),
+        *effort.windows, "--out", str(matrix)], output=matrix, partial=True))
+    steps.append(Step("data path", "data_path", [
+        python, "-m", "benchmarks.data_path", "--device", device, "--rounds", str(effort.rounds),
+        "--iteration-passes", str(effort.passes), *effort.windows, "--json", str(scratch / "data_path.json")],
+        output=scratch / "data_path.json"))
+    steps.append(Step("ddp profile, 1 rank", "ddp_profile", [
+        python, "profiler.py", "--multi-gpu", "ddp", "--nproc-per-node", "1", "--device", device,
+        *timing, "--output-dir", str(scratch / "ddp-profile")],
+        output=scratch / "ddp-profile" / "profile.json"))
+    steps.append(Step("one epoch, main.py", "epoch", [
+        python, "main.py", "--device", device, "--epochs", "1", "--no-resume", *effort.windows,
+        "--save-dir", str(scratch / "epoch-run")], output=scratch / "epoch-run" / "metrics.jsonl"))
+    for variant, flags in COMPILE_VARIANTS.items():  # eager first: the compiled ones are the slow ones
+        for batch in OVERHEAD_BATCHES:
+            path = scratch / f"overhead-bs{batch}-{variant}.json"  # in a folder that exists: the benchmark makes none
+            steps.append(Step(f"overhead bs{batch} {variant}", "overhead", [
+                python, "-m", "benchmarks.overhead", "--device", device, "--batch-size", str(batch), "--rounds",
+                str(effort.rounds), *effort.windows, *flags, "--json", str(path)],
+                dict(batch_size=batch, compile=variant), path, cuda_only=variant == "reduce-overhead"))
+    return steps

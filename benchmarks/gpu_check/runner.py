@@ -1,0 +1,141 @@
+"""Running the plan: each step in its time budget and its own process group, stopped with all it started."""
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from benchmarks.gpu_check.figures import read_figures, tail
+from benchmarks.gpu_check.plan import STEP_LIMIT_S
+
+REPO = Path(__file__).resolve().parents[2]
+MIN_STEP_S = 5.0  # less than this left: the step is skipped, not started to be killed
+GRACE_S = 10.0  # after SIGTERM, for torchrun to pass it on and a trainer to save, before SIGKILL
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+FIGURE_ERRORS = (OSError, ValueError, KeyError, TypeError, IndexError)
+
+
+class Budget:
+    """The check's deadline and each group's share of it; a group's unused time passes on."""
+
+    def __init__(self, shares, total_s, clock=time.monotonic):
+        self.shares, self.clock = shares, clock
+        self.deadline = clock() + total_s
+        self.group, self.group_end = None, None
+
+    def limit_for(self, group):
+        """Seconds the next step of `group` may take."""
+        now = self.clock()
+        if group != self.group:
+            spare = max(0.0, self.group_end - now) if self.group_end is not None else 0.0
+            self.group, self.group_end = group, now + self.shares.get(group, 0.0) + spare
+        return min(self.group_end, self.deadline) - now
+
+
+def run_command(command, timeout_s, env=None):
+    """(outcome, stdout) of one command from the repository root; a command over its time is
+    stopped together with everything it started."""
+    started = time.monotonic()
+    try:
+        process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   env=env, start_new_session=True)
+    except OSError as exc:
+        return {"status": "failed", "returncode": None, "wall_s": 0.0, "tail": str(exc)}, ""
+    try:
+        stdout, stderr = process.communicate(timeout=timeout_s)
+    except BaseException as exc:  # a timeout, or Ctrl-C: stop the whole family first
+        stop(process)
+        if not isinstance(exc, subprocess.TimeoutExpired):
+            raise
+        try:
+            stdout, stderr = process.communicate(timeout=GRACE_S)
+        except subprocess.TimeoutExpired:  # something we could not see still holds the pipes
+            stdout, stderr = "", "(no output: a process it started still holds its pipes)"
+        return {"status": "timeout", "returncode": None, "wall_s": time.monotonic() - started,
+                "timeout_s": round(timeout_s, 1), "tail": tail(stderr or stdout)}, stdout
+    outcome = {"status": "ok" if process.returncode == 0 else "failed", "returncode": process.returncode,
+               "wall_s": time.monotonic() - started}
+    if process.returncode != 0:
+        outcome["tail"] = tail(stderr if stderr.strip() else stdout)
+    return outcome, stdout
+
+
+def stop(process):
+    """SIGTERM to the command's process group, then after GRACE_S SIGKILL to it and to every process
+    below it: torchrun starts its workers in sessions of their own, out of the group's reach."""
+    family = descendants(process.pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=GRACE_S)
+    family += [pid for pid in descendants(process.pid) if pid not in family]
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    for pid in family:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def descendants(pid):
+    """Every process below `pid`, from the parent links in /proc (Linux; elsewhere none)."""
+    children = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile, or not a process entry
+        children.setdefault(parent, []).append(int(entry.name))
+    found, pending = [], [pid]
+    while pending:
+        below = children.get(pending.pop(), [])
+        found += below
+        pending += below
+    return found
+
+
+def child_env():
+    """This environment without torchrun's variables, which would make a child think it is a rank."""
+    return {key: value for key, value in os.environ.items() if key not in TORCHRUN_VARIABLES}
+
+
+def step_record(step, **outcome):
+    return {"name": step.name, "group": step.group, "params": step.params, "command": shlex.join(step.command),
+            **outcome}
+
+
+def run_step(step, budget, device, env=None):
+    """One step's record: what ran, how it ended, and the figures it left."""
+    record = step_record(step)
+    if step.cuda_only and device != "cuda":
+        return {**record, "status": "skipped", "why": "needs CUDA"}
+    limit_s = min(budget.limit_for(step.group), STEP_LIMIT_S.get(step.group, float("inf")))
+    if limit_s < MIN_STEP_S:
+        return {**record, "status": "skipped", "why": "time budget spent"}
+    outcome, stdout = run_command(step.command, limit_s, env if env is not None else child_env())
+    record.update(outcome)
+    if outcome["status"] == "ok" or (step.group == "tests" and stdout):  # failed tests still have counts
+        try:
+            record["figures"] = read_figures(step, stdout)
+        except FIGURE_ERRORS as exc:
+            record.update(status="failed", tail=f"no figures: {type(exc).__name__}: {exc}")
+    elif step.partial and step.output is not None and Path(step.output).exists():
+        # What it measured before it failed or ran out of time; the step keeps its status.
+        with contextlib.suppress(*FIGURE_ERRORS):
+            record["figures"] = read_figures(step, stdout)
+    return record
+
+
+def run_plan(plan, budget, device, say=print):
+    records = []
+    for index, step in enumerate(plan, start=1):
+        try:
+            record = run_step(step, budget, device)
+        except KeyboardInterrupt:
+            records += [step_record(s, status="skipped", why="interrupted") for s in plan[index - 1:]]
+            break
+        records.append(record)
+        wall = f" in {record['wall_s']:.1f} s" if "wall_s" in record else f" ({record.get('why')})"
+        say(f"[{index}/{len(plan)}] {step.name}: {record['status']}{wall}", flush=True)
+    return records

@@ -1,0 +1,217 @@
+"""The training-step throughput of every model x per-GPU batch x precision, measured in one process (one
+import of torch, one CUDA context) with the profiler's own workload and timed steps.
+
+    python -m benchmarks.gpu_check.throughput --out FILE.json [--device cuda|cpu] [--quick]
+        [--models M,..] [--batch-sizes B,..] [--precisions P,..] [--synthetic-windows-per-subject N]
+        [--warmup-steps N] [--steps N] [--repeats N]
+
+FILE.json is rewritten after each configuration, so a run stopped part-way leaves what it measured.
+A configuration that fails (out of memory, an unsupported kernel) is recorded with its one-line error
+and the next one runs; one the project refuses on this device (fp16 on CPU) is recorded as skipped.
+Exit code: 0 none failed, 1 some failed, 2 bad flags.
+"""
+import argparse
+import contextlib
+import functools
+import gc
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from benchmarks.gpu_check.plan import BATCH_SIZES, FULL, MODELS, PRECISIONS, QUICK
+from data.synthetic import DEFAULT_WINDOWS_PER_SUBJECT
+from profiling import workload
+from profiling.cli import parse_profiler_args
+from profiling.measure import timed_steps
+from profiling.report import json_ready
+from profiling.timing import NullTimer
+from training.atomic import write_atomic
+from training.errors import UsageError
+from training.memory import GIB
+from training.strategy import make_strategy
+
+WHAT = ("samples_per_s: samples the timed steps took (an epoch's shorter last batch counts its own size, not "
+        "the batch size) per second of those steps, mean over repeats; warm-up: at least one epoch; "
+        "peak_*_gib: CUDA allocator peaks from before the workload was built to the end of its timing "
+        "(null on CPU)")
+
+
+@dataclass(frozen=True)
+class Configuration:
+    model: str
+    batch_size: int  # per GPU
+    precision: str  # a key of PRECISIONS
+
+
+def matrix(models=MODELS, batch_sizes=BATCH_SIZES, precisions=tuple(PRECISIONS)):
+    """The configurations in running order: a model's smaller batches first."""
+    return [Configuration(m, b, p) for m in models for b in batch_sizes for p in precisions]
+
+
+def profiler_args(config, opts):
+    """The configuration as profiler.py's flags, parsed and checked as profiler.py does."""
+    return parse_profiler_args([
+        "--model", config.model, "--batch-size", str(config.batch_size), "--device", opts.device,
+        *PRECISIONS[config.precision], "--warmup-steps", str(opts.warmup_steps), "--steps", str(opts.steps),
+        "--repeats", str(opts.repeats), "--phase-steps", "0",
+        "--synthetic-windows-per-subject", str(opts.synthetic_windows_per_subject)])
+
+
+def measure(args):
+    """One configuration: build the workload, warm up, time `repeats` runs of `steps` steps."""
+    strategy = make_strategy(args)
+    device = strategy.device
+    try:
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        work = workload.build_workload(args, strategy)
+        # At least one whole epoch, so every batch shape (the shorter last one too) has had its
+        # cuDNN autotuning before the clock starts.
+        for _ in range(max(args.warmup_steps, work.steps_per_epoch)):
+            workload.optimizer_step(work, sync_gradients=True, timer=NullTimer())
+        taken = [0]
+        work.batches = counted(work.batches, taken)
+        runs, rates = [], []
+        for _ in range(args.repeats):
+            taken[0] = 0
+            run = timed_steps(work, args.steps, sync_gradients=True)
+            runs.append(run)
+            rates.append(taken[0] / (run["step_time_s"] * run["steps"]))
+        figures = {"samples_per_s": statistics.mean(rates),
+                   "samples_per_s_std": statistics.stdev(rates) if len(rates) > 1 else 0.0,
+                   "step_time_ms": statistics.mean(run["step_time_s"] for run in runs) * 1e3,
+                   "data_wait_share": statistics.mean(run["data_wait_share"] for run in runs)}
+        cuda = device.type == "cuda"
+        figures.update(peak_allocated_gib=torch.cuda.max_memory_allocated(device) / GIB if cuda else None,
+                       peak_reserved_gib=torch.cuda.max_memory_reserved(device) / GIB if cuda else None)
+        return figures
+    finally:
+        strategy.close()
+
+
+def counted(batches, taken):
+    """The batches, adding each one's sample count to taken[0] (a shape: known without a device sync)."""
+    for signals, labels in batches:
+        taken[0] += signals.shape[0]
+        yield signals, labels
+
+
+@contextlib.contextmanager
+def data_loaded_once():
+    """build_workload loads and splits the data on every call (about a second for UCI HAR's size);
+    every configuration of the matrix uses the same data, so it is loaded once."""
+    original = workload.load_har_data
+    workload.load_har_data = functools.lru_cache(maxsize=1)(original)
+    try:
+        yield
+    finally:
+        workload.load_har_data = original
+
+
+def release(device):
+    """Give the last configuration's memory back before the next one is measured."""
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def one_line(exc):
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def run_matrix(configurations, opts, write, say=print):
+    """Measure each configuration in turn; write(entries, finished) after each. Returns the entries."""
+    entries = [{**asdict(config), "status": "not run"} for config in configurations]
+    write(entries, False)
+    for entry, config in zip(entries, configurations):
+        started = time.perf_counter()
+        try:
+            entry.update(measure(profiler_args(config, opts)), status="ok")
+        except UsageError as exc:  # refused by design on this device, e.g. fp16 autocast on CPU
+            entry.update(status="skipped", why=one_line(exc))
+        except Exception as exc:  # out of memory, say: the rest of the matrix still runs
+            entry.update(status="failed", why=one_line(exc))
+        entry["wall_s"] = time.perf_counter() - started
+        release(opts.device)
+        write(entries, False)
+        name = f"{config.model} bs{config.batch_size} {config.precision}"
+        if entry["status"] == "ok":
+            say(f"{name}: {entry['samples_per_s']:,.0f} samples/s in {entry['wall_s']:.1f} s", flush=True)
+        else:  # failures on stderr, so the tail of a failed step shows them
+            say(f"{name}: {entry['status']}: {entry['why']}", flush=True,
+                file=sys.stderr if entry["status"] == "failed" else sys.stdout)
+    write(entries, True)
+    return entries
+
+
+def json_writer(path, opts):
+    header = {"device": opts.device, "torch": torch.__version__, "what": WHAT, "warmup_steps": opts.warmup_steps,
+              "steps": opts.steps, "repeats": opts.repeats,
+              "synthetic_windows_per_subject": opts.synthetic_windows_per_subject}
+    if opts.device == "cuda":
+        header["gpu"] = torch.cuda.get_device_name(0)
+
+    def write(entries, finished):
+        text = json.dumps(json_ready({**header, "finished": finished, "configurations": entries}), indent=2,
+                          allow_nan=False) + "\n"
+        write_atomic(path, lambda partial: Path(partial).write_text(text))
+    return write
+
+
+def parse(argv):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check.throughput", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    names = functools.partial(str.split, sep=",")
+
+    def sizes(text):
+        return [int(size) for size in text.split(",")]
+    parser.add_argument("--out", required=True, help="the JSON file to write")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--quick", action="store_true", help="few steps: a smoke run")
+    parser.add_argument("--models", type=names, default=list(MODELS))
+    parser.add_argument("--batch-sizes", type=sizes, default=list(BATCH_SIZES), help="per GPU")
+    parser.add_argument("--precisions", type=names, default=list(PRECISIONS))
+    parser.add_argument("--synthetic-windows-per-subject", type=int, default=DEFAULT_WINDOWS_PER_SUBJECT)
+    parser.add_argument("--warmup-steps", type=int, default=None, help="default: 10, 2 with --quick")
+    parser.add_argument("--steps", type=int, default=None, help="steps timed per repeat; default: 30, 5 with --quick")
+    parser.add_argument("--repeats", type=int, default=None, help="default: 2, 1 with --quick")
+    opts = parser.parse_args(argv)
+    defaults = (QUICK if opts.quick else FULL).profile
+    for name, default in zip(("warmup_steps", "steps", "repeats"), defaults):
+        if getattr(opts, name) is None:
+            setattr(opts, name, default)
+    unknown = sorted(set(opts.precisions) - set(PRECISIONS))
+    if unknown:
+        parser.error(f"--precisions: unknown {unknown[0]}; choose from {', '.join(PRECISIONS)}")
+    return opts
+
+
+def main(argv=None):
+    opts = parse(argv)
+    if opts.device == "cuda" and not torch.cuda.is_available():
+        print("throughput: --device cuda, but torch sees no CUDA GPU", file=sys.stderr)
+        return 2
+    configurations = matrix(opts.models, opts.batch_sizes, opts.precisions)
+    try:  # bad flags fail here, in one line, not as a matrix of skipped entries
+        for config in configurations:
+            profiler_args(config, opts)
+    except UsageError as exc:
+        print(f"throughput: {exc}", file=sys.stderr)
+        return 2
+    if not configurations:
+        print("throughput: nothing to measure", file=sys.stderr)
+        return 2
+    Path(opts.out).parent.mkdir(parents=True, exist_ok=True)
+    with data_loaded_once():
+        entries = run_matrix(configurations, opts, json_writer(opts.out, opts))
+    return 1 if any(entry["status"] == "failed" for entry in entries) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

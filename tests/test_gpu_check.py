@@ -1,0 +1,438 @@
+"""benchmarks.gpu_check without a GPU: its plan, budgets, the recording of failed and hung steps, the
+figures it reads from each step's output, the markdown page, and one tiny CPU run of the throughput
+matrix."""
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks.gpu_check import __main__ as cli
+from benchmarks.gpu_check import runner, throughput
+from benchmarks.gpu_check.figures import (TAIL_CHARS, parse_data_path, parse_epoch, parse_overhead, parse_profile,
+                                          parse_pytest, parse_throughput)
+from benchmarks.gpu_check.page import markdown_report
+from benchmarks.gpu_check.plan import (BATCH_SIZES, COMPILE_VARIANTS, FULL, GROUP_BUDGET_S, MODELS,
+                                       OVERHEAD_BATCHES, PRECISIONS, QUICK, Step, build_plan)
+from benchmarks.gpu_check.runner import REPO, Budget, run_command, run_step
+
+TINY_MATRIX = ["--device", "cpu", "--quick", "--models", "cnn1d", "--batch-sizes", "16", "--precisions", "fp32,fp16",
+               "--synthetic-windows-per-subject", "8"]
+
+
+def flag(command, name):
+    """The value after `name` in an argv list."""
+    return command[command.index(name) + 1]
+
+
+def python_step(tmp_path, code, group="epoch", name="fake", **extra):
+    return Step(name, group, [sys.executable, "-c", code], output=tmp_path / "figures.json", **extra)
+
+
+# ---------------------------------------------------------------------------
+# The plan
+# ---------------------------------------------------------------------------
+
+def test_the_matrix_covers_every_model_batch_and_precision_with_the_profilers_flags():
+    from models import MODELS as REGISTRY
+    assert set(MODELS) == set(REGISTRY)  # a model added to the registry is measured too
+    configurations = throughput.matrix()
+    wanted = set(itertools.product(MODELS, BATCH_SIZES, PRECISIONS))
+    assert {(c.model, c.batch_size, c.precision) for c in configurations} == wanted
+    assert len(configurations) == len(wanted) == 27
+    opts = throughput.parse(["--out", "unused.json"])
+    assert (opts.device, (opts.warmup_steps, opts.steps, opts.repeats)) == ("cuda", FULL.profile)
+    for config in configurations:
+        args = throughput.profiler_args(config, opts)  # what profiler.py would parse from the same flags
+        assert (args.model, args.batch_size, args.device) == (config.model, config.batch_size, "cuda")
+        assert (args.amp, args.amp_dtype) == {"fp32": (False, None), "bf16": (True, "bf16"),
+                                              "fp16": (True, "fp16")}[config.precision]
+        assert args.phase_steps == 0 and args.multi_gpu == "none"
+
+
+def test_the_plan_runs_every_group_in_budget_order_with_the_documented_commands(tmp_path):
+    plan = build_plan(tmp_path)
+    assert list(dict.fromkeys(step.group for step in plan)) == list(GROUP_BUDGET_S)
+    assert sum(GROUP_BUDGET_S.values()) <= 570  # half a minute of the ten for start-up and writing
+    by_group = {group: [step for step in plan if step.group == group] for group in GROUP_BUDGET_S}
+    (tests,) = by_group["tests"]
+    assert tests.command[1:] == ["-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider"]
+    (matrix,) = by_group["profile"]  # the whole matrix in one process
+    assert matrix.command[1:3] == ["-m", "benchmarks.gpu_check.throughput"]
+    assert flag(matrix.command, "--device") == "cuda" and "--quick" not in matrix.command
+    assert Path(flag(matrix.command, "--out")) == matrix.output and matrix.output.is_relative_to(tmp_path)
+    assert matrix.partial and not matrix.cuda_only
+    (data_path,) = by_group["data_path"]
+    assert data_path.command[1:3] == ["-m", "benchmarks.data_path"] and flag(data_path.command, "--device") == "cuda"
+    assert flag(data_path.command, "--json") == str(data_path.output)
+    (ddp,) = by_group["ddp_profile"]
+    assert flag(ddp.command, "--multi-gpu") == "ddp" and flag(ddp.command, "--nproc-per-node") == "1"
+    assert ddp.output == Path(flag(ddp.command, "--output-dir")) / "profile.json"
+    (epoch,) = by_group["epoch"]
+    assert epoch.command[1] == "main.py" and flag(epoch.command, "--epochs") == "1"
+    assert "--synthetic-windows-per-subject" not in epoch.command  # the default has UCI HAR's size
+    overhead = by_group["overhead"]
+    assert {(s.params["batch_size"], s.params["compile"]) for s in overhead} == set(
+        itertools.product(OVERHEAD_BATCHES, COMPILE_VARIANTS))
+    for step in overhead:
+        assert step.command[1:3] == ["-m", "benchmarks.overhead"]
+        assert flag(step.command, "--json") == str(step.output)
+        assert " ".join(COMPILE_VARIANTS[step.params["compile"]]) in " ".join(step.command)
+    assert [s.params["compile"] for s in overhead][:2] == ["eager", "eager"]  # the slow compiled ones last
+
+
+def test_quick_shrinks_steps_rounds_and_data_but_keeps_the_grid(tmp_path):
+    full, quick = build_plan(tmp_path), build_plan(tmp_path, quick=True)
+    assert [step.name for step in full] == [step.name for step in quick]
+    matrix = next(step for step in quick if step.group == "profile")
+    assert "--quick" in matrix.command and flag(matrix.command, "--synthetic-windows-per-subject") == "64"
+    opts = throughput.parse(["--out", "unused.json", "--quick"])
+    assert (opts.warmup_steps, opts.steps, opts.repeats) == QUICK.profile and QUICK.profile < FULL.profile
+    assert throughput.matrix() == throughput.matrix(opts.models, opts.batch_sizes, opts.precisions)
+    overhead = next(step for step in quick if step.group == "overhead")
+    assert flag(overhead.command, "--rounds") == "1"
+
+
+def test_on_cpu_what_needs_cuda_is_skipped_not_failed(tmp_path):
+    plan = build_plan(tmp_path, device="cpu")
+    assert {step.name for step in plan if step.cuda_only} == {step.name for step in plan
+                                                              if "reduce-overhead" in step.name}
+    step = next(step for step in plan if step.cuda_only)
+    record = run_step(step, Budget(GROUP_BUDGET_S, 100), "cpu")
+    assert record["status"] == "skipped" and record["why"] == "needs CUDA" and "wall_s" not in record
+
+
+# ---------------------------------------------------------------------------
+# Budgets, failures and hangs
+# ---------------------------------------------------------------------------
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_a_group_passes_its_unused_time_on_and_the_deadline_caps_all():
+    clock = FakeClock()
+    budget = Budget({"a": 10, "b": 5, "c": 100}, total_s=30, clock=clock)
+    assert budget.limit_for("a") == 10
+    clock.now = 4  # group a finished early: its 6 s go to b
+    assert budget.limit_for("b") == 11
+    clock.now = 6
+    assert budget.limit_for("b") == 9  # the same group keeps its end
+    clock.now = 15
+    assert budget.limit_for("c") == 15  # 100 s asked, 15 s left of the 30
+
+
+def test_a_step_with_no_time_left_is_skipped_without_running(tmp_path):
+    marker = tmp_path / "ran"
+    step = python_step(tmp_path, f"open({str(marker)!r}, 'w')")
+    record = run_step(step, Budget({"epoch": 1.0}, 100), "cpu")
+    assert record["status"] == "skipped" and record["why"] == "time budget spent"
+    assert not marker.exists()
+
+
+def test_a_failing_step_is_recorded_with_its_exit_code_and_stderr_tail(tmp_path):
+    step = python_step(tmp_path, "import sys; print('half done'); sys.stderr.write('x' * 5000 + 'boom'); sys.exit(3)")
+    record = run_step(step, Budget(GROUP_BUDGET_S, 100), "cpu")
+    assert record["status"] == "failed" and record["returncode"] == 3
+    assert record["tail"].endswith("boom") and len(record["tail"]) == TAIL_CHARS
+    assert "figures" not in record and record["command"].endswith("sys.exit(3)'")
+
+
+def test_a_step_that_exits_0_without_its_figures_counts_as_failed(tmp_path):
+    record = run_step(python_step(tmp_path, "pass"), Budget(GROUP_BUDGET_S, 100), "cpu")
+    assert record["status"] == "failed" and record["tail"].startswith("no figures: FileNotFoundError")
+
+
+def test_a_failed_matrix_keeps_the_figures_it_wrote_before_failing(tmp_path):
+    written = {"finished": False, "configurations": [
+        {"model": "cnn1d", "batch_size": 32, "precision": "fp32", "status": "ok", "samples_per_s": 10.0},
+        {"model": "cnn1d", "batch_size": 32, "precision": "bf16", "status": "not run"}]}
+    code = (f"import json, sys; json.dump({written!r}, open({str(tmp_path / 'figures.json')!r}, 'w')); "
+            "sys.exit('killed part-way')")
+    record = run_step(python_step(tmp_path, code, group="profile", partial=True), Budget(GROUP_BUDGET_S, 100), "cpu")
+    assert record["status"] == "failed" and "killed part-way" in record["tail"]
+    assert [e["status"] for e in record["figures"]["configurations"]] == ["ok", "not run"]
+    assert record["figures"]["finished"] is False
+
+
+def test_a_hung_step_is_stopped_with_everything_it_started(tmp_path, monkeypatch):
+    """The command ignores SIGTERM and starts a grandchild in a session of its own, as torchrun
+    starts its workers; the timeout still ends both."""
+    monkeypatch.setattr(runner, "GRACE_S", 0.5)
+    pid_file = tmp_path / "grandchild.pid"
+    code = ("import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True); "
+            f"open({str(pid_file)!r}, 'w').write(str(child.pid)); time.sleep(60)")
+    started = time.monotonic()
+    outcome, _ = run_command([sys.executable, "-c", code], timeout_s=3)
+    assert outcome["status"] == "timeout" and outcome["returncode"] is None
+    assert time.monotonic() - started < 20
+    grandchild = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and alive(grandchild):
+        time.sleep(0.05)
+    assert not alive(grandchild)
+
+
+def alive(pid):
+    """True while `pid` runs (a zombie awaiting its reaper counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+# ---------------------------------------------------------------------------
+# The throughput matrix
+# ---------------------------------------------------------------------------
+
+def test_the_matrix_records_each_failure_in_one_line_writes_as_it_goes_and_goes_on(tmp_path, monkeypatch):
+    out = tmp_path / "matrix" / "throughput.json"
+    seen_on_disk = []
+
+    def fake_measure(args):
+        seen_on_disk.append([e["status"] for e in json.loads(out.read_text())["configurations"]])
+        if args.batch_size == 64 and args.amp_dtype == "bf16":
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.\nGPU 0 has ...")
+        return {"samples_per_s": 1000.0 * args.batch_size, "step_time_ms": 1.0, "peak_allocated_gib": 0.5}
+    monkeypatch.setattr(throughput, "measure", fake_measure)
+    argv = ["--out", str(out), "--device", "cpu", "--models", "cnn1d", "--batch-sizes", "32,64",
+            "--precisions", "fp32,bf16"]
+    assert throughput.main(argv) == 1  # a failed configuration fails the step, after the whole matrix
+    matrix = json.loads(out.read_text())
+    assert matrix["finished"] is True and matrix["device"] == "cpu" and matrix["steps"] == FULL.profile[1]
+    assert [(e["batch_size"], e["precision"], e["status"]) for e in matrix["configurations"]] == [
+        (32, "fp32", "ok"), (32, "bf16", "ok"), (64, "fp32", "ok"), (64, "bf16", "failed")]
+    assert matrix["configurations"][3]["why"] == "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+    assert seen_on_disk == [["not run"] * 4, ["ok"] + ["not run"] * 3, ["ok", "ok", "not run", "not run"],
+                            ["ok", "ok", "ok", "not run"]]
+
+
+def test_bad_matrix_flags_are_refused_in_one_line_before_anything_runs(tmp_path, capsys):
+    out = tmp_path / "throughput.json"
+    assert throughput.main(["--out", str(out), "--device", "cpu", "--models", "cnn1d,resnet9000"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1 and not out.exists()
+    with pytest.raises(SystemExit) as refused:
+        throughput.main(["--out", str(out), "--precisions", "fp8"])
+    assert refused.value.code == 2
+
+
+def test_a_tiny_matrix_on_cpu_measures_and_skips_fp16(tmp_path):
+    """The real module in its own process, through the runner: what the check does on a GPU."""
+    out = tmp_path / "throughput.json"
+    step = Step("throughput matrix", "profile",
+                [sys.executable, "-m", "benchmarks.gpu_check.throughput", *TINY_MATRIX, "--out", str(out)],
+                output=out, partial=True)
+    record = run_step(step, Budget(GROUP_BUDGET_S, 120), "cpu")
+    assert record["status"] == "ok", record.get("tail")
+    written = json.loads(out.read_text())
+    assert written["finished"] is True and (written["steps"], written["repeats"]) == QUICK.profile[1:]
+    fp32, fp16 = written["configurations"]
+    assert (fp32["model"], fp32["batch_size"], fp32["precision"], fp32["status"]) == ("cnn1d", 16, "fp32", "ok")
+    assert fp32["samples_per_s"] > 0 and fp32["step_time_ms"] > 0 and fp32["peak_allocated_gib"] is None
+    assert fp16["status"] == "skipped" and "fp16 needs CUDA" in fp16["why"]
+    assert record["figures"] == parse_throughput(out.read_text())
+    page = markdown_report({**sample_result(), "steps": [record]})
+    assert f"| cnn1d | 16 | {fp32['samples_per_s']:,.0f} (n/a) | not run | skipped |" in page
+    assert "- cnn1d bs16 fp16: skipped: UsageError: --amp-dtype fp16 needs CUDA" in page
+
+
+def test_the_matrix_loads_its_data_once_and_puts_the_loader_back():
+    from profiling import workload
+    original = workload.load_har_data
+    with throughput.data_loaded_once():
+        assert workload.load_har_data is not original
+    assert workload.load_har_data is original
+
+
+# ---------------------------------------------------------------------------
+# Figures read from each step's output
+# ---------------------------------------------------------------------------
+
+PYTEST_OUTPUT = """\
+..F.s
+=========================== short test summary info ============================
+SKIPPED [1] tests/test_cuda.py:40: needs two GPUs
+FAILED tests/test_cuda.py::test_bf16 - assert 1 == 2
+ERROR tests/test_cuda.py::test_ddp - RuntimeError: boom
+1 failed, 3 passed, 1 skipped, 480 deselected, 1 error in 12.34s
+"""
+
+
+def test_pytest_counts_and_failures():
+    figures = parse_pytest(PYTEST_OUTPUT)
+    assert figures["counts"] == {"failed": 1, "passed": 3, "skipped": 1, "deselected": 480, "errors": 1}
+    assert figures["failures"] == ["FAILED tests/test_cuda.py::test_bf16 - assert 1 == 2",
+                                   "ERROR tests/test_cuda.py::test_ddp - RuntimeError: boom"]
+    assert "short test summary" in figures["tail"]
+    assert parse_pytest("27 passed in 80.00s\n") == {"counts": {"passed": 27}, "failures": [], "tail": ""}
+
+
+def test_matrix_figures_from_what_the_throughput_module_writes(tmp_path):
+    opts = throughput.parse(["--out", str(tmp_path / "t.json"), "--device", "cpu"])
+    entries = [{"model": "cnn1d", "batch_size": 32, "precision": "fp32", "status": "ok", "samples_per_s": 1.5e4,
+                "step_time_ms": 2.1, "peak_allocated_gib": float("nan"), "wall_s": 3.0},
+               {"model": "cnn1d", "batch_size": 32, "precision": "bf16", "status": "not run"}]
+    throughput.json_writer(opts.out, opts)(entries, False)
+    figures = parse_throughput(Path(opts.out).read_text())
+    assert figures["finished"] is False
+    first, second = figures["configurations"]
+    assert first["samples_per_s"] == 1.5e4 and first["peak_allocated_gib"] is None  # NaN is null in the file
+    assert second["status"] == "not run" and second["samples_per_s"] is None
+
+
+def profile_json(samples_per_s=1234.5, memory=None, backend=None):
+    """The parts of profiler.py's profile.json the check reads (profiling/assemble.py, measure.py)."""
+    memory = memory or [{"rank": 0, "peak_allocated_gib": 0.25, "peak_reserved_gib": 0.5}]
+    summary = {"mean": 0.02, "std": 0.001}
+    return json.dumps({"timing": {"samples_per_s": {"mean": samples_per_s, "std": 10.0}, "step_time_s": summary,
+                                  "data_wait_share": {"mean": 0.01, "std": 0.0}},
+                       "config": {"model": "cnn1d", "batch_size": 32, "precision": "bf16", "world_size": 1,
+                                  "backend": backend},
+                       "memory": {"what": "CUDA allocator peaks", "per_rank": memory}})
+
+
+def test_ddp_profile_figures_match_what_the_profiler_writes():
+    from profiling.assemble import RUN_KEYS
+    assert {"samples_per_s", "step_time_s", "data_wait_share"} <= set(RUN_KEYS)
+    figures = parse_profile(profile_json(backend="nccl"))
+    assert figures["samples_per_s"] == 1234.5 and figures["step_time_ms"] == pytest.approx(20.0)
+    assert figures["peak_memory_gib"] == 0.25 and figures["peak_reserved_gib"] == 0.5
+    assert figures["memory_kind"] == "allocated" and figures["backend"] == "nccl"
+    cpu = parse_profile(profile_json(memory=[{"rank": 0, "peak_rss_gib": 0.4}], backend="gloo"))
+    assert cpu["peak_memory_gib"] == 0.4 and cpu["memory_kind"] == "rss" and cpu["backend"] == "gloo"
+    assert parse_profile(profile_json(samples_per_s=None))["samples_per_s"] is None  # inf is null in the file
+
+
+def test_overhead_figures_from_its_json_interface():
+    text = json.dumps({"ratio": 0.97, "paired_ratio": 0.96, "rates": {"trainer": [90.0, 100.0, 95.0],
+                                                                      "minimal": [100.0, 110.0, 99.0]},
+                       "mode": "single", "target": 0.97})
+    assert parse_overhead(text) == {"ratio": 0.97, "paired_ratio": 0.96, "rounds": 3,
+                                    "trainer_samples_per_s": 95.0, "minimal_samples_per_s": 100.0}
+
+
+def test_data_path_figures_from_what_benchmarks_data_path_writes():
+    from benchmarks.data_path import figures
+    opts = Namespace(model="cnn1d", batch_size=32, rounds=2, epochs_per_round=1, iteration_passes=5)
+    written = figures(opts, torch.device("cpu"), {"device": [400.0, 600.0], "dataloader": [100.0, 100.0]},
+                      {"device": [2000.0, 2200.0], "dataloader": [1000.0, 1000.0]})
+    read = parse_data_path(json.dumps(written))
+    assert read["device_samples_per_s"] == 2100.0 and read["dataloader_samples_per_s"] == 1000.0
+    assert read["training_ratio"] == pytest.approx(2.1) and read["training_paired_ratio"] == pytest.approx(2.1)
+    assert read["device_batches_per_s"] == 500.0 and read["iteration_ratio"] == pytest.approx(5.0)
+
+
+def test_epoch_figures_from_the_last_metrics_line():
+    lines = [{"epoch": 1, "samples_per_s": 5000.0, "train_time_s": 1.5, "epoch_time_s": 2.0, "val_macro_f1": 0.8}]
+    assert parse_epoch("\n".join(map(json.dumps, lines)) + "\n") == {
+        "samples_per_s": 5000.0, "train_time_s": 1.5, "epoch_time_s": 2.0, "val_macro_f1": 0.8}
+
+
+# ---------------------------------------------------------------------------
+# The markdown page and the command line
+# ---------------------------------------------------------------------------
+
+def record(name, group, status="ok", params=None, figures=None, **extra):
+    return {"name": name, "group": group, "params": params or {}, "command": "python x", "status": status,
+            "figures": figures, **extra}
+
+
+def configuration(precision, status="ok", **figures):
+    return {"model": "cnn1d", "batch_size": 32, "precision": precision, "status": status, **figures}
+
+
+def sample_result():
+    matrix = record("throughput matrix", "profile", "failed", returncode=1, tail="cnn1d bs32 fp16: failed: ...",
+                    figures={"finished": True, "configurations": [
+                        *(configuration(p, samples_per_s=12345.6, peak_allocated_gib=0.05) for p in ("fp32", "bf16")),
+                        configuration("fp16", "failed", why="OutOfMemoryError: CUDA out of memory.")]})
+    tests = record("pytest -m cuda", "tests", "failed", figures={"counts": {"passed": 20, "failed": 1},
+                                                                 "failures": ["FAILED tests/test_cuda.py::test_x"]})
+    overhead = record("overhead bs8 eager", "overhead", params={"batch_size": 8, "compile": "eager"},
+                      figures={"trainer_samples_per_s": 900.0, "minimal_samples_per_s": 1000.0, "ratio": 0.9,
+                               "paired_ratio": 0.91})
+    return {"machine": {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.13.0+cu130", "cuda": "13.0", "gpu_count": 1},
+            "started": "2026-11-23T14:00:00+00:00", "quick": False, "device": "cuda", "wall_s": 512.3,
+            "steps": [tests, matrix, overhead]}
+
+
+def test_markdown_page_has_a_table_per_group_and_the_failures():
+    page = markdown_report(sample_result())
+    assert page.startswith("# GPU check: NVIDIA H100 80GB HBM3, 2026-11-23")
+    assert "20 passed, 1 failed" in page and "- `FAILED tests/test_cuda.py::test_x`" in page
+    assert "| model | batch | fp32 | bf16 | fp16 |" in page
+    assert "| cnn1d | 32 | 12,346 (0.050) | 12,346 (0.050) | failed |" in page
+    assert "- cnn1d bs32 fp16: failed: OutOfMemoryError: CUDA out of memory." in page
+    assert "| 8 | eager | 900 | 1,000 | 0.900 | 0.910 |" in page
+    assert "Data path" not in page  # groups that did not run leave no empty table
+    assert "| throughput matrix | failed | 1 |" in page and "cnn1d bs32 fp16: failed: ..." in page
+
+
+def test_a_matrix_that_left_no_figures_has_no_table_only_its_failure():
+    result = sample_result()
+    result["steps"][1] = record("throughput matrix", "profile", "timeout", tail="CUDA init hung")
+    page = markdown_report(result)
+    assert "Training-step throughput" not in page and "| throughput matrix | timeout | None |" in page
+
+
+def test_no_gpu_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["--out", str(tmp_path / "out")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("no CUDA GPU: ") and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_dry_run_prints_the_plan_without_a_gpu(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["--dry-run", "--only", "overhead"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(OVERHEAD_BATCHES) * len(COMPILE_VARIANTS)
+    assert all("-m benchmarks.overhead --device cuda" in line for line in lines)
+
+
+def test_the_shell_wrapper_runs_the_package_from_any_folder(tmp_path):
+    result = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh"), "--dry-run", "--only", "profile"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    (line,) = result.stdout.splitlines()
+    assert " -m benchmarks.gpu_check.throughput --device cuda --out " in line
+
+
+def test_an_unknown_group_is_refused():
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["--only", "profile,warp-drive"])
+    assert refused.value.code == 2
+
+
+def test_the_whole_run_writes_one_json_and_one_page_and_records_a_failure(tmp_path, monkeypatch, capsys):
+    figures = {"ratio": 1.0, "paired_ratio": 1.0, "rates": {"trainer": [1.0], "minimal": [1.0]}}
+    writes = f"import json, sys; json.dump({figures!r}, open(sys.argv[1], 'w'))"
+
+    def fake_plan(scratch, device, quick):
+        return [Step("overhead bs8 eager", "overhead", [sys.executable, "-c", writes, str(scratch / "o.json")],
+                     {"batch_size": 8, "compile": "eager"}, scratch / "o.json"),
+                Step("overhead bs32 eager", "overhead", [sys.executable, "-c", "raise SystemExit('no GPU here')"],
+                     {"batch_size": 32, "compile": "eager"}, scratch / "never.json")]
+    monkeypatch.setattr(cli, "build_plan", fake_plan)
+    monkeypatch.setattr(cli, "probe_machine", lambda: {"gpu": None, "torch": torch.__version__})
+    assert cli.main(["--allow-cpu", "--out", str(tmp_path)]) == 1
+    assert sorted(os.listdir(tmp_path)) == ["gpu_check.json", "gpu_check.md"]
+    result = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert [step["status"] for step in result["steps"]] == ["ok", "failed"]
+    assert result["steps"][0]["figures"]["trainer_samples_per_s"] == 1.0
+    assert "no GPU here" in result["steps"][1]["tail"]
+    assert "| overhead bs32 eager | failed | 1 |" in (tmp_path / "gpu_check.md").read_text()
+    assert f"wrote {tmp_path / 'gpu_check.json'}" in capsys.readouterr().out
