@@ -40,8 +40,10 @@ class MinimalLoop:
                             dropout=args.dropout, norm=args.norm).to(device)
         self.rank, self.world_size = run.strategy.rank, run.strategy.world_size
         if self.world_size > 1:
+            # Built as the trainer builds it (training/strategy.py), without DDP's per-forward buffer
+            # broadcast, so the ratio is the trainer's own overhead and not that choice.
             model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                            gradient_as_bucket_view=True)
+                                            gradient_as_bucket_view=True, broadcast_buffers=False)
         self.train_model = compile_for_training(model, args)
         self.model = model
         self.signals = torch.from_numpy(train.signals).to(device)
@@ -95,7 +97,8 @@ def describe_sides(run, bare):
     ddp = (f"; both sides DDP over {run.strategy.world_size} ranks ({run.strategy.describe()})"
            if run.strategy.world_size > 1 else "")
     lines = [f"trainer: {TRAINER_SIDE}; batches from {loader}{ddp}",
-             "minimal: same model class and initial weights, same normalised train tensors and batch, a seeded "
+             "minimal: same model class and initial weights, same normalised train tensors and batch (under "
+             "torchrun: DDP as the trainer builds it, without the per-forward buffer broadcast), a seeded "
              "randperm per epoch with contiguous slices, F.cross_entropy, backward, AdamW with the same param "
              f"groups, clip_grad_norm_ {run.args.max_grad_norm:g} and the same per-step LambdaLR schedule, "
              f"{run.precision.describe()}"]
