@@ -18,7 +18,8 @@ def processes_per_node(args):
     gpus = len(args.gpu_ids) if args.gpu_ids else (torch.cuda.device_count() if device_type == "cuda" else 0)
     if args.nproc_per_node is None:
         return max(1, gpus)
-    if device_type == "cuda" and args.nproc_per_node > gpus and backend != "gloo":
+    sharing_gpus = device_type == "cuda" and gpus > 0 and backend == "gloo"  # gloo ranks may share a GPU
+    if args.device != "cpu" and args.nproc_per_node > gpus and not sharing_gpus:
         raise UsageError(f"--nproc-per-node {args.nproc_per_node} is more than the {gpus} GPU(s) in use; "
                          "lower it, pass --backend gloo to share GPUs, or pass --device cpu to run that many "
                          "CPU processes")
