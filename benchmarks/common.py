@@ -82,6 +82,7 @@ def train_trainer_epoch(run, epoch):
     hook = _StepHook(run, epoch, plan, tally, bar)
     batches = faults.wrap_batches(loader, epoch * plan.batches_in_epoch, strategy.rank)
     result = train_one_epoch(run.train_model, batches, run.opt, strategy, run.precision, plan, tally, hook)
+    hook.finish()
     bar.close()
     progress.epoch, progress.step = epoch + 1, plan.first_step + result.steps
     return tally.samples * strategy.world_size
@@ -95,7 +96,8 @@ def _quiet_progress_bar(run, steps, description):
 
 
 def interleave(sides, rounds, epochs_per_round, synchronize, watch_other_processes=True):
-    """Warm each side up for one epoch, then time them in turn (A B A B ...).
+    """Warm each side up for one epoch, then time them in turn, the order reversed every other round
+    (A B, B A, A B, ...): a side that always ran first would also carry any drift within a round.
 
     `sides` maps a name to train(epoch) -> items done. Returns (name -> items per second, one per
     round; CPU cores other processes kept busy during each round, None where unknown or not
@@ -107,7 +109,8 @@ def interleave(sides, rounds, epochs_per_round, synchronize, watch_other_process
     for round_index in range(rounds):
         first_epoch = 1 + round_index * epochs_per_round
         meter = _OtherCpuMeter()
-        for name, train in sides.items():
+        order = list(sides.items())
+        for name, train in order if round_index % 2 == 0 else reversed(order):
             synchronize()
             start_s = time.perf_counter()
             items = sum(train(epoch) for epoch in range(first_epoch, first_epoch + epochs_per_round))

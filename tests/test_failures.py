@@ -126,6 +126,18 @@ def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, save_
     assert all(torch.isfinite(tensor).all() for tensor in last["model"].values() if tensor.is_floating_point())
 
 
+def test_a_nonfinite_loss_on_one_rank_stops_every_rank_and_is_never_saved(tmp_path):
+    """Rank 1's micro-batch 20 is NaN: step 21 (epoch 2) is named, though ranks learn of it a check-in later,
+    and the saves every 2 steps in between check the losses themselves, so the last one is step 20's."""
+    result = run_subprocess([sys.executable, *DDP_FLAGS, "--nproc-per-node", "2", "--epochs", "3", "--log-interval",
+                             "3", "--save-dir", tmp_path], env={"HAR_FAULT": "nan@20:rank=1"})
+    assert result.returncode == EXIT_DIVERGED, result.stderr[-3000:]
+    assert result.stderr.count("NaN/inf at step 21 (epoch 2)") == 1  # said once, by local rank 0
+    last = load_checkpoint(tmp_path / "last.pt")
+    assert last["step"] == 20
+    assert all(torch.isfinite(tensor).all() for tensor in last["model"].values() if tensor.is_floating_point())
+
+
 @requires_cuda
 def test_fp16_grad_scaler_skips_a_nonfinite_step_and_goes_on(tmp_path):
     result = run_subprocess([sys.executable, "main.py", *TINY_DATA, "--epochs", "2", "--device", "cuda", "--amp",

@@ -73,6 +73,7 @@ def _run_epoch(run, epoch):
     hook = _StepHook(run, epoch, plan, tally, bar)
     batches = faults.wrap_batches(loader, epoch * batches_in_epoch + plan.first_batch, strategy.rank)
     result = train_one_epoch(run.train_model, batches, run.opt, strategy, run.precision, plan, tally, hook)
+    hook.finish()
     bar.close()
     if result.stopped_early:
         return False
@@ -109,6 +110,7 @@ class _StepHook:
         self.run, self.epoch, self.plan, self.tally, self.bar = run, epoch, plan, tally, bar
         self.start_position = run.progress.epoch_position
         self.steps_before = plan.first_step
+        self.in_flight = None  # the last check-in's message between ranks, not yet waited for
 
     def __call__(self, step):
         run, args = self.run, self.run.args
@@ -117,7 +119,7 @@ class _StepHook:
         if batches_done >= self.plan.batches_in_epoch:
             return False  # the epoch's own end follows: validation, save, then any stop request
         if step % args.log_interval == 0:
-            stop = _check_in(run, self.tally)
+            stop = self._check_in()
             if run.strategy.is_main:
                 loss, lr = self.tally.mean_loss(), run.opt.scheduler.get_last_lr()[0]
                 self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}")
@@ -128,6 +130,31 @@ class _StepHook:
         if stop or (args.save_every_steps and step % args.save_every_steps == 0):
             self._save_mid_epoch(step, batches_done)
         return stop
+
+    def _check_in(self):
+        """At log points: stop the run if a loss on any rank was NaN/inf, and return whether any rank
+        received a stop signal. Ranks send one small message per check-in and act on the previous
+        one, which has had --log-interval steps to arrive, so no rank waits for the others here and
+        all act at the same step. A stop request is therefore acted on within two check-ins; the
+        saves check the losses themselves, so a bad step is never saved."""
+        run = self.run
+        received = run.stop_signals.received is not None
+        message = run.strategy.start_max_ints([int(received), -int(self.tally.earliest_nonfinite_step())])
+        if run.strategy.world_size == 1:
+            decision = message.wait()  # nothing was sent: act on it now
+        else:
+            decision, self.in_flight = (self.in_flight.wait() if self.in_flight else None), message
+        if decision is None:
+            return False
+        stop, negative_earliest = decision
+        _raise_if_diverged(run, -negative_earliest)
+        return bool(stop)
+
+    def finish(self):
+        """Wait for the message still in flight (its news is checked again at the epoch's end)."""
+        if self.in_flight is not None:
+            self.in_flight.wait()
+            self.in_flight = None
 
     def _save_mid_epoch(self, step, batches_done):
         run = self.run
@@ -162,16 +189,6 @@ def _global_tally(strategy, tally):
         float(tally.samples), dtype=torch.float64, device=strategy.device)]))
     loss_sum, samples = totals.tolist()
     return loss_sum, int(samples)
-
-
-def _check_in(run, tally):
-    """At log points: stop the run if a loss on any rank was NaN/inf, and return whether any rank
-    received a stop signal. One small message between ranks, none in one process: the only
-    per-step exchange is DDP's own, and a stop request waits at most --log-interval steps."""
-    received = run.stop_signals.received is not None
-    stop, negative_earliest = run.strategy.max_ints([int(received), -int(tally.earliest_nonfinite_step())])
-    _raise_if_diverged(run, -negative_earliest)
-    return bool(stop)
 
 
 def _check_finite(run, tally):

@@ -86,9 +86,10 @@ def train_one_epoch(model, loader, opt, strategy, precision, plan, tally, after_
             with precision.autocast():
                 loss = F.cross_entropy(model(signals), labels, label_smoothing=opt.label_smoothing)
             opt.grad_scaler.scale(loss / window_size if window_size > 1 else loss).backward()
-        tally.add(loss.detach(), labels.shape[0], plan.first_step + steps + 1 if watch_nonfinite else None)
+        loss = loss.detach()
+        tally.add(loss, labels.shape[0], plan.first_step + steps + 1 if watch_nonfinite else None)
         if guard is not None:
-            guard.watch(loss.detach())
+            guard.watch(loss)
         if not steps_now:
             continue
         if opt.max_grad_norm > 0:

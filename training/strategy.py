@@ -1,7 +1,7 @@
 """Everything that differs between one device, DataParallel and DDP, behind one small interface.
 
 The trainer and loop only call: wrap, eval_model, no_sync, sum_over_ranks, max_over_ranks,
-any_rank, max_ints, gather_concat, gather_objects, check_same_on_all_ranks, broadcast_module,
+any_rank, max_ints, start_max_ints, gather_concat, gather_objects, check_same_on_all_ranks, broadcast_module,
 sync_buffers, memory_report, reset_memory_peaks, synchronize and close.
 """
 import contextlib
@@ -59,6 +59,9 @@ class SingleDevice:
 
     def max_ints(self, values):
         return list(values)
+
+    def start_max_ints(self, values):
+        return _Ready(list(values))
 
     def gather_concat(self, tensor):
         return tensor
@@ -210,6 +213,11 @@ class DistributedStrategy(SingleDevice):
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._control)
         return tensor.tolist()
 
+    def start_max_ints(self, values):
+        """max_ints without waiting for it: the returned message's wait() gives the result."""
+        tensor = torch.tensor(values, dtype=torch.int64)
+        return _Pending(dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._control, async_op=True), tensor)
+
     def gather_objects(self, value):
         """Every rank's picklable `value`, in rank order (in memory only, never from disk)."""
         values = [None] * self.world_size
@@ -262,6 +270,27 @@ class DistributedStrategy(SingleDevice):
     def close(self):
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+class _Ready:
+    """A message that needed no sending (one process)."""
+
+    def __init__(self, values):
+        self.values = values
+
+    def wait(self):
+        return self.values
+
+
+class _Pending:
+    """An all-reduce in flight over the control group, and the tensor it reduces into."""
+
+    def __init__(self, work, tensor):
+        self.work, self.tensor = work, tensor
+
+    def wait(self):
+        self.work.wait()
+        return self.tensor.tolist()
 
 
 class _AutocastForward(nn.Module):
