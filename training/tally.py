@@ -18,15 +18,18 @@ class EpochTally:
         self.device = device
         self.samples = samples
         self._loss_sum = torch.tensor(loss_sum, dtype=torch.float64, device=device)
-        self._earliest_nonfinite = torch.tensor(NO_NONFINITE_STEP, dtype=torch.int64, device=device)
-        self._losses, self._sizes, self._steps = [], [], []
+        # The first bad micro-batch as an index into _step_of: the step numbers stay on the host,
+        # so folding needs no copy to the device (which would wait for the GPU).
+        self._earliest_index = torch.tensor(NO_NONFINITE_STEP, dtype=torch.int64, device=device)
+        self._step_of = []  # the optimizer step of every micro-batch added, None where not watched
+        self._losses, self._sizes = [], []
 
     def add(self, loss, batch_samples, step):
         """Record a micro-batch's mean loss (a detached device scalar). `step` is the optimizer
         step it belongs to, or None where its NaNs are handled elsewhere (a GradScaler skips them)."""
         self._losses.append(loss)
         self._sizes.append(batch_samples)
-        self._steps.append(NO_NONFINITE_STEP if step is None else step)
+        self._step_of.append(step)
         self.samples += batch_samples
         if len(self._losses) >= FOLD_EVERY:
             self._fold()
@@ -37,9 +40,10 @@ class EpochTally:
         return self._loss_sum
 
     def earliest_nonfinite_step(self):
-        """The device scalar step of the first NaN/inf loss, NO_NONFINITE_STEP while there is none."""
+        """The step of the first NaN/inf loss, NO_NONFINITE_STEP while there is none (reads the device)."""
         self._fold()
-        return self._earliest_nonfinite
+        index = int(self._earliest_index)
+        return NO_NONFINITE_STEP if index == NO_NONFINITE_STEP else self._step_of[index]
 
     def mean_loss(self):
         """The epoch's mean training loss on this rank so far, read back to the host."""
@@ -49,9 +53,19 @@ class EpochTally:
         if not self._losses:
             return
         losses = torch.stack(self._losses).double()
-        sizes = torch.tensor(self._sizes, dtype=torch.float64, device=self.device)
-        steps = torch.tensor(self._steps, dtype=torch.int64, device=self.device)
-        self._loss_sum += torch.dot(losses, sizes)
-        flagged = torch.where(torch.isfinite(losses), NO_NONFINITE_STEP, steps)
-        torch.minimum(self._earliest_nonfinite, flagged.min(), out=self._earliest_nonfinite)
-        self._losses, self._sizes, self._steps = [], [], []
+        self._loss_sum += _weighted_sum(losses, self._sizes)
+        first = len(self._step_of) - len(self._losses)
+        if self._step_of[first] is not None:
+            indices = torch.arange(first, len(self._step_of), device=self.device)
+            flagged = torch.where(torch.isfinite(losses), NO_NONFINITE_STEP, indices)
+            torch.minimum(self._earliest_index, flagged.min(), out=self._earliest_index)
+        self._losses, self._sizes = [], []
+
+
+def _weighted_sum(losses, sizes):
+    """sum(loss x batch size) with the sizes as Python numbers: all equal but perhaps the epoch's
+    last, so no list of them needs copying to the device."""
+    if all(size == sizes[0] for size in sizes[:-1]):
+        head = losses[:-1].sum() * sizes[0] if len(sizes) > 1 else 0.0
+        return head + losses[-1] * sizes[-1]
+    return torch.dot(losses, torch.tensor(sizes, dtype=torch.float64, device=losses.device))
