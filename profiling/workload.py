@@ -10,6 +10,7 @@ from data.loaders import ShardedSampler, make_loader
 from data.resident import DeviceResidentLoader, keep_on_device, split_bytes
 from data.splits import fit_normalization, load_har_data, normalize
 from models import build_model, count_parameters
+from training.errors import UsageError
 from training.loop import build_adamw, compile_for_training
 from training.precision import Precision
 from training.schedule import steps_per_epoch
@@ -73,17 +74,27 @@ def build_workload(args, strategy):
     else:
         loader = make_loader(train, args.batch_size, sampler, args.num_workers, pin_memory=device.type == "cuda")
     return Workload(strategy, model, train_model, optimizer, precision.make_grad_scaler(), precision,
-                    _endless(loader, sampler), args.batch_size, args.grad_accum_steps, args.max_grad_norm,
+                    _endless(loader, sampler, args.batch_size), args.batch_size, args.grad_accum_steps,
+                    args.max_grad_norm,
                     len(train), data.source)
 
 
-def _endless(loader, sampler):
-    """Batches across epoch boundaries, reshuffled each epoch like training; the restart cost
-    lands in the data wait of the step that crosses it, as it would in training."""
+def _endless(loader, sampler, batch_size):
+    """Full batches across epoch boundaries, reshuffled each epoch like training; the restart cost
+    lands in the data wait of the step that crosses it, as it would in training. An epoch's
+    shorter last batch is left out: samples/s counts every step as a full batch, and a new shape
+    would be autotuned (cuDNN) inside the timed steps."""
     epoch = 0
     while True:
         sampler.set_epoch(epoch)
-        yield from loader
+        full = 0
+        for batch in loader:
+            if len(batch[1]) == batch_size:
+                full += 1
+                yield batch
+        if not full:
+            raise UsageError(f"--batch-size {batch_size} is more than one process's share of the training split "
+                             f"({len(sampler)} windows): lower it, or profile with more data")
         epoch += 1
 
 

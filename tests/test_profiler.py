@@ -208,3 +208,13 @@ def test_bad_input_is_one_line_and_exit_2():
     assert result.returncode == 2
     assert result.stderr.strip() == "error: --steps must be at least 1, got 0"
     assert "Traceback" not in result.stderr
+
+
+def test_a_batch_larger_than_the_data_is_one_line_not_an_endless_wait(tmp_path):
+    # The profiler times full batches only; with none to draw it must say so instead of looping.
+    result = run_subprocess([sys.executable, "profiler.py", *TINY_DATA, "--synthetic-windows-per-subject", "4",
+                             "--batch-size", "512", "--device", "cpu", "--warmup-steps", "1", "--steps", "2",
+                             "--repeats", "1", "--phase-steps", "0", "--output-dir", tmp_path / "p"], timeout=120)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert "--batch-size 512 is more than one process's share" in result.stderr
+    assert not (tmp_path / "p").exists()
