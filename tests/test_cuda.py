@@ -472,3 +472,16 @@ def test_both_data_paths_train_the_same_on_cuda(tmp_path):
     assert "data path: splits kept on the device" in logs["device"]
     assert "data path: DataLoader with 2 worker(s)" in logs["dataloader"]
     assert max_abs_difference(weights["device"], weights["dataloader"]) < CUDA_WEIGHT_TOLERANCE
+
+
+@TWO_GPUS
+def test_data_parallel_keeps_the_random_stream_of_every_replica_gpu():
+    # Replicas on GPUs other than the first draw dropout from their own GPU's generator; a
+    # mid-epoch resume must bring those streams back too.
+    from training import rng_state
+    torch.manual_seed(0)
+    saved = rng_state.capture(torch.device("cuda", 0), other_gpus=[1])
+    expected = torch.rand(4, device="cuda:1")
+    torch.rand(4, device="cuda:1")  # move the stream on
+    rng_state.restore(saved, torch.device("cuda", 0))
+    assert torch.equal(torch.rand(4, device="cuda:1"), expected)

@@ -177,7 +177,7 @@ def _sync_buffers(run):
 def _save(run, is_best, tally=(0.0, 0)):
     """Checkpoint on rank 0; every rank takes part, since each rank's RNG state goes in it."""
     _sync_buffers(run)
-    rng_states = run.strategy.gather_objects(rng_state.capture(run.strategy.device))
+    rng_states = run.strategy.gather_objects(rng_state.capture(run.strategy.device, run.strategy.other_gpus))
     if run.strategy.is_main:
         state = run.checkpoint_state(rng_states, tally)
         ckpt.save_run_checkpoint(state, run.save_dir, run.args.keep_last, is_best)

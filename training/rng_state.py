@@ -5,13 +5,15 @@ import numpy as np
 import torch
 
 
-def capture(device):
+def capture(device, other_gpus=()):
     """This process's torch (CPU and its CUDA device), numpy and python generator states,
-    in containers that `torch.load(weights_only=True)` accepts."""
+    in containers that `torch.load(weights_only=True)` accepts. `other_gpus`: indices of more
+    GPUs this process draws on (DataParallel's replicas), whose streams are kept too."""
     bit_generator, keys, position, has_gauss, cached_gaussian = np.random.get_state()
     return {
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+        "cuda_others": [[index, torch.cuda.get_rng_state(index)] for index in other_gpus],
         "numpy": {"bit_generator": bit_generator, "keys": torch.from_numpy(keys.astype(np.int64)),
                   "position": int(position), "has_gauss": int(has_gauss),
                   "cached_gaussian": float(cached_gaussian)},
@@ -23,6 +25,9 @@ def restore(state, device):
     torch.set_rng_state(state["torch"])
     if device.type == "cuda" and state["cuda"] is not None:
         torch.cuda.set_rng_state(state["cuda"], device)
+        for index, gpu_state in state.get("cuda_others", ()):
+            if index < torch.cuda.device_count():
+                torch.cuda.set_rng_state(gpu_state, index)
     numpy_state = state["numpy"]
     np.random.set_state((numpy_state["bit_generator"], numpy_state["keys"].numpy().astype(np.uint32),
                          numpy_state["position"], numpy_state["has_gauss"], numpy_state["cached_gaussian"]))

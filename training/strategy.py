@@ -34,6 +34,11 @@ class SingleDevice:
         """How many model replicas split one step's batch (the loader batch is batch_size x this)."""
         return 1
 
+    @property
+    def other_gpus(self):
+        """GPUs besides self.device that this process draws random numbers on."""
+        return []
+
     def describe(self):
         if self.name == "dp":
             return f"dp requested but no GPU is visible: running the plain module on {self.device}"
@@ -104,6 +109,10 @@ class DataParallelStrategy(SingleDevice):
     @property
     def data_parallel_size(self):
         return len(self.gpu_ids)
+
+    @property
+    def other_gpus(self):
+        return self.gpu_ids[1:]  # replicas' dropout draws from their own GPU's stream
 
     def describe(self):
         return f"dp over GPUs {','.join(map(str, self.gpu_ids))} (outputs gathered on cuda:{self.gpu_ids[0]})"
