@@ -12,7 +12,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 
 from benchmarks.common import (TRAINER_SIDE, add_run_flags, build_run, format_rates, interleave, machine_line,
@@ -20,6 +19,7 @@ from benchmarks.common import (TRAINER_SIDE, add_run_flags, build_run, format_ra
                                train_trainer_epoch)
 from models import build_model
 from training.loop import compile_for_training
+from training.strategy import ddp_module
 
 # Below these the trainer costs more than noise explains on CPU.
 TARGET_RATIO = {"single": 0.97, "ddp": 0.95}
@@ -40,10 +40,9 @@ class MinimalLoop:
                             dropout=args.dropout, norm=args.norm).to(device)
         self.rank, self.world_size = run.strategy.rank, run.strategy.world_size
         if self.world_size > 1:
-            # Built as the trainer builds it (training/strategy.py), without DDP's per-forward buffer
-            # broadcast, so the ratio is the trainer's own overhead and not that choice.
-            model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                            gradient_as_bucket_view=True, broadcast_buffers=False)
+            # Built as the trainer builds it, without DDP's per-forward buffer broadcast, so the
+            # ratio is the trainer's own overhead and not that choice.
+            model = ddp_module(model, device)
         self.train_model = compile_for_training(model, args)
         self.model = model
         self.signals = torch.from_numpy(train.signals).to(device)

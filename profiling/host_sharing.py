@@ -13,18 +13,16 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 
 from profiling.neighbour import READY
 from profiling.timing import NullTimer
 from profiling.workload import optimizer_step
 from training.loop import build_adamw
+from training.strategy import ddp_module
 
-NEIGHBOUR_START_TIMEOUT_S = 300
 
 
 def host_rank_counts(world_sizes, device, threads_per_rank):
@@ -51,10 +49,9 @@ class Neighbours:
             self.processes.append(subprocess.Popen([sys.executable, "-m", "profiling.neighbour", *self.argv],
                                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                                    env=env))
-        deadline = time.monotonic() + NEIGHBOUR_START_TIMEOUT_S
         for process in self.processes:
-            line = process.stdout.readline()  # blocks until the neighbour has warmed up
-            if line.strip() != READY or time.monotonic() > deadline:
+            line = process.stdout.readline()  # blocks until the neighbour has warmed up, or has died
+            if line.strip() != READY:
                 self.__exit__(None, None, None)
                 raise RuntimeError("a neighbour process of the host-sharing measurement did not start")
         return self
@@ -119,10 +116,7 @@ def _twin(work, ddp):
     """The workload with a copy of the model and its own optimizer, DDP-wrapped as training wraps it."""
     model = copy.deepcopy(work.model)
     device = work.strategy.device
-    train_model = model
-    if ddp:
-        train_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                              gradient_as_bucket_view=True, broadcast_buffers=False)
+    train_model = ddp_module(model, device) if ddp else model
     optimizer = build_adamw(model, work.optimizer.defaults["lr"], work.optimizer.param_groups[0]["weight_decay"],
                             device)
     twin = dataclasses.replace(work, model=model, train_model=train_model, optimizer=optimizer)
@@ -133,5 +127,4 @@ def _twin(work, ddp):
 def _warm_up(work, steps=3):
     for _ in range(steps):
         optimizer_step(work, sync_gradients=True, timer=NullTimer())
-    if work.strategy.device.type == "cuda":
-        torch.cuda.synchronize(work.strategy.device)
+    work.strategy.synchronize()

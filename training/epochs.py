@@ -206,7 +206,7 @@ def _raise_if_diverged(run, earliest):
 
 def _stop_requested(run):
     """True on every rank once any rank received SIGTERM/SIGUSR1, so all stop at the same step."""
-    return run.strategy.any_rank(run.stop_signals.received is not None)
+    return bool(run.strategy.max_ints([int(run.stop_signals.received is not None)])[0])
 
 
 def _report_preemption(run):

@@ -1,7 +1,7 @@
 """Everything that differs between one device, DataParallel and DDP, behind one small interface.
 
 The trainer and loop only call: wrap, eval_model, no_sync, sum_over_ranks, max_over_ranks,
-any_rank, max_ints, start_max_ints, gather_concat, gather_objects, check_same_on_all_ranks, broadcast_module,
+max_ints, start_max_ints, gather_concat, gather_objects, check_same_on_all_ranks, broadcast_module,
 sync_buffers, memory_report, reset_memory_peaks, synchronize and close.
 """
 import contextlib
@@ -59,13 +59,12 @@ class SingleDevice:
     def max_over_ranks(self, tensor):
         return tensor
 
-    def any_rank(self, flag):
-        return flag
-
     def max_ints(self, values):
-        return list(values)
+        """The element-wise maximum over ranks of a few Python ints, in one control message."""
+        return self.start_max_ints(values).wait()
 
     def start_max_ints(self, values):
+        """max_ints without waiting for it: the returned message's wait() gives the result."""
         return _Ready(list(values))
 
     def gather_concat(self, tensor):
@@ -183,13 +182,7 @@ class DistributedStrategy(SingleDevice):
     def wrap(self, model, precision):
         if self.sync_bn:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-        device_ids = [self.device.index] if self.device.type == "cuda" else None
-        # broadcast_buffers=False: DDP would otherwise broadcast every buffer from rank 0 before each
-        # forward, a second collective per step. Training in train mode never reads running
-        # statistics, so the trainer copies rank 0's buffers only where they are read: before
-        # evaluation and at checkpoints (sync_buffers).
-        self._ddp = DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=False,
-                                            gradient_as_bucket_view=True, broadcast_buffers=False)
+        self._ddp = ddp_module(model, self.device)
         return self._ddp
 
     def eval_model(self, model):
@@ -210,20 +203,7 @@ class DistributedStrategy(SingleDevice):
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
         return tensor
 
-    def any_rank(self, flag):
-        """True on every rank when `flag` is true on at least one."""
-        value = torch.tensor([int(flag)])
-        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self._control)
-        return bool(value.item())
-
-    def max_ints(self, values):
-        """The element-wise maximum over ranks of a few Python ints, in one control message."""
-        tensor = torch.tensor(values, dtype=torch.int64)
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._control)
-        return tensor.tolist()
-
     def start_max_ints(self, values):
-        """max_ints without waiting for it: the returned message's wait() gives the result."""
         tensor = torch.tensor(values, dtype=torch.int64)
         return _Pending(dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._control, async_op=True), tensor)
 
@@ -279,6 +259,18 @@ class DistributedStrategy(SingleDevice):
     def close(self):
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def ddp_module(model, device):
+    """`model` in DistributedDataParallel as training builds it (the benchmarks and the profiler reuse it).
+
+    broadcast_buffers=False: DDP would otherwise broadcast every buffer from rank 0 before each
+    forward, a second collective per step. Training in train mode never reads running statistics,
+    so the trainer copies rank 0's buffers only where they are read: before evaluation and at
+    checkpoints (sync_buffers)."""
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                   find_unused_parameters=False, gradient_as_bucket_view=True,
+                                   broadcast_buffers=False)
 
 
 class _Ready:
