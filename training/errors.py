@@ -49,9 +49,10 @@ def run_entry_point(main, argv=None):
         if debug:
             raise
         code = getattr(exc, "exit_code", EXIT_USAGE)
-        _record_for_torchrun(exc)
         shared = isinstance(exc, SAME_ON_EVERY_RANK) and not getattr(exc, "this_rank_only", False)
-        if shared and os.environ.get("LOCAL_RANK", "0") != "0":
+        quiet = shared and os.environ.get("LOCAL_RANK", "0") != "0"
+        _record_for_torchrun(exc, delay_s=QUIET_RANK_EXIT_DELAY_S if quiet else 0.0)
+        if quiet:
             # Local rank 0 says it for the node. Leaving a moment later lets it print before
             # torchrun, seeing this rank fail, stops the others.
             time.sleep(QUIET_RANK_EXIT_DELAY_S)
@@ -65,14 +66,19 @@ def run_entry_point(main, argv=None):
         return EXIT_INTERRUPTED
 
 
-def _record_for_torchrun(exc):
+def _record_for_torchrun(exc, delay_s):
     """Under torchrun, leave the message where its failure summary looks (TORCHELASTIC_ERROR_FILE),
-    so the summary shows it instead of a link to the docs on enabling tracebacks."""
+    so the summary shows it instead of a link to the docs on enabling tracebacks.
+
+    torchrun names the failure with the earliest time stamp (whole seconds) as the root cause; a
+    quiet rank dates its record `delay_s` later, so a tie never makes it the root cause instead
+    of the local rank 0 that printed the message."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
         return
+    stamp = str(int(time.time() + delay_s))
     message = {"message": f"{type(exc).__name__}: {exc}",
-               "extraInfo": {"py_callstack": f"{type(exc).__name__}: {exc}", "timestamp": str(int(time.time()))}}
+               "extraInfo": {"py_callstack": f"{type(exc).__name__}: {exc}", "timestamp": stamp}}
     try:
         with open(path, "w") as handle:
             json.dump({"message": message}, handle)
