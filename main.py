@@ -1,9 +1,9 @@
 """Train a HAR model on one device (CUDA if present, else CPU). See README.md."""
 import sys
 
-from training.cli import parse_args
+from training.config.cli import parse_args
 from training.errors import UsageError, run_entry_point
-from training.environment import distributed_env
+from training.config.environment import distributed_env
 
 
 def main(argv):

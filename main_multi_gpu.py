@@ -1,10 +1,10 @@
 """Train a HAR model with nn.DataParallel (--multi-gpu dp) or DDP (--multi-gpu ddp). See README.md."""
 import sys
 
-from training.cli import parse_args
+from training.config.cli import parse_args
 from training.errors import UsageError, run_entry_point
-from training.launch import launch_under_torchrun
-from training.environment import distributed_env, launched_by_torchrun
+from training.distributed.launch import launch_under_torchrun
+from training.config.environment import distributed_env, launched_by_torchrun
 
 
 def main(argv):

@@ -5,7 +5,7 @@ from profiling.cli import launch_under_torchrun, needs_launch, parse_profiler_ar
 from profiling.measure import PerformanceProfiler
 from profiling.report import format_summary, write_profile
 from training.errors import run_entry_point
-from training.preflight import check_data
+from training.distributed.preflight import check_data
 
 __all__ = ["PerformanceProfiler", "main"]
 

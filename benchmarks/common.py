@@ -11,14 +11,15 @@ import torch
 from data.synthetic import DEFAULT_WINDOWS_PER_SUBJECT
 from models import MODELS
 from profiling.host_load import machine_busy_cpu_s, own_cpu_s
-from training import faults, rng_state
-from training.cli import COMPILE_MODES, parse_args
-from training.environment import launched_by_torchrun
-from training.epochs import _StepHook
-from training.loop import EpochPlan, train_one_epoch
-from training.tally import EpochTally
-from training.preemption import StopSignals
-from training.strategy import make_strategy
+from training import faults
+from training.checkpoint import rng_state
+from training.config.cli import COMPILE_MODES, parse_args
+from training.config.environment import launched_by_torchrun
+from training.loop.epoch import _StepHook
+from training.loop.step import EpochPlan, train_one_epoch
+from training.loop.tally import EpochTally
+from training.loop.preemption import StopSignals
+from training.distributed.strategy import make_strategy
 from training.trainer import _assemble
 
 TRAINER_SIDE = ("train_one_epoch with the real _StepHook (progress bar, loss read and TensorBoard scalars every "

@@ -18,8 +18,8 @@ from benchmarks.common import (TRAINER_SIDE, add_run_flags, build_run, format_ra
                                median_ratio, paired_ratio, planned_epochs,
                                train_trainer_epoch)
 from models import build_model
-from training.loop import compile_for_training
-from training.strategy import ddp_module
+from training.loop.step import compile_for_training
+from training.distributed.strategy import ddp_module
 
 # Below these the trainer costs more than noise explains on CPU.
 TARGET_RATIO = {"single": 0.97, "ddp": 0.95}

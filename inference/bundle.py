@@ -7,8 +7,8 @@ import numpy as np
 import torch
 
 from models import build_model
-from training.checkpoint import inference_weights, load_checkpoint
-from training.environment import resolve_device_type
+from training.checkpoint.files import inference_weights, load_checkpoint
+from training.config.environment import resolve_device_type
 from training.errors import UsageError
 
 NEEDED_KEYS = ("model", "config", "normalization", "class_names", "channel_names", "in_channels",

@@ -5,7 +5,7 @@ import math
 from inference.recording import ACC_UNITS, GYRO_UNITS
 from inference.timeline import SMOOTHERS
 from training.errors import UsageError
-from training.run_config import usage_error
+from training.config.files import usage_error
 
 EXPORT_FORMATS = ("torchscript", "onnx")
 

@@ -7,10 +7,10 @@ import numpy as np
 from data.splits import load_har_data
 from inference.bundle import load_bundle, pick_device, probabilities
 from inference.outputs import prepare_out_dir
-from training.atomic import write_atomic
+from training.checkpoint.atomic import write_atomic
 from training.errors import UsageError
-from training.figures import plot_confusion_matrix
-from training.report import classification_report, format_report
+from training.reporting.figures import plot_confusion_matrix
+from training.reporting.report import classification_report, format_report
 
 OUTPUTS = ("test_report.json", "confusion_matrix.png")
 

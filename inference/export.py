@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from training.atomic import write_atomic
+from training.checkpoint.atomic import write_atomic
 from training.errors import UsageError
 
 ONNX_OPSET = 17

@@ -4,7 +4,7 @@ import io
 import os
 from pathlib import Path
 
-from training.atomic import write_atomic
+from training.checkpoint.atomic import write_atomic
 from training.errors import UsageError
 
 

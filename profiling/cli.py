@@ -3,11 +3,11 @@ import argparse
 import math
 
 from profiling.report import DEFAULT_ROOT
-from training.cli import build_parser, check_args
-from training.environment import distributed_env, launched_by_torchrun
+from training.config.cli import build_parser, check_args
+from training.config.environment import distributed_env, launched_by_torchrun
 from training.errors import UsageError
-from training.launch import processes_per_node, run_torchrun, torchrun_arguments
-from training.run_config import parse_with_config
+from training.distributed.launch import processes_per_node, run_torchrun, torchrun_arguments
+from training.config.files import parse_with_config
 
 # Links assumed when one process has no process group to measure (bus bandwidth, latency per ring
 # step). CUDA: PCIe 4.0 x16 without NVLink, which NCCL drives at roughly 20 GB/s bus bandwidth

@@ -20,8 +20,8 @@ import torch.distributed as dist
 from profiling.neighbour import READY
 from profiling.timing import NullTimer
 from profiling.workload import optimizer_step
-from training.loop import build_adamw
-from training.strategy import ddp_module
+from training.loop.step import build_adamw
+from training.distributed.strategy import ddp_module
 
 
 

@@ -12,8 +12,8 @@ from profiling.report import default_output_dir
 from profiling.timing import LapTimer, NullTimer, StepClock, barrier, gather_per_rank, reduce_over_ranks
 from profiling.trace import write_trace
 from profiling.workload import build_workload, optimizer_step
-from training.memory import GIB, read_memory
-from training.strategy import make_strategy
+from training.reporting.memory import GIB, read_memory
+from training.distributed.strategy import make_strategy
 
 
 class PerformanceProfiler:

@@ -9,7 +9,7 @@ import sys
 from profiling.cli import parse_profiler_args
 from profiling.timing import NullTimer
 from profiling.workload import build_workload, optimizer_step
-from training.strategy import make_strategy
+from training.distributed.strategy import make_strategy
 
 READY = "READY"
 

@@ -128,7 +128,7 @@ def _buckets(f):
         text += (f"; overlap could hide at most {_ms(hidden_s)} of the {_ms(allreduce_s)} all-reduce on {n} GPUs "
                  f"(backward takes {_ms(f.backward_s)})")
     text += (f", while each extra bucket adds {_ms(2 * (n - 1) * f.link.latency_s)} of latency. "
-             "bucket_cap_mb is not a flag here: DDP is built in training/strategy.py")
+             "bucket_cap_mb is not a flag here: DDP is built in training/distributed/strategy.py")
     return _item("ddp buckets", text, {"gradient_mb": gradient_mb, "buckets": buckets,
                                        "bucket_cap_mb": DDP_BUCKET_CAP_MB})
 

@@ -11,9 +11,9 @@ from data.resident import DeviceResidentLoader, keep_on_device, split_bytes
 from data.splits import fit_normalization, load_har_data, normalize
 from models import build_model, count_parameters
 from training.errors import UsageError
-from training.loop import build_adamw, compile_for_training
-from training.precision import Precision
-from training.schedule import steps_per_epoch
+from training.loop.step import build_adamw, compile_for_training
+from training.loop.precision import Precision
+from training.loop.schedule import steps_per_epoch
 
 
 @dataclass
@@ -99,7 +99,7 @@ def _endless(loader, sampler, batch_size):
 
 
 def optimizer_step(work, sync_gradients, timer):
-    """One optimizer step as training/loop.py takes it. sync_gradients=False runs every
+    """One optimizer step as training/loop/step.py takes it. sync_gradients=False runs every
     micro-batch under DDP's no_sync(), i.e. the same step without the gradient all-reduce."""
     device, strategy = work.strategy.device, work.strategy
     for micro in range(work.grad_accum_steps):

@@ -7,8 +7,8 @@ from torch import nn
 
 from data.augment import AugmentConfig, BatchAugmenter, parse_kinds, random_rotations, sensor_triples
 from data.splits import channel_names
-from training.ema import WeightAverage
-from training.rng_state import seed_epoch
+from training.loop.ema import WeightAverage
+from training.checkpoint.rng_state import seed_epoch
 
 NINE = channel_names("flatten")
 MEAN = torch.tensor([0.0, 0.1, -0.2, 0.0, 0.0, 0.0, 0.8, 0.1, 0.3])  # total_acc carries gravity

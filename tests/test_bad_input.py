@@ -10,7 +10,7 @@ import torch
 
 from conftest import TINY_DATA, run_in_process, run_subprocess
 from data.uci_har import SIGNAL_NAMES, WINDOW_STEPS
-from training.checkpoint import load_checkpoint
+from training.checkpoint.files import load_checkpoint
 from training.errors import EXIT_USAGE, UsageError
 
 TORCHRUN_ENV = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",

@@ -162,8 +162,8 @@ def test_data_parallel_replicas_compute_in_the_runs_autocast_dtype():
     enters the run's own. Two replicas on GPU 0 take the threaded path one GPU never takes otherwise."""
     from torch.nn.parallel import parallel_apply
 
-    from training.precision import Precision
-    from training.strategy import _AutocastForward
+    from training.loop.precision import Precision
+    from training.distributed.strategy import _AutocastForward
     device = torch.device("cuda", 0)
     precision = Precision(device, True, "bf16")
     replica = _AutocastForward(torch.nn.Linear(8, 4).to(device), precision)
@@ -341,7 +341,7 @@ def test_predict_and_export_take_a_cuda_trained_checkpoint(tmp_path, cuda_traine
 # ---------------------------------------------------------------------------
 
 def test_cuda_random_state_round_trips_through_a_checkpoint(tmp_path):
-    from training import rng_state
+    from training.checkpoint import rng_state
     device = torch.device("cuda", 0)
     torch.manual_seed(3)
     torch.rand(5, device=device)  # somewhere along the stream, not at its seed
@@ -429,7 +429,7 @@ def test_metrics_record_the_gpus_memory_every_epoch(tmp_path):
 
 
 def test_reset_peaks_starts_a_new_peak_window():
-    from training.memory import GIB, read_memory, reset_peaks
+    from training.reporting.memory import GIB, read_memory, reset_peaks
     device = torch.device("cuda", 0)
     block = torch.empty(64 * 2**20, dtype=torch.uint8, device=device)
     del block
@@ -478,7 +478,7 @@ def test_both_data_paths_train_the_same_on_cuda(tmp_path):
 def test_data_parallel_keeps_the_random_stream_of_every_replica_gpu():
     # Replicas on GPUs other than the first draw dropout from their own GPU's generator; a
     # mid-epoch resume must bring those streams back too.
-    from training import rng_state
+    from training.checkpoint import rng_state
     torch.manual_seed(0)
     saved = rng_state.capture(torch.device("cuda", 0), other_gpus=[1])
     expected = torch.rand(4, device="cuda:1")

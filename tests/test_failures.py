@@ -151,7 +151,7 @@ def test_a_window_with_a_nonfinite_loss_leaves_batchnorm_statistics_as_they_were
     # The fp16 path (CUDA only) skips such a step in the GradScaler; the guard undoes what the
     # forward pass did to the running statistics. The guard itself is device-independent.
     from models import build_model
-    from training.precision import SkippedStepBuffers
+    from training.loop.precision import SkippedStepBuffers
     torch.manual_seed(0)
     model = build_model("cnn1d", 9, 6).train()
     guard = SkippedStepBuffers(model)

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from training.schedule import (build_scheduler, global_batch_size, micro_step_plan, scaled_lr,
+from training.loop.schedule import (build_scheduler, global_batch_size, micro_step_plan, scaled_lr,
                                steps_per_epoch, warmup_cosine)
 
 

@@ -12,7 +12,7 @@ import pytest
 from torch.distributed.run import get_args_parser
 
 from conftest import REPO
-from training.cli import build_parser
+from training.config.cli import build_parser
 
 SLURM_DIR = REPO / "scripts" / "slurm"
 SCRIPTS = sorted(SLURM_DIR.glob("*.sbatch"))

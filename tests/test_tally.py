@@ -3,8 +3,8 @@ import math
 
 import torch
 
-from training import tally as tally_module
-from training.tally import NO_NONFINITE_STEP, EpochTally
+from training.loop import tally as tally_module
+from training.loop.tally import NO_NONFINITE_STEP, EpochTally
 
 
 def test_mean_is_weighted_by_batch_size_including_a_short_last_batch():

@@ -108,7 +108,7 @@ def test_ddp_validates_every_shard_with_rank_0s_batchnorm_statistics(tmp_path):
     logged = read_metrics(tmp_path / "ddp")[-1]["val_loss"]
     from data.splits import load_har_data, normalize
     from models import build_model
-    from training.cli import data_options, parse_args
+    from training.config.cli import data_options, parse_args
     checkpoint = load_checkpoint(tmp_path / "ddp" / "last.pt")
     data = load_har_data(**data_options(parse_args([*flags, "--save-dir", str(tmp_path / "x")])))
     val = normalize(data.val, checkpoint["normalization"]["mean"].numpy(), checkpoint["normalization"]["std"].numpy())
@@ -279,7 +279,7 @@ def test_cuda_graph_compile_modes_are_refused_on_cpu(tmp_path):
 
 
 def test_resume_with_a_larger_global_batch_follows_the_new_lr_schedule(tmp_path):
-    from training.schedule import warmup_cosine
+    from training.loop.schedule import warmup_cosine
     common = [*TINY_DATA, "--epochs", "3", "--save-dir", tmp_path / "run"]
     code, _, err = run_in_process("main.py", [*common, "--stop-after-epochs", "1"])
     assert code == 0, err

@@ -16,12 +16,12 @@ import torch
 import torch.distributed as dist
 
 from data.splits import load_har_data
-from training.atomic import write_atomic
-from training.cli import data_options, save_dir_of
-from training.environment import distributed_env, resolve_device_type
+from training.checkpoint.atomic import write_atomic
+from training.config.cli import data_options, save_dir_of
+from training.config.environment import distributed_env, resolve_device_type
 from training.errors import SAME_ON_EVERY_RANK, UsageError
-from training.figures import plot_confusion_matrix
-from training.report import best_record, format_cv_table
+from training.reporting.figures import plot_confusion_matrix
+from training.reporting.report import best_record, format_cv_table
 from training.trainer import train
 
 REPORT = "cv_report.json"

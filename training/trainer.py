@@ -9,20 +9,20 @@ from data.loaders import ShardedSampler, make_loader
 from data.resident import DeviceResidentLoader, keep_on_device, split_bytes
 from data.splits import fit_normalization, load_har_data, normalize
 from models import build_model, count_parameters
-from training import checkpoint as ckpt
-from training.cli import data_options, save_dir_of, warmup_epochs
-from training.epochs import train_epochs
+from training.checkpoint import files as ckpt
+from training.config.cli import data_options, save_dir_of, warmup_epochs
+from training.loop.epoch import train_epochs
 from training.errors import EXIT_PREEMPTED, RankLost, TrainingDiverged
-from training.figures import write_run_figures
-from training.logger import RunLogger
-from training.loop import Optimization, build_adamw, compile_for_training
-from training.precision import Precision, skipped_step_buffers
-from training.preemption import StopSignals
-from training.preflight import check_before_training
-from training.recipe import final_reports, generalisation_aids
-from training.run_config import record_run_config
-from training.schedule import build_scheduler, global_batch_size, scaled_lr, steps_per_epoch
-from training.strategy import make_strategy
+from training.reporting.figures import write_run_figures
+from training.reporting.logger import RunLogger
+from training.loop.step import Optimization, build_adamw, compile_for_training
+from training.loop.precision import Precision, skipped_step_buffers
+from training.loop.preemption import StopSignals
+from training.distributed.preflight import check_before_training
+from training.loop.recipe import final_reports, generalisation_aids
+from training.config.files import record_run_config
+from training.loop.schedule import build_scheduler, global_batch_size, scaled_lr, steps_per_epoch
+from training.distributed.strategy import make_strategy
 
 EVAL_BATCH_MIN = 256
 

@@ -30,10 +30,10 @@ from profiling.cli import parse_profiler_args
 from profiling.measure import timed_steps
 from profiling.report import json_ready
 from profiling.timing import NullTimer
-from training.atomic import write_atomic
+from training.checkpoint.atomic import write_atomic
 from training.errors import UsageError
-from training.memory import GIB
-from training.strategy import make_strategy
+from training.reporting.memory import GIB
+from training.distributed.strategy import make_strategy
 
 WHAT = ("samples_per_s: samples the timed steps took (an epoch's shorter last batch counts its own size, not "
         "the batch size) per second of those steps, mean over repeats; warm-up: at least one epoch; "

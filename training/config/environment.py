@@ -3,7 +3,7 @@ import os
 
 import torch
 
-from training.cli import CUDA_GRAPH_MODES
+from training.config.cli import CUDA_GRAPH_MODES
 from training.errors import UsageError
 
 

@@ -1,11 +1,11 @@
 """What the generalisation recipe adds around the loop: the batch augmenter and the weight average a
 run trains with, and the reports of the best weights on the validation and test subjects."""
 from data.augment import BatchAugmenter, sensor_triples
-from training import checkpoint as ckpt
-from training.cli import augment_config
-from training.ema import WeightAverage
-from training.loop import predict
-from training.report import classification_report, format_report
+from training.checkpoint import files as ckpt
+from training.config.cli import augment_config
+from training.loop.ema import WeightAverage
+from training.loop.step import predict
+from training.reporting.report import classification_report, format_report
 
 
 def generalisation_aids(run, checkpoint):

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from training.memory import format_memory
+from training.reporting.memory import format_memory
 
 
 class RunLogger:

@@ -8,7 +8,7 @@ from data.splits import CHANNEL_MODES
 from data.synthetic import DEFAULT_WINDOWS_PER_SUBJECT
 from models import MODELS, NORMS
 from training.errors import UsageError
-from training.run_config import parse_with_config
+from training.config.files import parse_with_config
 
 DEFAULT_WARMUP_EPOCHS = 2.0
 # The default recipe, chosen by 7-fold subject-wise cross-validation on real recordings (README,

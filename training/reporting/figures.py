@@ -4,7 +4,7 @@ from pathlib import Path
 
 import numpy as np
 
-from training.report import best_record
+from training.reporting.report import best_record
 
 
 def pyplot():

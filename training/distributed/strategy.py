@@ -13,9 +13,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from training.environment import check_parallel_args, distributed_env
+from training.config.environment import check_parallel_args, distributed_env
 from training.errors import UsageError
-from training.memory import describe, memory_fields, read_memory, reset_peaks
+from training.reporting.memory import describe, memory_fields, read_memory, reset_peaks
 
 
 class SingleDevice:

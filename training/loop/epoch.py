@@ -4,12 +4,13 @@ import time
 
 import torch
 
-from training import checkpoint as ckpt
-from training import faults, rng_state
+from training.checkpoint import files as ckpt
+from training import faults
+from training.checkpoint import rng_state
 from training.errors import TrainingDiverged
-from training.loop import EpochPlan, predict, train_one_epoch
-from training.report import summary_metrics
-from training.tally import NO_NONFINITE_STEP, EpochTally
+from training.loop.step import EpochPlan, predict, train_one_epoch
+from training.reporting.report import summary_metrics
+from training.loop.tally import NO_NONFINITE_STEP, EpochTally
 
 
 def train_epochs(run):

@@ -1,10 +1,10 @@
 """The checks every process makes before any process group exists, so that bad input fails on all
 ranks alike, in one line, instead of in one rank while the others wait in a collective."""
 from data.splits import load_har_data
-from training import checkpoint as ckpt
-from training.cli import data_options, save_dir_of
-from training.environment import check_parallel_args, distributed_env
-from training.save_dir_lock import NoLock, SaveDirLock
+from training.checkpoint import files as ckpt
+from training.config.cli import data_options, save_dir_of
+from training.config.environment import check_parallel_args, distributed_env
+from training.checkpoint.save_dir_lock import NoLock, SaveDirLock
 
 
 def check_before_training(args, keep_lock=True):

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from training.schedule import micro_step_plan
+from training.loop.schedule import micro_step_plan
 
 
 @dataclass
@@ -19,8 +19,8 @@ class Optimization:
     max_grad_norm: float
     label_smoothing: float = 0.0
     augment: object = None  # a data.augment.BatchAugmenter, or None
-    ema: object = None  # a training.ema.WeightAverage updated after every step, or None
-    buffer_guard: object = None  # a training.precision.SkippedStepBuffers under fp16, or None
+    ema: object = None  # a training.loop.ema.WeightAverage updated after every step, or None
+    buffer_guard: object = None  # a training.loop.precision.SkippedStepBuffers under fp16, or None
 
 
 def build_adamw(model, lr, weight_decay, device):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from training.atomic import write_atomic
+from training.checkpoint.atomic import write_atomic
 from training.errors import UsageError
 
 CONFIG_NAME = "config.yaml"
@@ -21,7 +21,7 @@ NOT_IN_FILES = ("config", "debug")
 IMPLIED_BY_MAIN = {"multi_gpu": "none", "nproc_per_node": None}
 # Flags whose change on resume is the point of resuming, not a change of the run.
 NOT_COMPARED_ON_RESUME = ("resume", "save_dir", "config", "debug", "stop_after_epochs")
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def parse_with_config(parser, argv):

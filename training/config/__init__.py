@@ -1,0 +1,1 @@
+"""Command line, run configuration files, and which flags fit this machine."""

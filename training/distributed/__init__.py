@@ -1,0 +1,1 @@
+"""What differs between one device, DataParallel and DDP, and how processes are started."""

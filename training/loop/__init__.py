@@ -1,0 +1,1 @@
+"""The training step, the epoch around it, and what shapes a step (schedule, precision, recipe)."""

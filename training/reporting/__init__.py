@@ -1,0 +1,1 @@
+"""What a run tells: console and TensorBoard, metrics, memory figures and pictures."""
