@@ -1,20 +1,20 @@
 """Train a HAR model on one device (CUDA if present, else CPU). See README.md."""
 import sys
 
-from training.config.cli import parse_args
+from training.config.cli import parse_config
 from training.errors import UsageError, run_entry_point
 from training.config.environment import distributed_env
 
 
 def main(argv):
-    args = parse_args(argv, multi_gpu=False)
+    config = parse_config(argv, multi_gpu=False)
     if distributed_env()[2] > 1:
         raise UsageError("main.py is single-device; under torchrun use main_multi_gpu.py --multi-gpu ddp")
-    if args.cv_folds:
+    if config.recipe.cv_folds:
         from training.cross_validation import cross_validate
-        return cross_validate(args)
+        return cross_validate(config)
     from training.trainer import train  # after parsing, so --help stays fast
-    return train(args)
+    return train(config)
 
 
 if __name__ == "__main__":

@@ -1,24 +1,25 @@
 """Train a HAR model with nn.DataParallel (--multi-gpu dp) or DDP (--multi-gpu ddp). See README.md."""
 import sys
 
-from training.config.cli import parse_args
-from training.errors import UsageError, run_entry_point
-from training.distributed.launch import launch_under_torchrun
+from training.config.cli import parse_config
 from training.config.environment import distributed_env, launched_by_torchrun
+from training.distributed.launch import launch_under_torchrun
+from training.errors import UsageError, run_entry_point
 
 
 def main(argv):
-    args = parse_args(argv, multi_gpu=True)
-    if args.multi_gpu == "ddp" and not launched_by_torchrun():
-        return launch_under_torchrun(args, __file__, argv)
-    if args.multi_gpu != "ddp" and distributed_env()[2] > 1:
-        raise UsageError(f"--multi-gpu {args.multi_gpu} under torchrun would start identical runs in "
+    config = parse_config(argv, multi_gpu=True)
+    multi_gpu = config.parallel.multi_gpu
+    if multi_gpu == "ddp" and not launched_by_torchrun():
+        return launch_under_torchrun(config, __file__, argv)
+    if multi_gpu != "ddp" and distributed_env()[2] > 1:
+        raise UsageError(f"--multi-gpu {multi_gpu} under torchrun would start identical runs in "
                          "every process; use --multi-gpu ddp, or plain python for dp")
-    if args.cv_folds:  # folds are independent runs: one per process, each on its own GPU
+    if config.recipe.cv_folds:  # folds are independent runs: one per process, each on its own GPU
         from training.cross_validation import cross_validate
-        return cross_validate(args)
+        return cross_validate(config)
     from training.trainer import train  # after parsing, so --help stays fast
-    return train(args)
+    return train(config)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ __all__ = ["PerformanceProfiler", "main"]
 
 def main(argv):
     args = parse_profiler_args(argv)
-    check_data(args)  # before any process group, so a data error fails alike on every rank
+    check_data(args.run)  # before any process group, so a data error fails alike on every rank
     if needs_launch(args):
         return launch_under_torchrun(args, __file__, argv)
     profiler = PerformanceProfiler(args)

@@ -13,7 +13,7 @@ from models import MODELS
 from profiling.host_load import machine_busy_cpu_s, own_cpu_s
 from training import faults
 from training.checkpoint import rng_state
-from training.config.cli import COMPILE_MODES, parse_args
+from training.config.cli import COMPILE_MODES, parse_config
 from training.config.environment import launched_by_torchrun
 from training.loop.epoch import _StepHook
 from training.loop.step import EpochPlan, train_one_epoch
@@ -56,8 +56,8 @@ def build_run(opts, save_dir, data_path, epochs, recipe=RECIPE_OFF):
     if opts.compile or opts.compile_mode:
         argv += ["--compile"] + (["--compile-mode", opts.compile_mode] if opts.compile_mode else [])
     distributed = launched_by_torchrun()
-    args = parse_args(argv + (["--multi-gpu", "ddp"] if distributed else []), multi_gpu=distributed)
-    run = _assemble(args, make_strategy(args))
+    config = parse_config(argv + (["--multi-gpu", "ddp"] if distributed else []), multi_gpu=distributed)
+    run = _assemble(config, make_strategy(config))
     # Left uninstalled so the benchmark keeps the default signal handlers; the per-step check
     # reads the same attribute either way.
     run.stop_signals = StopSignals()
@@ -72,14 +72,14 @@ def planned_epochs(opts):
 def train_trainer_epoch(run, epoch):
     """One training epoch the way `_run_epoch` runs it, without validation or checkpoints; returns
     the samples all ranks trained on."""
-    args, strategy, progress = run.args, run.strategy, run.progress
+    optim, strategy, progress = run.config.optim, run.strategy, run.progress
     loader = run.loaders["train"]
     loader.sampler.set_epoch(epoch, start=0)
     plan = EpochPlan(first_batch=0, batches_in_epoch=len(loader), first_step=progress.step)
     tally = EpochTally(strategy.device)
-    rng_state.seed_epoch(args.seed, epoch, strategy.rank)
-    steps = math.ceil(len(loader) / args.grad_accum_steps)
-    bar = _quiet_progress_bar(run, steps, f"epoch {epoch + 1}/{args.epochs}")
+    rng_state.seed_epoch(optim.seed, epoch, strategy.rank)
+    steps = math.ceil(len(loader) / optim.grad_accum_steps)
+    bar = _quiet_progress_bar(run, steps, f"epoch {epoch + 1}/{optim.epochs}")
     hook = _StepHook(run, epoch, plan, tally, bar)
     batches = faults.wrap_batches(loader, epoch * plan.batches_in_epoch, strategy.rank)
     result = train_one_epoch(run.train_model, batches, run.opt, strategy, run.precision, plan, tally, hook)

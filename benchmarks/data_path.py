@@ -57,7 +57,7 @@ def main(argv=None):
             print(f"both: {TRAINER_SIDE}\n"
                   f"device: {type(runs['device'].loaders['train']).__name__} (splits on {device}, index_select "
                   f"per batch); dataloader: {type(runs['dataloader'].loaders['train']).__name__} with "
-                  f"{runs['dataloader'].args.num_workers} worker(s), copied to {device} per batch", flush=True)
+                  f"{runs['dataloader'].config.hardware.num_workers} worker(s), copied to {device} per batch", flush=True)
             print(machine_line(device), flush=True)
             (iteration, iteration_others), (training, training_others) = measure(opts, runs)
         finally:

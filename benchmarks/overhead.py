@@ -31,33 +31,33 @@ class MinimalLoop:
     comparison measures the trainer's overhead rather than what it does on top."""
 
     def __init__(self, run, features):
-        args, device = run.args, run.strategy.device
+        config, device = run.config, run.strategy.device
         if run.precision.needs_grad_scaler:
             raise SystemExit("the minimal loop has no GradScaler: run on CPU or a bf16-capable GPU")
-        torch.manual_seed(args.seed)  # the seed the trainer builds its model under: the same initial weights
+        torch.manual_seed(config.optim.seed)  # the seed the trainer builds its model under: the same initial weights
         train = run.data.train  # already normalised by the trainer
-        model = build_model(args.model, train.signals.shape[1], len(run.data.class_names),
-                            dropout=args.dropout, norm=args.norm).to(device)
+        model = build_model(config.model.name, train.signals.shape[1], len(run.data.class_names),
+                            dropout=config.model.dropout, norm=config.model.norm).to(device)
         self.rank, self.world_size = run.strategy.rank, run.strategy.world_size
         if self.world_size > 1:
             # Built as the trainer builds it, without DDP's per-forward buffer broadcast, so the
             # ratio is the trainer's own overhead and not that choice.
             model = ddp_module(model, device)
-        self.train_model = compile_for_training(model, args)
+        self.train_model = compile_for_training(model, config.hardware)
         self.model = model
         self.signals = torch.from_numpy(train.signals).to(device)
         self.labels = torch.from_numpy(train.labels).to(device)
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
         trainer_groups = run.opt.optimizer.param_groups
-        groups = [{"params": [p for p in self.parameters if p.ndim >= 2], "weight_decay": args.weight_decay},
+        groups = [{"params": [p for p in self.parameters if p.ndim >= 2], "weight_decay": config.optim.weight_decay},
                   {"params": [p for p in self.parameters if p.ndim < 2], "weight_decay": 0.0}]
         self.optimizer = torch.optim.AdamW(groups, lr=trainer_groups[0]["initial_lr"],
                                            fused=run.opt.optimizer.defaults["fused"])
         self.scheduler = LambdaLR(self.optimizer, run.opt.scheduler.lr_lambdas[0]) if features else None
-        self.max_grad_norm = args.max_grad_norm if features else 0.0
+        self.max_grad_norm = config.optim.max_grad_norm if features else 0.0
         self.autocast = functools.partial(torch.autocast, device.type, dtype=run.precision.dtype,
                                           enabled=run.precision.enabled)
-        self.batch_size, self.seed, self.device = run.loader_batch, args.seed, device
+        self.batch_size, self.seed, self.device = run.loader_batch, config.optim.seed, device
 
     def train_epoch(self, epoch):
         self.model.train()
@@ -99,10 +99,10 @@ def describe_sides(run, bare):
              "minimal: same model class and initial weights, same normalised train tensors and batch (under "
              "torchrun: DDP as the trainer builds it, without the per-forward buffer broadcast), a seeded "
              "randperm per epoch with contiguous slices, F.cross_entropy, backward, AdamW with the same param "
-             f"groups, clip_grad_norm_ {run.args.max_grad_norm:g} and the same per-step LambdaLR schedule, "
+             f"groups, clip_grad_norm_ {run.config.optim.max_grad_norm:g} and the same per-step LambdaLR schedule, "
              f"{run.precision.describe()}"]
-    if run.args.compile:
-        lines.append(f"both sides torch.compile'd, mode {run.args.compile_mode or 'default'}")
+    if run.config.hardware.compile:
+        lines.append(f"both sides torch.compile'd, mode {run.config.hardware.compile_mode or 'default'}")
     if bare:
         lines.append("bare: the minimal loop without clipping and LR schedule (AdamW at the peak LR)")
     return "\n".join(lines)
@@ -138,7 +138,7 @@ def report(opts, run, rates, other_cores):
     figures = {"mode": mode, "world_size": run.strategy.world_size, "model": opts.model,
                "batch_size_per_rank": opts.batch_size, "device": str(run.strategy.device),
                "precision": run.precision.dtype_name, "compile_mode": (opts.compile_mode or "default")
-               if run.args.compile else None, "threads": torch.get_num_threads(), "windows": len(run.data.train),
+               if run.config.hardware.compile else None, "threads": torch.get_num_threads(), "windows": len(run.data.train),
                "rounds": opts.rounds, "epochs_per_round": opts.epochs_per_round, "machine": machine_line(
                    run.strategy.device), "rates": rates, "ratio": median_ratio(rates, "trainer", "minimal"),
                "paired_ratio": paired_ratio(rates, "trainer", "minimal"), "target": TARGET_RATIO[mode]}

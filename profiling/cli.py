@@ -8,6 +8,7 @@ from training.config.environment import distributed_env, launched_by_torchrun
 from training.errors import UsageError
 from training.distributed.launch import processes_per_node, run_torchrun, torchrun_arguments
 from training.config.files import parse_with_config
+from training.config.settings import RunConfig
 
 # Links assumed when one process has no process group to measure (bus bandwidth, latency per ring
 # step). CUDA: PCIe 4.0 x16 without NVLink, which NCCL drives at roughly 20 GB/s bus bandwidth
@@ -60,6 +61,7 @@ def parse_profiler_args(argv):
     check_args(args)
     check_profiler_args(args)
     args.command_line = list(argv)  # what the host-sharing neighbours run
+    args.run = RunConfig.from_flags(vars(args))  # the training settings, typed as the trainer takes them
     return args
 
 
@@ -88,7 +90,7 @@ def needs_launch(args):
 
 def launch_under_torchrun(args, script, argv):
     """Re-run this command under torchrun on this machine; the first failed worker's exit code."""
-    return run_torchrun(torchrun_arguments(script, argv, processes_per_node(args)))
+    return run_torchrun(torchrun_arguments(script, argv, processes_per_node(args.run)))
 
 
 def _count_list(text):

@@ -29,7 +29,7 @@ class PerformanceProfiler:
         self.output_dir = None
 
     def run(self):
-        strategy = make_strategy(self.args)
+        strategy = make_strategy(self.args.run)
         self.is_main = strategy.is_main
         try:
             work = build_workload(self.args, strategy)

@@ -16,7 +16,7 @@ READY = "READY"
 
 def main(argv):
     args = parse_profiler_args(argv)
-    work = build_workload(args, make_strategy(args))
+    work = build_workload(args, make_strategy(args.run))
     for _ in range(args.warmup_steps):
         optimizer_step(work, sync_gradients=True, timer=NullTimer())
     print(READY, flush=True)

@@ -64,7 +64,7 @@ def build_workload(args, strategy):
                         norm=args.norm).to(device)
     precision = Precision(device, args.amp, args.amp_dtype)
     train_model = strategy.wrap(model, precision)
-    train_model = compile_for_training(train_model, args)
+    train_model = compile_for_training(train_model, args.run.hardware)
     optimizer = build_adamw(model, args.lr, args.weight_decay, device)
     sampler = ShardedSampler(len(train), world_size=strategy.world_size, rank=strategy.rank, shuffle=True,
                              seed=args.seed, pad=True)

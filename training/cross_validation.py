@@ -5,7 +5,6 @@ writes, resumes and reports like any run. Folds are independent jobs: under torc
 process takes every world_size-th fold on its own GPU, which is how several GPUs help a model
 this small; rank 0 then writes cv_report.json, prints the table and draws the pooled confusion.
 """
-import copy
 import datetime
 import json
 import os
@@ -40,34 +39,34 @@ def fold_subjects(subjects, folds, seed):
     return [sorted(int(s) for s in group) for group in np.array_split(shuffled, folds)]
 
 
-def cross_validate(args):
+def cross_validate(config):
     """Run (or resume) this process's folds, then summarise on rank 0. Returns an exit code."""
-    if args.resume not in ("auto", None):
+    if config.output.resume not in ("auto", None):
         raise UsageError("--resume PATH names one checkpoint, but each fold resumes from its own "
                          "fold-k/last.pt; drop --resume (or pass --no-resume to start every fold over)")
-    if args.multi_gpu == "dp":
+    if config.parallel.multi_gpu == "dp":
         raise UsageError("--cv-folds runs each fold on one device; use --multi-gpu ddp under torchrun to "
                          "run folds on several GPUs at once")
-    save_dir = save_dir_of(args)
-    data = load_har_data(**data_options(args))
+    save_dir = save_dir_of(config)
+    data = load_har_data(**data_options(config))
     training_subjects = np.concatenate([data.train.subjects, data.val.subjects])
-    folds = fold_subjects(training_subjects, args.cv_folds, args.seed)
+    folds = fold_subjects(training_subjects, config.recipe.cv_folds, config.optim.seed)
     rank, local_rank, world_size = distributed_env()
-    _claim_folder(save_dir, folds, fresh=args.resume is None, writer=rank == 0)
+    _claim_folder(save_dir, folds, fresh=config.output.resume is None, writer=rank == 0)
     code, finished = 0, True
     for fold in range(rank, len(folds), world_size):
-        fold_args = _fold_args(args, save_dir, fold, folds[fold], local_rank)
-        if args.resume is not None and _fold_finished(fold_args.save_dir, folds[fold]):
+        fold_config = _fold_config(config, save_dir, fold, folds[fold], local_rank)
+        if config.output.resume is not None and _fold_finished(fold_config.output.save_dir, folds[fold]):
             print(f"fold {fold + 1}/{len(folds)} already finished (subjects {folds[fold]}); skipping", flush=True)
             continue
-        print(f"\n=== fold {fold + 1}/{len(folds)}: validating on subjects {folds[fold]} -> {fold_args.save_dir}",
+        print(f"\n=== fold {fold + 1}/{len(folds)}: validating on subjects {folds[fold]} -> {fold_config.output.save_dir}",
               flush=True)
         try:
-            code = train(fold_args)
+            code = train(fold_config)
         except SAME_ON_EVERY_RANK as exc:
             exc.this_rank_only = True  # other ranks run other folds: this rank must say it itself
             raise
-        if code != 0 or not _fold_finished(fold_args.save_dir, folds[fold]):
+        if code != 0 or not _fold_finished(fold_config.output.save_dir, folds[fold]):
             # Preempted, or paused by --stop-after-epochs: the same command continues at this fold.
             print(f"fold {fold + 1}/{len(folds)} is not finished; run the same command again to continue it",
                   flush=True)
@@ -77,7 +76,7 @@ def cross_validate(args):
         # Every rank gets here, finished or not, so none waits for a rank that has already left.
         finished = _all_ranks_finished(rank, world_size, finished)
     if rank == 0 and finished:
-        _write_summary(save_dir, folds, data.class_names, args.no_test)
+        _write_summary(save_dir, folds, data.class_names, config.data.no_test)
     return code
 
 
@@ -111,20 +110,17 @@ def _write_summary(save_dir, folds, class_names, no_test):
     print(f"wrote {save_dir / REPORT} and {save_dir / 'cv_confusion_matrix.png'}", flush=True)
 
 
-def _fold_args(args, save_dir, fold, subjects, local_rank):
-    """The flags of one fold's run: a single-device run on this process's GPU, in its own folder."""
-    fold_args = copy.copy(args)
-    fold_args.cv_folds = 0
-    fold_args.val_subjects = subjects
-    fold_args.save_dir = str(save_dir / f"fold-{fold}")
-    fold_args.multi_gpu = "none"
-    if resolve_device_type(args.device) == "cuda":
-        visible = args.gpu_ids or list(range(torch.cuda.device_count()))
+def _fold_config(config, save_dir, fold, subjects, local_rank):
+    """The settings of one fold's run: a single-device run on this process's GPU, in its own folder."""
+    gpu_ids = config.hardware.gpu_ids
+    if resolve_device_type(config.hardware.device) == "cuda":
+        visible = gpu_ids or list(range(torch.cuda.device_count()))
         if local_rank >= len(visible):
             raise UsageError(f"local rank {local_rank} has no GPU: {len(visible)} in use on this node; "
                              "start at most one process per GPU")
-        fold_args.gpu_ids = [visible[local_rank]]
-    return fold_args
+        gpu_ids = [visible[local_rank]]
+    return config.replace(cv_folds=0, val_subjects=subjects, save_dir=str(save_dir / f"fold-{fold}"),
+                          multi_gpu="none", gpu_ids=gpu_ids)
 
 
 def _fold_finished(fold_dir, subjects):

@@ -40,7 +40,7 @@ class Progress:
 
 @dataclass
 class Run:
-    args: object
+    config: object  # the RunConfig
     strategy: object
     log: RunLogger
     save_dir: Path
@@ -68,7 +68,7 @@ class Run:
     def layout(self):
         """What must match for a mid-epoch resume to continue bit for bit."""
         return {"world_size": self.strategy.world_size, "loader_batch": self.loader_batch,
-                "grad_accum_steps": self.args.grad_accum_steps}
+                "grad_accum_steps": self.config.optim.grad_accum_steps}
 
     def checkpoint_state(self, rng_states, epoch_tally):
         progress = self.progress
@@ -84,7 +84,7 @@ class Run:
             "best_metric": progress.best_metric, "epochs_since_best": progress.epochs_since_best,
             "rng": rng_states,  # one entry per rank
             "layout": self.layout(),
-            "config": dict(vars(self.args)),
+            "config": self.config.flags(),  # plain data, named as the flags
             "normalization": self.normalization,
             "world_size": self.strategy.world_size,
             "global_batch_size": self.global_batch,
@@ -99,26 +99,26 @@ class Run:
         }
 
 
-def train(args):
-    """Train as configured by the parsed CLI `args`; returns the process exit code."""
-    lock = check_before_training(args)  # before any process group, so bad input fails alike on every rank
-    strategy = make_strategy(args)
+def train(config):
+    """Train as `config` (a RunConfig) says; returns the process exit code."""
+    lock = check_before_training(config)  # before any process group, so bad input fails alike on every rank
+    strategy = make_strategy(config)
     stop_signals = StopSignals().install()
     try:
-        run = _assemble(args, strategy)
+        run = _assemble(config, strategy)
         run.stop_signals = stop_signals
         outcome = train_epochs(run)
         if outcome == "complete":
             final_reports(run)
         if outcome != "preempted" and strategy.is_main:  # a preempted job's grace time is for saving
-            write_run_figures(run.save_dir, run.log.warn, use_test=not args.no_test)
+            write_run_figures(run.save_dir, run.log.warn, use_test=not config.data.no_test)
         run.log.close()
         return EXIT_PREEMPTED if outcome == "preempted" else 0
     except (TrainingDiverged, RankLost):
         raise
     except RuntimeError as exc:
         if strategy.world_size > 1:
-            _explain_lost_rank(exc, strategy.rank, args.dist_timeout)
+            _explain_lost_rank(exc, strategy.rank, config.hardware.dist_timeout)
         raise
     finally:
         stop_signals.restore()
@@ -139,18 +139,18 @@ def _explain_lost_rank(exc, rank, timeout_s):
                        "checkpoint; otherwise run the same command again") from None
 
 
-def _assemble(args, strategy):
-    save_dir = save_dir_of(args)
+def _assemble(config, strategy):
+    save_dir = save_dir_of(config)
     if strategy.is_main:
         ckpt.prepare_save_dir(save_dir)
     log = RunLogger(save_dir, strategy.is_main)
-    resume_from, checkpoint = ckpt.load_resume_checkpoint(args.resume, save_dir, log.warn)
+    resume_from, checkpoint = ckpt.load_resume_checkpoint(config.output.resume, save_dir, log.warn)
 
-    data = load_har_data(**data_options(args))
+    data = load_har_data(**data_options(config))
     log.info(data.description)
     in_channels, num_classes = data.train.signals.shape[1], len(data.class_names)
     if checkpoint is not None:
-        ckpt.check_compatible(checkpoint, {"model": args.model, "norm": args.norm, "mode": args.mode,
+        ckpt.check_compatible(checkpoint, {"model": config.model.name, "norm": config.model.norm, "mode": config.data.mode,
                                            "in_channels": in_channels, "num_classes": num_classes}, resume_from)
         mean, std = checkpoint["normalization"]["mean"].numpy(), checkpoint["normalization"]["std"].numpy()
     else:
@@ -158,59 +158,59 @@ def _assemble(args, strategy):
     for name in ("train", "val", "test"):
         setattr(data, name, normalize(getattr(data, name), mean, std))
 
-    torch.manual_seed(args.seed)  # identical initial weights on every rank
-    model = build_model(args.model, in_channels, num_classes, dropout=args.dropout, norm=args.norm)
+    torch.manual_seed(config.optim.seed)  # identical initial weights on every rank
+    model = build_model(config.model.name, in_channels, num_classes, dropout=config.model.dropout, norm=config.model.norm)
     if checkpoint is not None:
         model.load_state_dict(checkpoint["model"])
     model.to(strategy.device)
-    precision = Precision(strategy.device, args.amp, args.amp_dtype)
+    precision = Precision(strategy.device, config.optim.amp, config.optim.amp_dtype)
     train_model = strategy.wrap(model, precision)
-    train_model = compile_for_training(train_model, args)
-    log.info(f"run: {strategy.describe()} | model {args.model}: {count_parameters(model):,} parameters | "
+    train_model = compile_for_training(train_model, config.hardware)
+    log.info(f"run: {strategy.describe()} | model {config.model.name}: {count_parameters(model):,} parameters | "
              f"{precision.describe()}")
 
-    run = Run(args, strategy, log, save_dir, data, model, train_model, precision,
+    run = Run(config, strategy, log, save_dir, data, model, train_model, precision,
               normalization={"mean": torch.from_numpy(mean), "std": torch.from_numpy(std)},
-              global_batch=global_batch_size(args.batch_size, strategy.data_parallel_size,
-                                             args.grad_accum_steps))
+              global_batch=global_batch_size(config.optim.batch_size, strategy.data_parallel_size,
+                                             config.optim.grad_accum_steps))
     # DataParallel splits one loader batch over its GPUs; DDP ranks each load their own.
-    run.loader_batch = args.batch_size * strategy.data_parallel_size // strategy.world_size
+    run.loader_batch = config.optim.batch_size * strategy.data_parallel_size // strategy.world_size
     run.loaders = _make_loaders(run)
     if checkpoint is not None:
         _restore_progress(run, checkpoint, resume_from)
     strategy.check_same_on_all_ranks(run.progress.step, "the optimizer steps already taken")
-    record_run_config(args, save_dir, checkpoint, log, strategy.is_main)
+    record_run_config(config, save_dir, checkpoint, log, strategy.is_main)
     run.opt = _make_optimization(run, checkpoint)
     return run
 
 
 def _make_loaders(run):
-    args, strategy = run.args, run.strategy
+    config, strategy = run.config, run.strategy
     splits = {"train": run.data.train, "val": run.data.val, "test": run.data.test}
-    on_device = keep_on_device(args.data_path, args.num_workers, strategy.device, split_bytes(*splits.values()))
+    on_device = keep_on_device(config.hardware.data_path, config.hardware.num_workers, strategy.device, split_bytes(*splits.values()))
     run.log.info("data path: " + ("splits kept on the device, batches cut there" if on_device else
-                                  f"DataLoader with {args.num_workers} worker(s)"))
+                                  f"DataLoader with {config.hardware.num_workers} worker(s)"))
     shards = dict(world_size=strategy.world_size, rank=strategy.rank)
     loaders = {}
     for name, split in splits.items():
         training = name == "train"
-        sampler = ShardedSampler(len(split), shuffle=training, seed=args.seed, pad=training, **shards)
+        sampler = ShardedSampler(len(split), shuffle=training, seed=config.optim.seed, pad=training, **shards)
         batch = run.loader_batch if training else max(EVAL_BATCH_MIN, run.loader_batch)
         loaders[name] = (DeviceResidentLoader(split, batch, sampler, strategy.device) if on_device else
-                         make_loader(split, batch, sampler, args.num_workers, strategy.device.type == "cuda"))
+                         make_loader(split, batch, sampler, config.hardware.num_workers, strategy.device.type == "cuda"))
     return loaders
 
 
 def _make_optimization(run, checkpoint):
     """AdamW, the warmup-cosine schedule and the GradScaler; on resume the moments come back,
     while the LR, weight decay and schedule follow this run's flags from the epoch reached."""
-    args, strategy = run.args, run.strategy
-    peak_lr = scaled_lr(args.lr, args.lr_scaling, run.global_batch, args.batch_size)
-    steps_each_epoch = steps_per_epoch(len(run.loaders["train"]), args.grad_accum_steps)
-    total_steps = steps_each_epoch * args.epochs
-    warmup_steps = round(warmup_epochs(args) * steps_each_epoch)
+    config, strategy = run.config, run.strategy
+    peak_lr = scaled_lr(config.optim.lr, config.optim.lr_scaling, run.global_batch, config.optim.batch_size)
+    steps_each_epoch = steps_per_epoch(len(run.loaders["train"]), config.optim.grad_accum_steps)
+    total_steps = steps_each_epoch * config.optim.epochs
+    warmup_steps = round(warmup_epochs(config.optim) * steps_each_epoch)
     # Decay only weight matrices and kernels; biases and norm scales are left alone.
-    optimizer = build_adamw(run.model, peak_lr, args.weight_decay, strategy.device)
+    optimizer = build_adamw(run.model, peak_lr, config.optim.weight_decay, strategy.device)
     grad_scaler = run.precision.make_grad_scaler()
     start_step = 0
     if checkpoint is not None:
@@ -219,18 +219,18 @@ def _make_optimization(run, checkpoint):
         saved = checkpoint["optimizer"]
         optimizer.load_state_dict({**saved, "param_groups": [{**group, "fused": optimizer.defaults["fused"]}
                                                              for group in saved["param_groups"]]})
-        for group, decay in zip(optimizer.param_groups, (args.weight_decay, 0.0)):
+        for group, decay in zip(optimizer.param_groups, (config.optim.weight_decay, 0.0)):
             group.update(lr=peak_lr, initial_lr=peak_lr, weight_decay=decay)
         start_step = run.progress.epoch * steps_each_epoch + _steps_into_epoch(run)
         if checkpoint["scaler"] and grad_scaler.is_enabled():
             grad_scaler.load_state_dict(checkpoint["scaler"])
-    run.log.info(f"lr: reference {args.lr:.2e}, {args.lr_scaling} scaling, global batch {run.global_batch} "
-                 f"({args.batch_size} per GPU x {strategy.data_parallel_size} replicas x {args.grad_accum_steps} "
+    run.log.info(f"lr: reference {config.optim.lr:.2e}, {config.optim.lr_scaling} scaling, global batch {run.global_batch} "
+                 f"({config.optim.batch_size} per GPU x {strategy.data_parallel_size} replicas x {config.optim.grad_accum_steps} "
                  f"accumulation) -> peak {peak_lr:.2e}; warmup {warmup_steps} of {total_steps} steps "
                  f"({steps_each_epoch} per epoch), then cosine to 0")
     augment, ema = generalisation_aids(run, checkpoint)
     return Optimization(optimizer, build_scheduler(optimizer, warmup_steps, total_steps, start_step),
-                        grad_scaler, args.grad_accum_steps, args.max_grad_norm, args.label_smoothing,
+                        grad_scaler, config.optim.grad_accum_steps, config.optim.max_grad_norm, config.recipe.label_smoothing,
                         augment, ema, skipped_step_buffers(run.model, run.precision))
 
 
@@ -265,5 +265,5 @@ def _steps_into_epoch(run):
     if run.resume_state is None:
         return 0
     if run.resume_state["exact"]:
-        return progress.batch_in_epoch // run.args.grad_accum_steps
+        return progress.batch_in_epoch // run.config.optim.grad_accum_steps
     return round(progress.epoch_position / run.global_batch)

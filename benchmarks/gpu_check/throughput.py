@@ -64,7 +64,7 @@ def profiler_args(config, opts):
 
 def measure(args):
     """One configuration: build the workload, warm up, time `repeats` runs of `steps` steps."""
-    strategy = make_strategy(args)
+    strategy = make_strategy(args.run)
     device = strategy.device
     try:
         if device.type == "cuda":

@@ -9,6 +9,7 @@ from data.synthetic import DEFAULT_WINDOWS_PER_SUBJECT
 from models import MODELS, NORMS
 from training.errors import UsageError
 from training.config.files import parse_with_config
+from training.config.settings import RunConfig
 
 DEFAULT_WARMUP_EPOCHS = 2.0
 # The default recipe, chosen by 7-fold subject-wise cross-validation on real recordings (README,
@@ -168,7 +169,13 @@ def build_parser(multi_gpu):
     return parser
 
 
+def parse_config(argv=None, multi_gpu=False):
+    """The RunConfig of a command line (after its --config file's flags): what an entry point builds."""
+    return RunConfig.from_flags(vars(parse_args(argv, multi_gpu)))
+
+
 def parse_args(argv=None, multi_gpu=False):
+    """The checked flags of a command line (after its --config file's flags), as argparse gives them."""
     args = parse_with_config(build_parser(multi_gpu), argv)
     if not multi_gpu:
         args.multi_gpu, args.nproc_per_node = "none", None
@@ -232,35 +239,36 @@ def check_args(args):
                              f"(--epochs {args.epochs}); lower it or train longer")
 
 
-def data_options(args, **overrides):
-    """The keyword arguments of data.splits.load_har_data that the flags describe."""
-    options = dict(dataset=args.dataset, data_dir=args.data_dir, mode=args.mode, val_fraction=args.val_fraction,
-                   split_seed=args.seed, synthetic_seed=args.synthetic_seed,
-                   synthetic_windows_per_subject=args.synthetic_windows_per_subject,
-                   val_subjects=args.val_subjects)
+def data_options(config, **overrides):
+    """The keyword arguments of data.splits.load_har_data that the settings describe."""
+    data = config.data
+    options = dict(dataset=data.dataset, data_dir=data.data_dir, mode=data.mode, val_fraction=data.val_fraction,
+                   split_seed=config.optim.seed, synthetic_seed=data.synthetic_seed,
+                   synthetic_windows_per_subject=data.synthetic_windows_per_subject,
+                   val_subjects=data.val_subjects)
     return {**options, **overrides}
 
 
-def save_dir_of(args):
+def save_dir_of(config):
     """--save-dir, else checkpoints/<single|dp|ddp> after the parallel mode."""
-    if args.save_dir:
-        return Path(args.save_dir)
-    return Path("checkpoints") / {"none": "single"}.get(args.multi_gpu, args.multi_gpu)
+    if config.output.save_dir:
+        return Path(config.output.save_dir)
+    return Path("checkpoints") / {"none": "single"}.get(config.parallel.multi_gpu, config.parallel.multi_gpu)
 
 
-def warmup_epochs(args):
+def warmup_epochs(optim):
     """The warmup to use: as given, else the default capped at a fifth of the run."""
-    if args.warmup_epochs is not None:
-        return args.warmup_epochs
-    return min(DEFAULT_WARMUP_EPOCHS, args.epochs / 5)
+    if optim.warmup_epochs is not None:
+        return optim.warmup_epochs
+    return min(DEFAULT_WARMUP_EPOCHS, optim.epochs / 5)
 
 
-def augment_config(args):
-    """The AugmentConfig the flags describe, or None when no augmentation is on."""
-    kinds = parse_kinds(args.augment)
+def augment_config(recipe):
+    """The AugmentConfig the settings describe, or None when no augmentation is on."""
+    kinds = parse_kinds(recipe.augment)
     if not kinds:
         return None
-    return AugmentConfig(kinds, args.aug_rotate_deg, args.aug_scale, args.aug_jitter, args.aug_shift_steps)
+    return AugmentConfig(kinds, recipe.aug_rotate_deg, recipe.aug_scale, recipe.aug_jitter, recipe.aug_shift_steps)
 
 
 def _subject_list(text):

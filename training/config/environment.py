@@ -33,33 +33,34 @@ def check_gpu_ids(gpu_ids):
                              + (f" (0..{count - 1})" if count else "") + "; pick from those")
 
 
-def check_parallel_args(args):
-    """Validate device, GPU and backend flags; returns (device_type, backend). Runs before any
+def check_parallel_args(config):
+    """Validate device, GPU and backend settings; returns (device_type, backend). Runs before any
     process is launched, so a bad combination fails once, in one line."""
-    device_type = resolve_device_type(args.device)
-    if device_type == "cpu" and args.gpu_ids:
+    hardware, multi_gpu = config.hardware, config.parallel.multi_gpu
+    device_type = resolve_device_type(hardware.device)
+    if device_type == "cpu" and hardware.gpu_ids:
         raise UsageError("--gpu-ids was given with --device cpu (or no visible GPU); drop one of them")
-    check_gpu_ids(args.gpu_ids)
-    backend = args.backend if args.backend != "auto" else ("nccl" if device_type == "cuda" else "gloo")
-    if args.multi_gpu == "dp" and args.compile and device_type == "cuda":
+    check_gpu_ids(hardware.gpu_ids)
+    backend = hardware.backend if hardware.backend != "auto" else ("nccl" if device_type == "cuda" else "gloo")
+    if multi_gpu == "dp" and hardware.compile and device_type == "cuda":
         raise UsageError("--compile does not work through DataParallel's replica threads; "
                          "use --multi-gpu ddp with --compile")
-    if args.compile_mode in CUDA_GRAPH_MODES and device_type != "cuda":
-        raise UsageError(f"--compile-mode {args.compile_mode} records CUDA graphs, which need a GPU; on "
+    if hardware.compile_mode in CUDA_GRAPH_MODES and device_type != "cuda":
+        raise UsageError(f"--compile-mode {hardware.compile_mode} records CUDA graphs, which need a GPU; on "
                          f"{device_type} use --compile-mode default")
-    if args.multi_gpu != "ddp":
-        if args.sync_bn:
+    if multi_gpu != "ddp":
+        if hardware.sync_bn:
             raise UsageError("--sync-bn only applies to --multi-gpu ddp")
         return device_type, None
     if backend == "nccl" and device_type != "cuda":
         raise UsageError("--backend nccl needs CUDA devices; use --backend gloo on CPU")
-    if args.sync_bn and device_type != "cuda":
+    if hardware.sync_bn and device_type != "cuda":
         raise UsageError("--sync-bn needs CUDA (SyncBatchNorm has no CPU kernel); on CPU use "
                          "--norm group or --norm none for batch-split-independent results")
     # Checked from torchrun's LOCAL_WORLD_SIZE, so every rank of the node refuses alike and local
     # rank 0 can say it, instead of only the ranks past the last GPU.
     local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if launched_by_torchrun() else 1
-    gpus = len(args.gpu_ids) if args.gpu_ids else torch.cuda.device_count()
+    gpus = len(hardware.gpu_ids) if hardware.gpu_ids else torch.cuda.device_count()
     # NCCL refuses two ranks on one GPU; gloo lets them share it (slower, but it tests multi-rank
     # logic with CUDA tensors on a one-GPU machine).
     if device_type == "cuda" and local_processes > gpus and backend == "nccl":

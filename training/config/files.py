@@ -131,11 +131,9 @@ def _tokens(action, key, value, parser, path):
     return [f"{option}={value}"]  # one token, so a value starting with '-' is not taken for a flag
 
 
-def resolved_config(args, save_dir):
-    """Every setting of the run, with --save-dir as used, ready to be written or compared."""
-    config = {key: value for key, value in vars(args).items() if key not in NOT_IN_FILES}
-    config["save_dir"] = str(save_dir)
-    return config
+def resolved_config(config, save_dir):
+    """Every setting of the run as flags, with --save-dir as used, ready to be written or compared."""
+    return {**config.flags(), "save_dir": str(save_dir)}
 
 
 def versions():
@@ -163,32 +161,31 @@ def git_commit():
     return commit.stdout.strip() + (" (with uncommitted changes)" if dirty else "")
 
 
-def write_resolved_config(args, save_dir):
+def write_resolved_config(config, save_dir):
     """<save-dir>/config.yaml: loadable with --config; versions as comments at the top."""
     save_dir = Path(save_dir)
-    config = resolved_config(args, save_dir)
-    script = "main.py" if args.multi_gpu == "none" else "main_multi_gpu.py"
+    script = "main.py" if config.parallel.multi_gpu == "none" else "main_multi_gpu.py"
     found = versions()
     header = [f"# Resolved configuration of the run in {save_dir}, written "
               f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M:%S} UTC.",
               f"# Repeat it with: python {script} --config {save_dir / CONFIG_NAME} (flags given after it win).",
               "# versions: " + ", ".join(f"{name} {value if value is not None else 'none'}"
                                          for name, value in found.items())]
-    text = "\n".join(header) + "\n" + yaml.safe_dump(config, sort_keys=False)
+    text = "\n".join(header) + "\n" + yaml.safe_dump(resolved_config(config, save_dir), sort_keys=False)
     write_atomic(save_dir / CONFIG_NAME, lambda partial: Path(partial).write_text(text))
 
 
-def changed_flags(saved, args, save_dir):
+def changed_flags(saved, config, save_dir):
     """'--flag: saved -> now' for every setting a resumed run changes; keys older runs lack are skipped."""
-    now = resolved_config(args, save_dir)
+    now = resolved_config(config, save_dir)
     return [f"--{key.replace('_', '-')}: {saved[key]!r} in the checkpoint's run, {now[key]!r} now"
             for key in now if key not in NOT_COMPARED_ON_RESUME and key in saved and saved[key] != now[key]]
 
 
-def record_run_config(args, save_dir, checkpoint, log, is_main):
+def record_run_config(config, save_dir, checkpoint, log, is_main):
     """Say which flags a resumed run changed (one line each), then write config.yaml on rank 0."""
     if checkpoint is not None:
-        for line in changed_flags(checkpoint["config"], args, save_dir):
+        for line in changed_flags(checkpoint["config"], config, save_dir):
             log.warn(f"resumed with a changed flag: {line}")
     if is_main:
-        write_resolved_config(args, save_dir)
+        write_resolved_config(config, save_dir)

@@ -12,18 +12,19 @@ from training.config.environment import check_parallel_args
 from training.distributed.preflight import check_before_training
 
 
-def processes_per_node(args):
+def processes_per_node(config):
     """--nproc-per-node, else one per GPU in use, else one CPU process."""
-    device_type, backend = check_parallel_args(args)
-    gpus = len(args.gpu_ids) if args.gpu_ids else (torch.cuda.device_count() if device_type == "cuda" else 0)
-    if args.nproc_per_node is None:
+    device_type, backend = check_parallel_args(config)
+    hardware, nproc = config.hardware, config.parallel.nproc_per_node
+    gpus = len(hardware.gpu_ids) if hardware.gpu_ids else (torch.cuda.device_count() if device_type == "cuda" else 0)
+    if nproc is None:
         return max(1, gpus)
     sharing_gpus = device_type == "cuda" and gpus > 0 and backend == "gloo"  # gloo ranks may share a GPU
-    if args.device != "cpu" and args.nproc_per_node > gpus and not sharing_gpus:
-        raise UsageError(f"--nproc-per-node {args.nproc_per_node} is more than the {gpus} GPU(s) in use; "
+    if hardware.device != "cpu" and nproc > gpus and not sharing_gpus:
+        raise UsageError(f"--nproc-per-node {nproc} is more than the {gpus} GPU(s) in use; "
                          "lower it, pass --backend gloo to share GPUs, or pass --device cpu to run that many "
                          "CPU processes")
-    return args.nproc_per_node
+    return nproc
 
 
 def torchrun_arguments(script, argv, nproc):
@@ -31,17 +32,17 @@ def torchrun_arguments(script, argv, nproc):
     return ["--standalone", f"--nproc-per-node={nproc}", script, *argv]
 
 
-def preflight(args):
+def preflight(config):
     """The user errors every worker would hit, caught once in this process before any starts."""
-    check_before_training(args, keep_lock=False)  # the rank 0 worker takes the lock
+    check_before_training(config, keep_lock=False)  # the rank 0 worker takes the lock
 
 
-def launch_under_torchrun(args, script, argv):
+def launch_under_torchrun(config, script, argv):
     """Run the same command under torchrun; returns the exit code of the first failed worker."""
-    nproc = processes_per_node(args)
-    preflight(args)
-    if args.gpu_ids:
-        print(f"  (local ranks map onto --gpu-ids {','.join(map(str, args.gpu_ids))} in order)", flush=True)
+    nproc = processes_per_node(config)
+    preflight(config)
+    if config.hardware.gpu_ids:
+        print(f"  (local ranks map onto --gpu-ids {','.join(map(str, config.hardware.gpu_ids))} in order)", flush=True)
     return run_torchrun(torchrun_arguments(script, argv, nproc))
 
 

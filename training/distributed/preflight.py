@@ -7,21 +7,21 @@ from training.config.environment import check_parallel_args, distributed_env
 from training.checkpoint.save_dir_lock import NoLock, SaveDirLock
 
 
-def check_before_training(args, keep_lock=True):
+def check_before_training(config, keep_lock=True):
     """Flags, the data, --save-dir (locked by rank 0) and the checkpoint to resume.
 
     Returns the lock, held until its release() when keep_lock; the self-launcher only checks that
     the folder is free (keep_lock=False), since its rank 0 worker takes the lock itself."""
-    check_parallel_args(args)
-    check_data(args)  # first: refused data leaves no new --save-dir behind
-    save_dir = save_dir_of(args)
+    check_parallel_args(config)
+    check_data(config)  # first: refused data leaves no new --save-dir behind
+    save_dir = save_dir_of(config)
     ckpt.check_save_dir(save_dir)
     # DDP ranks share one folder and rank 0 holds it for all; any other run (a cross-validation
     # fold under torchrun included) has a folder of its own to hold.
-    holder = args.multi_gpu != "ddp" or distributed_env()[0] == 0
+    holder = config.parallel.multi_gpu != "ddp" or distributed_env()[0] == 0
     lock = SaveDirLock(save_dir).acquire() if holder else NoLock()
     try:
-        ckpt.load_resume_checkpoint(args.resume, save_dir, warn=lambda message: None)  # the run warns later
+        ckpt.load_resume_checkpoint(config.output.resume, save_dir, warn=lambda message: None)  # the run warns later
     except BaseException:
         lock.release()
         raise
@@ -30,9 +30,9 @@ def check_before_training(args, keep_lock=True):
     return lock
 
 
-def check_data(args):
+def check_data(config):
     """Load the data the run will use, as the run will, but only to see that it can: UCI HAR is
     parsed and cached on the way (so the run starts from the cache); the synthetic data is made
     with one window per subject, which checks the same flags in a fraction of the time."""
-    windows = min(args.synthetic_windows_per_subject, 1)  # below 1 stays, to be refused
-    load_har_data(**data_options(args, synthetic_windows_per_subject=windows))
+    windows = min(config.data.synthetic_windows_per_subject, 1)  # below 1 stays, to be refused
+    load_har_data(**data_options(config, synthetic_windows_per_subject=windows))

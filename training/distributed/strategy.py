@@ -306,19 +306,17 @@ class _AutocastForward(nn.Module):
             return self.model(*inputs)
 
 
-def make_strategy(args):
-    """The strategy for args.multi_gpu ('none', 'dp' or 'ddp'), with its device chosen."""
-    device_type, backend = check_parallel_args(args)
+def make_strategy(config):
+    """The strategy for --multi-gpu none, dp or ddp, with its device chosen."""
+    device_type, backend = check_parallel_args(config)
+    hardware, multi_gpu = config.hardware, config.parallel.multi_gpu
     if device_type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed window shapes: the tuned kernels are reused every step
-    if args.multi_gpu == "ddp":
-        return DistributedStrategy(device_type, backend, args.gpu_ids, args.sync_bn, args.dist_timeout)
-    if args.multi_gpu == "dp" and device_type == "cuda":
-        return DataParallelStrategy(args.gpu_ids or list(range(torch.cuda.device_count())))
+    if multi_gpu == "ddp":
+        return DistributedStrategy(device_type, backend, hardware.gpu_ids, hardware.sync_bn, hardware.dist_timeout)
+    if multi_gpu == "dp" and device_type == "cuda":
+        return DataParallelStrategy(hardware.gpu_ids or list(range(torch.cuda.device_count())))
+    label = "dp" if multi_gpu == "dp" else "single"
     if device_type == "cuda":
-        return SingleDevice(torch.device("cuda", (args.gpu_ids or [0])[0]), label=_label(args))
-    return SingleDevice(torch.device("cpu"), label=_label(args))
-
-
-def _label(args):
-    return "dp" if args.multi_gpu == "dp" else "single"
+        return SingleDevice(torch.device("cuda", (hardware.gpu_ids or [0])[0]), label=label)
+    return SingleDevice(torch.device("cpu"), label=label)

@@ -18,38 +18,38 @@ def train_epochs(run):
 
     Returns "complete" (evaluate the test split next), "paused" (--stop-after-epochs) or
     "preempted" (a signal arrived; a checkpoint was saved)."""
-    args, log, progress = run.args, run.log, run.progress
-    if progress.epoch >= args.epochs:
-        log.info(f"already trained for {progress.epoch} of {args.epochs} epochs; evaluating the test split")
+    config, log, progress = run.config, run.log, run.progress
+    if progress.epoch >= config.optim.epochs:
+        log.info(f"already trained for {progress.epoch} of {config.optim.epochs} epochs; evaluating the test split")
         return "complete"
-    if patience_exhausted(args, progress):
+    if patience_exhausted(config.optim, progress):
         log.info(f"this run already stopped early ({progress.epochs_since_best} epochs without a better "
                  "validation macro-F1); evaluating the test split")
         return "complete"
     first_epoch = progress.epoch
-    for epoch in range(first_epoch, args.epochs):
+    for epoch in range(first_epoch, config.optim.epochs):
         if not _run_epoch(run, epoch) or _stop_requested(run):
             _report_preemption(run)
             return "preempted"
-        if patience_exhausted(args, progress):
+        if patience_exhausted(config.optim, progress):
             log.info(f"early stopping: no better validation macro-F1 for {progress.epochs_since_best} epochs")
             return "complete"
-        if epoch + 1 - first_epoch == args.stop_after_epochs and epoch + 1 < args.epochs:
-            log.info(f"stopping after {args.stop_after_epochs} epoch(s) as asked; run the same command again "
+        if epoch + 1 - first_epoch == config.output.stop_after_epochs and epoch + 1 < config.optim.epochs:
+            log.info(f"stopping after {config.output.stop_after_epochs} epoch(s) as asked; run the same command again "
                      f"to continue from epoch {epoch + 2}")
             return "paused"
     return "complete"
 
 
-def patience_exhausted(args, progress):
-    return bool(args.early_stopping_patience) and progress.epochs_since_best >= args.early_stopping_patience
+def patience_exhausted(optim, progress):
+    return bool(optim.early_stopping_patience) and progress.epochs_since_best >= optim.early_stopping_patience
 
 
 def _run_epoch(run, epoch):
     """Train one epoch (or what is left of it), validate, checkpoint and log the epoch record.
 
     Returns False when a stop signal ended the epoch early (after saving where it stood)."""
-    args, strategy, log, progress = run.args, run.strategy, run.log, run.progress
+    config, strategy, log, progress = run.config, run.strategy, run.log, run.progress
     epoch_start = time.perf_counter()
     loader = run.loaders["train"]
     loader.sampler.set_epoch(epoch, start=0)
@@ -68,9 +68,9 @@ def _run_epoch(run, epoch):
         if resumed is not None:
             # Another layout: same samples from the same position, but new windows and seeds.
             plan = EpochPlan(0, len(loader), progress.step)
-        rng_state.seed_epoch(args.seed, epoch, strategy.rank)
-    steps_left = math.ceil((plan.batches_in_epoch - plan.first_batch) / args.grad_accum_steps)
-    bar = log.progress(steps_left, f"epoch {epoch + 1}/{args.epochs}")
+        rng_state.seed_epoch(config.optim.seed, epoch, strategy.rank)
+    steps_left = math.ceil((plan.batches_in_epoch - plan.first_batch) / config.optim.grad_accum_steps)
+    bar = log.progress(steps_left, f"epoch {epoch + 1}/{config.optim.epochs}")
     hook = _StepHook(run, epoch, plan, tally, bar)
     batches = faults.wrap_batches(loader, epoch * batches_in_epoch + plan.first_batch, strategy.rank)
     result = train_one_epoch(run.train_model, batches, run.opt, strategy, run.precision, plan, tally, hook)
@@ -92,7 +92,7 @@ def _run_epoch(run, epoch):
     progress.epochs_since_best = 0 if is_best else progress.epochs_since_best + 1
     _save(run, is_best)
     trained_samples = (plan.batches_in_epoch - plan.first_batch) * run.loader_batch * strategy.world_size
-    record = {"epoch": epoch + 1, "epochs": args.epochs, "step": progress.step,
+    record = {"epoch": epoch + 1, "epochs": config.optim.epochs, "step": progress.step,
               "train_loss": loss_sum / max(1, samples), "train_samples": samples, "val_loss": val_loss, "val_acc": metrics["acc"],
               "val_macro_f1": metrics["macro_f1"], "lr": run.opt.scheduler.get_last_lr()[0],
               "samples_per_s": trained_samples / train_time_s if train_time_s > 0 else 0.0,
@@ -114,12 +114,12 @@ class _StepHook:
         self.in_flight = None  # the last check-in's message between ranks, not yet waited for
 
     def __call__(self, step):
-        run, args = self.run, self.run.args
+        run, config = self.run, self.run.config
         self.bar.update(1)
-        batches_done = self.plan.first_batch + (step - self.steps_before) * args.grad_accum_steps
+        batches_done = self.plan.first_batch + (step - self.steps_before) * config.optim.grad_accum_steps
         if batches_done >= self.plan.batches_in_epoch:
             return False  # the epoch's own end follows: validation, save, then any stop request
-        if step % args.log_interval == 0:
+        if step % config.output.log_interval == 0:
             stop = self._check_in()
             if run.strategy.is_main:
                 loss, lr = self.tally.mean_loss(), run.opt.scheduler.get_last_lr()[0]
@@ -128,7 +128,7 @@ class _StepHook:
         else:
             # One process needs no agreement, so it stops at once; ranks wait for the next check-in.
             stop = run.strategy.world_size == 1 and run.stop_signals.received is not None
-        if stop or (args.save_every_steps and step % args.save_every_steps == 0):
+        if stop or (config.output.save_every_steps and step % config.output.save_every_steps == 0):
             self._save_mid_epoch(step, batches_done)
         return stop
 
@@ -181,7 +181,7 @@ def _save(run, is_best, tally=(0.0, 0)):
     rng_states = run.strategy.gather_objects(rng_state.capture(run.strategy.device, run.strategy.other_gpus))
     if run.strategy.is_main:
         state = run.checkpoint_state(rng_states, tally)
-        ckpt.save_run_checkpoint(state, run.save_dir, run.args.keep_last, is_best)
+        ckpt.save_run_checkpoint(state, run.save_dir, run.config.output.keep_last, is_best)
 
 
 def _global_tally(strategy, tally):

@@ -10,18 +10,18 @@ from training.reporting.report import classification_report, format_report
 
 def generalisation_aids(run, checkpoint):
     """The batch augmenter and the weight average the flags ask for (None when off)."""
-    args = run.args
+    recipe = run.config.recipe
     augment = None
-    config = augment_config(args)
-    if config is not None and "rotate" in config.kinds and not sensor_triples(run.data.channel_names):
+    kinds = augment_config(recipe)
+    if kinds is not None and "rotate" in kinds.kinds and not sensor_triples(run.data.channel_names):
         run.log.warn("these channels have no x/y/z triples to rotate; augmenting without 'rotate'")
-        config.kinds = tuple(kind for kind in config.kinds if kind != "rotate")
-    if config is not None and config.kinds:
-        augment = BatchAugmenter(config, run.normalization["mean"], run.normalization["std"],
+        kinds.kinds = tuple(kind for kind in kinds.kinds if kind != "rotate")
+    if kinds is not None and kinds.kinds:
+        augment = BatchAugmenter(kinds, run.normalization["mean"], run.normalization["std"],
                                  run.data.channel_names).to(run.strategy.device)
     ema = None
-    if args.ema_decay > 0:
-        ema = WeightAverage(run.model, args.ema_decay)
+    if recipe.ema_decay > 0:
+        ema = WeightAverage(run.model, recipe.ema_decay)
         if checkpoint is not None and checkpoint.get("ema"):
             ema.load_state(checkpoint["ema"])
         elif checkpoint is not None:
@@ -39,7 +39,7 @@ def final_reports(run):
         else:
             run.log.warn(f"{best_path} not found; reporting with the current weights")
     run.strategy.broadcast_module(run.model)  # ranks on other nodes may not see rank 0's files
-    splits = ("val",) if run.args.no_test else ("val", "test")
+    splits = ("val",) if run.config.data.no_test else ("val", "test")
     for split in splits:
         labels, predictions, loss = predict(run.strategy.eval_model(run.model), run.loaders[split],
                                             run.strategy, run.precision)
@@ -47,7 +47,7 @@ def final_reports(run):
         report = {**classification_report(labels, predictions, run.data.class_names), "loss": loss,
                   "checkpoint": str(best_path), "subjects": subjects}
         run.log.write_json(f"{split}_report.json", report)
-    if run.args.no_test:
+    if run.config.data.no_test:
         run.log.info(f"--no-test: the test split was not evaluated; wrote {run.save_dir / 'val_report.json'}")
         return
     run.log.info("test split (best checkpoint by validation macro-F1):\n" + format_report(report))

@@ -34,12 +34,13 @@ def build_adamw(model, lr, weight_decay, device):
     return torch.optim.AdamW(groups, lr=lr, fused=True if device.type == "cuda" else None)
 
 
-def compile_for_training(train_model, args):
+def compile_for_training(train_model, hardware):
     """torch.compile around the wrapped model (around DDP, so no_sync stays on the DDP module),
     or the model itself without --compile."""
-    if not args.compile:
+    if not hardware.compile:
         return train_model
-    return torch.compile(train_model, mode=None if args.compile_mode in (None, "default") else args.compile_mode)
+    mode = hardware.compile_mode
+    return torch.compile(train_model, mode=None if mode in (None, "default") else mode)
 
 
 @dataclass
