@@ -1,7 +1,6 @@
 """What the benchmarks share: a run built by the trainer, its training epoch, interleaved timing and the table."""
 import contextlib
 import io
-import math
 import os
 import statistics
 import time
@@ -11,20 +10,14 @@ import torch
 from data.synthetic import DEFAULT_WINDOWS_PER_SUBJECT
 from models import MODELS
 from profiling.host_load import machine_busy_cpu_s, own_cpu_s
-from training import faults
-from training.checkpoint import rng_state
 from training.config.cli import COMPILE_MODES, parse_config
 from training.config.environment import launched_by_torchrun
-from training.loop.epoch import _StepHook
-from training.loop.step import EpochPlan, train_one_epoch
-from training.loop.tally import EpochTally
-from training.loop.preemption import StopSignals
 from training.distributed.strategy import make_strategy
-from training.trainer import _assemble
+from training.trainer import Trainer
 
-TRAINER_SIDE = ("train_one_epoch with the real _StepHook (progress bar, loss read and TensorBoard scalars every "
-                "--log-interval steps, NaN check, stop-request check), the run's loader, AdamW, clipping and "
-                "LR schedule; what _run_epoch does minus validation, checkpoints and the epoch record")
+TRAINER_SIDE = ("Trainer.train_epoch: the run's TrainStep over its loader, with the progress bar, loss read and "
+                "TensorBoard scalars every --log-interval steps, NaN check and stop-request check; what fit() "
+                "does minus validation, checkpoints and the epoch record")
 
 
 def add_run_flags(parser):
@@ -47,8 +40,9 @@ RECIPE_OFF = ("--augment", "none", "--ema-decay", "0", "--label-smoothing", "0")
 
 
 def build_run(opts, save_dir, data_path, epochs, recipe=RECIPE_OFF):
-    """A Run assembled by the trainer from the same flags `python main.py` would get; under
-    torchrun, the flags of `main_multi_gpu.py --multi-gpu ddp`."""
+    """A Trainer built from the same flags `python main.py` would get; under torchrun, the flags of
+    `main_multi_gpu.py --multi-gpu ddp`. Its stop signals are left uninstalled, so the benchmark
+    keeps the default handlers."""
     argv = ["--dataset", "synthetic", "--synthetic-windows-per-subject", str(opts.synthetic_windows_per_subject),
             "--model", opts.model, "--batch-size", str(opts.batch_size), "--device", opts.device,
             "--data-path", data_path, "--epochs", str(epochs), "--save-dir", str(save_dir),
@@ -57,11 +51,7 @@ def build_run(opts, save_dir, data_path, epochs, recipe=RECIPE_OFF):
         argv += ["--compile"] + (["--compile-mode", opts.compile_mode] if opts.compile_mode else [])
     distributed = launched_by_torchrun()
     config = parse_config(argv + (["--multi-gpu", "ddp"] if distributed else []), multi_gpu=distributed)
-    run = _assemble(config, make_strategy(config))
-    # Left uninstalled so the benchmark keeps the default signal handlers; the per-step check
-    # reads the same attribute either way.
-    run.stop_signals = StopSignals()
-    return run
+    return Trainer.build(config, make_strategy(config))
 
 
 def planned_epochs(opts):
@@ -69,31 +59,12 @@ def planned_epochs(opts):
     return 1 + opts.rounds * opts.epochs_per_round
 
 
-def train_trainer_epoch(run, epoch):
-    """One training epoch the way `_run_epoch` runs it, without validation or checkpoints; returns
-    the samples all ranks trained on."""
-    optim, strategy, progress = run.config.optim, run.strategy, run.progress
-    loader = run.loaders["train"]
-    loader.sampler.set_epoch(epoch, start=0)
-    plan = EpochPlan(first_batch=0, batches_in_epoch=len(loader), first_step=progress.step)
-    tally = EpochTally(strategy.device)
-    rng_state.seed_epoch(optim.seed, epoch, strategy.rank)
-    steps = math.ceil(len(loader) / optim.grad_accum_steps)
-    bar = _quiet_progress_bar(run, steps, f"epoch {epoch + 1}/{optim.epochs}")
-    hook = _StepHook(run, epoch, plan, tally, bar)
-    batches = faults.wrap_batches(loader, epoch * plan.batches_in_epoch, strategy.rank)
-    result = train_one_epoch(run.train_model, batches, run.opt, strategy, run.precision, plan, tally, hook)
-    hook.finish()
-    bar.close()
-    progress.epoch, progress.step = epoch + 1, plan.first_step + result.steps
-    return tally.samples * strategy.world_size
-
-
-def _quiet_progress_bar(run, steps, description):
-    # The logger's own tqdm bar: built while stderr is not a terminal, it disables itself as it
-    # does in a job log, so a benchmark started from a terminal draws nothing either.
+def train_trainer_epoch(trainer, epoch):
+    """One training epoch as fit() runs it, without validation or checkpoints; returns the samples
+    all ranks trained on. The progress bar is the logger's own, built while stderr is not a
+    terminal, so it disables itself as in a job log."""
     with contextlib.redirect_stderr(io.StringIO()):
-        return run.log.progress(steps, description)
+        return trainer.train_epoch(epoch).samples
 
 
 def interleave(sides, rounds, epochs_per_round, synchronize, watch_other_processes=True):

@@ -48,12 +48,12 @@ class MinimalLoop:
         self.signals = torch.from_numpy(train.signals).to(device)
         self.labels = torch.from_numpy(train.labels).to(device)
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
-        trainer_groups = run.opt.optimizer.param_groups
+        trainer_groups = run.step.optimizer.param_groups
         groups = [{"params": [p for p in self.parameters if p.ndim >= 2], "weight_decay": config.optim.weight_decay},
                   {"params": [p for p in self.parameters if p.ndim < 2], "weight_decay": 0.0}]
         self.optimizer = torch.optim.AdamW(groups, lr=trainer_groups[0]["initial_lr"],
-                                           fused=run.opt.optimizer.defaults["fused"])
-        self.scheduler = LambdaLR(self.optimizer, run.opt.scheduler.lr_lambdas[0]) if features else None
+                                           fused=run.step.optimizer.defaults["fused"])
+        self.scheduler = LambdaLR(self.optimizer, run.step.scheduler.lr_lambdas[0]) if features else None
         self.max_grad_norm = config.optim.max_grad_norm if features else 0.0
         self.autocast = functools.partial(torch.autocast, device.type, dtype=run.precision.dtype,
                                           enabled=run.precision.enabled)

@@ -49,6 +49,10 @@ def build_profiler_parser():
                        help="comma-separated GPU counts to predict the step time and speedup for")
     group.add_argument("--output-dir", default=None,
                        help=f"where profile.json and the CSV files go; if unset: {DEFAULT_ROOT}/<configuration>")
+    group.add_argument("--bare-step", action="store_true",
+                       help="time the step without augmentation, weight average, label smoothing and loss "
+                            "tally; by default the profiler times the step the training flags describe, as "
+                            "main.py runs it")
     group.add_argument("--trace", action="store_true",
                        help="also write a short torch.profiler trace per rank to <output-dir>/trace: "
                             "tensorboard --logdir there (needs the torch-tb-profiler plugin), or open the "

@@ -16,10 +16,13 @@ import sys
 
 import torch
 import torch.distributed as dist
+from torch.optim.lr_scheduler import LambdaLR
 
 from profiling.neighbour import READY
 from profiling.timing import NullTimer
 from profiling.workload import optimizer_step
+from training.loop.ema import WeightAverage
+from training.loop.precision import skipped_step_buffers
 from training.loop.step import build_adamw
 from training.distributed.strategy import ddp_module
 
@@ -113,13 +116,18 @@ def ddp_step_cost_s(work, timed_steps, steps, repeats):
 
 
 def _twin(work, ddp):
-    """The workload with a copy of the model and its own optimizer, DDP-wrapped as training wraps it."""
+    """The workload's step on a copy of the model with its own optimizer (and average), DDP-wrapped as
+    training wraps it; a constant LR, which does not change what a step costs."""
     model = copy.deepcopy(work.model)
-    device = work.strategy.device
-    train_model = ddp_module(model, device) if ddp else model
-    optimizer = build_adamw(model, work.optimizer.defaults["lr"], work.optimizer.param_groups[0]["weight_decay"],
+    device, step = work.strategy.device, work.step
+    optimizer = build_adamw(model, step.optimizer.defaults["lr"], step.optimizer.param_groups[0]["weight_decay"],
                             device)
-    twin = dataclasses.replace(work, model=model, train_model=train_model, optimizer=optimizer)
+    twin_step = dataclasses.replace(
+        step, model=ddp_module(model, device) if ddp else model, parameters=list(model.parameters()),
+        optimizer=optimizer, scheduler=LambdaLR(optimizer, lambda _: 1.0),
+        ema=WeightAverage(model, step.ema.decay) if step.ema else None,
+        buffer_guard=skipped_step_buffers(model, step.precision))
+    twin = dataclasses.replace(work, model=model, step=twin_step)
     _warm_up(twin)
     return twin
 

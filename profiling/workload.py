@@ -1,35 +1,37 @@
-"""The thing being measured: data, model, optimizer and the optimizer step, as the trainer builds them."""
-import contextlib
+"""What the profiler times: the run the trainer builds from the same flags, and its TrainStep.
+
+By default that is the step `python main.py` takes, recipe (augmentation, weight average, label
+smoothing) and loss tally included; --bare-step times the step without them.
+"""
 import math
+import tempfile
 from dataclasses import dataclass
 
-import torch
-import torch.nn.functional as F
-
-from data.loaders import ShardedSampler, make_loader
-from data.resident import DeviceResidentLoader, keep_on_device, split_bytes
-from data.splits import fit_normalization, load_har_data, normalize
-from models import build_model, count_parameters
 from training.errors import UsageError
-from training.loop.step import build_adamw, compile_for_training
-from training.loop.precision import Precision
 from training.loop.schedule import steps_per_epoch
+from training.loop.tally import EpochTally
+from training.trainer import Trainer
+
+RECIPE_OFF = {"augment": "none", "ema_decay": 0.0, "label_smoothing": 0.0}
 
 
 @dataclass
 class Workload:
     strategy: object
-    model: torch.nn.Module  # bare: parameter count and gradient bytes
-    train_model: torch.nn.Module  # wrapped (DDP) and maybe compiled: what the step calls
-    optimizer: torch.optim.Optimizer
-    grad_scaler: torch.amp.GradScaler
-    precision: Precision
-    batches: object  # endless iterator over this rank's shard
+    model: object  # bare: parameter count and gradient bytes
+    step: object  # the run's training.loop.step.TrainStep
+    precision: object
+    batches: object  # endless iterator over this rank's shard, full batches only
+    tally: object  # the run's EpochTally, or None for the bare step
     batch_size: int  # per GPU / process
-    grad_accum_steps: int
-    max_grad_norm: float
     train_windows: int  # the whole training split, for the epoch-time estimate
     data_source: str
+    scratch: object = None  # the run's scratch --save-dir, removed with the workload
+    steps_taken: int = 0
+
+    @property
+    def grad_accum_steps(self):
+        return self.step.grad_accum_steps
 
     @property
     def global_samples_per_step(self):
@@ -37,7 +39,7 @@ class Workload:
 
     @property
     def num_parameters(self):
-        return count_parameters(self.model)
+        return sum(p.numel() for p in self.model.parameters())
 
     @property
     def gradient_bytes(self):
@@ -52,31 +54,15 @@ class Workload:
 
 
 def build_workload(args, strategy):
-    """Data, model and optimizer as training/trainer.py builds them (constant LR: it does not
-    change the cost of a step)."""
-    data = load_har_data(args.dataset, args.data_dir, args.mode, args.val_fraction, split_seed=args.seed,
-                         synthetic_seed=args.synthetic_seed,
-                         synthetic_windows_per_subject=args.synthetic_windows_per_subject)
-    train = normalize(data.train, *fit_normalization(data.train.signals))
-    device = strategy.device
-    torch.manual_seed(args.seed)  # identical initial weights on every rank
-    model = build_model(args.model, train.signals.shape[1], len(data.class_names), dropout=args.dropout,
-                        norm=args.norm).to(device)
-    precision = Precision(device, args.amp, args.amp_dtype)
-    train_model = strategy.wrap(model, precision)
-    train_model = compile_for_training(train_model, args.run.hardware)
-    optimizer = build_adamw(model, args.lr, args.weight_decay, device)
-    sampler = ShardedSampler(len(train), world_size=strategy.world_size, rank=strategy.rank, shuffle=True,
-                             seed=args.seed, pad=True)
-    # The data path training would take with these flags, so the data wait is training's.
-    if keep_on_device(args.data_path, args.num_workers, device, split_bytes(data.train, data.val, data.test)):
-        loader = DeviceResidentLoader(train, args.batch_size, sampler, device)
-    else:
-        loader = make_loader(train, args.batch_size, sampler, args.num_workers, pin_memory=device.type == "cuda")
-    return Workload(strategy, model, train_model, optimizer, precision.make_grad_scaler(), precision,
-                    _endless(loader, sampler, args.batch_size), args.batch_size, args.grad_accum_steps,
-                    args.max_grad_norm,
-                    len(train), data.source)
+    """The trainer's run for the profiler's flags, in a scratch --save-dir that nothing resumes from."""
+    scratch = tempfile.TemporaryDirectory(prefix="har-profile-")
+    config = args.run.replace(save_dir=scratch.name, resume=None, **(RECIPE_OFF if args.bare_step else {}))
+    trainer = Trainer.build(config, strategy, quiet=True)
+    loader = trainer.loaders["train"]
+    tally = None if args.bare_step else EpochTally(strategy.device)
+    return Workload(strategy, trainer.model, trainer.step, trainer.precision,
+                    _endless(loader, loader.sampler, trainer.loader_batch), tally, config.optim.batch_size,
+                    len(trainer.data.train), trainer.data.source, scratch)
 
 
 def _endless(loader, sampler, batch_size):
@@ -99,26 +85,12 @@ def _endless(loader, sampler, batch_size):
 
 
 def optimizer_step(work, sync_gradients, timer):
-    """One optimizer step as training/loop/step.py takes it. sync_gradients=False runs every
-    micro-batch under DDP's no_sync(), i.e. the same step without the gradient all-reduce."""
-    device, strategy = work.strategy.device, work.strategy
-    for micro in range(work.grad_accum_steps):
+    """One optimizer step of the run's TrainStep. sync_gradients=False runs every micro-batch under
+    DDP's no_sync(), i.e. the same step without the gradient all-reduce."""
+    step, accum = work.step, work.step.grad_accum_steps
+    work.steps_taken += 1
+    for micro in range(accum):
         signals, labels = next(work.batches)
-        signals = signals.to(device, non_blocking=True)
-        labels = labels.to(device, non_blocking=True)
-        timer.lap("data")
-        reduce_now = sync_gradients and micro == work.grad_accum_steps - 1
-        with contextlib.nullcontext() if reduce_now else strategy.no_sync():
-            with work.precision.autocast():
-                loss = F.cross_entropy(work.train_model(signals), labels)
-            timer.lap("forward")
-            work.grad_scaler.scale(loss / work.grad_accum_steps).backward()
-            timer.lap("backward")
-    if work.max_grad_norm > 0:
-        work.grad_scaler.unscale_(work.optimizer)
-        torch.nn.utils.clip_grad_norm_(work.model.parameters(), work.max_grad_norm)
-    work.grad_scaler.step(work.optimizer)
-    work.grad_scaler.update()
-    work.optimizer.zero_grad(set_to_none=True)
-    timer.lap("optimizer")
-
+        step.accumulate(signals, labels, accum, sync=sync_gradients and micro == accum - 1, tally=work.tally,
+                        step_number=work.steps_taken, timer=timer)
+    step.update(timer)

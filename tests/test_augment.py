@@ -130,7 +130,7 @@ def test_weight_average_follows_the_warmed_up_decay_exactly():
         assert torch.allclose(tensor.float(), expected[name].float(), atol=1e-5), name
     assert average.module.state_dict()["1.num_batches_tracked"] == 29
     restored = WeightAverage(model, decay=0.9)
-    restored.load_state(average.state())
+    restored.load_state_dict(average.state_dict())
     assert restored.updates == 29
     assert all(torch.equal(a, b) for a, b in zip(restored.module.state_dict().values(),
                                                  average.module.state_dict().values()))

@@ -1,102 +1,45 @@
-"""The trainer: assembles data, model, strategy and optimizer, runs the epochs, reports the test split."""
-import math
-from dataclasses import dataclass, field
+"""The trainer: build() assembles a run, fit() trains it epoch by epoch, evaluate() judges a split.
+
+One batch from the command line to the checkpoint: main.py parses a RunConfig and calls train().
+Trainer.build loads the data, builds the model and lets the strategy wrap it, makes the loaders,
+restores the checkpoint's parts and builds the TrainStep. fit() runs each epoch's pass
+(loop/epoch.py), where every micro-batch goes through TrainStep.accumulate and every
+accumulation window through TrainStep.update (loop/step.py); at the epoch's end it validates,
+and the CheckpointManager (checkpoint/manager.py) writes the train state and every part to last.pt.
+"""
+import dataclasses
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from data.loaders import ShardedSampler, make_loader
 from data.resident import DeviceResidentLoader, keep_on_device, split_bytes
-from data.splits import fit_normalization, load_har_data, normalize
+from data.loaders import ShardedSampler, make_loader
+from data.splits import HarData, fit_normalization, load_har_data, normalize
 from models import build_model, count_parameters
 from training.checkpoint import files as ckpt
+from training.checkpoint.manager import CheckpointManager, restore_parts
+from training.checkpoint.rng_state import RandomStreams
+from training.checkpoint.train_state import TrainState
 from training.config.cli import data_options, save_dir_of, warmup_epochs
-from training.loop.epoch import train_epochs
+from training.config.files import record_run_config
+from training.config.settings import RunConfig
+from training.distributed.lost_rank import explain_lost_rank
+from training.distributed.preflight import check_before_training
+from training.distributed.strategy import make_strategy
 from training.errors import EXIT_PREEMPTED, RankLost, TrainingDiverged
-from training.reporting.figures import write_run_figures
-from training.reporting.logger import RunLogger
-from training.loop.step import Optimization, build_adamw, compile_for_training
+from training.loop import epoch as epoch_pass
 from training.loop.precision import Precision, skipped_step_buffers
 from training.loop.preemption import StopSignals
-from training.distributed.preflight import check_before_training
-from training.loop.recipe import final_reports, generalisation_aids
-from training.config.files import record_run_config
+from training.loop.recipe import build_augmenter, build_weight_average
 from training.loop.schedule import build_scheduler, global_batch_size, scaled_lr, steps_per_epoch
-from training.distributed.strategy import make_strategy
+from training.loop.step import TrainStep, build_adamw, compile_for_training, predict
+from training.reporting.figures import write_run_figures
+from training.reporting.logger import RunLogger
+from training.reporting.report import classification_report, format_report, summary_metrics
 
 EVAL_BATCH_MIN = 256
-
-
-@dataclass
-class Progress:
-    """What a checkpoint must carry for the run to continue where it stopped."""
-    epoch: int = 0  # epochs completed
-    step: int = 0  # optimizer steps completed
-    best_metric: float = -math.inf  # best validation macro-F1 so far
-    epochs_since_best: int = 0
-    epoch_position: int = 0  # samples of the current epoch's order already trained on, all ranks
-    batch_in_epoch: int = 0  # micro-batches of the current epoch each rank already trained on
-
-
-@dataclass
-class Run:
-    config: object  # the RunConfig
-    strategy: object
-    log: RunLogger
-    save_dir: Path
-    data: object
-    model: torch.nn.Module  # the bare model: what checkpoints hold
-    train_model: torch.nn.Module  # the wrapped (and maybe compiled) model the loop calls
-    precision: Precision
-    opt: Optimization = None
-    loaders: dict = field(default_factory=dict)
-    normalization: dict = None
-    global_batch: int = 0  # samples per optimizer step, all replicas and micro-batches together
-    loader_batch: int = 0  # samples per micro-batch drawn by each process
-    progress: Progress = field(default_factory=Progress)
-    stop_signals: StopSignals = None
-    resume_state: dict = None  # mid-epoch state of a resumed run, used by its first epoch
-
-    def take_resume_state(self):
-        state, self.resume_state = self.resume_state, None
-        return state
-
-    def validation_model(self):
-        """The weights validation, best.pt's choice and the test judge: the average when kept."""
-        return self.opt.ema.module if self.opt.ema else self.strategy.eval_model(self.model)
-
-    def layout(self):
-        """What must match for a mid-epoch resume to continue bit for bit."""
-        return {"world_size": self.strategy.world_size, "loader_batch": self.loader_batch,
-                "grad_accum_steps": self.config.optim.grad_accum_steps}
-
-    def checkpoint_state(self, rng_states, epoch_tally):
-        progress = self.progress
-        return {
-            "model": self.model.state_dict(),  # the bare module: no module./_orig_mod. prefixes
-            "optimizer": self.opt.optimizer.state_dict(),
-            "scheduler": self.opt.scheduler.state_dict(),  # for inspection; resume rebuilds it
-            "scaler": self.opt.grad_scaler.state_dict(),
-            "ema": self.opt.ema.state() if self.opt.ema else None,
-            "epoch": progress.epoch, "step": progress.step,
-            "epoch_position": progress.epoch_position, "batch_in_epoch": progress.batch_in_epoch,
-            "epoch_loss_sum": epoch_tally[0], "epoch_samples": epoch_tally[1],
-            "best_metric": progress.best_metric, "epochs_since_best": progress.epochs_since_best,
-            "rng": rng_states,  # one entry per rank
-            "layout": self.layout(),
-            "config": self.config.flags(),  # plain data, named as the flags
-            "normalization": self.normalization,
-            "world_size": self.strategy.world_size,
-            "global_batch_size": self.global_batch,
-            "in_channels": self.data.train.signals.shape[1],
-            "num_classes": len(self.data.class_names),
-            "class_names": list(self.data.class_names),
-            "channel_names": list(self.data.channel_names),
-            # What predict.py needs to rebuild windows from a recording.
-            "sample_rate_hz": float(self.data.sample_rate_hz),
-            "window_steps": self.data.train.signals.shape[2],
-            "preprocessing": self.data.preprocessing,
-        }
 
 
 def train(config):
@@ -105,20 +48,19 @@ def train(config):
     strategy = make_strategy(config)
     stop_signals = StopSignals().install()
     try:
-        run = _assemble(config, strategy)
-        run.stop_signals = stop_signals
-        outcome = train_epochs(run)
+        trainer = Trainer.build(config, strategy, stop_signals)
+        outcome = trainer.fit()
         if outcome == "complete":
-            final_reports(run)
+            trainer.report_best_weights()
         if outcome != "preempted" and strategy.is_main:  # a preempted job's grace time is for saving
-            write_run_figures(run.save_dir, run.log.warn, use_test=not config.data.no_test)
-        run.log.close()
+            write_run_figures(trainer.save_dir, trainer.log.warn, use_test=not config.data.no_test)
+        trainer.log.close()
         return EXIT_PREEMPTED if outcome == "preempted" else 0
     except (TrainingDiverged, RankLost):
         raise
     except RuntimeError as exc:
         if strategy.world_size > 1:
-            _explain_lost_rank(exc, strategy.rank, config.hardware.dist_timeout)
+            explain_lost_rank(exc, strategy.rank, config.hardware.dist_timeout)
         raise
     finally:
         stop_signals.restore()
@@ -126,144 +68,275 @@ def train(config):
         lock.release()
 
 
-def _explain_lost_rank(exc, rank, timeout_s):
-    """Turn the backends' reports of a dead or stuck peer into one line that says what to do."""
-    text = str(exc).lower()
-    if "timed out" in text or "timeout" in text:
-        raise RankLost(f"rank {rank} waited more than --dist-timeout {timeout_s:g} s for the other ranks: one "
-                       "is stuck or has died. Check the other ranks' output; raise --dist-timeout only if a "
-                       "step is legitimately that slow") from None
-    if "connection closed by peer" in text or "connection reset by peer" in text:
-        raise RankLost(f"rank {rank} lost its connection to another rank, which has most likely crashed (see its "
-                       "output). With torchrun --max-restarts the group restarts and resumes from the last "
-                       "checkpoint; otherwise run the same command again") from None
+@dataclass
+class Trainer:
+    """One run's data, model, training step, train state and checkpoints, assembled by build()."""
+    config: RunConfig
+    strategy: object  # training.distributed.strategy: SingleDevice, DataParallelStrategy or DistributedStrategy
+    log: RunLogger
+    save_dir: Path
+    data: HarData  # normalised splits
+    model: torch.nn.Module  # the bare model: what checkpoints hold
+    precision: Precision
+    loaders: dict  # split name -> this rank's batches
+    loader_batch: int  # samples per micro-batch drawn by each process
+    global_batch: int  # samples per optimizer step, all replicas and micro-batches together
+    step: TrainStep
+    state: TrainState
+    rng: RandomStreams
+    checkpoints: CheckpointManager
+    stop_signals: StopSignals
+    exact_resume: bool = False  # the first epoch continues a mid-epoch checkpoint bit for bit
+
+    @classmethod
+    def build(cls, config, strategy, stop_signals=None, quiet=False):
+        """Everything a run needs, resumed from its checkpoint when there is one. Under DDP every rank
+        builds the same, so every rank must call this. `quiet` keeps the run's console lines and
+        TensorBoard off (a tool that only times the step)."""
+        save_dir = save_dir_of(config)
+        if strategy.is_main:
+            ckpt.prepare_save_dir(save_dir)
+        log = RunLogger(save_dir, strategy.is_main and not quiet)
+        resume_from, checkpoint = ckpt.load_resume_checkpoint(config.output.resume, save_dir, log.warn)
+        data, normalization = _load_data(config, checkpoint, resume_from, log)
+        in_channels, num_classes = data.train.signals.shape[1], len(data.class_names)
+
+        torch.manual_seed(config.optim.seed)  # identical initial weights on every rank
+        model = build_model(config.model.name, in_channels, num_classes, dropout=config.model.dropout,
+                            norm=config.model.norm).to(strategy.device)
+        precision = Precision(strategy.device, config.optim.amp, config.optim.amp_dtype)
+        train_model = compile_for_training(strategy.wrap(model, precision), config.hardware)
+        log.info(f"run: {strategy.describe()} | model {config.model.name}: {count_parameters(model):,} parameters | "
+                 f"{precision.describe()}")
+        optim = config.optim
+        global_batch = global_batch_size(optim.batch_size, strategy.data_parallel_size, optim.grad_accum_steps)
+        # DataParallel splits one loader batch over its GPUs; DDP ranks each load their own.
+        loader_batch = optim.batch_size * strategy.data_parallel_size // strategy.world_size
+        loaders = _make_loaders(data, loader_batch, strategy, config, log)
+
+        peak_lr = scaled_lr(optim.lr, optim.lr_scaling, global_batch, optim.batch_size)
+        optimizer = build_adamw(model, peak_lr, optim.weight_decay, strategy.device)
+        grad_scaler = precision.make_grad_scaler()
+        ema = build_weight_average(config.recipe, model)
+        state, rng = TrainState(), RandomStreams(strategy)
+        layout = {"world_size": strategy.world_size, "loader_batch": loader_batch,
+                  "grad_accum_steps": optim.grad_accum_steps}
+        parts = {"model": model, "optimizer": optimizer, "scaler": grad_scaler, "ema": ema, "rng": rng}
+        exact_resume = False
+        if checkpoint is not None:
+            restore_parts(checkpoint, state, parts)
+            exact_resume = _announce_resume(checkpoint, resume_from, state, layout, rng, global_batch, len(data.train), log)
+            if ema is not None and not checkpoint.get("ema"):
+                log.info("the checkpoint has no weight average: it starts from the resumed weights")
+                ema.restart()
+        strategy.check_same_on_all_ranks(state.step, "the optimizer steps already taken")
+        record_run_config(config, save_dir, checkpoint, log, strategy.is_main)
+
+        # The schedule is a pure function of the step, positioned from the train state: a resumed run
+        # that changed the global batch re-lays it in its own steps.
+        steps_each_epoch = steps_per_epoch(len(loaders["train"]), optim.grad_accum_steps)
+        total_steps = steps_each_epoch * optim.epochs
+        warmup_steps = round(warmup_epochs(optim) * steps_each_epoch)
+        scheduler = build_scheduler(optimizer, warmup_steps, total_steps,
+                                    state.schedule_step(steps_each_epoch, global_batch))
+        log.info(f"lr: reference {optim.lr:.2e}, {optim.lr_scaling} scaling, global batch {global_batch} "
+                 f"({optim.batch_size} per GPU x {strategy.data_parallel_size} replicas x {optim.grad_accum_steps} "
+                 f"accumulation) -> peak {peak_lr:.2e}; warmup {warmup_steps} of {total_steps} steps "
+                 f"({steps_each_epoch} per epoch), then cosine to 0")
+        augment = build_augmenter(config.recipe, normalization, data.channel_names, strategy.device, log.warn)
+        step = TrainStep(train_model, [p for p in model.parameters() if p.requires_grad], strategy, precision,
+                         optimizer, scheduler, grad_scaler, optim.grad_accum_steps, optim.max_grad_norm,
+                         config.recipe.label_smoothing, augment, ema, skipped_step_buffers(model, precision))
+        metadata = _checkpoint_metadata(config, data, normalization, strategy, global_batch, layout)
+        checkpoints = CheckpointManager(save_dir, config.output.keep_last, strategy, state,
+                                        {**parts, "scheduler": scheduler}, metadata)
+        return cls(config=config, strategy=strategy, log=log, save_dir=save_dir, data=data, model=model,
+                   precision=precision, loaders=loaders, loader_batch=loader_batch, global_batch=global_batch,
+                   step=step, state=state, rng=rng, checkpoints=checkpoints, exact_resume=exact_resume,
+                   stop_signals=stop_signals or StopSignals())
+
+    def fit(self):
+        """Train until --epochs, early stopping, --stop-after-epochs or a stop signal. Returns "complete"
+        (evaluate the test split next), "paused" (--stop-after-epochs) or "preempted" (a signal
+        arrived; a checkpoint was saved)."""
+        optim, log, state = self.config.optim, self.log, self.state
+        if state.epoch >= optim.epochs:
+            log.info(f"already trained for {state.epoch} of {optim.epochs} epochs; evaluating the test split")
+            return "complete"
+        if self._patience_exhausted():
+            log.info(f"this run already stopped early ({state.epochs_since_best} epochs without a better "
+                     "validation macro-F1); evaluating the test split")
+            return "complete"
+        first_epoch, stop_after = state.epoch, self.config.output.stop_after_epochs
+        for epoch in range(first_epoch, optim.epochs):
+            epoch_start = time.perf_counter()
+            result = self.train_epoch(epoch)
+            if result.stopped_early:
+                self._report_preemption()
+                return "preempted"
+            self._end_epoch(epoch, result, epoch_start)
+            if self._stop_requested():
+                self._report_preemption()
+                return "preempted"
+            if self._patience_exhausted():
+                log.info(f"early stopping: no better validation macro-F1 for {state.epochs_since_best} epochs")
+                return "complete"
+            if epoch + 1 - first_epoch == stop_after and epoch + 1 < optim.epochs:
+                log.info(f"stopping after {stop_after} epoch(s) as asked; run the same command again "
+                         f"to continue from epoch {epoch + 2}")
+                return "paused"
+        return "complete"
+
+    def train_epoch(self, epoch):
+        """The training pass over `epoch` (what is left of it after a mid-epoch resume): an EpochResult."""
+        return epoch_pass.train_epoch(self, epoch)
+
+    def evaluate(self, split, model=None):
+        """(labels, predictions, mean loss) of "val" or "test" over every rank, by `model` or else the
+        validation weights (the average when kept)."""
+        self._sync_buffers()
+        return predict(model or self.validation_model(), self.loaders[split], self.strategy, self.precision)
+
+    def validation_model(self):
+        """The weights validation, best.pt's choice and the test judge: the average when kept."""
+        return self.step.ema.module if self.step.ema else self.strategy.eval_model(self.model)
+
+    def save(self, is_best):
+        """A checkpoint of where the run stands; every rank takes part (buffers and random streams)."""
+        self._sync_buffers()
+        self.checkpoints.save(is_best)
+
+    def take_exact_resume(self):
+        """True once, for the epoch a mid-epoch resume in the same layout continues bit for bit."""
+        exact, self.exact_resume = self.exact_resume, False
+        return exact
+
+    def report_best_weights(self):
+        """Reload best.pt's weights and report the validation split and, unless --no-test, the test
+        split, seen here for the first time."""
+        best_path = self.checkpoints.best_path
+        if self.strategy.is_main:
+            if best_path.is_file():
+                self.model.load_state_dict(ckpt.inference_weights(ckpt.load_checkpoint(best_path)))
+            else:
+                self.log.warn(f"{best_path} not found; reporting with the current weights")
+        self.strategy.broadcast_module(self.model)  # ranks on other nodes may not see rank 0's files
+        no_test = self.config.data.no_test
+        for split in ("val",) if no_test else ("val", "test"):
+            labels, predictions, loss = self.evaluate(split, self.strategy.eval_model(self.model))
+            subjects = sorted(int(subject) for subject in set(getattr(self.data, split).subjects))
+            report = {**classification_report(labels, predictions, self.data.class_names), "loss": loss,
+                      "checkpoint": str(best_path), "subjects": subjects}
+            self.log.write_json(f"{split}_report.json", report)
+        if no_test:
+            self.log.info(f"--no-test: the test split was not evaluated; wrote {self.save_dir / 'val_report.json'}")
+            return
+        self.log.info("test split (best checkpoint by validation macro-F1):\n" + format_report(report))
+        self.log.info(f"wrote {self.save_dir / 'test_report.json'}")
+
+    def close(self):
+        self.log.close()
+
+    def _end_epoch(self, epoch, result, epoch_start):
+        """Validate, update the train state, checkpoint and log the epoch's record."""
+        labels, predictions, val_loss = self.evaluate("val")
+        metrics = summary_metrics(labels, predictions, len(self.data.class_names))
+        is_best = self.state.end_epoch(metrics["macro_f1"])
+        self.save(is_best)
+        strategy = self.strategy
+        record = {"epoch": epoch + 1, "epochs": self.config.optim.epochs, "step": self.state.step,
+                  "train_loss": result.loss_sum / max(1, result.loss_samples), "train_samples": result.loss_samples,
+                  "val_loss": val_loss, "val_acc": metrics["acc"], "val_macro_f1": metrics["macro_f1"],
+                  "lr": self.step.last_lr(),
+                  "samples_per_s": result.samples / result.train_time_s if result.train_time_s > 0 else 0.0,
+                  "train_time_s": result.train_time_s, "epoch_time_s": time.perf_counter() - epoch_start,
+                  "world_size": strategy.world_size, "global_batch_size": self.global_batch,
+                  "memory": strategy.memory_report()}
+        self.log.log_epoch(record, is_best)
+        strategy.reset_memory_peaks()  # each epoch record reports its own peak
+
+    def _sync_buffers(self):
+        """Give every rank rank 0's buffers (DDP does not broadcast them each step), in the model and
+        in its average, before anything reads them: evaluation, or a checkpoint every rank resumes from."""
+        self.strategy.sync_buffers(self.model)
+        if self.step.ema is not None:
+            self.strategy.sync_buffers(self.step.ema.module)
+
+    def _patience_exhausted(self):
+        patience = self.config.optim.early_stopping_patience
+        return bool(patience) and self.state.epochs_since_best >= patience
+
+    def _stop_requested(self):
+        """True on every rank once any rank received SIGTERM/SIGUSR1, so all stop at the same step."""
+        return bool(self.strategy.max_ints([int(self.stop_signals.received is not None)])[0])
+
+    def _report_preemption(self):
+        self.log.info(f"received {self.stop_signals.received or 'a stop signal on another rank'}: stopped after "
+                      f"step {self.state.step} (epoch {self.state.epoch + 1}) and saved "
+                      f"{self.checkpoints.last_path}; run the same command again to resume")
 
 
-def _assemble(config, strategy):
-    save_dir = save_dir_of(config)
-    if strategy.is_main:
-        ckpt.prepare_save_dir(save_dir)
-    log = RunLogger(save_dir, strategy.is_main)
-    resume_from, checkpoint = ckpt.load_resume_checkpoint(config.output.resume, save_dir, log.warn)
-
+def _load_data(config, checkpoint, resume_from, log):
+    """The splits, normalised with the training split's statistics (a resumed run keeps its own)."""
     data = load_har_data(**data_options(config))
     log.info(data.description)
-    in_channels, num_classes = data.train.signals.shape[1], len(data.class_names)
     if checkpoint is not None:
-        ckpt.check_compatible(checkpoint, {"model": config.model.name, "norm": config.model.norm, "mode": config.data.mode,
-                                           "in_channels": in_channels, "num_classes": num_classes}, resume_from)
+        ckpt.check_compatible(checkpoint, {"model": config.model.name, "norm": config.model.norm,
+                                           "mode": config.data.mode, "in_channels": data.train.signals.shape[1],
+                                           "num_classes": len(data.class_names)}, resume_from)
         mean, std = checkpoint["normalization"]["mean"].numpy(), checkpoint["normalization"]["std"].numpy()
     else:
         mean, std = fit_normalization(data.train.signals)
-    for name in ("train", "val", "test"):
-        setattr(data, name, normalize(getattr(data, name), mean, std))
-
-    torch.manual_seed(config.optim.seed)  # identical initial weights on every rank
-    model = build_model(config.model.name, in_channels, num_classes, dropout=config.model.dropout, norm=config.model.norm)
-    if checkpoint is not None:
-        model.load_state_dict(checkpoint["model"])
-    model.to(strategy.device)
-    precision = Precision(strategy.device, config.optim.amp, config.optim.amp_dtype)
-    train_model = strategy.wrap(model, precision)
-    train_model = compile_for_training(train_model, config.hardware)
-    log.info(f"run: {strategy.describe()} | model {config.model.name}: {count_parameters(model):,} parameters | "
-             f"{precision.describe()}")
-
-    run = Run(config, strategy, log, save_dir, data, model, train_model, precision,
-              normalization={"mean": torch.from_numpy(mean), "std": torch.from_numpy(std)},
-              global_batch=global_batch_size(config.optim.batch_size, strategy.data_parallel_size,
-                                             config.optim.grad_accum_steps))
-    # DataParallel splits one loader batch over its GPUs; DDP ranks each load their own.
-    run.loader_batch = config.optim.batch_size * strategy.data_parallel_size // strategy.world_size
-    run.loaders = _make_loaders(run)
-    if checkpoint is not None:
-        _restore_progress(run, checkpoint, resume_from)
-    strategy.check_same_on_all_ranks(run.progress.step, "the optimizer steps already taken")
-    record_run_config(config, save_dir, checkpoint, log, strategy.is_main)
-    run.opt = _make_optimization(run, checkpoint)
-    return run
+    data = dataclasses.replace(data, **{name: normalize(getattr(data, name), mean, std)
+                                        for name in ("train", "val", "test")})
+    return data, {"mean": torch.from_numpy(mean), "std": torch.from_numpy(std)}
 
 
-def _make_loaders(run):
-    config, strategy = run.config, run.strategy
-    splits = {"train": run.data.train, "val": run.data.val, "test": run.data.test}
-    on_device = keep_on_device(config.hardware.data_path, config.hardware.num_workers, strategy.device, split_bytes(*splits.values()))
-    run.log.info("data path: " + ("splits kept on the device, batches cut there" if on_device else
-                                  f"DataLoader with {config.hardware.num_workers} worker(s)"))
-    shards = dict(world_size=strategy.world_size, rank=strategy.rank)
+def _make_loaders(data, loader_batch, strategy, config, log):
+    """Each split's batches for this rank: cut on the device, or from a DataLoader."""
+    hardware, seed = config.hardware, config.optim.seed
+    splits = {"train": data.train, "val": data.val, "test": data.test}
+    on_device = keep_on_device(hardware.data_path, hardware.num_workers, strategy.device,
+                               split_bytes(*splits.values()))
+    log.info("data path: " + ("splits kept on the device, batches cut there" if on_device else
+                              f"DataLoader with {hardware.num_workers} worker(s)"))
     loaders = {}
     for name, split in splits.items():
         training = name == "train"
-        sampler = ShardedSampler(len(split), shuffle=training, seed=config.optim.seed, pad=training, **shards)
-        batch = run.loader_batch if training else max(EVAL_BATCH_MIN, run.loader_batch)
+        sampler = ShardedSampler(len(split), world_size=strategy.world_size, rank=strategy.rank, shuffle=training,
+                                 seed=seed, pad=training)
+        batch = loader_batch if training else max(EVAL_BATCH_MIN, loader_batch)
         loaders[name] = (DeviceResidentLoader(split, batch, sampler, strategy.device) if on_device else
-                         make_loader(split, batch, sampler, config.hardware.num_workers, strategy.device.type == "cuda"))
+                         make_loader(split, batch, sampler, hardware.num_workers, strategy.device.type == "cuda"))
     return loaders
 
 
-def _make_optimization(run, checkpoint):
-    """AdamW, the warmup-cosine schedule and the GradScaler; on resume the moments come back,
-    while the LR, weight decay and schedule follow this run's flags from the epoch reached."""
-    config, strategy = run.config, run.strategy
-    peak_lr = scaled_lr(config.optim.lr, config.optim.lr_scaling, run.global_batch, config.optim.batch_size)
-    steps_each_epoch = steps_per_epoch(len(run.loaders["train"]), config.optim.grad_accum_steps)
-    total_steps = steps_each_epoch * config.optim.epochs
-    warmup_steps = round(warmup_epochs(config.optim) * steps_each_epoch)
-    # Decay only weight matrices and kernels; biases and norm scales are left alone.
-    optimizer = build_adamw(run.model, peak_lr, config.optim.weight_decay, strategy.device)
-    grad_scaler = run.precision.make_grad_scaler()
-    start_step = 0
-    if checkpoint is not None:
-        # The saved groups carry the saving device's `fused` flag, which load_state_dict would
-        # restore: a CPU checkpoint resumed on CUDA (or back) must use this device's kernel.
-        saved = checkpoint["optimizer"]
-        optimizer.load_state_dict({**saved, "param_groups": [{**group, "fused": optimizer.defaults["fused"]}
-                                                             for group in saved["param_groups"]]})
-        for group, decay in zip(optimizer.param_groups, (config.optim.weight_decay, 0.0)):
-            group.update(lr=peak_lr, initial_lr=peak_lr, weight_decay=decay)
-        start_step = run.progress.epoch * steps_each_epoch + _steps_into_epoch(run)
-        if checkpoint["scaler"] and grad_scaler.is_enabled():
-            grad_scaler.load_state_dict(checkpoint["scaler"])
-    run.log.info(f"lr: reference {config.optim.lr:.2e}, {config.optim.lr_scaling} scaling, global batch {run.global_batch} "
-                 f"({config.optim.batch_size} per GPU x {strategy.data_parallel_size} replicas x {config.optim.grad_accum_steps} "
-                 f"accumulation) -> peak {peak_lr:.2e}; warmup {warmup_steps} of {total_steps} steps "
-                 f"({steps_each_epoch} per epoch), then cosine to 0")
-    augment, ema = generalisation_aids(run, checkpoint)
-    return Optimization(optimizer, build_scheduler(optimizer, warmup_steps, total_steps, start_step),
-                        grad_scaler, config.optim.grad_accum_steps, config.optim.max_grad_norm, config.recipe.label_smoothing,
-                        augment, ema, skipped_step_buffers(run.model, run.precision))
+def _announce_resume(checkpoint, path, state, layout, rng, global_batch, train_windows, log):
+    """Say where the run resumes; True when a mid-epoch resume can continue bit for bit (the same
+    ranks and batch layout, and every rank's random streams saved)."""
+    where = (f"epoch {state.epoch + 1}, sample {state.epoch_position} of {train_windows}"
+             if state.epoch_position else f"{state.epoch} epochs")
+    log.info(f"\n*** RESUMING from {path}: {where} / {state.step} steps done, best val macro-F1 "
+             f"{state.best_metric:.4f}. Pass --no-resume to start over. ***\n")
+    if checkpoint["global_batch_size"] != global_batch:
+        log.warn(f"global batch changes from {checkpoint['global_batch_size']} to {global_batch} on resume: the "
+                 "peak LR and the steps per epoch (so the schedule's length) follow the new value, and the "
+                 f"schedule continues from epoch {state.epoch + 1}")
+    exact = checkpoint.get("layout") == layout and rng.covers_every_rank()
+    if state.epoch_position and not exact:
+        log.warn(f"resuming mid-epoch with another layout ({checkpoint.get('layout')} -> {layout}): the epoch "
+                 f"continues at sample {state.epoch_position} of the same order, so no sample is skipped or "
+                 "repeated, but accumulation windows and random streams restart, so the weights will differ "
+                 "from an uninterrupted run")
+    return bool(state.epoch_position) and exact
 
 
-def _restore_progress(run, checkpoint, path):
-    progress = run.progress = Progress(
-        checkpoint["epoch"], checkpoint["step"], checkpoint["best_metric"], checkpoint.get("epochs_since_best", 0),
-        checkpoint.get("epoch_position", 0), checkpoint.get("batch_in_epoch", 0))
-    where = (f"epoch {progress.epoch + 1}, sample {progress.epoch_position} of {len(run.data.train)}"
-             if progress.epoch_position else f"{progress.epoch} epochs")
-    run.log.info(f"\n*** RESUMING from {path}: {where} / {progress.step} steps done, best val macro-F1 "
-                 f"{progress.best_metric:.4f}. Pass --no-resume to start over. ***\n")
-    saved_layout = checkpoint.get("layout")
-    exact = saved_layout == run.layout() and len(checkpoint.get("rng") or ()) == run.strategy.world_size
-    if checkpoint["global_batch_size"] != run.global_batch:
-        run.log.warn(f"global batch changes from {checkpoint['global_batch_size']} to {run.global_batch} on "
-                     "resume: the peak LR and the steps per epoch (so the schedule's length) follow the new "
-                     f"value, and the schedule continues from epoch {progress.epoch + 1}")
-    if progress.epoch_position:
-        if not exact:
-            run.log.warn(f"resuming mid-epoch with another layout ({saved_layout} -> {run.layout()}): the "
-                         f"epoch continues at sample {progress.epoch_position} of the same order, so no sample "
-                         "is skipped or repeated, but accumulation windows and random streams restart, so the "
-                         "weights will differ from an uninterrupted run")
-        run.resume_state = {"exact": exact, "rng": checkpoint.get("rng"),
-                            "loss_sum": checkpoint.get("epoch_loss_sum", 0.0),
-                            "samples": checkpoint.get("epoch_samples", 0)}
-
-
-def _steps_into_epoch(run):
-    """Optimizer steps the resumed epoch already took, measured in this run's steps."""
-    progress = run.progress
-    if run.resume_state is None:
-        return 0
-    if run.resume_state["exact"]:
-        return progress.batch_in_epoch // run.config.optim.grad_accum_steps
-    return round(progress.epoch_position / run.global_batch)
+def _checkpoint_metadata(config, data, normalization, strategy, global_batch, layout):
+    """What a checkpoint carries beside the state: enough to use it without the trainer."""
+    return {"config": config.flags(), "normalization": normalization, "world_size": strategy.world_size,
+            "global_batch_size": global_batch, "layout": layout, "in_channels": data.train.signals.shape[1],
+            "num_classes": len(data.class_names), "class_names": list(data.class_names),
+            "channel_names": list(data.channel_names),
+            # What predict.py needs to rebuild windows from a recording.
+            "sample_rate_hz": float(data.sample_rate_hz), "window_steps": data.train.signals.shape[2],
+            "preprocessing": data.preprocessing}

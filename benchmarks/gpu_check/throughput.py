@@ -32,6 +32,7 @@ from profiling.report import json_ready
 from profiling.timing import NullTimer
 from training.checkpoint.atomic import write_atomic
 from training.errors import UsageError
+from training import trainer as trainer_module
 from training.reporting.memory import GIB
 from training.distributed.strategy import make_strategy
 
@@ -105,12 +106,12 @@ def counted(batches, taken):
 def data_loaded_once():
     """build_workload loads and splits the data on every call (about a second for UCI HAR's size);
     every configuration of the matrix uses the same data, so it is loaded once."""
-    original = workload.load_har_data
-    workload.load_har_data = functools.lru_cache(maxsize=1)(original)
+    original = trainer_module.load_har_data
+    trainer_module.load_har_data = functools.lru_cache(maxsize=1)(original)
     try:
         yield
     finally:
-        workload.load_har_data = original
+        trainer_module.load_har_data = original
 
 
 def release(device):

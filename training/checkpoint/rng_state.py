@@ -42,3 +42,29 @@ def seed_epoch(seed, epoch, rank):
     torch.manual_seed(value)  # also seeds every CUDA device
     np.random.seed(value % 2**32)
     random.seed(value)
+
+
+class RandomStreams:
+    """Every rank's random streams as one stateful part: the state gathers them (a collective, so
+    every rank saves together), loading keeps them for the epoch that resumes mid-way."""
+
+    def __init__(self, strategy):
+        self.strategy = strategy
+        self.saved = None  # one state per rank of the run that saved them
+
+    def state_dict(self):
+        return self.strategy.gather_objects(capture(self.strategy.device, self.strategy.other_gpus))
+
+    def load_state_dict(self, per_rank):
+        self.saved = per_rank
+
+    def covers_every_rank(self):
+        return bool(self.saved) and len(self.saved) == self.strategy.world_size
+
+    def start_epoch(self, seed, epoch, resume_exactly):
+        """Continue the saved streams (a mid-epoch resume in the same layout), else seed the epoch's."""
+        if resume_exactly:
+            restore(self.saved[self.strategy.rank], self.strategy.device)
+        else:
+            seed_epoch(seed, epoch, self.strategy.rank)
+        self.saved = None

@@ -19,6 +19,11 @@ class WeightAverage:
             parameter.requires_grad_(False)
         self._pairs = None
 
+    def restart(self):
+        """Start the average over from the model's current weights (a resumed run that kept none)."""
+        self.module.load_state_dict(self.source.state_dict())
+        self.updates = 0
+
     def update(self):
         """Fold the model's current weights (and float buffers, e.g. BatchNorm statistics) in."""
         self.updates += 1
@@ -30,10 +35,10 @@ class WeightAverage:
             for target, source in zip(exact_averaged, exact_current):
                 target.copy_(source)  # counters such as num_batches_tracked are copied, not averaged
 
-    def state(self):
+    def state_dict(self):
         return {"weights": self.module.state_dict(), "updates": self.updates}
 
-    def load_state(self, state):
+    def load_state_dict(self, state):
         self.module.load_state_dict(state["weights"])
         self.updates = int(state["updates"])
 

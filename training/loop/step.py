@@ -1,17 +1,35 @@
-"""The training step and evaluation pass, identical for one device, DataParallel and DDP."""
+"""The training step and the evaluation pass: what the trainer, the profiler and the benchmarks all run."""
 import contextlib
-import time
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from training.loop.schedule import micro_step_plan
+
+class NoTimer:
+    """Stands in where nobody times the step's phases (the trainer): lap() does nothing."""
+
+    def lap(self, phase):
+        pass
+
+
+NO_TIMER = NoTimer()
 
 
 @dataclass
-class Optimization:
-    """The objects one optimizer step touches, and the knobs that shape it."""
+class TrainStep:
+    """One optimizer step, as every caller takes it.
+
+    accumulate() takes one micro-batch: to the device, augmentation, forward under autocast, the
+    label-smoothed loss, backward of the micro-batch's share of its accumulation window (under
+    no_sync unless it closes the window) and the loss into the tally. update() closes the window:
+    unscale and clip, the GradScaler's optimizer step, zero_grad, the LR schedule and the weight
+    average. Neither reads a value back from the device or talks to other ranks beyond DDP's
+    gradient all-reduce, so the host never waits for the GPU here."""
+    model: torch.nn.Module  # wrapped (DDP, DataParallel) and maybe compiled: what the step calls
+    parameters: list  # the trainable parameters of the bare model, clipped together
+    strategy: object
+    precision: object  # training.loop.precision.Precision
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     grad_scaler: torch.amp.GradScaler
@@ -19,19 +37,85 @@ class Optimization:
     max_grad_norm: float
     label_smoothing: float = 0.0
     augment: object = None  # a data.augment.BatchAugmenter, or None
-    ema: object = None  # a training.loop.ema.WeightAverage updated after every step, or None
+    ema: object = None  # a training.loop.ema.WeightAverage, or None
     buffer_guard: object = None  # a training.loop.precision.SkippedStepBuffers under fp16, or None
+    _window_open: bool = False
+
+    @property
+    def watches_nonfinite(self):
+        """Whether the tally watches losses for NaN/inf: an fp16 GradScaler skips such steps itself."""
+        return not self.grad_scaler.is_enabled()
+
+    def accumulate(self, signals, labels, window_size, sync, tally=None, step_number=None, timer=NO_TIMER):
+        """One micro-batch of a window of `window_size`; `sync`: it ends the window, so DDP all-reduces.
+        `step_number` is the optimizer step it belongs to, for the tally's NaN report. Returns the
+        detached loss."""
+        device = self.strategy.device
+        signals = signals.to(device, non_blocking=True)
+        labels = labels.to(device, non_blocking=True)
+        timer.lap("data")
+        if self.augment is not None:
+            signals = self.augment(signals)
+        if self.buffer_guard is not None and not self._window_open:
+            self.buffer_guard.open_window()
+            self._window_open = True
+        # Only the micro-batch that ends an accumulation window all-reduces its gradients.
+        with contextlib.nullcontext() if sync else self.strategy.no_sync():
+            with self.precision.autocast():
+                loss = F.cross_entropy(self.model(signals), labels, label_smoothing=self.label_smoothing)
+            timer.lap("forward")
+            self.grad_scaler.scale(loss / window_size if window_size > 1 else loss).backward()
+        timer.lap("backward")
+        loss = loss.detach()
+        if tally is not None:
+            tally.add(loss, labels.shape[0], step_number if self.watches_nonfinite else None)
+        if self.buffer_guard is not None:
+            self.buffer_guard.watch(loss)
+        return loss
+
+    def update(self, timer=NO_TIMER):
+        """The optimizer step that closes the window."""
+        if self.max_grad_norm > 0:
+            self.grad_scaler.unscale_(self.optimizer)  # clip the true gradients, not scaled ones
+            torch.nn.utils.clip_grad_norm_(self.parameters, self.max_grad_norm)
+        self.grad_scaler.step(self.optimizer)
+        self.grad_scaler.update()
+        if self.buffer_guard is not None:
+            self.buffer_guard.close_window()  # a step the scaler skipped leaves no trace in the buffers either
+            self._window_open = False
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        if self.ema is not None:
+            self.ema.update()
+        timer.lap("optimizer")
+
+    def last_lr(self):
+        return self.scheduler.get_last_lr()[0]
+
+
+class RunAdamW(torch.optim.AdamW):
+    """AdamW whose resumed moments come back while the LR, weight decay and kernel follow this run:
+    a resumed run may change the flags, and a CPU checkpoint resumed on CUDA (or back) must use
+    this device's kernel, not the `fused` flag its groups were saved with."""
+
+    def load_state_dict(self, state_dict):
+        now = [{key: group[key] for key in ("lr", "initial_lr", "weight_decay")} for group in self.param_groups]
+        fused = self.defaults["fused"]
+        super().load_state_dict({**state_dict, "param_groups": [{**group, "fused": fused}
+                                                                for group in state_dict["param_groups"]]})
+        for group, settings in zip(self.param_groups, now):
+            group.update(settings)
 
 
 def build_adamw(model, lr, weight_decay, device):
     """AdamW that decays only weight matrices and kernels (ndim >= 2), not biases or norm scales.
 
-    The group order (decayed, then not) is what a resumed run relies on to reset each decay."""
+    The group order (decayed, then not) is what a resumed run relies on to keep each decay."""
     params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
-              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay, "initial_lr": lr},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0, "initial_lr": lr}]
     # The fused CUDA kernel also lets an fp16 GradScaler skip its per-step host sync.
-    return torch.optim.AdamW(groups, lr=lr, fused=True if device.type == "cuda" else None)
+    return RunAdamW(groups, lr=lr, fused=True if device.type == "cuda" else None)
 
 
 def compile_for_training(train_model, hardware):
@@ -41,75 +125,6 @@ def compile_for_training(train_model, hardware):
         return train_model
     mode = hardware.compile_mode
     return torch.compile(train_model, mode=None if mode in (None, "default") else mode)
-
-
-@dataclass
-class EpochPlan:
-    """Where this call starts inside the epoch; a resumed epoch starts past its first batches."""
-    first_batch: int  # micro-batches of the epoch this rank already did before this call
-    batches_in_epoch: int  # micro-batches of the whole epoch on this rank: fixes the accumulation windows
-    first_step: int  # optimizer steps taken before this call, over the whole run
-
-
-@dataclass
-class EpochResult:
-    steps: int  # optimizer steps taken in this call
-    train_time_s: float  # this rank's training time in this call
-    stopped_early: bool  # after_step asked to stop (preemption)
-
-
-def train_one_epoch(model, loader, opt, strategy, precision, plan, tally, after_step):
-    """Train over this rank's shard of the epoch from `plan.first_batch` on.
-
-    after_step(step) runs after every optimizer step with the run's step count; it logs,
-    saves and may return True to leave the epoch at that step boundary. Nothing here reads a
-    value back from the device or talks to other ranks (beyond DDP's gradient all-reduce), so
-    the host never waits on the GPU inside the loop; `tally` adds no kernel either."""
-    model.train()
-    device = strategy.device
-    watch_nonfinite = not opt.grad_scaler.is_enabled()  # an fp16 GradScaler skips such steps itself
-    parameters = [p for p in model.parameters() if p.requires_grad]
-    guard = opt.buffer_guard
-    window_open = False
-    steps = 0
-    start = time.perf_counter()
-    for batch_index, (signals, labels) in enumerate(loader, start=plan.first_batch):
-        signals = signals.to(device, non_blocking=True)
-        labels = labels.to(device, non_blocking=True)
-        if opt.augment is not None:
-            signals = opt.augment(signals)
-        window_size, steps_now = micro_step_plan(batch_index, plan.batches_in_epoch, opt.grad_accum_steps)
-        if guard is not None and not window_open:
-            guard.open_window()
-            window_open = True
-        # Only the micro-batch that ends an accumulation window all-reduces its gradients.
-        with strategy.no_sync() if not steps_now else contextlib.nullcontext():
-            with precision.autocast():
-                loss = F.cross_entropy(model(signals), labels, label_smoothing=opt.label_smoothing)
-            opt.grad_scaler.scale(loss / window_size if window_size > 1 else loss).backward()
-        loss = loss.detach()
-        tally.add(loss, labels.shape[0], plan.first_step + steps + 1 if watch_nonfinite else None)
-        if guard is not None:
-            guard.watch(loss)
-        if not steps_now:
-            continue
-        if opt.max_grad_norm > 0:
-            opt.grad_scaler.unscale_(opt.optimizer)  # clip the true gradients, not scaled ones
-            torch.nn.utils.clip_grad_norm_(parameters, opt.max_grad_norm)
-        opt.grad_scaler.step(opt.optimizer)
-        opt.grad_scaler.update()
-        if guard is not None:
-            guard.close_window()  # a step the scaler skipped leaves no trace in the buffers either
-            window_open = False
-        opt.optimizer.zero_grad(set_to_none=True)
-        opt.scheduler.step()
-        if opt.ema is not None:
-            opt.ema.update()
-        steps += 1
-        if after_step(plan.first_step + steps):
-            return EpochResult(steps, time.perf_counter() - start, stopped_early=True)
-    strategy.synchronize()  # one sync per epoch so the time covers the queued GPU work
-    return EpochResult(steps, time.perf_counter() - start, stopped_early=False)
 
 
 @torch.no_grad()
