@@ -22,7 +22,7 @@ from profiling.neighbour import READY
 from profiling.timing import NullTimer
 from profiling.workload import optimizer_step
 from training.loop.ema import WeightAverage
-from training.loop.precision import skipped_step_buffers
+from training.loop.precision import skipped_steps
 from training.loop.step import build_adamw
 from training.distributed.strategy import ddp_module
 
@@ -126,7 +126,7 @@ def _twin(work, ddp):
         step, model=ddp_module(model, device) if ddp else model, parameters=list(model.parameters()),
         optimizer=optimizer, scheduler=LambdaLR(optimizer, lambda _: 1.0),
         ema=WeightAverage(model, step.ema.decay) if step.ema else None,
-        buffer_guard=skipped_step_buffers(model, step.precision))
+        skips=None if step.skips is None else skipped_steps(model, step.precision, step.grad_scaler))
     twin = dataclasses.replace(work, model=model, step=twin_step)
     _warm_up(twin)
     return twin

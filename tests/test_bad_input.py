@@ -122,6 +122,7 @@ FLAG_CASES = [
     ("main.py", ["--gpu-ids", str(VISIBLE_GPUS)], "--gpu-ids"),  # one past the last GPU there is
     ("main.py", ["--device", "cpu", "--amp", "--amp-dtype", "fp16"], "--amp-dtype fp16"),
     ("main.py", ["--device", "cpu", "--sync-bn"], "--sync-bn"),
+    ("main.py", ["--compile-mode", "reduce-overhead", "--grad-accum-steps", "2"], "--grad-accum-steps 2"),
     ("main_multi_gpu.py", ["--multi-gpu", "dp", "--device", "cpu", "--gpu-ids", "0"], "--gpu-ids"),
     ("main_multi_gpu.py", ["--multi-gpu", "dp", "--sync-bn"], "--sync-bn"),
     ("main_multi_gpu.py", ["--multi-gpu", "ddp", "--device", "cpu", "--sync-bn"], "--sync-bn"),

@@ -148,30 +148,112 @@ def test_fp16_grad_scaler_skips_a_nonfinite_step_and_goes_on(tmp_path):
 
 
 def test_a_window_with_a_nonfinite_loss_leaves_batchnorm_statistics_as_they_were():
-    # The fp16 path (CUDA only) skips such a step in the GradScaler; the guard undoes what the
-    # forward pass did to the running statistics. The guard itself is device-independent.
+    # Under fp16 the GradScaler skips such a step; the watch reads the skip from the scaler and undoes
+    # what the forward passes did to the running statistics. A CPU GradScaler decides the same way.
     from models import build_model
-    from training.loop.precision import SkippedStepBuffers
+    from training.loop.precision import SkippedSteps
     torch.manual_seed(0)
     model = build_model("cnn1d", 9, 6).train()
-    guard = SkippedStepBuffers(model)
+    optimizer = torch.optim.AdamW(model.parameters())
+    scaler = torch.amp.GradScaler("cpu")
+    guard = SkippedSteps(model, scaler)
     batch = torch.randn(8, 9, 128)
     before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
 
-    guard.open_window()
-    guard.watch(torch.nn.functional.cross_entropy(model(batch), torch.zeros(8, dtype=torch.long)).detach())
-    guard.watch(torch.nn.functional.cross_entropy(model(batch * float("nan")), torch.zeros(8, dtype=torch.long)))
-    guard.close_window()
+    one_window(model, optimizer, scaler, guard, batch, batch * float("nan"))
     after = model.state_dict()
     assert all(torch.equal(before[name], after[name]) for name, tensor in after.items() if tensor.is_floating_point())
 
-    guard.open_window()
-    guard.watch(torch.nn.functional.cross_entropy(model(batch), torch.zeros(8, dtype=torch.long)).detach())
-    guard.close_window()
+    one_window(model, optimizer, scaler, guard, batch)
     moved = model.state_dict()
     assert any(not torch.equal(before[name], moved[name]) for name in guard_buffer_names(model))
     assert all(torch.isfinite(moved[name]).all() for name in guard_buffer_names(model))
 
 
+def one_window(model, optimizer, scaler, watch, *batches):
+    """One accumulation window as TrainStep takes it under a GradScaler."""
+    watch.open_window()
+    for signals in batches:
+        loss = torch.nn.functional.cross_entropy(model(signals), torch.zeros(len(signals), dtype=torch.long))
+        scaler.scale(loss / len(batches)).backward()
+    watch.before_step()
+    scaler.step(optimizer)
+    scaler.update()
+    watch.after_step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def test_the_watch_counts_the_steps_the_scaler_skips_in_a_row():
+    from models import build_model
+    from training.loop.precision import SkippedSteps
+    torch.manual_seed(0)
+    model = build_model("cnn1d", 9, 6).train()
+    optimizer = torch.optim.AdamW(model.parameters())
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
+    watch = SkippedSteps(model, scaler)
+    good, bad = torch.randn(8, 9, 128), torch.full((8, 9, 128), float("nan"))
+    for batch in (bad, bad, bad, good, bad, bad):
+        one_window(model, optimizer, scaler, watch, batch)
+    assert watch.longest_run() == 3 and int(watch.run) == 2
+    assert scaler.get_scale() == 2.0 ** 16 / 2 ** 5  # the scaler's own record: five skips
+
+
+def test_a_run_whose_every_step_the_grad_scaler_skips_stops_as_diverged(tmp_path, monkeypatch):
+    """From micro-batch 20 on every batch is NaN: under a GradScaler every step from 21 is skipped, and
+    the run stops at the first check-in after 20 skips in a row (exit 3 through the entry point).
+    CPU runs refuse --amp-dtype fp16, so the step gets a CPU GradScaler, which decides as fp16's does."""
+    import dataclasses
+    from training.config.cli import parse_config
+    from training.distributed.strategy import make_strategy
+    from training.errors import TrainingDiverged
+    from training.loop.precision import MAX_SKIPPED_STEPS, SkippedSteps
+    from training.trainer import Trainer
+    config = parse_config([*TINY_DATA, "--epochs", "3", "--save-dir", str(tmp_path), "--no-resume"])
+    trainer = Trainer.build(config, make_strategy(config), quiet=True)
+    scaler = torch.amp.GradScaler("cpu")
+    trainer.step = dataclasses.replace(trainer.step, grad_scaler=scaler, skips=SkippedSteps(trainer.model, scaler))
+    monkeypatch.setenv("HAR_FAULT", "nanfrom@20")
+    with pytest.raises(TrainingDiverged, match=f"skipped {MAX_SKIPPED_STEPS} optimizer steps in a row"):
+        trainer.fit()
+    last = load_checkpoint(tmp_path / "last.pt")
+    assert last["step"] == 34  # epoch 2's end: 14 skips in a row, not yet 20; the check-in at step 40 stops
+    assert all(torch.isfinite(tensor).all() for tensor in last["model"].values() if tensor.is_floating_point())
+
+
+@requires_cuda
+def test_fp16_run_whose_every_step_overflows_exits_3(tmp_path):
+    result = run_subprocess([sys.executable, "main.py", *TINY_DATA, "--epochs", "3", "--device", "cuda", "--amp",
+                             "--amp-dtype", "fp16", "--save-dir", tmp_path], env={"HAR_FAULT": "nanfrom@20"})
+    assert result.returncode == EXIT_DIVERGED, result.stderr[-3000:]
+    assert "optimizer steps in a row" in result.stderr and "Traceback" not in result.stderr
+    last = load_checkpoint(tmp_path / "last.pt")
+    assert all(torch.isfinite(tensor).all() for tensor in last["model"].values() if tensor.is_floating_point())
+
+
 def guard_buffer_names(model):
     return [name for name, buffer in model.named_buffers() if buffer.is_floating_point()]
+
+
+@pytest.mark.parametrize("error, says", [
+    (torch.distributed.DistStoreError("Socket Timeout"), "waited more than --dist-timeout 5 s"),
+    (torch.distributed.DistNetworkError("failed to recv, got 0 bytes"), "lost its connection"),
+    (torch.distributed.DistBackendError("NCCL error in: ProcessGroupNCCL.cpp, remote process exited"),
+     "lost its connection"),
+    (torch.distributed.DistBackendError("Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7)"),
+     "waited more than --dist-timeout 5 s"),
+    # gloo raises plain RuntimeErrors (torch 2.13): its wording, as the stuck- and dead-rank runs above show
+    (RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 5000ms for recv operation"),
+     "waited more than --dist-timeout 5 s"),
+    (RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:3308: Connection reset by peer"),
+     "lost its connection"),
+], ids=["store-timeout", "network", "nccl-error", "nccl-watchdog", "gloo-timeout", "gloo-reset"])
+def test_a_lost_rank_is_told_in_one_line(error, says):
+    from training.distributed.lost_rank import explain_lost_rank
+    from training.errors import RankLost
+    with pytest.raises(RankLost, match=says):
+        explain_lost_rank(error, rank=1, timeout_s=5)
+
+
+def test_other_runtime_errors_are_not_taken_for_a_lost_rank():
+    from training.distributed.lost_rank import explain_lost_rank
+    assert explain_lost_rank(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"), 1, 5) is None

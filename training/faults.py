@@ -5,6 +5,7 @@ number <micro-batch>, counted from 0 over the whole run (epoch x batches per epo
   kill  SIGKILL this process (as the OOM killer or a dead node would)
   hang  stop making progress until SIGTERM/SIGUSR1, then exit (a stuck rank)
   nan   feed that micro-batch as NaN (a diverging loss)
+  nanfrom  feed that micro-batch and every later one as NaN (a run that never recovers)
 and HAR_FAULT="kill@save:<n>" kills the process halfway through writing its n-th checkpoint
 (counted from 1). Faults fire only in a process's first life: not after a torchrun restart.
 """
@@ -34,6 +35,8 @@ def wrap_batches(loader, first_global_batch, rank):
 
 def _faulty(loader, first_global_batch, what, target):
     for number, (signals, labels) in enumerate(loader, start=first_global_batch):
+        if what == "nanfrom" and number >= target:
+            signals = signals * float("nan")
         if number == target:
             if what == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)

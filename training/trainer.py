@@ -30,7 +30,7 @@ from training.distributed.preflight import check_before_training
 from training.distributed.strategy import make_strategy
 from training.errors import EXIT_PREEMPTED, RankLost, TrainingDiverged
 from training.loop import epoch as epoch_pass
-from training.loop.precision import Precision, skipped_step_buffers
+from training.loop.precision import Precision, skipped_steps
 from training.loop.preemption import StopSignals
 from training.loop.recipe import build_augmenter, build_weight_average
 from training.loop.schedule import build_scheduler, global_batch_size, scaled_lr, steps_per_epoch
@@ -146,7 +146,7 @@ class Trainer:
         augment = build_augmenter(config.recipe, normalization, data.channel_names, strategy.device, log.warn)
         step = TrainStep(train_model, [p for p in model.parameters() if p.requires_grad], strategy, precision,
                          optimizer, scheduler, grad_scaler, optim.grad_accum_steps, optim.max_grad_norm,
-                         config.recipe.label_smoothing, augment, ema, skipped_step_buffers(model, precision))
+                         config.recipe.label_smoothing, augment, ema, skipped_steps(model, precision, grad_scaler))
         metadata = _checkpoint_metadata(config, data, normalization, strategy, global_batch, layout)
         checkpoints = CheckpointManager(save_dir, config.output.keep_last, strategy, state,
                                         {**parts, "scheduler": scheduler}, metadata)

@@ -213,6 +213,13 @@ def check_args(args):
                          "[0, 1), --aug-jitter and --aug-shift-steps not negative")
     if args.compile_mode is not None:
         args.compile = True
+    if args.compile_mode in CUDA_GRAPH_MODES and args.grad_accum_steps > 1:
+        # A later micro-batch's replay can overwrite what the graph's memory pool still holds for an
+        # earlier one (pytorch/pytorch#169545, open): refused until a CUDA test shows such a run
+        # equal to eager.
+        raise UsageError(f"--compile-mode {args.compile_mode} (CUDA graphs) is not yet shown to accumulate "
+                         f"gradients correctly; with --grad-accum-steps {args.grad_accum_steps} use --compile-mode "
+                         "default or max-autotune-no-cudagraphs")
     if args.cv_folds == 1 or args.cv_folds < 0:
         raise UsageError(f"--cv-folds must be 0 (off) or at least 2, got {args.cv_folds}")
     if args.cv_folds and args.val_subjects:

@@ -6,6 +6,7 @@ sync_buffers, memory_report, reset_memory_peaks, synchronize and close.
 """
 import contextlib
 import datetime
+import inspect
 import os
 
 import torch
@@ -193,6 +194,11 @@ class DistributedStrategy(SingleDevice):
     def no_sync(self):
         return self._ddp.no_sync()
 
+    def register_comm_hook(self, state, hook):
+        """Have DDP exchange each gradient bucket through `hook` (torch's DDP communication hooks);
+        before the first backward."""
+        self._ddp.register_comm_hook(state, hook)
+
     def sum_over_ranks(self, tensor):
         tensor = tensor.clone()
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
@@ -261,16 +267,23 @@ class DistributedStrategy(SingleDevice):
             dist.destroy_process_group()
 
 
+DDP_ARGUMENTS = inspect.signature(DistributedDataParallel.__init__).parameters
+
+
 def ddp_module(model, device):
     """`model` in DistributedDataParallel as training builds it (the benchmarks and the profiler reuse it).
 
-    broadcast_buffers=False: DDP would otherwise broadcast every buffer from rank 0 before each
-    forward, a second collective per step. Training in train mode never reads running statistics,
+    Without its per-forward buffer broadcast: DDP would otherwise broadcast every buffer from rank 0
+    before each forward, a second collective per step. Training in train mode never reads running statistics,
     so the trainer copies rank 0's buffers only where they are read: before evaluation and at
     checkpoints (sync_buffers)."""
+    # torch 2.13 renames the switch (broadcast_buffers warns that it is deprecated); older releases,
+    # such as a cluster's torch module, only know the old name.
+    no_forward_broadcast = ({"forward_sync_buffers": False} if "forward_sync_buffers" in DDP_ARGUMENTS
+                            else {"broadcast_buffers": False})
     return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                    find_unused_parameters=False, gradient_as_bucket_view=True,
-                                   broadcast_buffers=False)
+                                   **no_forward_broadcast)
 
 
 class _Ready:

@@ -8,6 +8,7 @@ import torch
 
 from training import faults
 from training.errors import TrainingDiverged
+from training.loop.precision import MAX_SKIPPED_STEPS
 from training.loop.schedule import micro_step_plan
 from training.loop.tally import NO_NONFINITE_STEP, EpochTally
 
@@ -112,22 +113,23 @@ class _StepHook:
         return stop
 
     def _check_in(self):
-        """At log points: stop the run if a loss on any rank was NaN/inf, and return whether any rank
+        """At log points: stop the run if a loss on any rank was NaN/inf (or fp16 skipped too many steps
+        in a row), and return whether any rank
         received a stop signal. Ranks send one small message per check-in and act on the previous
         one, which has had --log-interval steps to arrive, so no rank waits for the others here and
         all act at the same step. A stop request is therefore acted on within two check-ins; the
         saves check the losses themselves, so a bad step is never saved."""
         trainer = self.trainer
         received = trainer.stop_signals.received is not None
-        message = trainer.strategy.start_max_ints([int(received), -int(self.tally.earliest_nonfinite_step())])
+        message = trainer.strategy.start_max_ints([int(received), *health(trainer, self.tally)])
         if trainer.strategy.world_size == 1:
             decision = message.wait()  # nothing was sent: act on it now
         else:
             decision, self.in_flight = (self.in_flight.wait() if self.in_flight else None), message
         if decision is None:
             return False
-        stop, negative_earliest = decision
-        raise_if_diverged(trainer, -negative_earliest)
+        stop, *worst = decision
+        raise_if_diverged(trainer, *worst)
         return bool(stop)
 
     def finish(self):
@@ -156,14 +158,27 @@ def global_tally(trainer, tally):
     return loss_sum, int(samples)
 
 
+def health(trainer, tally):
+    """This rank's news for the NaN check, as ints whose maximum over ranks is the worst: the first
+    step with a NaN/inf loss (negated), and the longest run of steps the fp16 GradScaler skipped."""
+    skips = trainer.step.skips
+    return [-int(tally.earliest_nonfinite_step()), skips.longest_run() if skips is not None else 0]
+
+
 def check_finite(trainer, tally):
-    """Stop, before anything is saved, once a loss on any rank was NaN or inf."""
-    raise_if_diverged(trainer, -trainer.strategy.max_ints([-int(tally.earliest_nonfinite_step())])[0])
+    """Stop, before anything is saved, once a loss on any rank was NaN or inf, or fp16 skipped
+    MAX_SKIPPED_STEPS steps in a row."""
+    raise_if_diverged(trainer, *trainer.strategy.max_ints(health(trainer, tally)))
 
 
-def raise_if_diverged(trainer, earliest):
-    if earliest != NO_NONFINITE_STEP:
-        last = trainer.checkpoints.last_path
-        kept = f"{last} still holds the last good state" if last.exists() else "nothing was saved"
-        raise TrainingDiverged(f"the training loss became NaN/inf at step {earliest} (epoch {trainer.state.epoch + 1}); "
-                               f"{kept}. Lower --lr, keep --max-grad-norm on, or check the data for extreme values")
+def raise_if_diverged(trainer, negative_earliest, longest_skip_run):
+    last = trainer.checkpoints.last_path
+    kept = f"{last} still holds the last good state" if last.exists() else "nothing was saved"
+    where = f"(epoch {trainer.state.epoch + 1}); {kept}"
+    if -negative_earliest != NO_NONFINITE_STEP:
+        raise TrainingDiverged(f"the training loss became NaN/inf at step {-negative_earliest} {where}. Lower "
+                               "--lr, keep --max-grad-norm on, or check the data for extreme values")
+    if longest_skip_run >= MAX_SKIPPED_STEPS:
+        raise TrainingDiverged(f"the fp16 GradScaler skipped {longest_skip_run} optimizer steps in a row, their "
+                               f"gradients overflowing at every loss scale {where}. The loss or the weights are "
+                               "not finite: lower --lr, keep --max-grad-norm on, or try --amp-dtype bf16")

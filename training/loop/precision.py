@@ -45,33 +45,54 @@ class Precision:
         return f"precision: AMP {self.dtype_name} autocast{scaler}"
 
 
-class SkippedStepBuffers:
-    """Under fp16 the GradScaler skips a step whose gradients overflowed, but the forward passes
-    have already folded the window's batches into BatchNorm's running statistics, so one NaN batch
-    would leave them NaN for the rest of the run. This keeps the float buffers as they were when
-    the accumulation window opened and puts them back if a loss of the window was not finite,
-    with no host sync."""
+# Consecutive optimizer steps an fp16 GradScaler may skip before the run counts as diverged. Each
+# skip halves the loss scale, so by then it is 2^20 (about a million) times smaller than when the
+# gradients last fit: what still overflows is not a scale problem but a NaN/inf loss or weights.
+MAX_SKIPPED_STEPS = 20
 
-    def __init__(self, model):
+
+class SkippedSteps:
+    """The fp16 GradScaler's skipped steps, read from the scaler itself with no host sync: its scale
+    falls only when it skips a step whose gradients overflowed.
+
+    A skipped step leaves no trace: the forward passes of its window had already folded their
+    batches into BatchNorm's running statistics (one NaN batch would leave them NaN for the rest
+    of the run), so the float buffers are put back as they were when the window opened. And a run
+    of skipped steps is counted, so a run whose every step overflows stops (MAX_SKIPPED_STEPS)
+    instead of halving its scale forever."""
+
+    def __init__(self, model, grad_scaler):
+        self.grad_scaler = grad_scaler
         self.buffers = [buffer for buffer in model.buffers() if buffer.is_floating_point()]
         self.saved = [buffer.detach().clone() for buffer in self.buffers]
-        self.finite = None  # a device bool: every loss of the open window was finite
+        self._scale_before = self.run = self.longest = None  # device tensors, made at the first step
 
     def open_window(self):
-        torch._foreach_copy_(self.saved, self.buffers)
-        self.finite = None
+        if self.buffers:
+            torch._foreach_copy_(self.saved, self.buffers)
 
-    def watch(self, loss):
-        finite = torch.isfinite(loss)
-        self.finite = finite if self.finite is None else self.finite & finite
+    def before_step(self):
+        """Call between the last backward of the window and the scaler's step and update."""
+        scale = self.grad_scaler._scale  # the scaler's own tensor: reading it needs no host sync
+        if self._scale_before is None:
+            self._scale_before = torch.empty_like(scale)
+            self.run = torch.zeros((), dtype=torch.int64, device=scale.device)
+            self.longest = torch.zeros_like(self.run)
+        self._scale_before.copy_(scale)
 
-    def close_window(self):
+    def after_step(self):
+        """Call after the scaler's update: undo a skipped step's buffers, count the run of skips."""
+        skipped = self.grad_scaler._scale < self._scale_before
         for buffer, saved in zip(self.buffers, self.saved):
-            torch.where(self.finite, buffer, saved, out=buffer)
+            torch.where(skipped, saved, buffer, out=buffer)
+        self.run.add_(1).mul_(skipped)
+        torch.maximum(self.longest, self.run, out=self.longest)
+
+    def longest_run(self):
+        """The most consecutive steps skipped so far (reads the device)."""
+        return 0 if self.longest is None else int(self.longest)
 
 
-def skipped_step_buffers(model, precision):
-    """The guard for fp16 runs of models with float buffers; None where nothing needs guarding."""
-    if not precision.needs_grad_scaler or not any(b.is_floating_point() for b in model.buffers()):
-        return None
-    return SkippedStepBuffers(model)
+def skipped_steps(model, precision, grad_scaler):
+    """The watch for fp16 runs, which a GradScaler steps; None where no step can be skipped."""
+    return SkippedSteps(model, grad_scaler) if precision.needs_grad_scaler else None

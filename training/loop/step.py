@@ -38,12 +38,13 @@ class TrainStep:
     label_smoothing: float = 0.0
     augment: object = None  # a data.augment.BatchAugmenter, or None
     ema: object = None  # a training.loop.ema.WeightAverage, or None
-    buffer_guard: object = None  # a training.loop.precision.SkippedStepBuffers under fp16, or None
+    skips: object = None  # a training.loop.precision.SkippedSteps under fp16, or None
     _window_open: bool = False
 
     @property
     def watches_nonfinite(self):
-        """Whether the tally watches losses for NaN/inf: an fp16 GradScaler skips such steps itself."""
+        """Whether the tally watches losses for NaN/inf: under fp16 the GradScaler skips such steps
+        and `skips` counts them."""
         return not self.grad_scaler.is_enabled()
 
     def accumulate(self, signals, labels, window_size, sync, tally=None, step_number=None, timer=NO_TIMER):
@@ -56,8 +57,8 @@ class TrainStep:
         timer.lap("data")
         if self.augment is not None:
             signals = self.augment(signals)
-        if self.buffer_guard is not None and not self._window_open:
-            self.buffer_guard.open_window()
+        if self.skips is not None and not self._window_open:
+            self.skips.open_window()
             self._window_open = True
         # Only the micro-batch that ends an accumulation window all-reduces its gradients.
         with contextlib.nullcontext() if sync else self.strategy.no_sync():
@@ -69,8 +70,6 @@ class TrainStep:
         loss = loss.detach()
         if tally is not None:
             tally.add(loss, labels.shape[0], step_number if self.watches_nonfinite else None)
-        if self.buffer_guard is not None:
-            self.buffer_guard.watch(loss)
         return loss
 
     def update(self, timer=NO_TIMER):
@@ -78,10 +77,12 @@ class TrainStep:
         if self.max_grad_norm > 0:
             self.grad_scaler.unscale_(self.optimizer)  # clip the true gradients, not scaled ones
             torch.nn.utils.clip_grad_norm_(self.parameters, self.max_grad_norm)
+        if self.skips is not None:
+            self.skips.before_step()
         self.grad_scaler.step(self.optimizer)
         self.grad_scaler.update()
-        if self.buffer_guard is not None:
-            self.buffer_guard.close_window()  # a step the scaler skipped leaves no trace in the buffers either
+        if self.skips is not None:
+            self.skips.after_step()  # a step the scaler skipped leaves no trace in the buffers either
             self._window_open = False
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
