@@ -1,5 +1,7 @@
 """A checkpoint as one deployable file: raw-unit windows [B, C, T] in, logits out, with the
 normalisation inside, as TorchScript or ONNX (dynamic batch size)."""
+import contextlib
+import logging
 import warnings
 from pathlib import Path
 
@@ -10,7 +12,7 @@ from torch import nn
 from training.checkpoint.atomic import write_atomic
 from training.errors import UsageError
 
-ONNX_OPSET = 17
+ONNX_OPSET = 18  # the lowest the exporter built on torch.export writes without converting
 PARITY_BATCH = 3  # traced with one batch size, checked with another: the batch must stay dynamic
 
 
@@ -50,25 +52,40 @@ def export_torchscript(bundle, path):
 
 
 def export_onnx(bundle, path):
-    # The TorchScript-based exporter (dynamo=False) needs the onnx package but not onnxscript,
-    # which the default dynamo exporter would add as a further dependency.
+    # The exporter built on torch.export (dynamo=True): the TorchScript-based one is deprecated.
+    # It writes through onnxscript, an optional dependency like onnx itself.
     try:
         import onnx  # noqa: F401
+        import onnxscript  # noqa: F401
     except ImportError:
-        raise UsageError("--format onnx needs the onnx package: pip install onnx onnxruntime") from None
+        raise UsageError("--format onnx needs the onnx and onnxscript packages: "
+                         "pip install onnx onnxscript onnxruntime") from None
     model = deployable(bundle)
-    axes = {"signals": {0: "batch"}, "logits": {0: "batch"}}
+    batch = torch.export.Dim("batch")
     # ONNX has no operator for PyTorch's fused transformer-layer kernel: export the plain layers.
     fastpath = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
     try:
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the legacy exporter announces its deprecation at every call
-            write_atomic(path, lambda partial: torch.onnx.export(
-                model, (example_windows(bundle, 2),), str(partial), dynamo=False, input_names=["signals"],
-                output_names=["logits"], dynamic_axes=axes, opset_version=ONNX_OPSET))
+        with torch.no_grad(), warnings.catch_warnings(), _quiet_exporter():
+            warnings.simplefilter("ignore")  # torch.export's notes on deprecated internals, at every call
+            program = torch.onnx.export(model, (example_windows(bundle, 2),), dynamo=True, input_names=["signals"],
+                                        output_names=["logits"], dynamic_shapes={"signals": {0: batch}},
+                                        opset_version=ONNX_OPSET, verbose=False)
+        write_atomic(path, lambda partial: program.save(str(partial)))
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
+
+
+@contextlib.contextmanager
+def _quiet_exporter():
+    """The exporter logs, for every call, that torchvision's operators are not registered."""
+    logger = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def run_exported(path, fmt, windows):

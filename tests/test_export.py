@@ -46,6 +46,7 @@ def run_onnx(path, windows):
 def test_export_matches_pytorch(model, fmt, runner, tmp_path):
     if fmt == "onnx":
         pytest.importorskip("onnx")
+        pytest.importorskip("onnxscript")
         pytest.importorskip("onnxruntime")
     steps = 96 if model == "transformer" else 128  # the transformer also off its default length
     checkpoint = make_checkpoint(tmp_path / "best.pt", model=model, window_steps=steps)
