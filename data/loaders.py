@@ -41,6 +41,10 @@ class ShardedSampler(Sampler):
 
     `start` is a global position in the epoch order: a run resumed mid-epoch shards only
     order[start:], so it sees exactly the samples not yet seen, whatever its world size.
+
+    Not torchdata's StatefulDataLoader: its state counts what each rank's loader has yielded, which
+    cannot be resumed with another number of ranks, and it does not cover the device-resident path;
+    here the whole state is (seed, epoch, start), kept in the train state.
     """
 
     def __init__(self, num_samples, world_size=1, rank=0, shuffle=True, seed=0, pad=True):

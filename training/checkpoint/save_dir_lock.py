@@ -1,5 +1,9 @@
 """One run at a time per --save-dir: an flock on <save-dir>/.lock, which the OS drops when the
-holder dies, so a killed run never leaves the folder locked."""
+holder dies, so a killed run never leaves the folder locked.
+
+Not the `filelock` package (which torch already installs): it opens the lock file with O_TRUNC on
+every attempt, so a refused run would erase the holder's line, and that line (pid, host, start
+time, command) is what the refusal tells the user."""
 import datetime
 import fcntl
 import os
