@@ -1,9 +1,11 @@
 """One run at a time per --save-dir: an flock on <save-dir>/.lock, which the OS drops when the
 holder dies, so a killed run never leaves the folder locked.
 
-Not the `filelock` package (which torch already installs): it opens the lock file with O_TRUNC on
-every attempt, so a refused run would erase the holder's line, and that line (pid, host, start
-time, command) is what the refusal tells the user."""
+Not the `filelock` package, although torch installs it: the refusal names the holder from a line
+the holder writes into the lock file (pid, host, start time, command), and filelock releases up to
+3.29 truncate that file on every attempt, a refused one included (tox-dev/filelock#591), while later
+ones keep the file after release by design. This lock removes its file on release, safely: a taker
+checks that the file it locked is still the one at the path."""
 import datetime
 import fcntl
 import os
