@@ -4,6 +4,8 @@ import math
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from data.resident import DeviceResidentLoader, keep_on_device, split_bytes
+
 
 class WindowDataset(Dataset):
     """Signal windows and labels held as tensors; a batch is one fancy-index, not N item calls."""
@@ -90,3 +92,18 @@ def make_loader(split, batch_size, sampler, num_workers=0, pin_memory=False):
     return DataLoader(WindowDataset(split), batch_size=batch_size, sampler=sampler,
                       num_workers=num_workers, pin_memory=pin_memory, collate_fn=_whole_batch,
                       drop_last=False, generator=torch.Generator(), **workers)
+
+
+def split_loaders(splits, train_batch, eval_batch, device, world_size, rank, seed, data_path="auto", num_workers=0):
+    """This rank's batches of each split (name -> split): cut on the device when --data-path keeps
+    the splits there, else from a DataLoader. Training shuffles and pads so ranks step together;
+    evaluation does neither. Returns (loaders, kept_on_device)."""
+    on_device = keep_on_device(data_path, num_workers, device, split_bytes(*splits.values()))
+    loaders = {}
+    for name, split in splits.items():
+        training = name == "train"
+        sampler = ShardedSampler(len(split), world_size, rank, shuffle=training, seed=seed, pad=training)
+        batch = train_batch if training else eval_batch
+        loaders[name] = (DeviceResidentLoader(split, batch, sampler, device) if on_device else
+                         make_loader(split, batch, sampler, num_workers, pin_memory=device.type == "cuda"))
+    return loaders, on_device

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import torch
 
-from data.resident import DeviceResidentLoader, keep_on_device, split_bytes
-from data.loaders import ShardedSampler, make_loader
+from data.loaders import split_loaders
 from data.splits import HarData, fit_normalization, load_har_data, normalize
 from models import build_model, count_parameters
 from training.checkpoint import files as ckpt
@@ -93,35 +92,30 @@ class Trainer:
         """Everything a run needs, resumed from its checkpoint when there is one. Under DDP every rank
         builds the same, so every rank must call this. `quiet` keeps the run's console lines and
         TensorBoard off (a tool that only times the step)."""
-        save_dir = save_dir_of(config)
+        save_dir, optim = save_dir_of(config), config.optim
         if strategy.is_main:
             ckpt.prepare_save_dir(save_dir)
         log = RunLogger(save_dir, strategy.is_main and not quiet)
         resume_from, checkpoint = ckpt.load_resume_checkpoint(config.output.resume, save_dir, log.warn)
         data, normalization = _load_data(config, checkpoint, resume_from, log)
-        in_channels, num_classes = data.train.signals.shape[1], len(data.class_names)
-
-        torch.manual_seed(config.optim.seed)  # identical initial weights on every rank
-        model = build_model(config.model.name, in_channels, num_classes, dropout=config.model.dropout,
-                            norm=config.model.norm).to(strategy.device)
-        precision = Precision(strategy.device, config.optim.amp, config.optim.amp_dtype)
-        train_model = compile_for_training(strategy.wrap(model, precision), config.hardware)
-        log.info(f"run: {strategy.describe()} | model {config.model.name}: {count_parameters(model):,} parameters | "
-                 f"{precision.describe()}")
-        optim = config.optim
+        model, train_model, precision = _build_model(config, data, strategy, log)
         global_batch = global_batch_size(optim.batch_size, strategy.data_parallel_size, optim.grad_accum_steps)
         # DataParallel splits one loader batch over its GPUs; DDP ranks each load their own.
         loader_batch = optim.batch_size * strategy.data_parallel_size // strategy.world_size
-        loaders = _make_loaders(data, loader_batch, strategy, config, log)
+        loaders, on_device = split_loaders({"train": data.train, "val": data.val, "test": data.test}, loader_batch,
+                                           max(EVAL_BATCH_MIN, loader_batch), strategy.device, strategy.world_size,
+                                           strategy.rank, optim.seed, config.hardware.data_path,
+                                           config.hardware.num_workers)
+        log.info("data path: " + ("splits kept on the device, batches cut there" if on_device else
+                                  f"DataLoader with {config.hardware.num_workers} worker(s)"))
 
         peak_lr = scaled_lr(optim.lr, optim.lr_scaling, global_batch, optim.batch_size)
         optimizer = build_adamw(model, peak_lr, optim.weight_decay, strategy.device)
-        grad_scaler = precision.make_grad_scaler()
-        ema = build_weight_average(config.recipe, model)
+        grad_scaler, ema = precision.make_grad_scaler(), build_weight_average(config.recipe, model)
         state, rng = TrainState(), RandomStreams(strategy)
+        parts = {"model": model, "optimizer": optimizer, "scaler": grad_scaler, "ema": ema, "rng": rng}
         layout = {"world_size": strategy.world_size, "loader_batch": loader_batch,
                   "grad_accum_steps": optim.grad_accum_steps}
-        parts = {"model": model, "optimizer": optimizer, "scaler": grad_scaler, "ema": ema, "rng": rng}
         exact_resume = False
         if checkpoint is not None:
             restore_parts(checkpoint, state, parts)
@@ -132,17 +126,8 @@ class Trainer:
         strategy.check_same_on_all_ranks(state.step, "the optimizer steps already taken")
         record_run_config(config, save_dir, checkpoint, log, strategy.is_main)
 
-        # The schedule is a pure function of the step, positioned from the train state: a resumed run
-        # that changed the global batch re-lays it in its own steps.
-        steps_each_epoch = steps_per_epoch(len(loaders["train"]), optim.grad_accum_steps)
-        total_steps = steps_each_epoch * optim.epochs
-        warmup_steps = round(warmup_epochs(optim) * steps_each_epoch)
-        scheduler = build_scheduler(optimizer, warmup_steps, total_steps,
-                                    state.schedule_step(steps_each_epoch, global_batch))
-        log.info(f"lr: reference {optim.lr:.2e}, {optim.lr_scaling} scaling, global batch {global_batch} "
-                 f"({optim.batch_size} per GPU x {strategy.data_parallel_size} replicas x {optim.grad_accum_steps} "
-                 f"accumulation) -> peak {peak_lr:.2e}; warmup {warmup_steps} of {total_steps} steps "
-                 f"({steps_each_epoch} per epoch), then cosine to 0")
+        scheduler = _position_schedule(optimizer, optim, len(loaders["train"]), state, global_batch, peak_lr,
+                                       strategy.data_parallel_size, log)
         augment = build_augmenter(config.recipe, normalization, data.channel_names, strategy.device, log.warn)
         step = TrainStep(train_model, [p for p in model.parameters() if p.requires_grad], strategy, precision,
                          optimizer, scheduler, grad_scaler, optim.grad_accum_steps, optim.max_grad_norm,
@@ -150,10 +135,8 @@ class Trainer:
         metadata = _checkpoint_metadata(config, data, normalization, strategy, global_batch, layout)
         checkpoints = CheckpointManager(save_dir, config.output.keep_last, strategy, state,
                                         {**parts, "scheduler": scheduler}, metadata)
-        return cls(config=config, strategy=strategy, log=log, save_dir=save_dir, data=data, model=model,
-                   precision=precision, loaders=loaders, loader_batch=loader_batch, global_batch=global_batch,
-                   step=step, state=state, rng=rng, checkpoints=checkpoints, exact_resume=exact_resume,
-                   stop_signals=stop_signals or StopSignals())
+        return cls(config, strategy, log, save_dir, data, model, precision, loaders, loader_batch, global_batch,
+                   step, state, rng, checkpoints, stop_signals or StopSignals(), exact_resume)
 
     def fit(self):
         """Train until --epochs, early stopping, --stop-after-epochs or a stop signal. Returns "complete"
@@ -292,23 +275,30 @@ def _load_data(config, checkpoint, resume_from, log):
     return data, {"mean": torch.from_numpy(mean), "std": torch.from_numpy(std)}
 
 
-def _make_loaders(data, loader_batch, strategy, config, log):
-    """Each split's batches for this rank: cut on the device, or from a DataLoader."""
-    hardware, seed = config.hardware, config.optim.seed
-    splits = {"train": data.train, "val": data.val, "test": data.test}
-    on_device = keep_on_device(hardware.data_path, hardware.num_workers, strategy.device,
-                               split_bytes(*splits.values()))
-    log.info("data path: " + ("splits kept on the device, batches cut there" if on_device else
-                              f"DataLoader with {hardware.num_workers} worker(s)"))
-    loaders = {}
-    for name, split in splits.items():
-        training = name == "train"
-        sampler = ShardedSampler(len(split), world_size=strategy.world_size, rank=strategy.rank, shuffle=training,
-                                 seed=seed, pad=training)
-        batch = loader_batch if training else max(EVAL_BATCH_MIN, loader_batch)
-        loaders[name] = (DeviceResidentLoader(split, batch, sampler, strategy.device) if on_device else
-                         make_loader(split, batch, sampler, hardware.num_workers, strategy.device.type == "cuda"))
-    return loaders
+def _build_model(config, data, strategy, log):
+    """The bare model (what checkpoints hold), the same wrapped and maybe compiled (what the step
+    calls), and the run's precision."""
+    torch.manual_seed(config.optim.seed)  # identical initial weights on every rank
+    model = build_model(config.model.name, data.train.signals.shape[1], len(data.class_names),
+                        dropout=config.model.dropout, norm=config.model.norm).to(strategy.device)
+    precision = Precision(strategy.device, config.optim.amp, config.optim.amp_dtype)
+    train_model = compile_for_training(strategy.wrap(model, precision), config.hardware)
+    log.info(f"run: {strategy.describe()} | model {config.model.name}: {count_parameters(model):,} parameters | "
+             f"{precision.describe()}")
+    return model, train_model, precision
+
+
+def _position_schedule(optimizer, optim, micro_batches_per_epoch, state, global_batch, peak_lr, replicas, log):
+    """Warmup then cosine, a pure function of the step, positioned from the train state: a resumed run
+    that changed the global batch re-lays it in its own steps."""
+    steps_each_epoch = steps_per_epoch(micro_batches_per_epoch, optim.grad_accum_steps)
+    total_steps = steps_each_epoch * optim.epochs
+    warmup_steps = round(warmup_epochs(optim) * steps_each_epoch)
+    log.info(f"lr: reference {optim.lr:.2e}, {optim.lr_scaling} scaling, global batch {global_batch} "
+             f"({optim.batch_size} per GPU x {replicas} replicas x {optim.grad_accum_steps} accumulation) -> "
+             f"peak {peak_lr:.2e}; warmup {warmup_steps} of {total_steps} steps ({steps_each_epoch} per epoch), "
+             "then cosine to 0")
+    return build_scheduler(optimizer, warmup_steps, total_steps, state.schedule_step(steps_each_epoch, global_batch))
 
 
 def _announce_resume(checkpoint, path, state, layout, rng, global_batch, train_windows, log):
