@@ -11,7 +11,7 @@ def main(argv):
     if distributed_env()[2] > 1:
         raise UsageError("main.py is single-device; under torchrun use main_multi_gpu.py --multi-gpu ddp")
     if config.recipe.cv_folds:
-        from training.cross_validation import cross_validate
+        from crossval.folds import cross_validate
         return cross_validate(config)
     from training.trainer import train  # after parsing, so --help stays fast
     return train(config)

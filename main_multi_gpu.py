@@ -16,7 +16,7 @@ def main(argv):
         raise UsageError(f"--multi-gpu {multi_gpu} under torchrun would start identical runs in "
                          "every process; use --multi-gpu ddp, or plain python for dp")
     if config.recipe.cv_folds:  # folds are independent runs: one per process, each on its own GPU
-        from training.cross_validation import cross_validate
+        from crossval.folds import cross_validate
         return cross_validate(config)
     from training.trainer import train  # after parsing, so --help stays fast
     return train(config)

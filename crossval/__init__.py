@@ -1,0 +1,1 @@
+"""Subject-wise cross-validation: folds of whole subjects, one ordinary training run per fold, and their summary."""
