@@ -19,8 +19,8 @@ from training.checkpoint.atomic import write_atomic
 from training.config.cli import data_options, save_dir_of
 from training.config.environment import distributed_env, resolve_device_type
 from training.errors import SAME_ON_EVERY_RANK, UsageError
-from training.reporting.figures import plot_confusion_matrix
-from training.reporting.report import best_record, format_cv_table
+from evaluation.figures import plot_confusion_matrix
+from evaluation.metrics import best_record, format_cv_table
 from training.trainer import train
 
 REPORT = "cv_report.json"

@@ -9,8 +9,8 @@ from inference.bundle import load_bundle, pick_device, probabilities
 from inference.outputs import prepare_out_dir
 from training.checkpoint.atomic import write_atomic
 from training.errors import UsageError
-from training.reporting.figures import plot_confusion_matrix
-from training.reporting.report import classification_report, format_report
+from evaluation.figures import plot_confusion_matrix
+from evaluation.metrics import classification_report, format_report
 
 OUTPUTS = ("test_report.json", "confusion_matrix.png")
 

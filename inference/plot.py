@@ -1,7 +1,7 @@
 """timeline.png: the activity over time, the confidence under it, and the signal's magnitude."""
 import numpy as np
 
-from training.reporting.figures import pyplot  # the same Agg set-up as the training figures
+from evaluation.figures import pyplot  # the same Agg set-up as the training figures
 
 
 def plot_timeline(predictions, segments, path, title):

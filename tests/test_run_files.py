@@ -14,7 +14,7 @@ import yaml
 
 from conftest import REPO, TINY_DATA, load_checkpoint, run_in_process
 from profiling.cli import parse_profiler_args
-from training.reporting import figures
+from evaluation import figures
 from training.config.cli import parse_args
 from training.errors import EXIT_USAGE, UsageError
 from training.checkpoint.save_dir_lock import LOCK_NAME, SaveDirLock

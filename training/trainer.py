@@ -34,9 +34,9 @@ from training.loop.preemption import StopSignals
 from training.loop.recipe import build_augmenter, build_weight_average
 from training.loop.schedule import build_scheduler, global_batch_size, scaled_lr, steps_per_epoch
 from training.loop.step import TrainStep, build_adamw, compile_for_training, predict
-from training.reporting.figures import write_run_figures
+from evaluation.figures import write_run_figures
 from training.reporting.logger import RunLogger
-from training.reporting.report import classification_report, format_report, summary_metrics
+from evaluation.metrics import classification_report, format_report, summary_metrics
 
 EVAL_BATCH_MIN = 256
 

@@ -1,1 +1,1 @@
-"""What a run tells: console and TensorBoard, metrics, memory figures and pictures."""
+"""What a run tells while it trains: console, progress bar, TensorBoard, metrics.jsonl and memory figures."""

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import numpy as np
 
-from training.reporting.report import best_record
+from evaluation.metrics import best_record
 
 
 def pyplot():
