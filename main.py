@@ -2,8 +2,8 @@
 import sys
 
 from training.config.cli import parse_config
-from training.errors import UsageError, run_entry_point
 from training.config.environment import distributed_env
+from training.errors import UsageError, run_entry_point
 
 
 def main(argv):

@@ -100,8 +100,8 @@ class _OtherCpuMeter:
         self.start = (machine_busy_cpu_s(), own_cpu_s(), time.perf_counter())
 
     def cores_busy(self):
-        machine_s, own_s, wall_s = (now - then for now, then in
-                                    zip((machine_busy_cpu_s(), own_cpu_s(), time.perf_counter()), self.start))
+        now = (machine_busy_cpu_s(), own_cpu_s(), time.perf_counter())
+        machine_s, own_s, wall_s = (later - then for later, then in zip(now, self.start, strict=True))
         if machine_s is None or self.start[0] is None:
             return None
         return max(machine_s - own_s, 0.0) / wall_s
@@ -130,7 +130,7 @@ def median_ratio(rates, name, reference):
 
 def paired_ratio(rates, name, reference):
     """Median of the per-round ratios: each pairs two neighbouring timings, so slow drift cancels."""
-    return statistics.median(a / b for a, b in zip(rates[name], rates[reference]))
+    return statistics.median(a / b for a, b in zip(rates[name], rates[reference], strict=True))
 
 
 def machine_line(device):

@@ -8,9 +8,18 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import (TRAINER_SIDE, add_run_flags, build_run, format_rates, interleave, machine_line,
-                               median_ratio, paired_ratio, planned_epochs,
-                               train_trainer_epoch)
+from benchmarks.common import (
+    TRAINER_SIDE,
+    add_run_flags,
+    build_run,
+    format_rates,
+    interleave,
+    machine_line,
+    median_ratio,
+    paired_ratio,
+    planned_epochs,
+    train_trainer_epoch,
+)
 
 PATHS = ("device", "dataloader")
 
@@ -57,7 +66,8 @@ def main(argv=None):
             print(f"both: {TRAINER_SIDE}\n"
                   f"device: {type(runs['device'].loaders['train']).__name__} (splits on {device}, index_select "
                   f"per batch); dataloader: {type(runs['dataloader'].loaders['train']).__name__} with "
-                  f"{runs['dataloader'].config.hardware.num_workers} worker(s), copied to {device} per batch", flush=True)
+                  f"{runs['dataloader'].config.hardware.num_workers} worker(s), copied to {device} per batch",
+                  flush=True)
             print(machine_line(device), flush=True)
             (iteration, iteration_others), (training, training_others) = measure(opts, runs)
         finally:

@@ -14,12 +14,21 @@ import torch
 import torch.nn.functional as F
 from torch.optim.lr_scheduler import LambdaLR
 
-from benchmarks.common import (TRAINER_SIDE, add_run_flags, build_run, format_rates, interleave, machine_line,
-                               median_ratio, paired_ratio, planned_epochs,
-                               train_trainer_epoch)
+from benchmarks.common import (
+    TRAINER_SIDE,
+    add_run_flags,
+    build_run,
+    format_rates,
+    interleave,
+    machine_line,
+    median_ratio,
+    paired_ratio,
+    planned_epochs,
+    train_trainer_epoch,
+)
 from models import build_model
-from training.loop.step import compile_for_training
 from training.distributed.strategy import ddp_module
+from training.loop.step import compile_for_training
 
 # Below these the trainer costs more than noise explains on CPU.
 TARGET_RATIO = {"single": 0.97, "ddp": 0.95}
@@ -138,7 +147,8 @@ def report(opts, run, rates, other_cores):
     figures = {"mode": mode, "world_size": run.strategy.world_size, "model": opts.model,
                "batch_size_per_rank": opts.batch_size, "device": str(run.strategy.device),
                "precision": run.precision.dtype_name, "compile_mode": (opts.compile_mode or "default")
-               if run.config.hardware.compile else None, "threads": torch.get_num_threads(), "windows": len(run.data.train),
+               if run.config.hardware.compile else None, "threads": torch.get_num_threads(),
+               "windows": len(run.data.train),
                "rounds": opts.rounds, "epochs_per_round": opts.epochs_per_round, "machine": machine_line(
                    run.strategy.device), "rates": rates, "ratio": median_ratio(rates, "trainer", "minimal"),
                "paired_ratio": paired_ratio(rates, "trainer", "minimal"), "target": TARGET_RATIO[mode]}

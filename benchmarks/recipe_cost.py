@@ -7,8 +7,17 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import (RECIPE_OFF, add_run_flags, build_run, format_rates, interleave, machine_line,
-                               paired_ratio, planned_epochs, train_trainer_epoch)
+from benchmarks.common import (
+    RECIPE_OFF,
+    add_run_flags,
+    build_run,
+    format_rates,
+    interleave,
+    machine_line,
+    paired_ratio,
+    planned_epochs,
+    train_trainer_epoch,
+)
 from data.augment import AUGMENTATIONS
 
 TARGET_RATIO = 0.9  # the augmentation may cost at most a tenth of a step
@@ -33,7 +42,8 @@ def main(argv=None):
                   "(decay 0.998) and label smoothing 0.1", flush=True)
             print(machine_line(device), flush=True)
             sides = {name: functools.partial(train_trainer_epoch, run) for name, run in runs.items()}
-            rates, other_cores = interleave(sides, opts.rounds, opts.epochs_per_round, runs["plain"].strategy.synchronize)
+            rates, other_cores = interleave(sides, opts.rounds, opts.epochs_per_round,
+                                            runs["plain"].strategy.synchronize)
         finally:
             for run in runs.values():
                 run.log.close()

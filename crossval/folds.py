@@ -15,12 +15,12 @@ import torch
 import torch.distributed as dist
 
 from data.splits import load_har_data
+from evaluation.figures import plot_confusion_matrix
+from evaluation.metrics import best_record, format_cv_table
 from training.checkpoint.atomic import write_atomic
 from training.config.cli import data_options, save_dir_of
 from training.config.environment import distributed_env, resolve_device_type
 from training.errors import SAME_ON_EVERY_RANK, UsageError
-from evaluation.figures import plot_confusion_matrix
-from evaluation.metrics import best_record, format_cv_table
 from training.trainer import train
 
 REPORT = "cv_report.json"
@@ -59,8 +59,8 @@ def cross_validate(config):
         if config.output.resume is not None and _fold_finished(fold_config.output.save_dir, folds[fold]):
             print(f"fold {fold + 1}/{len(folds)} already finished (subjects {folds[fold]}); skipping", flush=True)
             continue
-        print(f"\n=== fold {fold + 1}/{len(folds)}: validating on subjects {folds[fold]} -> {fold_config.output.save_dir}",
-              flush=True)
+        print(f"\n=== fold {fold + 1}/{len(folds)}: validating on subjects {folds[fold]} -> "
+              f"{fold_config.output.save_dir}", flush=True)
         try:
             code = train(fold_config)
         except SAME_ON_EVERY_RANK as exc:
@@ -159,7 +159,8 @@ def summarise(save_dir, folds, class_names, use_test=True):
                "val_windows": report["num_samples"],
                # The best epoch was chosen on this very fold, which flatters it a little; the last
                # epoch's figure involves no choice.
-               "last_epoch_val_accuracy": records[-1]["val_acc"], "last_epoch_val_macro_f1": records[-1]["val_macro_f1"]}
+               "last_epoch_val_accuracy": records[-1]["val_acc"],
+               "last_epoch_val_macro_f1": records[-1]["val_macro_f1"]}
         test_path = fold_dir / "test_report.json"
         if use_test and test_path.is_file():  # not an older run's report under --no-test
             test = json.loads(test_path.read_text())

@@ -44,7 +44,7 @@ def uci_har_channels(acc_g, gyro_rad_s, sample_rate_hz):
     """{name: float32 [n]} for the UCI HAR channels a stream can give.
 
     acc_g and gyro_rad_s are [n, 3]; gyro_rad_s may be None (then no body_gyro_*)."""
-    if NOISE_CUTOFF_HZ >= sample_rate_hz / 2:
+    if sample_rate_hz / 2 <= NOISE_CUTOFF_HZ:
         raise DataError(f"the UCI HAR filters need a sample rate above {2 * NOISE_CUTOFF_HZ:g} Hz, "
                         f"got {sample_rate_hz:g} Hz")
     if len(acc_g) < MIN_FILTER_STEPS:

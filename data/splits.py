@@ -79,7 +79,7 @@ def _load_source(dataset, data_dir, synthetic_seed, windows_per_subject):
         raise DataError(f"unknown --dataset {dataset!r}; choose auto, uci-har, synthetic or npz")
     if windows_per_subject < 1:
         raise DataError("--synthetic-windows-per-subject must be at least 1")
-    why = "generated, seed %d" % synthetic_seed
+    why = f"generated, seed {synthetic_seed}"
     if dataset == "auto":
         why += ", no --data-dir given"
     return "synthetic", synthetic.generate(synthetic_seed, windows_per_subject), why

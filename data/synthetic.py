@@ -77,8 +77,12 @@ def _render(rng, labels, subject_index, traits):
 
     # Heel strike: a sharp pulse at the start of every step, decaying within ~0.1 of a cycle.
     impact = np.exp(-np.mod(angle, 2 * np.pi) / 0.35)
-    vertical = per_class(VERTICAL_G) * (np.sin(angle) + (SECOND_HARMONIC[labels] + rng.uniform(-0.1, 0.1, n))[:, None].astype(np.float32)
-                                         * np.sin(2 * angle + 0.6)) + per_class(IMPACT_G) * rng.uniform(0.5, 1.5, (n, 1)) * impact
+    # The draws keep their order (the data of a --synthetic-seed never changes): vertical gain, second
+    # harmonic, impact gain, impact spread.
+    vertical_gain = per_class(VERTICAL_G)
+    second_harmonic = (SECOND_HARMONIC[labels] + rng.uniform(-0.1, 0.1, n))[:, None].astype(np.float32)
+    vertical = (vertical_gain * (np.sin(angle) + second_harmonic * np.sin(2 * angle + 0.6))
+                + per_class(IMPACT_G) * rng.uniform(0.5, 1.5, (n, 1)) * impact)
     forward = per_class(FORWARD_G) * np.cos(angle)
     lateral = per_class(LATERAL_G) * np.sin(angle / 2)  # sway repeats once per stride
     # Standing still is never perfectly still: a slow balance sway, larger when standing.

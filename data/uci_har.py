@@ -61,7 +61,7 @@ def _parse_split(signal_paths, label_path, subject_path):
     labels = _read_matrix(label_path, 1).reshape(-1)
     subjects = _read_matrix(subject_path, 1).reshape(-1)
     counts = {path.name: len(m) for path, m in
-              [*zip(signal_paths, matrices), (label_path, labels), (subject_path, subjects)]}
+              [*zip(signal_paths, matrices, strict=True), (label_path, labels), (subject_path, subjects)]}
     if len(set(counts.values())) != 1:
         usual = max(set(counts.values()), key=list(counts.values()).count)
         odd = ", ".join(f"{name} has {n}" for name, n in counts.items() if n != usual)

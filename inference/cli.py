@@ -4,8 +4,8 @@ import math
 
 from inference.recording import ACC_UNITS, GYRO_UNITS
 from inference.timeline import SMOOTHERS
-from training.errors import UsageError
 from training.config.files import usage_error
+from training.errors import UsageError
 
 EXPORT_FORMATS = ("torchscript", "onnx")
 

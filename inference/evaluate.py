@@ -5,12 +5,12 @@ from pathlib import Path
 import numpy as np
 
 from data.splits import load_har_data
+from evaluation.figures import plot_confusion_matrix
+from evaluation.metrics import classification_report, format_report
 from inference.bundle import load_bundle, pick_device, probabilities
 from inference.outputs import prepare_out_dir
 from training.checkpoint.atomic import write_atomic
 from training.errors import UsageError
-from evaluation.figures import plot_confusion_matrix
-from evaluation.metrics import classification_report, format_report
 
 OUTPUTS = ("test_report.json", "confusion_matrix.png")
 

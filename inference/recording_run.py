@@ -2,10 +2,10 @@
 from inference.bundle import load_bundle, pick_device
 from inference.classify import check_usable, classify_recording
 from inference.outputs import prepare_out_dir, write_csv
-from training.checkpoint.atomic import write_atomic
 from inference.plot import plot_timeline
 from inference.recording import read_recording
 from inference.timeline import format_summary, merge_segments, smooth_labels
+from training.checkpoint.atomic import write_atomic
 from training.errors import UsageError
 
 OUTPUTS = ("windows.csv", "timeline.csv", "timeline.png")
@@ -32,7 +32,8 @@ def predict_recording(args):
     names = bundle.class_names
     write_csv(out / "windows.csv", ["start_s", "end_s", "predicted", "confidence", *names],
               [[f"{start:.3f}", f"{end:.3f}", names[row.argmax()], f"{row.max():.4f}", *(f"{p:.4f}" for p in row)]
-               for start, end, row in zip(predictions.start_s, predictions.end_s, predictions.probabilities)])
+               for start, end, row in zip(predictions.start_s, predictions.end_s, predictions.probabilities,
+                                          strict=True)])
     write_csv(out / "timeline.csv", ["start_s", "end_s", "activity", "confidence"],
               [[f"{s.start_s:.3f}", f"{s.end_s:.3f}", s.activity, f"{s.confidence:.4f}"] for s in segments])
     title = f"{recording.path}: {bundle.config.get('model')}" + (f", {args.smooth} smoothing" if args.smooth else "")

@@ -63,7 +63,7 @@ def merge_segments(labels, probabilities, start_s, end_s, class_names):
     own_start, own_end = owned_spans(start_s, end_s)
     edges = np.flatnonzero(np.diff(labels)) + 1
     segments = []
-    for first, stop in zip(np.r_[0, edges], np.r_[edges, len(labels)]):
+    for first, stop in zip(np.r_[0, edges], np.r_[edges, len(labels)], strict=True):
         label = int(labels[first])
         segments.append(Segment(float(own_start[first]), float(own_end[stop - 1]), class_names[label],
                                 float(probabilities[first:stop, label].mean())))

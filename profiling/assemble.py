@@ -92,8 +92,8 @@ def _notes(strategy, work, host_load):
         "warm-up steps ran once, before the first repeat",
         "data-wait share: host time spent in next(loader) and the copy to the device / step time",
         "T_compute: the same steps under DDP no_sync() (no gradient all-reduce; DDP is built without "
-        "its per-forward buffer broadcast, as training builds it); T_comm = max(T_step - T_compute, 0) is the communication "
-        "not hidden behind compute; R = mean T_compute / mean T_comm",
+        "its per-forward buffer broadcast, as training builds it); T_comm = max(T_step - T_compute, 0) is the "
+        "communication not hidden behind compute; R = mean T_compute / mean T_comm",
         "predictions: weak scaling (per-GPU batch fixed), step = each rank's step + ring all-reduce time, "
         "no overlap with backward assumed; speedup = N x T_step(1) / T_step(N) in global samples/s",
         "epoch time = optimizer steps in one epoch of the whole training split x mean step time",

@@ -5,10 +5,10 @@ import math
 from profiling.report import DEFAULT_ROOT
 from training.config.cli import build_parser, check_args
 from training.config.environment import distributed_env, launched_by_torchrun
-from training.errors import UsageError
-from training.distributed.launch import processes_per_node, run_torchrun, torchrun_arguments
 from training.config.files import parse_with_config
 from training.config.settings import RunConfig
+from training.distributed.launch import processes_per_node, run_torchrun, torchrun_arguments
+from training.errors import UsageError
 
 # Links assumed when one process has no process group to measure (bus bandwidth, latency per ring
 # step). CUDA: PCIe 4.0 x16 without NVLink, which NCCL drives at roughly 20 GB/s bus bandwidth

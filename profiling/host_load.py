@@ -22,8 +22,8 @@ class HostCpuMeter:
         """Seconds of CPU the other processes used, summed over this node's ranks; None off Linux."""
         if self._start is None or self._start[0] is None:
             return None
-        machine_s, own_s, wall_s = (now - then for now, then in
-                                    zip((machine_busy_cpu_s(), own_cpu_s(), time.perf_counter()), self._start))
+        now = (machine_busy_cpu_s(), own_cpu_s(), time.perf_counter())
+        machine_s, own_s, wall_s = (later - then for later, then in zip(now, self._start, strict=True))
         # Every rank sees the same machine; their own times add up (single node assumed).
         merged = reduce_over_ranks(strategy, {"machine": machine_s, "own": own_s, "wall": wall_s},
                                    {"machine": "max", "own": "mean", "wall": "max"})

@@ -21,11 +21,10 @@ from torch.optim.lr_scheduler import LambdaLR
 from profiling.neighbour import READY
 from profiling.timing import NullTimer
 from profiling.workload import optimizer_step
+from training.distributed.strategy import ddp_module
 from training.loop.ema import WeightAverage
 from training.loop.precision import skipped_steps
 from training.loop.step import build_adamw
-from training.distributed.strategy import ddp_module
-
 
 
 def host_rank_counts(world_sizes, device, threads_per_rank):
@@ -34,7 +33,7 @@ def host_rank_counts(world_sizes, device, threads_per_rank):
     if device.type != "cpu":
         return []
     cores = os.cpu_count() or 1
-    return [n for n in world_sizes if 1 < n and n * threads_per_rank <= cores]
+    return [n for n in world_sizes if n > 1 and n * threads_per_rank <= cores]
 
 
 class Neighbours:

@@ -12,8 +12,8 @@ from profiling.report import default_output_dir
 from profiling.timing import LapTimer, NullTimer, StepClock, barrier, gather_per_rank, reduce_over_ranks
 from profiling.trace import write_trace
 from profiling.workload import build_workload, optimizer_step
-from training.reporting.memory import GIB, read_memory
 from training.distributed.strategy import make_strategy
+from training.reporting.memory import GIB, read_memory
 
 
 class PerformanceProfiler:
@@ -67,10 +67,8 @@ class PerformanceProfiler:
 def measured_run(work, steps):
     """One repeat: `steps` normal steps (T_step) and, with 2+ ranks, as many under no_sync (T_compute)."""
     with_comm = timed_steps(work, steps, sync_gradients=True)
-    if work.strategy.world_size > 1:
-        compute = timed_steps(work, steps, sync_gradients=False)
-    else:
-        compute = with_comm  # one process has no all-reduce to skip
+    # One process has no all-reduce to skip.
+    compute = timed_steps(work, steps, sync_gradients=False) if work.strategy.world_size > 1 else with_comm
     comm_s, ratio = comm_split(with_comm["step_time_s"], compute["step_time_s"])
     return {**with_comm, "compute_step_time_s": compute["step_time_s"], "comm_time_s": comm_s,
             "compute_to_comm_ratio": ratio}
@@ -126,7 +124,7 @@ def phase_breakdown(work, steps):
     phases = {"data_s": _mean_of(per_step, "data"), "forward_s": _mean_of(per_step, "forward"),
               "backward_s": local["backward"], "optimizer_s": _mean_of(per_step, "optimizer"),
               "allreduce_s": max(normal["backward"] - local["backward"], 0.0) if distributed else 0.0}
-    merged = reduce_over_ranks(strategy, phases, {name: "max" for name in phases})
+    merged = reduce_over_ranks(strategy, phases, dict.fromkeys(phases, "max"))
     return {"steps": steps, **merged}
 
 
@@ -143,7 +141,8 @@ def peak_memory(work):
         values = [read_memory(device)[1]]
         what = "process peak RSS (resident set size, host memory) per rank since start, data included"
     rows = gather_per_rank(work.strategy, values)
-    return {"what": what, "per_rank": [{"rank": rank, **dict(zip(fields, row))} for rank, row in enumerate(rows)]}
+    return {"what": what, "per_rank": [{"rank": rank, **dict(zip(fields, row, strict=True))}
+                                       for rank, row in enumerate(rows)]}
 
 
 def _mean_of(per_step, phase):

@@ -2,8 +2,16 @@
 import math
 from dataclasses import dataclass
 
-from profiling.comm_model import (BYTES_PER_MB, DDP_BUCKET_CAP_MB, DDP_FIRST_BUCKET_BYTES, Link,
-                                  accumulation_for_efficiency, ddp_bucket_count, predict_world, share)
+from profiling.comm_model import (
+    BYTES_PER_MB,
+    DDP_BUCKET_CAP_MB,
+    DDP_FIRST_BUCKET_BYTES,
+    Link,
+    accumulation_for_efficiency,
+    ddp_bucket_count,
+    predict_world,
+    share,
+)
 
 GOOD_EFFICIENCY = 0.8  # the efficiency below which more GPUs are called poor value
 ACCUMULATION_TARGET = 0.9

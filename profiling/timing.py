@@ -28,7 +28,7 @@ class StepClock:
         """(total seconds, [seconds of each step]); waits for the device once, here."""
         self.synchronize()
         total_s = time.perf_counter() - self._start_s
-        pairs = zip(self._marks, self._marks[1:])
+        pairs = zip(self._marks, self._marks[1:], strict=False)
         if self.use_events:
             return total_s, [begin.elapsed_time(end) / 1e3 for begin, end in pairs]
         return total_s, [end - begin for begin, end in pairs]

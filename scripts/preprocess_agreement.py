@@ -32,7 +32,7 @@ def main():
         stream = np.stack([channels[channel] for channel in SIGNAL_NAMES])
         label = archive[f"{name}_label"].astype(np.int64)
         edges = np.flatnonzero(np.diff(label)) + 1
-        for first, stop in zip(np.r_[0, edges], np.r_[edges, len(label)]):
+        for first, stop in zip(np.r_[0, edges], np.r_[edges, len(label)], strict=True):
             starts = np.arange(first, stop - WINDOW_STEPS + 1, WINDOW_STEPS // 2)
             if 1 <= label[first] <= 6 and len(starts):
                 ours.append(cut_windows(stream, starts, WINDOW_STEPS))

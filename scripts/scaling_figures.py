@@ -31,7 +31,7 @@ def _speedup_efficiency(rows, labels, path):
         return None
     fig, axes = plt.subplots(len(worlds), 2, figsize=(11, 4 * len(worlds)), squeeze=False)
     x = np.arange(len(labels))
-    for (ax_speed, ax_eff), n in zip(axes, worlds):
+    for (ax_speed, ax_eff), n in zip(axes, worlds, strict=True):
         by_config = {_key(r): r for r in rows if r["world_size"] == n}
         picked = [by_config.get(key) for key in labels]
         for ax, measured, predicted, ideal, unit in (
@@ -43,7 +43,7 @@ def _speedup_efficiency(rows, labels, path):
             ax.bar(x + 0.2, [_value(r, predicted) for r in picked], 0.4, color=PREDICTED,
                    label="predicted (1-process step + all-reduce)")
             ax.axhline(ideal, color=IDEAL, linestyle="--", label=f"ideal ({ideal:g}{unit})")
-            for xi, value in zip(x, values):  # inside the bar, clear of the error bar
+            for xi, value in zip(x, values, strict=True):  # inside the bar, clear of the error bar
                 ax.text(xi - 0.2, value / 2, f"{value:.2f}{unit}" if unit else f"{value:.0%}", ha="center",
                         va="center", fontsize=8, color="white", rotation=90)
             ax.set_xticks(x, [labels[key] for key in labels])

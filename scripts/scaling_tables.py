@@ -141,8 +141,8 @@ def _overall(rows, profiles):
                          + ", ".join(f"{_label(r)} {r['prediction_error']:+.1%}" for r in predicted)
                          + f"; largest {abs(worst_error['prediction_error']):.1%} ({_label(worst_error)})")
             lines.append("  the all-reduce alone would have predicted: " + ", ".join(
-                f"{_label(r)} {r['allreduce_only_speedup']:.2f}x ({r['allreduce_only_speedup'] / r['measured_speedup'] - 1:+.0%})"
-                for r in predicted))
+                f"{_label(r)} {r['allreduce_only_speedup']:.2f}x "
+                f"({r['allreduce_only_speedup'] / r['measured_speedup'] - 1:+.0%})" for r in predicted))
     loaded = [p for p in profiles if p.get("host_load") and
               p["host_load"]["other_processes_cpu_s"] > OTHER_CPU_WORRY * p["host_load"]["wall_s"]]
     if loaded:

@@ -7,8 +7,8 @@ from torch import nn
 
 from data.augment import AugmentConfig, BatchAugmenter, parse_kinds, random_rotations, sensor_triples
 from data.splits import channel_names
-from training.loop.ema import WeightAverage
 from training.checkpoint.rng_state import seed_epoch
+from training.loop.ema import WeightAverage
 
 NINE = channel_names("flatten")
 MEAN = torch.tensor([0.0, 0.1, -0.2, 0.0, 0.0, 0.0, 0.8, 0.1, 0.3])  # total_acc carries gravity
@@ -133,4 +133,4 @@ def test_weight_average_follows_the_warmed_up_decay_exactly():
     restored.load_state_dict(average.state_dict())
     assert restored.updates == 29
     assert all(torch.equal(a, b) for a, b in zip(restored.module.state_dict().values(),
-                                                 average.module.state_dict().values()))
+                                                 average.module.state_dict().values(), strict=True))

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from conftest import TINY_DATA, load_checkpoint, run_in_process, run_subprocess
-from data.splits import load_har_data
 from crossval.folds import FOLDS_FILE, _claim_folder, fold_subjects
+from data.splits import load_har_data
 from training.errors import UsageError
 
 # 21 training subjects x 32 windows, 2 folds, 2 epochs, a checkpoint after every step.
@@ -88,7 +88,8 @@ def test_killed_cv_run_resumes_at_its_fold_and_step(uninterrupted, tmp_path):
     assert "fold 1/2 already finished" in resumed.stdout and "RESUMING" in resumed.stdout
     expected_dir, _ = uninterrupted
     for fold in ("fold-0", "fold-1"):
-        expected, actual = load_checkpoint(expected_dir / fold / "last.pt"), load_checkpoint(tmp_path / fold / "last.pt")
+        expected = load_checkpoint(expected_dir / fold / "last.pt")
+        actual = load_checkpoint(tmp_path / fold / "last.pt")
         assert expected["step"] == actual["step"]
         for key in ("model", "ema"):
             weights = expected[key] if key == "model" else expected[key]["weights"]

@@ -17,8 +17,15 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (CUDA_MARKS, TINY_DATA, load_checkpoint, max_abs_difference, read_metrics, run_in_process,
-                      run_subprocess)
+from conftest import (
+    CUDA_MARKS,
+    TINY_DATA,
+    load_checkpoint,
+    max_abs_difference,
+    read_metrics,
+    run_in_process,
+    run_subprocess,
+)
 from inference_fixtures import synthetic_stream, write_csv
 from test_predict import run_script
 from test_resume import RUN, assert_same_state
@@ -162,8 +169,8 @@ def test_data_parallel_replicas_compute_in_the_runs_autocast_dtype():
     enters the run's own. Two replicas on GPU 0 take the threaded path one GPU never takes otherwise."""
     from torch.nn.parallel import parallel_apply
 
-    from training.loop.precision import Precision
     from training.distributed.strategy import _AutocastForward
+    from training.loop.precision import Precision
     device = torch.device("cuda", 0)
     precision = Precision(device, True, "bf16")
     replica = _AutocastForward(torch.nn.Linear(8, 4).to(device), precision)
@@ -352,7 +359,7 @@ def test_cuda_random_state_round_trips_through_a_checkpoint(tmp_path):
     torch.rand(7, device=device)
     rng_state.restore(load_checkpoint(tmp_path / "rng.pt")["rng"][0], device)
     again = torch.rand(1000, device=device), torch.nn.functional.dropout(torch.ones(1000, device=device), 0.5)
-    assert all(torch.equal(a, b) for a, b in zip(expected, again))
+    assert all(torch.equal(a, b) for a, b in zip(expected, again, strict=True))
 
 
 @pytest.fixture(scope="module")
@@ -454,7 +461,7 @@ def test_dataloader_batches_are_pinned_and_equal_the_device_resident_ones(worker
     assert all(signals.is_pinned() and labels.is_pinned() for signals, labels in host)
     resident = list(DeviceResidentLoader(split, 8, sampler, device))
     assert len(host) == len(resident) == 5
-    for (signals, labels), (on_device, labels_on_device) in zip(host, resident):
+    for (signals, labels), (on_device, labels_on_device) in zip(host, resident, strict=True):
         assert on_device.device == device
         assert torch.equal(signals.to(device, non_blocking=True), on_device)
         assert torch.equal(labels.to(device, non_blocking=True), labels_on_device)

@@ -122,7 +122,7 @@ def test_cache_written_under_root_and_used_on_second_load(fake_uci, monkeypatch)
 
     monkeypatch.setattr(uci_har, "_parse_split", no_parse)
     second = uci_har.load_split(root, "train")
-    for a, b in zip(first, second):
+    for a, b in zip(first, second, strict=True):
         assert a.dtype == b.dtype
         assert np.array_equal(a, b)
 
@@ -331,7 +331,7 @@ def synth():
 def test_synthetic_same_seed_same_arrays(synth):
     again = synthetic.generate(seed=3, windows_per_subject=WPS)
     for split in ("train", "test"):
-        for a, b in zip(synth[split], again[split]):
+        for a, b in zip(synth[split], again[split], strict=True):
             assert np.array_equal(a, b)
 
 

@@ -203,6 +203,7 @@ def test_a_run_whose_every_step_the_grad_scaler_skips_stops_as_diverged(tmp_path
     the run stops at the first check-in after 20 skips in a row (exit 3 through the entry point).
     CPU runs refuse --amp-dtype fp16, so the step gets a CPU GradScaler, which decides as fp16's does."""
     import dataclasses
+
     from training.config.cli import parse_config
     from training.distributed.strategy import make_strategy
     from training.errors import TrainingDiverged

@@ -71,7 +71,7 @@ def test_recording_outputs(checkpoint, recording, tmp_path):
     timeline = read_rows(tmp_path / "out" / "timeline.csv")
     assert list(timeline[0]) == ["start_s", "end_s", "activity", "confidence"]
     assert float(timeline[0]["start_s"]) == 0.0 and float(timeline[-1]["end_s"]) == pytest.approx(30.0, abs=1e-3)
-    for before, after in zip(timeline, timeline[1:]):
+    for before, after in zip(timeline, timeline[1:], strict=False):
         assert before["end_s"] == after["start_s"] and before["activity"] != after["activity"]
     assert (tmp_path / "out" / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "windows" in out and all(name in out for name in CLASS_NAMES)
@@ -91,7 +91,8 @@ def test_recording_matches_the_model_on_the_same_windows(checkpoint, stream, tmp
     mean, std = state["normalization"]["mean"][None, :, None], state["normalization"]["std"][None, :, None]
     with torch.no_grad():
         expected = torch.softmax(bundle.model((torch.from_numpy(windows) - mean) / std), dim=1).numpy()
-    written = np.array([[float(row[name]) for name in CLASS_NAMES] for row in read_rows(tmp_path / "out" / "windows.csv")])
+    rows = read_rows(tmp_path / "out" / "windows.csv")
+    written = np.array([[float(row[name]) for name in CLASS_NAMES] for row in rows])
     np.testing.assert_allclose(written, expected, atol=1e-3)
 
 
@@ -109,7 +110,7 @@ def test_npz_csv_units_and_rates_agree(checkpoint, stream, tmp_path):
         assert code == 0, err
         rows = read_rows(tmp_path / name / "windows.csv")
         assert [row["start_s"] for row in rows] == [row["start_s"] for row in reference]
-        for row, expected in zip(rows, reference):
+        for row, expected in zip(rows, reference, strict=True):
             assert abs(float(row["confidence"]) - float(expected["confidence"])) < 2e-3
 
 
@@ -224,7 +225,8 @@ def bad_recording(tmp_path, case):
     ("time-in-ms", ["0.05 Hz", "time"]),
 ])
 def test_bad_recording(case, names, checkpoint, out_dir, tmp_path):
-    refuse(["--checkpoint", checkpoint, "--recording", bad_recording(tmp_path, case), "--out", out_dir], out_dir, *names)
+    recording = bad_recording(tmp_path, case)
+    refuse(["--checkpoint", checkpoint, "--recording", recording, "--out", out_dir], out_dir, *names)
 
 
 @pytest.mark.parametrize("content, names", [

@@ -26,7 +26,7 @@ def reference_uci_windows(acc, gyro, labels):
     stream = np.concatenate([body, body_gyro, total])
     edges = np.flatnonzero(np.diff(labels)) + 1
     windows, starts, ys = [], [], []
-    for first, stop in zip(np.r_[0, edges], np.r_[edges, len(labels)]):
+    for first, stop in zip(np.r_[0, edges], np.r_[edges, len(labels)], strict=True):
         for start in range(first, stop - WINDOW + 1, WINDOW // 2):
             windows.append(stream[:, start:start + WINDOW])
             starts.append(start)

@@ -11,9 +11,18 @@ from argparse import Namespace
 import pytest
 
 from conftest import TINY_DATA, run_subprocess
-from profiling.comm_model import (Link, accumulation_for_efficiency, bus_bandwidth_bytes_per_s, comm_split,
-                                  ddp_bucket_count, efficiency, fit_ring_link, predict_world,
-                                  ring_allreduce_time_s, speedup)
+from profiling.comm_model import (
+    Link,
+    accumulation_for_efficiency,
+    bus_bandwidth_bytes_per_s,
+    comm_split,
+    ddp_bucket_count,
+    efficiency,
+    fit_ring_link,
+    predict_world,
+    ring_allreduce_time_s,
+    speedup,
+)
 from profiling.recommend import Figures, larger_batch_shares, recommendations
 from profiling.scaling import scaling_rows
 
@@ -121,6 +130,7 @@ def test_host_effects_enter_each_ranks_step_and_survive_a_json_round_trip():
 
 def test_neighbours_only_where_ranks_would_share_this_hosts_cores():
     import torch
+
     from profiling.host_sharing import host_rank_counts
     cores = os.cpu_count()
     assert host_rank_counts([1, 2, 4, 8], torch.device("cpu"), 1) == [n for n in (2, 4, 8) if n <= cores]

@@ -36,7 +36,7 @@ def test_same_batches_as_the_dataloader_for_every_rank(world_size, shuffle, pad,
             assert len(resident) == len(regular)
             got, expected = batches(resident), batches(regular)
             assert len(got) == len(expected) > 0
-            for (signals, labels), (want_signals, want_labels) in zip(got, expected):
+            for (signals, labels), (want_signals, want_labels) in zip(got, expected, strict=True):
                 assert torch.equal(signals, want_signals) and torch.equal(labels, want_labels)
 
 

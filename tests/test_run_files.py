@@ -13,11 +13,11 @@ import torch
 import yaml
 
 from conftest import REPO, TINY_DATA, load_checkpoint, run_in_process
-from profiling.cli import parse_profiler_args
 from evaluation import figures
+from profiling.cli import parse_profiler_args
+from training.checkpoint.save_dir_lock import LOCK_NAME, SaveDirLock
 from training.config.cli import parse_args
 from training.errors import EXIT_USAGE, UsageError
-from training.checkpoint.save_dir_lock import LOCK_NAME, SaveDirLock
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # A tiny run whose settings all differ from the defaults somewhere, so a lost key shows.

@@ -4,8 +4,14 @@ import math
 import pytest
 import torch
 
-from training.loop.schedule import (build_scheduler, global_batch_size, micro_step_plan, scaled_lr,
-                               steps_per_epoch, warmup_cosine)
+from training.loop.schedule import (
+    build_scheduler,
+    global_batch_size,
+    micro_step_plan,
+    scaled_lr,
+    steps_per_epoch,
+    warmup_cosine,
+)
 
 
 @pytest.mark.parametrize("world, accum, expected", [(1, 1, 32), (2, 1, 64), (4, 2, 256), (8, 1, 256)])
@@ -34,7 +40,7 @@ def test_warmup_ramps_linearly_then_cosine_reaches_zero():
     assert warmup_cosine(warmup + 50, warmup, total) == pytest.approx(0.5)  # half-way through decay
     assert warmup_cosine(total, warmup, total) == pytest.approx(0.0, abs=1e-12)
     decay = [warmup_cosine(step, warmup, total) for step in range(warmup, total + 1)]
-    assert all(a >= b for a, b in zip(decay, decay[1:]))
+    assert all(a >= b for a, b in zip(decay, decay[1:], strict=False))
 
 
 def test_no_warmup_starts_at_peak():

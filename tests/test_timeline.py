@@ -2,8 +2,7 @@
 import numpy as np
 import pytest
 
-from inference.timeline import (format_summary, labels_at, merge_segments, owned_spans, smooth_labels,
-                                time_per_activity)
+from inference.timeline import format_summary, labels_at, merge_segments, owned_spans, smooth_labels, time_per_activity
 
 NAMES = ("A", "B", "C")
 
@@ -34,7 +33,7 @@ def test_merge_joins_runs_and_covers_the_recording():
     segments = merge_segments(labels, probs, start_s, end_s, NAMES)
     assert [s.activity for s in segments] == ["A", "B", "A", "C"]
     assert segments[0].start_s == start_s[0] and segments[-1].end_s == end_s[-1]
-    for before, after in zip(segments, segments[1:]):
+    for before, after in zip(segments, segments[1:], strict=False):
         assert before.end_s == after.start_s
     assert segments[0].confidence == pytest.approx(0.7)  # mean of 0.8 and 0.6
     totals = time_per_activity(segments, NAMES)

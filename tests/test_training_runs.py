@@ -6,8 +6,15 @@ import sys
 import pytest
 import torch
 
-from conftest import (TINY_DATA, load_checkpoint, max_abs_difference, read_metrics, requires_cuda,
-                      run_in_process, run_subprocess)
+from conftest import (
+    TINY_DATA,
+    load_checkpoint,
+    max_abs_difference,
+    read_metrics,
+    requires_cuda,
+    run_in_process,
+    run_subprocess,
+)
 
 # The configuration where one process x 32, DDP 2 x 16 and accumulation 2 x 16 are the same
 # mathematics: no batch-dependent layers, no dropout, the same LR whatever the split.
@@ -34,7 +41,7 @@ def assert_run_outputs(save_dir, epochs, world_size):
     records = read_metrics(save_dir)
     assert [r["epoch"] for r in records] == list(range(1, epochs + 1))  # one writer: no duplicates
     for record in records:
-        assert EPOCH_KEYS <= record.keys()
+        assert record.keys() >= EPOCH_KEYS
         assert record["world_size"] == world_size and record["samples_per_s"] > 0
         assert len(record["memory"]) == world_size
         assert all(entry["peak_rss_gib"] > 0 for entry in record["memory"])

@@ -16,6 +16,8 @@ import torch
 
 from data.loaders import split_loaders
 from data.splits import HarData, fit_normalization, load_har_data, normalize
+from evaluation.figures import write_run_figures
+from evaluation.metrics import classification_report, format_report, summary_metrics
 from models import build_model, count_parameters
 from training.checkpoint import files as ckpt
 from training.checkpoint.manager import CheckpointManager, restore_parts
@@ -34,9 +36,7 @@ from training.loop.preemption import StopSignals
 from training.loop.recipe import build_augmenter, build_weight_average
 from training.loop.schedule import build_scheduler, global_batch_size, scaled_lr, steps_per_epoch
 from training.loop.step import TrainStep, build_adamw, compile_for_training, predict
-from evaluation.figures import write_run_figures
 from training.reporting.logger import RunLogger
-from evaluation.metrics import classification_report, format_report, summary_metrics
 
 EVAL_BATCH_MIN = 256
 
@@ -119,7 +119,8 @@ class Trainer:
         exact_resume = False
         if checkpoint is not None:
             restore_parts(checkpoint, state, parts)
-            exact_resume = _announce_resume(checkpoint, resume_from, state, layout, rng, global_batch, len(data.train), log)
+            exact_resume = _announce_resume(checkpoint, resume_from, state, layout, rng, global_batch,
+                                            len(data.train), log)
             if ema is not None and not checkpoint.get("ema"):
                 log.info("the checkpoint has no weight average: it starts from the resumed weights")
                 ema.restart()

@@ -68,5 +68,5 @@ def build_plan(scratch, device="cuda", quick=False):
             steps.append(Step(f"overhead bs{batch} {variant}", "overhead", [
                 python, "-m", "benchmarks.overhead", "--device", device, "--batch-size", str(batch), "--rounds",
                 str(effort.rounds), *effort.windows, *flags, "--json", str(path)],
-                dict(batch_size=batch, compile=variant), path, cuda_only=variant == "reduce-overhead"))
+                {"batch_size": batch, "compile": variant}, path, cuda_only=variant == "reduce-overhead"))
     return steps

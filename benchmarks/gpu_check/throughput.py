@@ -30,11 +30,11 @@ from profiling.cli import parse_profiler_args
 from profiling.measure import timed_steps
 from profiling.report import json_ready
 from profiling.timing import NullTimer
-from training.checkpoint.atomic import write_atomic
-from training.errors import UsageError
 from training import trainer as trainer_module
-from training.reporting.memory import GIB
+from training.checkpoint.atomic import write_atomic
 from training.distributed.strategy import make_strategy
+from training.errors import UsageError
+from training.reporting.memory import GIB
 
 WHAT = ("samples_per_s: samples the timed steps took (an epoch's shorter last batch counts its own size, not "
         "the batch size) per second of those steps, mean over repeats; warm-up: at least one epoch; "
@@ -130,7 +130,7 @@ def run_matrix(configurations, opts, write, say=print):
     """Measure each configuration in turn; write(entries, finished) after each. Returns the entries."""
     entries = [{**asdict(config), "status": "not run"} for config in configurations]
     write(entries, False)
-    for entry, config in zip(entries, configurations):
+    for entry, config in zip(entries, configurations, strict=True):
         started = time.perf_counter()
         try:
             entry.update(measure(profiler_args(config, opts)), status="ok")
@@ -184,7 +184,7 @@ def parse(argv):
     parser.add_argument("--repeats", type=int, default=None, help="default: 2, 1 with --quick")
     opts = parser.parse_args(argv)
     defaults = (QUICK if opts.quick else FULL).profile
-    for name, default in zip(("warmup_steps", "steps", "repeats"), defaults):
+    for name, default in zip(("warmup_steps", "steps", "repeats"), defaults, strict=True):
         if getattr(opts, name) is None:
             setattr(opts, name, default)
     unknown = sorted(set(opts.precisions) - set(PRECISIONS))

@@ -28,7 +28,7 @@ class SaveDirLock:
     def acquire(self):
         """Take the lock or refuse in one line naming the run that holds it."""
         while self._file is None:
-            handle = open(self.path, "a+")
+            handle = open(self.path, "a+")  # noqa: SIM115 - the open file is the lock, held until release()
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

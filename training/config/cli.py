@@ -7,13 +7,13 @@ from data.augment import AUGMENTATIONS, AugmentConfig, parse_kinds
 from data.splits import CHANNEL_MODES
 from data.synthetic import DEFAULT_WINDOWS_PER_SUBJECT
 from models import MODELS, NORMS
-from training.errors import UsageError
 from training.config.files import parse_with_config
 from training.config.settings import RunConfig
+from training.errors import UsageError
 
 DEFAULT_WARMUP_EPOCHS = 2.0
-# The default recipe, chosen by 7-fold subject-wise cross-validation on real recordings (README,
-# "Models that work on new people").
+# The default recipe, chosen by 7-fold subject-wise cross-validation on real recordings
+# (docs/training.md, "Models that work on new people").
 DEFAULT_MODEL = "transformer"
 DEFAULT_AUGMENT = "rotate,scale,jitter,shift"
 DEFAULT_EMA_DECAY = 0.998
@@ -69,7 +69,7 @@ def build_parser(multi_gpu):
     group = parser.add_argument_group("data")
     group.add_argument("--dataset", choices=("auto", "uci-har", "synthetic", "npz"), default="auto",
                        help="auto: UCI HAR when --data-dir holds it, else the built-in synthetic data; "
-                            "npz: your own windows in an .npz file (see README)")
+                            "npz: your own windows in an .npz file (see docs/using_a_model.md)")
     group.add_argument("--data-dir", default=None,
                        help="the 'UCI HAR Dataset' folder or the folder that holds it; with --dataset npz, "
                             "the .npz file")
@@ -249,10 +249,10 @@ def check_args(args):
 def data_options(config, **overrides):
     """The keyword arguments of data.splits.load_har_data that the settings describe."""
     data = config.data
-    options = dict(dataset=data.dataset, data_dir=data.data_dir, mode=data.mode, val_fraction=data.val_fraction,
-                   split_seed=config.optim.seed, synthetic_seed=data.synthetic_seed,
-                   synthetic_windows_per_subject=data.synthetic_windows_per_subject,
-                   val_subjects=data.val_subjects)
+    options = {"dataset": data.dataset, "data_dir": data.data_dir, "mode": data.mode,
+               "val_fraction": data.val_fraction, "split_seed": config.optim.seed,
+               "synthetic_seed": data.synthetic_seed, "val_subjects": data.val_subjects,
+               "synthetic_windows_per_subject": data.synthetic_windows_per_subject}
     return {**options, **overrides}
 
 
@@ -282,7 +282,7 @@ def _subject_list(text):
     try:
         subjects = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated subject ids such as 3,7,15, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected comma-separated subject ids such as 3,7,15, got {text!r}") from None
     if not subjects:
         raise argparse.ArgumentTypeError("expected at least one subject id")
     return subjects
@@ -292,7 +292,7 @@ def _gpu_id_list(text):
     try:
         ids = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated GPU indices such as 0,1, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected comma-separated GPU indices such as 0,1, got {text!r}") from None
     if not ids or min(ids) < 0 or len(set(ids)) != len(ids):
         raise argparse.ArgumentTypeError(f"expected distinct non-negative GPU indices, got {text!r}")
     return ids

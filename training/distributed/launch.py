@@ -7,9 +7,9 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import get_args_parser, run
 
-from training.errors import EXIT_PREEMPTED, UsageError
 from training.config.environment import check_parallel_args
 from training.distributed.preflight import check_before_training
+from training.errors import EXIT_PREEMPTED, UsageError
 
 
 def processes_per_node(config):

@@ -2,9 +2,9 @@
 ranks alike, in one line, instead of in one rank while the others wait in a collective."""
 from data.splits import load_har_data
 from training.checkpoint import files as ckpt
+from training.checkpoint.save_dir_lock import NoLock, SaveDirLock
 from training.config.cli import data_options, save_dir_of
 from training.config.environment import check_parallel_args, distributed_env
-from training.checkpoint.save_dir_lock import NoLock, SaveDirLock
 
 
 def check_before_training(config, keep_lock=True):

@@ -229,7 +229,7 @@ class DistributedStrategy(SingleDevice):
         padded[:tensor.numel()] = tensor
         pieces = [torch.zeros_like(padded) for _ in range(self.world_size)]
         dist.all_gather(pieces, padded)
-        return torch.cat([piece[:int(n.item())] for piece, n in zip(pieces, lengths)])
+        return torch.cat([piece[:int(n.item())] for piece, n in zip(pieces, lengths, strict=True)])
 
     def check_same_on_all_ranks(self, value, what):
         """Fail, rather than hang in a later collective, when ranks disagree on an integer."""

@@ -32,7 +32,7 @@ class WeightAverage:
         averaged, current, exact_averaged, exact_current = self._tensors()
         with torch.no_grad():
             torch._foreach_lerp_(averaged, current, 1.0 - decay)
-            for target, source in zip(exact_averaged, exact_current):
+            for target, source in zip(exact_averaged, exact_current, strict=True):
                 target.copy_(source)  # counters such as num_batches_tracked are copied, not averaged
 
     def state_dict(self):
@@ -46,8 +46,8 @@ class WeightAverage:
         if self._pairs is None:  # the same tensors every step: look them up once
             mine = list(self.module.parameters()) + list(self.module.buffers())
             theirs = list(self.source.parameters()) + list(self.source.buffers())
-            floating = [(a, b) for a, b in zip(mine, theirs) if a.is_floating_point()]
-            exact = [(a, b) for a, b in zip(mine, theirs) if not a.is_floating_point()]
+            floating = [(a, b) for a, b in zip(mine, theirs, strict=True) if a.is_floating_point()]
+            exact = [(a, b) for a, b in zip(mine, theirs, strict=True) if not a.is_floating_point()]
             self._pairs = ([a for a, _ in floating], [b.detach() for _, b in floating],
                            [a for a, _ in exact], [b for _, b in exact])
         return self._pairs

@@ -83,7 +83,7 @@ class SkippedSteps:
     def after_step(self):
         """Call after the scaler's update: undo a skipped step's buffers, count the run of skips."""
         skipped = self.grad_scaler._scale < self._scale_before
-        for buffer, saved in zip(self.buffers, self.saved):
+        for buffer, saved in zip(self.buffers, self.saved, strict=True):
             torch.where(skipped, saved, buffer, out=buffer)
         self.run.add_(1).mul_(skipped)
         torch.maximum(self.longest, self.run, out=self.longest)

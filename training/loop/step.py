@@ -104,7 +104,7 @@ class RunAdamW(torch.optim.AdamW):
         fused = self.defaults["fused"]
         super().load_state_dict({**state_dict, "param_groups": [{**group, "fused": fused}
                                                                 for group in state_dict["param_groups"]]})
-        for group, settings in zip(self.param_groups, now):
+        for group, settings in zip(self.param_groups, now, strict=True):
             group.update(settings)
 
 

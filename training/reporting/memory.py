@@ -32,7 +32,7 @@ def reset_peaks(device):
 
 
 def describe(label, fields, values):
-    return {"device": label, **{name: round(value, 4) for name, value in zip(fields, values)}}
+    return {"device": label, **{name: round(value, 4) for name, value in zip(fields, values, strict=True)}}
 
 
 def format_memory(entries):
