@@ -1,0 +1,35 @@
+# Two commands do all the set-up on a fresh Linux machine with Python 3.10+ and make:
+#   make train [ARGS="--epochs 5"]    train the default model on the built-in data
+#   make test  [ARGS="-k resume"]     lint, then the whole test suite
+# The first call creates .venv/ and installs the pinned dependencies (docs/install.md);
+# later calls find the stamp of the requirements' hash and start at once.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= auto
+TORCH_INDEX ?=
+ARGS ?=
+
+BIN := $(VENV)/bin
+HASH := $(shell cat requirements.txt requirements-without-torch.txt scripts/setup_venv.sh | cksum | cut -d' ' -f1)
+STAMP := $(VENV)/.installed-$(HASH)-$(TORCH)
+
+.PHONY: train test lint setup clean-venv
+
+train: $(STAMP)
+	$(BIN)/python main.py $(ARGS)
+
+test: lint
+	$(BIN)/python -m pytest -q $(ARGS)
+
+lint: $(STAMP)
+	$(BIN)/python -m ruff check .
+
+setup: $(STAMP)
+
+$(STAMP):
+	sh scripts/setup_venv.sh "$(PYTHON)" "$(VENV)" "$(TORCH)" "$(TORCH_INDEX)"
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+clean-venv:
+	rm -rf $(VENV)
