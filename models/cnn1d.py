@@ -1,4 +1,4 @@
-"""The default model: a four-layer 1-D CNN (~100k parameters) with global average pooling."""
+"""A four-layer 1-D CNN (~100k parameters) with global average pooling: the fastest model on CPU."""
 from torch import nn
 
 from models.blocks import conv_block

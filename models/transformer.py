@@ -1,4 +1,5 @@
-"""A small Transformer encoder over tokens made by a strided convolutional stem (32 for 128 steps)."""
+"""The default model: a small Transformer encoder over tokens made by a strided convolutional
+stem (32 tokens for 128 steps)."""
 import torch
 import torch.nn.functional as F
 from torch import nn
