@@ -1,7 +1,8 @@
-"""Train a HAR model with nn.DataParallel (--multi-gpu dp) or DDP (--multi-gpu ddp). See README.md."""
+"""Train a HAR model with nn.DataParallel (--multi-gpu dp), DDP (--multi-gpu ddp) or FSDP (--multi-gpu
+fsdp). See README.md."""
 import sys
 
-from training.config.cli import parse_config
+from training.config.cli import SHARDED_OR_DDP, parse_config
 from training.config.environment import distributed_env, launched_by_torchrun
 from training.distributed.launch import launch_under_torchrun
 from training.errors import UsageError, run_entry_point
@@ -10,11 +11,11 @@ from training.errors import UsageError, run_entry_point
 def main(argv):
     config = parse_config(argv, multi_gpu=True)
     multi_gpu = config.parallel.multi_gpu
-    if multi_gpu == "ddp" and not launched_by_torchrun():
+    if multi_gpu in SHARDED_OR_DDP and not launched_by_torchrun():
         return launch_under_torchrun(config, __file__, argv)
-    if multi_gpu != "ddp" and distributed_env()[2] > 1:
+    if multi_gpu not in SHARDED_OR_DDP and distributed_env()[2] > 1:
         raise UsageError(f"--multi-gpu {multi_gpu} under torchrun would start identical runs in "
-                         "every process; use --multi-gpu ddp, or plain python for dp")
+                         "every process; use --multi-gpu ddp or fsdp, or plain python for dp")
     if config.recipe.cv_folds:  # folds are independent runs: one per process, each on its own GPU
         from crossval.folds import cross_validate
         return cross_validate(config)

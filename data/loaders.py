@@ -107,3 +107,9 @@ def split_loaders(splits, train_batch, eval_batch, device, world_size, rank, see
         loaders[name] = (DeviceResidentLoader(split, batch, sampler, device) if on_device else
                          make_loader(split, batch, sampler, num_workers, pin_memory=device.type == "cuda"))
     return loaders, on_device
+
+
+def window_shape(loader):
+    """[channels, steps] of the windows a loader (either path) yields, known without a batch."""
+    signals = loader.signals if isinstance(loader, DeviceResidentLoader) else loader.dataset.signals
+    return tuple(signals.shape[1:])

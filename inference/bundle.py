@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from models import build_model
+from models import SIZE_KNOBS, build_model
 from training.checkpoint.files import inference_weights, load_checkpoint
 from training.config.environment import resolve_device_type
 from training.errors import UsageError
@@ -50,7 +50,8 @@ def load_bundle(path):
     mean = checkpoint["normalization"]["mean"].numpy().astype(np.float32)
     std = checkpoint["normalization"]["std"].numpy().astype(np.float32)
     model = build_model(config["model"], checkpoint["in_channels"], checkpoint["num_classes"],
-                        dropout=config.get("dropout", 0.0), norm=config.get("norm", "batch"))
+                        dropout=config.get("dropout", 0.0), norm=config.get("norm", "batch"),
+                        **{knob: config.get(knob) for knob in SIZE_KNOBS})
     try:
         model.load_state_dict(inference_weights(checkpoint))  # the moving average when the run kept one
     except RuntimeError as exc:

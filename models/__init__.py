@@ -5,15 +5,32 @@ from models.transformer import HARTransformer
 
 MODELS = {"cnn1d": CNN1D, "cnn_lstm": CNNLSTM, "transformer": HARTransformer}
 NORMS = ("batch", "group", "none")
+SIZE_KNOBS = ("width", "depth", "heads", "ffn")  # each model says which it takes in SIZES
 
 
-def build_model(name, in_channels, num_classes, dropout=0.1, norm="batch"):
-    """Build a model by registry name; every model maps [B, in_channels, T] to [B, num_classes]."""
+def build_model(name, in_channels, num_classes, dropout=0.1, norm="batch", **size):
+    """Build a model by registry name; every model maps [B, in_channels, T] to [B, num_classes].
+
+    `size` holds width, depth, heads and ffn where given (None or absent: the model's default)."""
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
     if norm not in NORMS:
         raise ValueError(f"unknown norm {norm!r}; choose one of {', '.join(NORMS)}")
-    return MODELS[name](in_channels, num_classes, dropout=dropout, norm=norm)
+    return MODELS[name](in_channels, num_classes, dropout=dropout, norm=norm, **resolve_size(name, **size))
+
+
+def resolve_size(name, **size):
+    """The model's size knobs with defaults filled in; ValueError for one it does not have or a
+    combination that cannot be built."""
+    model = MODELS[name]
+    given = {knob: value for knob, value in size.items() if value is not None}
+    unknown = [knob for knob in given if knob not in model.SIZES]
+    if unknown:
+        takes = ", ".join(f"--{knob}" for knob in model.SIZES) or "no size flags"
+        raise ValueError(f"--{unknown[0]} does not apply to --model {name}, which takes {takes}")
+    if any(value < 1 for value in given.values()):
+        raise ValueError(f"model sizes must be at least 1, got {given}")
+    return model.resolve_size(**given)
 
 
 def count_parameters(model):

@@ -5,18 +5,26 @@ from models.blocks import conv_block
 
 
 class CNN1D(nn.Module):
-    def __init__(self, in_channels, num_classes, dropout=0.1, norm="batch"):
+    SIZES = ("width",)  # channels of the last two layers; the first two have a quarter and a half of it
+
+    @staticmethod
+    def resolve_size(width=128):
+        if width < 4:
+            raise ValueError(f"--width {width} is too narrow for cnn1d (its first layer has width / 4 channels)")
+        return {"width": width}
+
+    def __init__(self, in_channels, num_classes, dropout=0.1, norm="batch", width=128):
         super().__init__()
         self.features = nn.Sequential(
-            conv_block(in_channels, 32, 7, norm),
-            conv_block(32, 64, 5, norm),
+            conv_block(in_channels, width // 4, 7, norm),
+            conv_block(width // 4, width // 2, 5, norm),
             nn.MaxPool1d(2),
-            conv_block(64, 128, 5, norm),
+            conv_block(width // 2, width, 5, norm),
             nn.MaxPool1d(2),
-            conv_block(128, 128, 3, norm),
+            conv_block(width, width, 3, norm),
             nn.AdaptiveAvgPool1d(1),
         )
-        self.head = nn.Sequential(nn.Flatten(), nn.Dropout(dropout), nn.Linear(128, num_classes))
+        self.head = nn.Sequential(nn.Flatten(), nn.Dropout(dropout), nn.Linear(width, num_classes))
 
     def forward(self, x):
         return self.head(self.features(x))

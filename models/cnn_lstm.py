@@ -5,6 +5,12 @@ from models.blocks import conv_block
 
 
 class CNNLSTM(nn.Module):
+    SIZES = ("width",)  # convolution filters and LSTM hidden units
+
+    @staticmethod
+    def resolve_size(width=64):
+        return {"filters": width, "hidden": width}
+
     def __init__(self, in_channels, num_classes, dropout=0.1, norm="batch", filters=64, hidden=64):
         super().__init__()
         self.features = nn.Sequential(*[

@@ -8,15 +8,24 @@ from models.blocks import conv_block
 
 
 class HARTransformer(nn.Module):
+    SIZES = ("width", "depth", "heads", "ffn")  # d_model, encoder blocks, attention heads, FFN hidden size
+
+    @staticmethod
+    def resolve_size(width=64, depth=2, heads=4, ffn=None):
+        if width % heads:
+            raise ValueError(f"--width {width} is not divisible by --heads {heads}: every head gets width / heads "
+                             "features; change one of them")
+        return {"width": width, "depth": depth, "heads": heads, "ffn": ffn or 2 * width}
+
     def __init__(self, in_channels, num_classes, dropout=0.1, norm="batch", width=64, depth=2,
-                 heads=4, max_tokens=64):
+                 heads=4, ffn=128, max_tokens=64):
         super().__init__()
         # Two stride-2 convolutions: 128 steps become 32 tokens, each seeing ~0.2 s of signal.
         self.stem = nn.Sequential(conv_block(in_channels, width, 5, norm, stride=2),
                                   conv_block(width, width, 3, norm, stride=2))
         self.position = nn.Parameter(torch.zeros(1, max_tokens, width))
         nn.init.trunc_normal_(self.position, std=0.02)
-        layer = nn.TransformerEncoderLayer(width, heads, dim_feedforward=2 * width, dropout=dropout,
+        layer = nn.TransformerEncoderLayer(width, heads, dim_feedforward=ffn, dropout=dropout,
                                            batch_first=True, norm_first=True)
         self.encoder = nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
         self.head = nn.Sequential(nn.LayerNorm(width), nn.Dropout(dropout), nn.Linear(width, num_classes))

@@ -36,3 +36,23 @@ def test_unknown_names_are_rejected():
         build_model("resnet", 9, 6)
     with pytest.raises(ValueError, match="unknown norm"):
         build_model("cnn1d", 9, 6, norm="instance")
+
+
+def test_size_flags_reach_the_model():
+    assert count_parameters(build_model("transformer", 9, 6, width=128, depth=2, ffn=256)) > \
+        3 * count_parameters(build_model("transformer", 9, 6))
+    assert count_parameters(build_model("cnn1d", 9, 6, width=256)) > 3 * count_parameters(build_model("cnn1d", 9, 6))
+    studies = build_model("transformer", 9, 6, width=256, depth=4, heads=8, ffn=1024)
+    assert len(studies.encoder.layers) == 4 and studies.encoder.layers[0].self_attn.num_heads == 8
+
+
+def test_a_100m_parameter_transformer_builds_and_trains_a_step_on_cpu():
+    torch.manual_seed(0)
+    model = build_model("transformer", 9, 6, width=1024, depth=8, heads=16, ffn=4096)
+    assert count_parameters(model) >= 100_000_000
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    before = model.head[-1].weight.detach().clone()
+    loss = torch.nn.functional.cross_entropy(model(torch.randn(2, 9, 128)), torch.tensor([0, 1]))
+    loss.backward()
+    optimizer.step()
+    assert torch.isfinite(loss) and not torch.equal(before, model.head[-1].weight)

@@ -18,7 +18,7 @@ from data.loaders import split_loaders
 from data.splits import HarData, fit_normalization, load_har_data, normalize
 from evaluation.figures import write_run_figures
 from evaluation.metrics import classification_report, format_report, summary_metrics
-from models import build_model, count_parameters
+from models import build_model, count_parameters, resolve_size
 from training.checkpoint import files as ckpt
 from training.checkpoint.manager import CheckpointManager, restore_parts
 from training.checkpoint.rng_state import RandomStreams
@@ -86,6 +86,7 @@ class Trainer:
     checkpoints: CheckpointManager
     stop_signals: StopSignals
     exact_resume: bool = False  # the first epoch continues a mid-epoch checkpoint bit for bit
+    first_epoch: int = 0  # the first epoch this invocation trains
 
     @classmethod
     def build(cls, config, strategy, stop_signals=None, quiet=False):
@@ -98,7 +99,7 @@ class Trainer:
         log = RunLogger(save_dir, strategy.is_main and not quiet)
         resume_from, checkpoint = ckpt.load_resume_checkpoint(config.output.resume, save_dir, log.warn)
         data, normalization = _load_data(config, checkpoint, resume_from, log)
-        model, train_model, precision = _build_model(config, data, strategy, log)
+        model, train_model, precision, ema = _build_model(config, data, strategy, log)
         global_batch = global_batch_size(optim.batch_size, strategy.data_parallel_size, optim.grad_accum_steps)
         # DataParallel splits one loader batch over its GPUs; DDP ranks each load their own.
         loader_batch = optim.batch_size * strategy.data_parallel_size // strategy.world_size
@@ -111,9 +112,10 @@ class Trainer:
 
         peak_lr = scaled_lr(optim.lr, optim.lr_scaling, global_batch, optim.batch_size)
         optimizer = build_adamw(model, peak_lr, optim.weight_decay, strategy.device)
-        grad_scaler, ema = precision.make_grad_scaler(), build_weight_average(config.recipe, model)
+        grad_scaler = precision.make_grad_scaler()
         state, rng = TrainState(), RandomStreams(strategy)
-        parts = {"model": model, "optimizer": optimizer, "scaler": grad_scaler, "ema": ema, "rng": rng}
+        parts = {"model": strategy.module_state(model), "optimizer": strategy.optimizer_state(model, optimizer),
+                 "scaler": grad_scaler, "ema": ema, "rng": rng}
         layout = {"world_size": strategy.world_size, "loader_batch": loader_batch,
                   "grad_accum_steps": optim.grad_accum_steps}
         exact_resume = False
@@ -121,6 +123,9 @@ class Trainer:
             restore_parts(checkpoint, state, parts)
             exact_resume = _announce_resume(checkpoint, resume_from, state, layout, rng, global_batch,
                                             len(data.train), log)
+            if config.parallel.grad_compression == "powersgd":
+                log.warn("PowerSGD's error feedback is not in the checkpoint: the resumed run starts it afresh, "
+                         "so it does not continue bit for bit")
             if ema is not None and not checkpoint.get("ema"):
                 log.info("the checkpoint has no weight average: it starts from the resumed weights")
                 ema.restart()
@@ -151,7 +156,8 @@ class Trainer:
             log.info(f"this run already stopped early ({state.epochs_since_best} epochs without a better "
                      "validation macro-F1); evaluating the test split")
             return "complete"
-        first_epoch, stop_after = state.epoch, self.config.output.stop_after_epochs
+        self.first_epoch = first_epoch = state.epoch
+        stop_after = self.config.output.stop_after_epochs
         for epoch in range(first_epoch, optim.epochs):
             epoch_start = time.perf_counter()
             result = self.train_epoch(epoch)
@@ -199,12 +205,15 @@ class Trainer:
         """Reload best.pt's weights and report the validation split and, unless --no-test, the test
         split, seen here for the first time."""
         best_path = self.checkpoints.best_path
+        best = None
         if self.strategy.is_main:
             if best_path.is_file():
-                self.model.load_state_dict(ckpt.inference_weights(ckpt.load_checkpoint(best_path)))
+                best = ckpt.inference_weights(ckpt.load_checkpoint(best_path))
             else:
                 self.log.warn(f"{best_path} not found; reporting with the current weights")
-        self.strategy.broadcast_module(self.model)  # ranks on other nodes may not see rank 0's files
+        # Only rank 0 may see the file (other nodes); it tells every rank whether they load together.
+        if self.strategy.max_ints([int(best is not None)])[0]:
+            self.strategy.load_from_rank0(self.model, best)
         no_test = self.config.data.no_test
         for split in ("val",) if no_test else ("val", "test"):
             labels, predictions, loss = self.evaluate(split, self.strategy.eval_model(self.model))
@@ -235,8 +244,13 @@ class Trainer:
                   "samples_per_s": result.samples / result.train_time_s if result.train_time_s > 0 else 0.0,
                   "train_time_s": result.train_time_s, "epoch_time_s": time.perf_counter() - epoch_start,
                   "world_size": strategy.world_size, "global_batch_size": self.global_batch,
-                  "memory": strategy.memory_report()}
+                  "memory": strategy.memory_report(),
+                  "model_state": strategy.model_state_report(self.model, self.step.optimizer)}
         self.log.log_epoch(record, is_best)
+        if epoch == self.first_epoch:
+            self.log.info("model state per rank (MB, parameters / gradients / optimizer): " + ", ".join(
+                f"rank {rank} {row['parameters_mb']:.2f} / {row['gradients_mb']:.2f} / {row['optimizer_mb']:.2f}"
+                for rank, row in enumerate(record["model_state"])))
         strategy.reset_memory_peaks()  # each epoch record reports its own peak
 
     def _sync_buffers(self):
@@ -265,7 +279,7 @@ def _load_data(config, checkpoint, resume_from, log):
     data = load_har_data(**data_options(config))
     log.info(data.description)
     if checkpoint is not None:
-        ckpt.check_compatible(checkpoint, {"model": config.model.name, "norm": config.model.norm,
+        ckpt.check_compatible(checkpoint, {"model": config.model.name, "norm": config.model.norm, **config.model.size(),
                                            "mode": config.data.mode, "in_channels": data.train.signals.shape[1],
                                            "num_classes": len(data.class_names)}, resume_from)
         mean, std = checkpoint["normalization"]["mean"].numpy(), checkpoint["normalization"]["std"].numpy()
@@ -278,15 +292,23 @@ def _load_data(config, checkpoint, resume_from, log):
 
 def _build_model(config, data, strategy, log):
     """The bare model (what checkpoints hold), the same wrapped and maybe compiled (what the step
-    calls), and the run's precision."""
+    calls), the run's precision, and the weight average (None when off), copied before the strategy
+    lays the model out and then laid out the same way."""
+    settings = config.model
     torch.manual_seed(config.optim.seed)  # identical initial weights on every rank
-    model = build_model(config.model.name, data.train.signals.shape[1], len(data.class_names),
-                        dropout=config.model.dropout, norm=config.model.norm).to(strategy.device)
+    model = build_model(settings.name, data.train.signals.shape[1], len(data.class_names), dropout=settings.dropout,
+                        norm=settings.norm, **settings.size()).to(strategy.device)
+    gradient_mb = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad) / 2**20
+    size = ", ".join(f"{knob} {value}" for knob, value in resolve_size(settings.name, **settings.size()).items())
+    ema = build_weight_average(config.recipe, model)
     precision = Precision(strategy.device, config.optim.amp, config.optim.amp_dtype)
     train_model = compile_for_training(strategy.wrap(model, precision), config.hardware)
-    log.info(f"run: {strategy.describe()} | model {config.model.name}: {count_parameters(model):,} parameters | "
-             f"{precision.describe()}")
-    return model, train_model, precision
+    if ema is not None:
+        strategy.shard_like(ema.module)
+        ema.weights = strategy.module_state(ema.module)
+    log.info(f"run: {strategy.describe()} | model {config.model.name} ({size}): {count_parameters(model):,} "
+             f"parameters, {gradient_mb:.2f} MB of gradients per step | {precision.describe()}")
+    return model, train_model, precision, ema
 
 
 def _position_schedule(optimizer, optim, micro_batches_per_epoch, state, global_batch, peak_lr, replicas, log):

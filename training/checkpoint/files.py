@@ -161,15 +161,16 @@ def load_resume_checkpoint(resume, save_dir, warn):
 
 
 def check_compatible(checkpoint, wanted, path):
-    """Refuse, in one line, a checkpoint made for another model, norm or channel layout.
+    """Refuse, in one line, a checkpoint made for another model, size, norm or channel layout.
 
-    `wanted` maps model, norm, mode, in_channels and num_classes to this run's values."""
+    `wanted` maps model, norm, width, depth, heads, ffn, mode, in_channels and num_classes to this
+    run's values."""
     missing = [key for key in REQUIRED_KEYS if key not in checkpoint] if isinstance(checkpoint, dict) else ["all"]
     if missing:
         raise UsageError(f"{path} is not a checkpoint of this trainer (missing: {', '.join(missing)}); "
                          "point --resume at a last.pt or best.pt it wrote")
     config = checkpoint["config"]
-    found = {"model": config.get("model"), "norm": config.get("norm"), "mode": config.get("mode"),
+    found = {**{key: config.get(key) for key in ("model", "norm", "mode", "width", "depth", "heads", "ffn")},
              "in_channels": checkpoint.get("in_channels"), "num_classes": checkpoint.get("num_classes")}
     differ = [f"{key} {found[key]} (this run: {wanted[key]})" for key in wanted if found[key] != wanted[key]]
     if differ:

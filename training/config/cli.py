@@ -6,8 +6,8 @@ from pathlib import Path
 from data.augment import AUGMENTATIONS, AugmentConfig, parse_kinds
 from data.splits import CHANNEL_MODES
 from data.synthetic import DEFAULT_WINDOWS_PER_SUBJECT
-from models import MODELS, NORMS
-from training.config.files import parse_with_config
+from models import MODELS, NORMS, resolve_size
+from training.config.files import IMPLIED_BY_MAIN, parse_with_config
 from training.config.settings import RunConfig
 from training.errors import UsageError
 
@@ -19,6 +19,10 @@ DEFAULT_AUGMENT = "rotate,scale,jitter,shift"
 DEFAULT_EMA_DECAY = 0.998
 DEFAULT_LABEL_SMOOTHING = 0.1
 
+
+MULTI_GPU_MODES = ("none", "dp", "ddp", "fsdp")
+SHARDED_OR_DDP = ("ddp", "fsdp")  # one process per device, started by torchrun
+GRAD_COMPRESSIONS = ("none", "fp16", "bf16", "powersgd")
 
 # torch.compile's modes; the last two capture CUDA graphs.
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
@@ -34,9 +38,17 @@ def build_parser(multi_gpu):
 
     if multi_gpu:
         group = parser.add_argument_group("multi-GPU")
-        group.add_argument("--multi-gpu", choices=("none", "dp", "ddp"), default="none",
+        group.add_argument("--multi-gpu", choices=MULTI_GPU_MODES, default="none",
                            help="none: one device; dp: nn.DataParallel in one process; ddp: "
-                                "DistributedDataParallel, one process per GPU (under torchrun)")
+                                "DistributedDataParallel, one process per GPU (under torchrun); fsdp: FSDP2, "
+                                "parameters, gradients and optimizer state sharded over the processes")
+        group.add_argument("--grad-compression", choices=GRAD_COMPRESSIONS, default="none",
+                           help="ddp: send gradients as fp16 or bf16 (half the bytes; bf16 needs NCCL) or "
+                                "PowerSGD's rank-1 approximation, through DDP's communication hooks")
+        group.add_argument("--reshard-after-forward", action=argparse.BooleanOptionalAction, default=True,
+                           help="fsdp: free gathered parameters after each block's forward and gather them again "
+                                "for its backward (less memory); --no-reshard-after-forward keeps them (fewer "
+                                "all-gathers)")
         group.add_argument("--nproc-per-node", type=int, default=None,
                            help="ddp without torchrun: processes to launch on this machine "
                                 "(default: the GPUs in use, or 1 on CPU)")
@@ -95,6 +107,14 @@ def build_parser(multi_gpu):
     group.add_argument("--norm", choices=NORMS, default="batch",
                        help="normalisation in the convolutional layers; group and none do not "
                             "depend on the batch split")
+    group.add_argument("--width", type=int, default=None,
+                       help="transformer: d_model (64); cnn1d: channels of its widest layers (128); cnn_lstm: "
+                            "filters and LSTM units (64)")
+    group.add_argument("--depth", type=int, default=None, help="transformer: encoder blocks (2)")
+    group.add_argument("--heads", type=int, default=None,
+                       help="transformer: attention heads (4); --width must be divisible by it")
+    group.add_argument("--ffn", type=int, default=None,
+                       help="transformer: hidden size of each block's feed-forward layer (2 x width)")
 
     group = parser.add_argument_group("generalisation to new people")
     group.add_argument("--augment", default=DEFAULT_AUGMENT,
@@ -178,7 +198,7 @@ def parse_args(argv=None, multi_gpu=False):
     """The checked flags of a command line (after its --config file's flags), as argparse gives them."""
     args = parse_with_config(build_parser(multi_gpu), argv)
     if not multi_gpu:
-        args.multi_gpu, args.nproc_per_node = "none", None
+        vars(args).update(IMPLIED_BY_MAIN)
     check_args(args)
     return args
 
@@ -213,6 +233,10 @@ def check_args(args):
                          "[0, 1), --aug-jitter and --aug-shift-steps not negative")
     if args.compile_mode is not None:
         args.compile = True
+    try:
+        resolve_size(args.model, width=args.width, depth=args.depth, heads=args.heads, ffn=args.ffn)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if args.compile_mode in CUDA_GRAPH_MODES and args.grad_accum_steps > 1:
         # A later micro-batch's replay can overwrite what the graph's memory pool still holds for an
         # earlier one (pytorch/pytorch#169545, open): refused until a CUDA test shows such a run
@@ -220,6 +244,15 @@ def check_args(args):
         raise UsageError(f"--compile-mode {args.compile_mode} (CUDA graphs) is not yet shown to accumulate "
                          f"gradients correctly; with --grad-accum-steps {args.grad_accum_steps} use --compile-mode "
                          "default or max-autotune-no-cudagraphs")
+    if args.grad_compression != "none" and args.multi_gpu != "ddp":
+        raise UsageError(f"--grad-compression {args.grad_compression} compresses DDP's all-reduce; it needs "
+                         f"--multi-gpu ddp (not {args.multi_gpu})")
+    if args.multi_gpu == "fsdp" and args.amp_dtype == "fp16":
+        raise UsageError("--multi-gpu fsdp with --amp-dtype fp16 is not supported (a GradScaler over sharded "
+                         "gradients must agree on overflows across ranks); use --amp-dtype bf16")
+    if args.multi_gpu == "fsdp" and args.sync_bn:
+        raise UsageError("--sync-bn applies to --multi-gpu ddp; under fsdp BatchNorm keeps each rank's "
+                         "statistics and rank 0's are used for evaluation and checkpoints, as under ddp")
     if args.cv_folds == 1 or args.cv_folds < 0:
         raise UsageError(f"--cv-folds must be 0 (off) or at least 2, got {args.cv_folds}")
     if args.cv_folds and args.val_subjects:

@@ -48,12 +48,15 @@ def check_parallel_args(config):
     if hardware.compile_mode in CUDA_GRAPH_MODES and device_type != "cuda":
         raise UsageError(f"--compile-mode {hardware.compile_mode} records CUDA graphs, which need a GPU; on "
                          f"{device_type} use --compile-mode default")
-    if multi_gpu != "ddp":
+    if multi_gpu not in ("ddp", "fsdp"):
         if hardware.sync_bn:
             raise UsageError("--sync-bn only applies to --multi-gpu ddp")
         return device_type, None
     if backend == "nccl" and device_type != "cuda":
         raise UsageError("--backend nccl needs CUDA devices; use --backend gloo on CPU")
+    if config.parallel.grad_compression == "bf16" and backend != "nccl":
+        raise UsageError("--grad-compression bf16 needs NCCL (torch's bf16 hook casts for it alone); with gloo "
+                         "use --grad-compression fp16")
     if hardware.sync_bn and device_type != "cuda":
         raise UsageError("--sync-bn needs CUDA (SyncBatchNorm has no CPU kernel); on CPU use "
                          "--norm group or --norm none for batch-split-independent results")

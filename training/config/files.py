@@ -17,8 +17,10 @@ CONFIG_NAME = "config.yaml"
 # Not settings of the run: where the settings came from, and how errors are shown (read from
 # the command line before any file is opened).
 NOT_IN_FILES = ("config", "debug")
-# Keys of main_multi_gpu.py that main.py implies; a config.yaml written by main.py holds them.
-IMPLIED_BY_MAIN = {"multi_gpu": "none", "nproc_per_node": None}
+# The multi-GPU flags of main_multi_gpu.py as main.py implies them; a config.yaml written by main.py
+# holds them.
+IMPLIED_BY_MAIN = {"multi_gpu": "none", "nproc_per_node": None, "grad_compression": "none",
+                   "reshard_after_forward": True}
 # Flags whose change on resume is the point of resuming, not a change of the run.
 NOT_COMPARED_ON_RESUME = ("resume", "save_dir", "config", "debug", "stop_after_epochs")
 REPO = Path(__file__).resolve().parents[2]

@@ -9,8 +9,10 @@ from dataclasses import dataclass, field, fields
 
 @dataclass(frozen=True)
 class Parallel:
-    multi_gpu: str  # none | dp | ddp
-    nproc_per_node: int | None  # ddp started without torchrun: processes to launch here
+    multi_gpu: str  # none | dp | ddp | fsdp
+    nproc_per_node: int | None  # ddp or fsdp started without torchrun: processes to launch here
+    grad_compression: str  # ddp: none | fp16 | bf16 | powersgd
+    reshard_after_forward: bool  # fsdp
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,14 @@ class Model:
     name: str = field(metadata={"flag": "model"})
     dropout: float
     norm: str
+    width: int | None  # None: the model's own default (models.build_model)
+    depth: int | None
+    heads: int | None
+    ffn: int | None
+
+    def size(self):
+        """The size knobs as build_model takes them."""
+        return {"width": self.width, "depth": self.depth, "heads": self.heads, "ffn": self.ffn}
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ def check_before_training(config, keep_lock=True):
     ckpt.check_save_dir(save_dir)
     # DDP ranks share one folder and rank 0 holds it for all; any other run (a cross-validation
     # fold under torchrun included) has a folder of its own to hold.
-    holder = config.parallel.multi_gpu != "ddp" or distributed_env()[0] == 0
+    holder = config.parallel.multi_gpu not in ("ddp", "fsdp") or distributed_env()[0] == 0
     lock = SaveDirLock(save_dir).acquire() if holder else NoLock()
     try:
         ckpt.load_resume_checkpoint(config.output.resume, save_dir, warn=lambda message: None)  # the run warns later

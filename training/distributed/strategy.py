@@ -1,8 +1,10 @@
 """Everything that differs between one device, DataParallel and DDP, behind one small interface.
 
-The trainer and loop only call: wrap, eval_model, no_sync, sum_over_ranks, max_over_ranks,
-max_ints, start_max_ints, gather_concat, gather_objects, check_same_on_all_ranks, broadcast_module,
-sync_buffers, memory_report, reset_memory_peaks, synchronize and close.
+The trainer and loop only call: wrap, shard_like, eval_model, no_sync, clip_grad_norm_,
+module_state, optimizer_state, load_from_rank0, evaluation_batches, sum_over_ranks, max_over_ranks,
+max_ints, start_max_ints, gather_concat, gather_objects, check_same_on_all_ranks, sync_buffers,
+memory_report, model_state_report, reset_memory_peaks, synchronize and close. FSDP's strategy
+lives in fsdp.py.
 """
 import contextlib
 import datetime
@@ -48,11 +50,40 @@ class SingleDevice:
     def wrap(self, model, precision):
         return model
 
+    def shard_like(self, module):
+        """Lay out a copy of the model (the weight average) as wrap() laid out the model."""
+
     def eval_model(self, model):
         return model
 
     def no_sync(self):
         return contextlib.nullcontext()
+
+    def clip_grad_norm_(self, parameters, max_norm):
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+
+    def module_state(self, module):
+        """`module` as checkpoints read and write it: full tensors under the bare module's names."""
+        return module
+
+    def optimizer_state(self, model, optimizer):
+        """The optimizer as checkpoints read and write it (torch's own format)."""
+        return optimizer
+
+    def load_from_rank0(self, module, state_dict):
+        """Load rank 0's `state_dict` (None elsewhere: ranks on other nodes may not see its files) on every rank."""
+        if self.is_main:
+            module.load_state_dict(state_dict)
+        self.broadcast_module(module)
+
+    def evaluation_batches(self, loader):
+        """How many evaluation forward passes this rank makes: its own batches, unless every rank must
+        take part in every forward (FSDP gathers the parameters there)."""
+        return len(loader)
+
+    def model_state_report(self, model, optimizer):
+        """Every rank's bytes of parameters, gradients (as a step holds them) and optimizer state, in MB."""
+        return [_model_state_mb(model, optimizer)]
 
     def sum_over_ranks(self, tensor):
         return tensor
@@ -144,7 +175,7 @@ class DataParallelStrategy(SingleDevice):
 class DistributedStrategy(SingleDevice):
     """DistributedDataParallel, one process per device, ranks taken from torchrun's environment."""
 
-    def __init__(self, device_type, backend, gpu_ids, sync_bn, timeout_s):
+    def __init__(self, device_type, backend, gpu_ids, sync_bn, timeout_s, grad_compression="none", label="ddp"):
         rank, local_rank, world_size = distributed_env()
         if device_type == "cuda":
             visible = gpu_ids or list(range(torch.cuda.device_count()))
@@ -155,10 +186,10 @@ class DistributedStrategy(SingleDevice):
             torch.cuda.set_device(device)
         else:
             device = torch.device("cpu")
-        super().__init__(device, label="ddp")
+        super().__init__(device, label=label)
         self.rank, self.local_rank, self.world_size = rank, local_rank, world_size
         self.is_main = rank == 0
-        self.sync_bn = sync_bn
+        self.sync_bn, self.grad_compression = sync_bn, grad_compression
         self._ddp = None
         timeout = datetime.timedelta(seconds=timeout_s)
         store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world_size, timeout=timeout))
@@ -177,13 +208,16 @@ class DistributedStrategy(SingleDevice):
         return self.world_size
 
     def describe(self):
-        return (f"ddp with {self.world_size} processes ({dist.get_backend()}), rank {self.rank} on "
-                f"{self.device}")
+        compression = f", gradients sent as {self.grad_compression}" if self.grad_compression != "none" else ""
+        return (f"{self.name} with {self.world_size} processes ({dist.get_backend()}), rank {self.rank} on "
+                f"{self.device}{compression}")
 
     def wrap(self, model, precision):
         if self.sync_bn:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         self._ddp = ddp_module(model, self.device)
+        if self.grad_compression != "none":
+            self.register_comm_hook(*compression_hook(self.grad_compression))
         return self._ddp
 
     def eval_model(self, model):
@@ -251,16 +285,23 @@ class DistributedStrategy(SingleDevice):
         """Every rank's figures, gathered so rank 0 can log them all."""
         fields = memory_fields(self.device)
         device_index = -1 if self.device.index is None else self.device.index
-        values = torch.tensor([*read_memory(self.device), device_index], dtype=torch.float64,
-                              device=self.device)
-        gathered = [torch.zeros_like(values) for _ in range(self.world_size)]
-        dist.all_gather(gathered, values)
         report = []
-        for rank, rank_values in enumerate(gathered):
-            *memory, index = rank_values.tolist()
+        for rank, rank_values in enumerate(self._gather_floats([*read_memory(self.device), device_index])):
+            *memory, index = rank_values
             label = f"rank{rank}:cuda:{int(index)}" if index >= 0 else f"rank{rank}:cpu"
             report.append(describe(label, fields, memory))
         return report
+
+    def model_state_report(self, model, optimizer):
+        mine = _model_state_mb(model, optimizer)
+        return [dict(zip(mine, values, strict=True)) for values in self._gather_floats(list(mine.values()))]
+
+    def _gather_floats(self, values):
+        """Every rank's list of numbers, in rank order."""
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
+        gathered = [torch.zeros_like(tensor) for _ in range(self.world_size)]
+        dist.all_gather(gathered, tensor)
+        return [piece.tolist() for piece in gathered]
 
     def close(self):
         if dist.is_initialized():
@@ -284,6 +325,33 @@ def ddp_module(model, device):
     return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                    find_unused_parameters=False, gradient_as_bucket_view=True,
                                    **no_forward_broadcast)
+
+
+def compression_hook(kind):
+    """(state, hook) of torch's DDP communication hooks for --grad-compression: fp16 and bf16 halve the
+    bytes each all-reduce sends (the average is taken in that precision, then cast back); PowerSGD
+    sends a rank-1 approximation with error feedback after 1,000 full-precision steps."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+    if kind == "fp16":
+        return None, default_hooks.fp16_compress_hook
+    if kind == "bf16":
+        return None, default_hooks.bf16_compress_hook
+    state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1,
+                                        start_powerSGD_iter=1_000, min_compression_rate=2)
+    return state, powerSGD_hook.powerSGD_hook
+
+
+def _model_state_mb(model, optimizer):
+    """This rank's share of the model state in MB: local shards under FSDP, whole tensors otherwise.
+    Gradients count at the size of the parameters they belong to, as a step holds them."""
+    def local_bytes(tensor):
+        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+        return local.numel() * local.element_size()
+    parameters = sum(local_bytes(p) for p in model.parameters() if p.requires_grad)
+    optimizer_bytes = sum(local_bytes(value) for state in optimizer.state.values() for value in state.values()
+                          if torch.is_tensor(value) and value.dim() > 0)
+    return {"parameters_mb": parameters / 2**20, "gradients_mb": parameters / 2**20,
+            "optimizer_mb": optimizer_bytes / 2**20}
 
 
 class _Ready:
@@ -320,13 +388,18 @@ class _AutocastForward(nn.Module):
 
 
 def make_strategy(config):
-    """The strategy for --multi-gpu none, dp or ddp, with its device chosen."""
+    """The strategy for --multi-gpu none, dp, ddp or fsdp, with its device chosen."""
     device_type, backend = check_parallel_args(config)
     hardware, multi_gpu = config.hardware, config.parallel.multi_gpu
     if device_type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed window shapes: the tuned kernels are reused every step
     if multi_gpu == "ddp":
-        return DistributedStrategy(device_type, backend, hardware.gpu_ids, hardware.sync_bn, hardware.dist_timeout)
+        return DistributedStrategy(device_type, backend, hardware.gpu_ids, hardware.sync_bn, hardware.dist_timeout,
+                                   config.parallel.grad_compression)
+    if multi_gpu == "fsdp":
+        from training.distributed.fsdp import FullyShardedStrategy
+        return FullyShardedStrategy(device_type, backend, hardware.gpu_ids, hardware.dist_timeout,
+                                    config.parallel.reshard_after_forward)
     if multi_gpu == "dp" and device_type == "cuda":
         return DataParallelStrategy(hardware.gpu_ids or list(range(torch.cuda.device_count())))
     label = "dp" if multi_gpu == "dp" else "single"

@@ -17,11 +17,16 @@ class WeightAverage:
         self.module = copy.deepcopy(model).eval()
         for parameter in self.module.parameters():
             parameter.requires_grad_(False)
+        # What checkpoints read and write: the module, or the strategy's full-tensor view of it when
+        # the module is sharded (FSDP).
+        self.weights = self.module
         self._pairs = None
 
     def restart(self):
         """Start the average over from the model's current weights (a resumed run that kept none)."""
-        self.module.load_state_dict(self.source.state_dict())
+        with torch.no_grad():
+            for averaged, current in self._tensors():
+                torch._foreach_copy_(averaged, current)
         self.updates = 0
 
     def update(self):
@@ -29,25 +34,32 @@ class WeightAverage:
         self.updates += 1
         # Early on the average would mostly remember the random initialisation: start short.
         decay = min(self.decay, (1 + self.updates) / (10 + self.updates))
-        averaged, current, exact_averaged, exact_current = self._tensors()
+        parameters, float_buffers, exact_buffers = self._tensors()
         with torch.no_grad():
-            torch._foreach_lerp_(averaged, current, 1.0 - decay)
-            for target, source in zip(exact_averaged, exact_current, strict=True):
-                target.copy_(source)  # counters such as num_batches_tracked are copied, not averaged
+            for averaged, current in (parameters, float_buffers):
+                if averaged:
+                    torch._foreach_lerp_(averaged, current, 1.0 - decay)
+            if exact_buffers[0]:
+                torch._foreach_copy_(*exact_buffers)  # counters such as num_batches_tracked are copied, not averaged
 
     def state_dict(self):
-        return {"weights": self.module.state_dict(), "updates": self.updates}
+        return {"weights": self.weights.state_dict(), "updates": self.updates}
 
     def load_state_dict(self, state):
-        self.module.load_state_dict(state["weights"])
+        self.weights.load_state_dict(state["weights"])
         self.updates = int(state["updates"])
 
     def _tensors(self):
+        """(average's, model's) tensor lists: parameters, float buffers, other buffers. Parameters and
+        buffers stay apart, since under FSDP the parameters are sharded DTensors and buffers are not."""
         if self._pairs is None:  # the same tensors every step: look them up once
-            mine = list(self.module.parameters()) + list(self.module.buffers())
-            theirs = list(self.source.parameters()) + list(self.source.buffers())
-            floating = [(a, b) for a, b in zip(mine, theirs, strict=True) if a.is_floating_point()]
-            exact = [(a, b) for a, b in zip(mine, theirs, strict=True) if not a.is_floating_point()]
-            self._pairs = ([a for a, _ in floating], [b.detach() for _, b in floating],
-                           [a for a, _ in exact], [b for _, b in exact])
+            buffers = list(zip(self.module.buffers(), self.source.buffers(), strict=True))
+            self._pairs = [_lists(zip(self.module.parameters(), self.source.parameters(), strict=True)),
+                           _lists((a, b) for a, b in buffers if a.is_floating_point()),
+                           _lists((a, b) for a, b in buffers if not a.is_floating_point())]
         return self._pairs
+
+
+def _lists(pairs):
+    pairs = list(pairs)
+    return [a for a, _ in pairs], [b.detach() for _, b in pairs]

@@ -5,6 +5,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from data.loaders import window_shape
+
 
 class NoTimer:
     """Stands in where nobody times the step's phases (the trainer): lap() does nothing."""
@@ -76,7 +78,7 @@ class TrainStep:
         """The optimizer step that closes the window."""
         if self.max_grad_norm > 0:
             self.grad_scaler.unscale_(self.optimizer)  # clip the true gradients, not scaled ones
-            torch.nn.utils.clip_grad_norm_(self.parameters, self.max_grad_norm)
+            self.strategy.clip_grad_norm_(self.parameters, self.max_grad_norm)
         if self.skips is not None:
             self.skips.before_step()
         self.grad_scaler.step(self.optimizer)
@@ -135,6 +137,10 @@ def predict(model, loader, strategy, precision):
     device = strategy.device
     labels_seen, predictions = [], []
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    for _ in range(strategy.evaluation_batches(loader) - len(loader)):
+        # A rank with fewer batches still takes part in every forward (FSDP gathers parameters there).
+        with precision.autocast():
+            model(torch.zeros(0, *window_shape(loader), device=device))
     for signals, labels in loader:
         signals = signals.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)

@@ -1,0 +1,144 @@
+"""--multi-gpu fsdp: FSDP2 (torch.distributed.fsdp.fully_shard) on the process group DDP uses.
+
+Each rank keeps 1/N of the parameters, gradients and optimizer state: a block's parameters are
+all-gathered for its forward (and again for its backward when resharded after forward), and its
+gradients reduce-scattered. The loop, sampler, checkpoints and stop signals are DDP's; what
+differs is here: how the model is laid out, how gradients skip their exchange during
+accumulation, how clipping sees the whole gradient, and how checkpoints gather full tensors, so
+that the files in --save-dir are the same as a single device's and load without FSDP.
+"""
+import contextlib
+
+import torch
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from training.distributed.strategy import DistributedStrategy
+
+# Gathered to rank 0 in CPU memory: what a checkpoint file holds.
+FULL_TO_RANK0 = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+class FullyShardedStrategy(DistributedStrategy):
+    def __init__(self, device_type, backend, gpu_ids, timeout_s, reshard_after_forward):
+        super().__init__(device_type, backend, gpu_ids, sync_bn=False, timeout_s=timeout_s, label="fsdp")
+        self.reshard_after_forward = reshard_after_forward
+        self._sharded = None
+        self._policy = MixedPrecisionPolicy()
+
+    def describe(self):
+        kept = "resharded" if self.reshard_after_forward else "kept whole"
+        return f"{super().describe()}, parameters {kept} between forward and backward"
+
+    def wrap(self, model, precision):
+        if precision.enabled:
+            # AMP through FSDP's policy: blocks compute in the AMP dtype and gather parameters in it,
+            # gradients are reduced in fp32, and the logits come back in fp32 for the loss.
+            self._policy = MixedPrecisionPolicy(param_dtype=precision.dtype, reduce_dtype=torch.float32,
+                                                output_dtype=torch.float32)
+            precision.delegate_to_model()
+        self._shard(model, self.reshard_after_forward)
+        self._sharded = model
+        return model  # fully_shard turns the module itself into an FSDP module
+
+    def shard_like(self, module):
+        # The weight average only runs forward passes: resharding after each keeps its memory 1/N.
+        self._shard(module, reshard_after_forward=True)
+
+    def _shard(self, module, reshard_after_forward):
+        """Each transformer encoder block is a unit of its own (gathered just before it runs); the
+        rest of the model (stem, head, or a whole convolutional model) is the root's unit."""
+        for block in _blocks(module):
+            fully_shard(block, reshard_after_forward=reshard_after_forward, mp_policy=self._policy)
+        fully_shard(module, reshard_after_forward=reshard_after_forward, mp_policy=self._policy)
+
+    def eval_model(self, model):
+        return model
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Accumulate without the reduce-scatter; the micro-batch that closes the window sends it."""
+        self._sharded.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            self._sharded.set_requires_gradient_sync(True)
+
+    def register_comm_hook(self, state, hook):
+        raise NotImplementedError("FSDP exchanges gradients by reduce-scatter: DDP's communication hooks do not apply")
+
+    def clip_grad_norm_(self, parameters, max_norm):
+        """Clip by the norm of the whole gradient: each rank holds a shard, so the norm is summed
+        over ranks (DTensor) before the coefficient is applied."""
+        parameters = list(parameters)
+        total_norm = torch.nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None])
+        if isinstance(total_norm, DTensor):
+            total_norm = total_norm.full_tensor()
+        torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total_norm)
+        return total_norm
+
+    def module_state(self, module):
+        return _FullModuleState(module)
+
+    def optimizer_state(self, model, optimizer):
+        return _FullOptimizerState(model, optimizer)
+
+    def load_from_rank0(self, module, state_dict):
+        set_model_state_dict(module, state_dict if self.is_main else {},
+                             options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+
+    def evaluation_batches(self, loader):
+        # Every forward all-gathers parameters, so a rank whose shard of the split is shorter
+        # takes empty forward passes until the longest one is done.
+        return int(self.max_over_ranks(torch.tensor(len(loader), device=self.device)))
+
+
+class _FullModuleState:
+    """A sharded module read and written as full tensors under its own names: gathered to rank 0 to
+    save, and sharded from the full state every rank loads."""
+
+    def __init__(self, module):
+        self.module = module
+
+    def state_dict(self):
+        return get_model_state_dict(self.module, options=FULL_TO_RANK0)
+
+    def load_state_dict(self, state_dict):
+        set_model_state_dict(self.module, state_dict, options=StateDictOptions(full_state_dict=True))
+
+
+class _FullOptimizerState:
+    """The sharded optimizer read and written in torch's own format (parameters numbered in group
+    order), so that a checkpoint moves between FSDP, DDP and one device."""
+
+    def __init__(self, model, optimizer):
+        self.model, self.optimizer = model, optimizer
+        name_of = {id(parameter): name for name, parameter in model.named_parameters()}
+        self.names = [name_of[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+    def state_dict(self):
+        full = get_optimizer_state_dict(self.model, self.optimizer, options=FULL_TO_RANK0)
+        if not full:
+            return {}  # ranks other than 0 receive nothing to write
+        number = {name: index for index, name in enumerate(self.names)}
+        return {"state": {number[name]: state for name, state in full["state"].items()},
+                "param_groups": [{**group, "params": [number[name] for name in group["params"]]}
+                                 for group in full["param_groups"]]}
+
+    def load_state_dict(self, state_dict):
+        full = {"state": {self.names[index]: state for index, state in state_dict["state"].items()},
+                "param_groups": [{**group, "params": [self.names[index] for index in group["params"]]}
+                                 for group in state_dict["param_groups"]]}
+        set_optimizer_state_dict(self.model, self.optimizer, full, options=StateDictOptions(full_state_dict=True))
+
+
+def _blocks(module):
+    encoder = getattr(module, "encoder", None)
+    return list(encoder.layers) if isinstance(encoder, torch.nn.TransformerEncoder) else []
