@@ -6,7 +6,15 @@ import torch
 import torch.distributed as dist
 
 from profiling.cli import ASSUMED_LINKS
-from profiling.comm_model import BYTES_PER_GB, BYTES_PER_MB, Link, ddp_bucket_count, predict_scaling
+from profiling.comm_model import (
+    BYTES_PER_GB,
+    BYTES_PER_MB,
+    STRATEGIES,
+    Link,
+    ddp_bucket_count,
+    predict_scaling,
+    predict_strategy,
+)
 from profiling.recommend import Figures, recommendations
 from profiling.timing import mean_std
 
@@ -23,15 +31,19 @@ def assemble_profile(args, work, runs, phases, memory, benchmark, trace_files, h
     compute_s = timing["compute_step_time_s"]["mean"]
     predictions = predict_scaling(compute_s, work.gradient_bytes, link, args.predict_gpus,
                                   messages=ddp_bucket_count(work.gradient_bytes), host_effects=host_effects)
+    links = choose_links(args, benchmark, link)
+    units = work.unit_bytes
+    strategies = {name: [predict_strategy(name, compute_s, work.gradient_bytes, n, links, len(units), max(units),
+                                          host_effects) for n in args.predict_gpus] for name in STRATEGIES}
     figures = Figures(compute_s, work.gradient_bytes, link, work.batch_size, work.precision.enabled,
                       timing["data_wait_share"]["mean"], backward_s=phases["backward_s"] if phases else None,
                       reference_gpus=4 if 4 in args.predict_gpus else max(args.predict_gpus),
-                      host_effects=host_effects)
+                      host_effects=host_effects, strategies=strategies, device_memory_bytes=device_memory_bytes(work))
     return {
         "config": _config(args, work),
         "model": {"name": args.model, "parameters": work.num_parameters, "gradient_bytes": work.gradient_bytes,
                   "gradient_mb": work.gradient_bytes / BYTES_PER_MB,
-                  "ddp_buckets": ddp_bucket_count(work.gradient_bytes)},
+                  "ddp_buckets": ddp_bucket_count(work.gradient_bytes), "fsdp_unit_bytes": units},
         "timing": timing,
         "epoch_time_s": work.steps_per_epoch * timing["step_time_s"]["mean"],
         "runs": runs,
@@ -42,6 +54,8 @@ def assemble_profile(args, work, runs, phases, memory, benchmark, trace_files, h
                  "source": link.source},
         "host_effects": host_effects,
         "predictions": predictions,
+        "strategies": strategies,
+        "collective_links": {kind: _link_entry(value) for kind, value in links.items()},
         "recommendations": recommendations(figures, args.predict_gpus),
         "host_load": host_load,
         "trace_files": trace_files,
@@ -74,7 +88,9 @@ def choose_link(args, benchmark, device_type):
 
 def _config(args, work):
     strategy = work.strategy
-    return {"model": args.model, "norm": args.norm, "batch_size": work.batch_size,
+    return {"model": args.model, "norm": args.norm, "batch_size": work.batch_size, "width": args.width,
+            "depth": args.depth, "heads": args.heads, "ffn": args.ffn, "multi_gpu": args.multi_gpu,
+            "grad_compression": args.grad_compression,
             "grad_accum_steps": work.grad_accum_steps, "world_size": strategy.world_size,
             "global_samples_per_step": work.global_samples_per_step, "device": str(strategy.device.type),
             "backend": dist.get_backend() if dist.is_initialized() else None,
@@ -140,13 +156,30 @@ def _ratio_summary(runs, timing):
     return {"mean": ratio, "std": std}
 
 
+def choose_links(args, benchmark, allreduce_link):
+    """A Link for every collective of STRATEGIES: measured with 2+ processes (unless a flag assumes the
+    bandwidth or latency), else the all-reduce link stands for all of them."""
+    assumed = args.assumed_bandwidth_gbps is not None or args.assumed_latency_us is not None
+    if benchmark and not assumed:
+        return benchmark["links"]
+    return dict.fromkeys(("allreduce", "allreduce_fp16", "all_gather", "reduce_scatter"), allreduce_link)
+
+
+def device_memory_bytes(work):
+    """The device's memory, or None on CPU, where a process is bounded by the host instead."""
+    device = work.strategy.device
+    return torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+
+
 def _benchmark_entry(benchmark):
     if benchmark is None:
         return {"measured": False, "why": "one process: there is no process group to all-reduce over"}
-    link = benchmark["link"]
-    entry = {key: value for key, value in benchmark.items() if key != "link"}
-    return {"measured": True, **entry, "fitted_link": {**dataclasses.asdict(link),
-                                                       "bandwidth_gb_per_s": link.bandwidth_bytes_per_s / BYTES_PER_GB}}
+    entry = {key: value for key, value in benchmark.items() if key not in ("link", "links")}
+    return {"measured": True, **entry, "fitted_link": _link_entry(benchmark["link"])}
+
+
+def _link_entry(link):
+    return {**dataclasses.asdict(link), "bandwidth_gb_per_s": link.bandwidth_bytes_per_s / BYTES_PER_GB}
 
 
 def _gbps(bandwidth_bytes_per_s):

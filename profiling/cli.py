@@ -3,7 +3,7 @@ import argparse
 import math
 
 from profiling.report import DEFAULT_ROOT
-from training.config.cli import build_parser, check_args
+from training.config.cli import SHARDED_OR_DDP, build_parser, check_args
 from training.config.environment import distributed_env, launched_by_torchrun
 from training.config.files import parse_with_config
 from training.config.settings import RunConfig
@@ -82,14 +82,14 @@ def check_profiler_args(args):
                                                     and math.isfinite(args.assumed_latency_us)):
         raise UsageError(f"--assumed-latency-us must be zero or more, got {args.assumed_latency_us}")
     if args.multi_gpu == "dp":
-        raise UsageError("the profiler measures one device or DDP; DataParallel has no all-reduce to "
+        raise UsageError("the profiler measures one device, DDP or FSDP; DataParallel has no exchange to "
                          "separate (use --multi-gpu ddp)")
-    if args.multi_gpu != "ddp" and distributed_env()[2] > 1:
-        raise UsageError("under torchrun the profiler needs --multi-gpu ddp")
+    if args.multi_gpu not in SHARDED_OR_DDP and distributed_env()[2] > 1:
+        raise UsageError("under torchrun the profiler needs --multi-gpu ddp or fsdp")
 
 
 def needs_launch(args):
-    return args.multi_gpu == "ddp" and not launched_by_torchrun()
+    return args.multi_gpu in SHARDED_OR_DDP and not launched_by_torchrun()
 
 
 def launch_under_torchrun(args, script, argv):

@@ -56,6 +56,56 @@ def fit_ring_link(buffer_bytes, buffer_s, tiny_s, world_size, source):
     return Link(bandwidth, latency_s, source)
 
 
+def fit_ring_pass_link(buffer_bytes, buffer_s, tiny_s, world_size, source):
+    """A Link for a one-pass collective (all-gather or reduce-scatter: N-1 ring steps that move 1/N of
+    the buffer each), from its time for the whole buffer and for one element per rank."""
+    steps = world_size - 1
+    payload_s = buffer_s - tiny_s
+    bandwidth = steps / world_size * buffer_bytes / payload_s if payload_s > 0 else math.inf
+    return Link(bandwidth, tiny_s / steps, source)
+
+
+def ring_pass_time_s(buffer_bytes, world_size, link, messages=1):
+    """One all-gather or reduce-scatter of `buffer_bytes` (the gathered size), in `messages` calls."""
+    if world_size <= 1:
+        return 0.0
+    return (world_size - 1) / world_size * buffer_bytes / link.bandwidth_bytes_per_s + \
+        (world_size - 1) * link.latency_s * messages
+
+
+# What the advisor compares. FSDP's units: each transformer block and the root (training/distributed/fsdp.py).
+STRATEGIES = ("ddp", "ddp_fp16", "fsdp")
+
+
+def strategy_comm(strategy, gradient_bytes, world_size, links, units=1, reshard_after_forward=True):
+    """(seconds of communication per optimizer step, bytes each rank sends) for one strategy, with
+    no overlap with compute assumed. DDP: a ring all-reduce of the gradients (fp16 halves them);
+    FSDP: an all-gather of the parameters for forward, again for backward when they are resharded
+    after forward, and a reduce-scatter of the gradients, one call per unit each: about 1.5 times
+    DDP's bytes."""
+    if world_size <= 1:
+        return 0.0, 0.0
+    ring = (world_size - 1) / world_size
+    if strategy in ("ddp", "ddp_fp16"):
+        payload = gradient_bytes / 2 if strategy == "ddp_fp16" else gradient_bytes
+        link = links["allreduce_fp16" if strategy == "ddp_fp16" else "allreduce"]
+        seconds = ring_allreduce_time_s(payload, world_size, link.bandwidth_bytes_per_s, link.latency_s,
+                                        ddp_bucket_count(payload))
+        return seconds, 2 * ring * payload
+    gathers = 2 if reshard_after_forward else 1
+    seconds = gathers * ring_pass_time_s(gradient_bytes, world_size, links["all_gather"], units) + \
+        ring_pass_time_s(gradient_bytes, world_size, links["reduce_scatter"], units)
+    return seconds, (gathers + 1) * ring * gradient_bytes
+
+
+def model_state_bytes(strategy, parameter_bytes, world_size, largest_unit_bytes=0):
+    """A rank's parameters, gradients and AdamW moments (4 x the parameters in fp32): whole under DDP;
+    1/N under FSDP, plus the largest unit gathered whole (its parameters and gradients) while it runs."""
+    if strategy == "fsdp" and world_size > 1:
+        return 4 * parameter_bytes / world_size + 2 * largest_unit_bytes
+    return 4 * parameter_bytes
+
+
 def ddp_bucket_count(gradient_bytes, bucket_cap_mb=DDP_BUCKET_CAP_MB, first_bucket_bytes=DDP_FIRST_BUCKET_BYTES):
     """Buckets DDP fills (approximately: real buckets end at parameter boundaries)."""
     cap_bytes = bucket_cap_mb * 1024 ** 2
@@ -84,15 +134,17 @@ def share(part_s, whole_s):
     return part_s / whole_s if whole_s > 0 else 0.0
 
 
-def rank_step_s(compute_s, world_size, host_effects=None):
-    """One rank's step without the all-reduce when N ranks run: the lone step, or, with the host
+def rank_step_s(compute_s, world_size, host_effects=None, strategy="ddp"):
+    """One rank's step without its communication when N ranks run: the lone step, or, with the host
     effects a 1-process profile measured (profiling/host_sharing.py), the step slowed by
-    neighbours on the same cores, plus the wait for the slowest rank, plus DDP's own cost."""
+    neighbours on the same cores, plus the wait for the slowest rank, plus the strategy's own cost
+    (DDP's where a profile predates the others)."""
     if world_size <= 1 or not host_effects:
         return compute_s
     shared_s = _by_count(host_effects["shared"], world_size, compute_s)
     straggler_s = _by_count(host_effects["straggler_s"], world_size, 0.0)
-    return shared_s + straggler_s + host_effects["ddp_step_s"]
+    own_s = (host_effects.get("wrapper_step_s") or {}).get(strategy, host_effects["ddp_step_s"])
+    return shared_s + straggler_s + own_s
 
 
 def _by_count(table, world_size, default):
@@ -113,6 +165,18 @@ def predict_world(compute_s, gradient_bytes, world_size, link, messages=1, accum
     return {"world_size": world_size, "allreduce_s": allreduce_s, "rank_step_s": rank_s, "step_s": step_s,
             "speedup": gain, "efficiency": efficiency(gain, world_size), "allreduce_share": share(allreduce_s, step_s),
             "compute_to_comm_ratio": rank_s / allreduce_s if allreduce_s > 0 else math.inf}
+
+
+def predict_strategy(strategy, compute_s, gradient_bytes, world_size, links, units=1, largest_unit_bytes=0,
+                     host_effects=None):
+    """predict_world for one strategy of STRATEGIES, with its bytes on the wire and per-rank model state."""
+    rank_s = rank_step_s(compute_s, world_size, host_effects, strategy)
+    comm_s, sent_bytes = strategy_comm(strategy, gradient_bytes, world_size, links, units)
+    step_s = rank_s + comm_s
+    gain = speedup(world_size, compute_s, step_s)
+    return {"strategy": strategy, "world_size": world_size, "comm_s": comm_s, "bytes_sent_per_rank": sent_bytes,
+            "step_s": step_s, "speedup": gain, "efficiency": efficiency(gain, world_size),
+            "model_state_bytes_per_rank": model_state_bytes(strategy, gradient_bytes, world_size, largest_unit_bytes)}
 
 
 def predict_scaling(compute_s, gradient_bytes, link, world_sizes, messages=1, host_effects=None):

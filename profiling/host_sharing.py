@@ -21,7 +21,8 @@ from torch.optim.lr_scheduler import LambdaLR
 from profiling.neighbour import READY
 from profiling.timing import NullTimer
 from profiling.workload import optimizer_step
-from training.distributed.strategy import ddp_module
+from training.distributed.fsdp import clip_sharded_grad_norm_, shard_model
+from training.distributed.strategy import compression_hook, ddp_module
 from training.loop.ema import WeightAverage
 from training.loop.precision import skipped_steps
 from training.loop.step import build_adamw
@@ -81,11 +82,12 @@ def measure_host_effects(work, args, timed_steps, lone_step_samples_s):
         if n > 1:
             samples = samples_by_n.get(n, lone_step_samples_s)
             stragglers[n] = max(expected_maximum(samples, n) - statistics.fmean(samples), 0.0)
-    ddp_s = ddp_step_cost_s(work, timed_steps, args.steps, args.repeats)
-    return {"shared": shared, "straggler_s": stragglers, "ddp_step_s": ddp_s or 0.0,
+    wrappers_s = wrapper_step_costs_s(work, timed_steps, args.steps, args.repeats) or {}
+    return {"shared": shared, "straggler_s": stragglers, "ddp_step_s": wrappers_s.get("ddp", 0.0),
+            "wrapper_step_s": wrappers_s,
             "what": f"step time with N-1 neighbour processes on this host's cores for N in {sorted(shared) or 'none'} "
-                    "(others: each rank on its own device); straggler = E[max of N per-step times] - mean; DDP's "
-                    "own per-step cost on a one-rank gloo group"}
+                    "(others: each rank on its own device); straggler = E[max of N per-step times] - mean; each "
+                    "strategy's own per-step cost (DDP, DDP with fp16 gradients, FSDP) on a one-rank gloo group"}
 
 
 def expected_maximum(samples, count):
@@ -95,40 +97,72 @@ def expected_maximum(samples, count):
     return sum(value * (((i + 1) / n) ** count - (i / n) ** count) for i, value in enumerate(ordered))
 
 
-def ddp_step_cost_s(work, timed_steps, steps, repeats):
-    """Seconds DDP adds to one optimizer step of this workload on a one-rank gloo group (its
-    bookkeeping without any transfer), as the median difference of alternating timed runs; None
-    where a process group already exists (a multi-process profile measures DDP directly)."""
+WRAPPERS = ("ddp", "ddp_fp16", "fsdp")  # as comm_model.STRATEGIES
+WRAPPER_STEPS = 10  # the wrappers' own costs are per step: a few steps each tell them
+
+
+def wrapper_step_costs_s(work, timed_steps, steps, repeats):
+    """{strategy: seconds it adds to one optimizer step of this workload} on a one-rank gloo group,
+    with nothing to send: DDP's hooks and bucket, the fp16 hook's casts, FSDP's hooks and DTensor
+    bookkeeping. The median difference of alternating timed runs against the plain step; None where
+    a process group already exists (a multi-process profile measures its own strategy directly)."""
     if dist.is_initialized():
         return None
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        plain, wrapped = _twin(work, ddp=False), _twin(work, ddp=True)
-        differences = []
+        plain = _twin(work, None)
+        twins = {kind: _twin(work, kind) for kind in WRAPPERS}
+        differences = {kind: [] for kind in WRAPPERS}
         for _ in range(repeats):
-            plain_s = timed_steps(plain, steps, sync_gradients=True)["step_time_s"]
-            wrapped_s = timed_steps(wrapped, steps, sync_gradients=True)["step_time_s"]
-            differences.append(wrapped_s - plain_s)
-        return max(sorted(differences)[len(differences) // 2], 0.0)
+            for kind, twin in twins.items():
+                plain_s = timed_steps(plain, min(steps, WRAPPER_STEPS), sync_gradients=True)["step_time_s"]
+                wrapped_s = timed_steps(twin, min(steps, WRAPPER_STEPS), sync_gradients=True)["step_time_s"]
+                differences[kind].append(wrapped_s - plain_s)
+        return {kind: max(sorted(values)[len(values) // 2], 0.0) for kind, values in differences.items()}
     finally:
         dist.destroy_process_group()
 
 
-def _twin(work, ddp):
-    """The workload's step on a copy of the model with its own optimizer (and average), DDP-wrapped as
-    training wraps it; a constant LR, which does not change what a step costs."""
+def _twin(work, wrapper):
+    """The workload's step on a copy of the model with its own optimizer (and average), wrapped as
+    training wraps it for `wrapper` (None: plain); a constant LR, which does not change what a step costs."""
     model = copy.deepcopy(work.model)
     device, step = work.strategy.device, work.step
+    strategy, train_model = step.strategy, model
+    if wrapper in ("ddp", "ddp_fp16"):
+        train_model = ddp_module(model, device)
+        if wrapper == "ddp_fp16":
+            train_model.register_comm_hook(*compression_hook("fp16"))
+    elif wrapper == "fsdp":
+        train_model = shard_model(model)
+        strategy = _ShardedClipping(strategy)
     optimizer = build_adamw(model, step.optimizer.defaults["lr"], step.optimizer.param_groups[0]["weight_decay"],
                             device)
+    average = WeightAverage(copy.deepcopy(work.model), step.ema.decay) if step.ema else None
+    if average is not None:
+        average.source = model
+        if wrapper == "fsdp":
+            shard_model(average.module)
     twin_step = dataclasses.replace(
-        step, model=ddp_module(model, device) if ddp else model, parameters=list(model.parameters()),
-        optimizer=optimizer, scheduler=LambdaLR(optimizer, lambda _: 1.0),
-        ema=WeightAverage(model, step.ema.decay) if step.ema else None,
+        step, model=train_model, strategy=strategy, parameters=list(model.parameters()), optimizer=optimizer,
+        scheduler=LambdaLR(optimizer, lambda _: 1.0), ema=average,
         skips=None if step.skips is None else skipped_steps(model, step.precision, step.grad_scaler))
     twin = dataclasses.replace(work, model=model, step=twin_step)
     _warm_up(twin)
     return twin
+
+
+class _ShardedClipping:
+    """The profiled run's strategy, clipping as FSDP does (sharded gradients are DTensors)."""
+
+    def __init__(self, strategy):
+        self.strategy = strategy
+
+    def __getattr__(self, name):
+        return getattr(self.strategy, name)
+
+    def clip_grad_norm_(self, parameters, max_norm):
+        return clip_sharded_grad_norm_(parameters, max_norm)
 
 
 def _warm_up(work, steps=3):

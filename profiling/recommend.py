@@ -30,11 +30,13 @@ class Figures:
     backward_s: float = None  # from the phase breakdown, when it ran
     reference_gpus: int = 4
     host_effects: dict = None  # what N ranks add beyond the lone step (profiling/host_sharing.py)
+    strategies: dict = None  # strategy name -> comm_model.predict_strategy for each N
+    device_memory_bytes: int = None  # the GPU's memory; None on CPU
 
 
 def recommendations(figures, world_sizes):
     """Every recommendation as {"topic", "text", "figures"}; the text carries the numbers."""
-    return [_gpu_count(figures, world_sizes), _larger_batch(figures), _accumulation(figures),
+    return [_gpu_count(figures, world_sizes), _strategy(figures), _larger_batch(figures), _accumulation(figures),
             _half_precision_gradients(figures), _buckets(figures), _data_loading(figures)]
 
 
@@ -74,6 +76,43 @@ def _gpu_count(f, world_sizes):
     return _item("gpu count", text, table)
 
 
+MEMORY_SHARE_FOR_STATE = 0.5  # beyond this share of the GPU for the model state, activations will not fit
+
+
+def _strategy(f):
+    """DDP, DDP with fp16 gradients or FSDP at the reference N, from the predicted speedup and what
+    each leaves of the GPU's memory."""
+    if not f.strategies:
+        return _item("strategy", "not compared (no strategy predictions)", {})
+    n = f.reference_gpus
+    at_n = {name: next(p for p in predictions if p["world_size"] == n) for name, predictions in f.strategies.items()}
+    figures = {f"speedup_{name}": p["speedup"] for name, p in at_n.items()}
+    figures.update({f"model_state_mb_{name}": p["model_state_bytes_per_rank"] / BYTES_PER_MB
+                    for name, p in at_n.items()})
+    described = "; ".join(
+        f"{_STRATEGY_NAMES[name]} {p['speedup']:.2f}x, {p['bytes_sent_per_rank'] / BYTES_PER_MB:.2f} MB sent and "
+        f"{p['model_state_bytes_per_rank'] / BYTES_PER_MB:.2f} MB of model state per GPU" for name, p in at_n.items())
+    fits = {name: f.device_memory_bytes is None or
+            p["model_state_bytes_per_rank"] <= MEMORY_SHARE_FOR_STATE * f.device_memory_bytes
+            for name, p in at_n.items()}
+    candidates = [name for name in at_n if fits[name]] or ["fsdp"]
+    best = max(candidates, key=lambda name: at_n[name]["speedup"])
+    if at_n[best]["speedup"] < 1:
+        verdict = "none of them beats one GPU here: keep one GPU per job (cross-validation folds, seeds)"
+    elif not fits["ddp"]:
+        verdict = (f"DDP's model state would take over {MEMORY_SHARE_FOR_STATE:.0%} of the GPU: use --multi-gpu fsdp, "
+                   "which keeps 1/N of it per GPU")
+    else:
+        verdict = f"use {_STRATEGY_FLAGS[best]} (the fastest that fits)"
+    return _item("strategy", f"on {n} GPUs: {described}. {verdict} [no overlap of communication and compute "
+                             "assumed; FSDP's sharded optimizer step, 1/N of the work, not counted]", figures)
+
+
+_STRATEGY_NAMES = {"ddp": "DDP", "ddp_fp16": "DDP with fp16 gradients", "fsdp": "FSDP"}
+_STRATEGY_FLAGS = {"ddp": "--multi-gpu ddp", "ddp_fp16": "--multi-gpu ddp --grad-compression fp16 (bf16 on NCCL)",
+                   "fsdp": "--multi-gpu fsdp"}
+
+
 def _larger_batch(f):
     new_batch = f.batch_size * 8
     n = f.reference_gpus
@@ -109,8 +148,8 @@ def _half_precision_gradients(f):
                          host_effects=f.host_effects)
     amp_state = "on" if f.amp_enabled else "off"
     text = (f"AMP (here {amp_state}) does not shrink the all-reduce: autocast keeps parameters and "
-            f"gradients in fp32, so DDP sends {f.gradient_bytes / BYTES_PER_MB:.2f} MB either way; a DDP "
-            "comm hook that compresses gradients to bf16/fp16 (not registered by this project) would send "
+            f"gradients in fp32, so DDP sends {f.gradient_bytes / BYTES_PER_MB:.2f} MB either way; "
+            "--grad-compression fp16 (or bf16 on NCCL) compresses them in a DDP communication hook and sends "
             f"{f.gradient_bytes / 2 / BYTES_PER_MB:.2f} MB, all-reduce {_ms(full['allreduce_s'])} -> "
             f"{_ms(half['allreduce_s'])} on {n} GPUs (latency unchanged), speedup {full['speedup']:.2f}x -> "
             f"{half['speedup']:.2f}x. AMP's faster compute raises the all-reduce share instead")

@@ -121,6 +121,13 @@ def format_summary(profile):
     for p in profile["predictions"]:
         lines.append(f"      {p['world_size']:>4}  {_ms(p['allreduce_s']):>10} {_ms(p['step_s']):>8} "
                      f"{p['speedup']:>8.2f}x {p['efficiency']:>10.0%} {_number(p['compute_to_comm_ratio']):>8}")
+    if profile.get("strategies"):
+        lines.append("  strategies      predicted per strategy (communication / step / speedup / MB of model "
+                     "state per GPU)")
+        for name, predictions in profile["strategies"].items():
+            lines.append(f"      {name:<9} " + " | ".join(
+                f"{p['world_size']}: {_ms(p['comm_s'])} / {_ms(p['step_s'])} / {p['speedup']:.2f}x / "
+                f"{p['model_state_bytes_per_rank'] / 2**20:.1f}" for p in predictions))
     lines.append("  recommendations")
     lines += [f"    - {item['text']}" for item in profile["recommendations"]]
     lines.append("  notes")

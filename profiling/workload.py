@@ -7,6 +7,7 @@ import math
 import tempfile
 from dataclasses import dataclass
 
+from training.distributed.fsdp import sharded_units
 from training.errors import UsageError
 from training.loop.schedule import steps_per_epoch
 from training.loop.tally import EpochTally
@@ -45,6 +46,11 @@ class Workload:
     def gradient_bytes(self):
         """What DDP all-reduces each step: one gradient per trainable parameter, in its dtype."""
         return sum(p.numel() * p.element_size() for p in self.model.parameters() if p.requires_grad)
+
+    @property
+    def unit_bytes(self):
+        """Parameter bytes of each unit FSDP would shard and gather on its own (training/distributed/fsdp.py)."""
+        return [sum(p.numel() * p.element_size() for p in unit) for unit in sharded_units(self.model)]
 
     @property
     def steps_per_epoch(self):

@@ -61,7 +61,7 @@ def main(argv):
         print(f"[{index}/{len(configurations)}] {model}, batch {batch_size}, {world_size} process(es) "
               f"({time.perf_counter() - started:.0f} s so far)", flush=True)
         if not (args.reuse and (run_dir / PROFILE_JSON).is_file()):
-            run_profiler(args, model, batch_size, world_size, run_dir)
+            run_profiler(args, ["--model", model, "--batch-size", str(batch_size)], world_size, run_dir)
         profiles.append(json.loads((run_dir / PROFILE_JSON).read_text()))
     rows = scaling_rows(profiles)
     written = [write_csv(rows, output_dir / "scaling_summary.csv"),
@@ -73,10 +73,10 @@ def main(argv):
     return 0
 
 
-def run_profiler(args, model, batch_size, world_size, run_dir):
-    """profiler.py for one configuration, under torchrun when world_size > 1; stops the report
-    with the profiler's own error when a run fails."""
-    flags = ["--model", model, "--batch-size", str(batch_size), "--device", args.device,
+def run_profiler(args, configuration, world_size, run_dir, parallel=("--multi-gpu", "ddp")):
+    """profiler.py for one configuration (its flags), under torchrun with the `parallel` flags when
+    world_size > 1; stops the report with the profiler's own error when a run fails."""
+    flags = [*configuration, "--device", args.device,
              "--warmup-steps", str(args.warmup_steps), "--steps", str(args.steps), "--repeats", str(args.repeats),
              "--phase-steps", str(args.phase_steps), "--output-dir", str(run_dir),
              *shlex.split(args.profiler_args)]
@@ -84,7 +84,7 @@ def run_profiler(args, model, batch_size, world_size, run_dir):
         command = [sys.executable, "profiler.py", *flags]
     else:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}",
-                   "profiler.py", "--multi-gpu", "ddp", *flags]
+                   "profiler.py", *parallel, *flags]
     env = {key: value for key, value in os.environ.items()
            if key not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     env["OMP_NUM_THREADS"] = str(args.threads_per_rank)  # ignored by CUDA kernels, decisive on CPU

@@ -201,6 +201,45 @@ def test_scaling_report_writers_on_a_two_process_profile_made_from_the_real_one(
     assert "\\begin{tabular}" in (tmp_path / "t.tex").read_text()
 
 
+def test_the_profile_compares_ddp_compressed_ddp_and_fsdp(tiny_profile):
+    _, out = tiny_profile
+    profile = json.loads((out / "profile.json").read_text())
+    at_4 = {name: next(p for p in predictions if p["world_size"] == 4) for name, predictions in
+            profile["strategies"].items()}
+    assert set(at_4) == {"ddp", "ddp_fp16", "fsdp"}
+    assert at_4["ddp_fp16"]["bytes_sent_per_rank"] == pytest.approx(at_4["ddp"]["bytes_sent_per_rank"] / 2)
+    assert at_4["fsdp"]["bytes_sent_per_rank"] == pytest.approx(1.5 * at_4["ddp"]["bytes_sent_per_rank"])
+    # cnn1d is one FSDP unit, gathered whole while it runs: 1/4 of the state plus that unit's parameters and gradients
+    gradient_bytes, units = profile["model"]["gradient_bytes"], profile["model"]["fsdp_unit_bytes"]
+    assert units == [gradient_bytes]
+    assert at_4["fsdp"]["model_state_bytes_per_rank"] == pytest.approx(gradient_bytes + 2 * gradient_bytes)
+    assert at_4["ddp"]["model_state_bytes_per_rank"] == pytest.approx(4 * gradient_bytes)
+    assert set(profile["host_effects"]["wrapper_step_s"]) == {"ddp", "ddp_fp16", "fsdp"}
+    assert any(item["topic"] == "strategy" and "FSDP" in item["text"] for item in profile["recommendations"])
+
+
+def test_scaling_map_rows_and_figure_from_a_real_profile(tiny_profile, tmp_path):
+    from scripts.scaling_map import format_errors, map_rows, write_map_figure
+    _, out = tiny_profile
+    single = json.loads((out / "profile.json").read_text())
+    double = copy.deepcopy(single)
+    double["config"]["world_size"] = 2
+    double["timing"]["samples_per_s"]["mean"] *= 1.6
+    made_up = {"bandwidth_bytes_per_s": 1e9, "latency_s": 1e-4, "source": "made up"}
+    double["collective_links"] = dict.fromkeys(("allreduce", "allreduce_fp16", "all_gather", "reduce_scatter"),
+                                               made_up)
+    rows = map_rows("tiny", single, {"ddp": double, "fsdp": double}, [2, 4, 8])
+    assert [(row["strategy"], row["ranks"]) for row in rows] == [
+        ("one process", 1), ("ddp", 2), ("ddp", 4), ("ddp", 8), ("fsdp", 2), ("fsdp", 4), ("fsdp", 8)]
+    measured = [row for row in rows if row.get("prediction_error") is not None]
+    assert [row["ranks"] for row in measured] == [2, 2]
+    assert measured[0]["measured_speedup"] == pytest.approx(1.6)
+    assert measured[0]["prediction_error"] == pytest.approx(measured[0]["predicted_speedup"] / 1.6 - 1)
+    assert rows[4]["predicted_speedup"] < rows[1]["predicted_speedup"]  # FSDP sends more than DDP
+    assert "largest error" in format_errors(rows)
+    assert write_map_figure(rows, tmp_path / "map.png").stat().st_size > 0
+
+
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores for one thread per rank")
 def test_one_process_profile_measures_its_step_beside_a_neighbour_and_leaves_none_behind(tmp_path):
     result = run_subprocess([sys.executable, "profiler.py", *TINY_DATA, "--device", "cpu", "--warmup-steps", "2",

@@ -44,20 +44,12 @@ class FullyShardedStrategy(DistributedStrategy):
             self._policy = MixedPrecisionPolicy(param_dtype=precision.dtype, reduce_dtype=torch.float32,
                                                 output_dtype=torch.float32)
             precision.delegate_to_model()
-        self._shard(model, self.reshard_after_forward)
-        self._sharded = model
+        self._sharded = shard_model(model, self.reshard_after_forward, self._policy)
         return model  # fully_shard turns the module itself into an FSDP module
 
     def shard_like(self, module):
         # The weight average only runs forward passes: resharding after each keeps its memory 1/N.
-        self._shard(module, reshard_after_forward=True)
-
-    def _shard(self, module, reshard_after_forward):
-        """Each transformer encoder block is a unit of its own (gathered just before it runs); the
-        rest of the model (stem, head, or a whole convolutional model) is the root's unit."""
-        for block in _blocks(module):
-            fully_shard(block, reshard_after_forward=reshard_after_forward, mp_policy=self._policy)
-        fully_shard(module, reshard_after_forward=reshard_after_forward, mp_policy=self._policy)
+        shard_model(module, reshard_after_forward=True, policy=self._policy)
 
     def eval_model(self, model):
         return model
@@ -75,14 +67,7 @@ class FullyShardedStrategy(DistributedStrategy):
         raise NotImplementedError("FSDP exchanges gradients by reduce-scatter: DDP's communication hooks do not apply")
 
     def clip_grad_norm_(self, parameters, max_norm):
-        """Clip by the norm of the whole gradient: each rank holds a shard, so the norm is summed
-        over ranks (DTensor) before the coefficient is applied."""
-        parameters = list(parameters)
-        total_norm = torch.nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None])
-        if isinstance(total_norm, DTensor):
-            total_norm = total_norm.full_tensor()
-        torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total_norm)
-        return total_norm
+        return clip_sharded_grad_norm_(parameters, max_norm)
 
     def module_state(self, module):
         return _FullModuleState(module)
@@ -98,6 +83,27 @@ class FullyShardedStrategy(DistributedStrategy):
         # Every forward all-gathers parameters, so a rank whose shard of the split is shorter
         # takes empty forward passes until the longest one is done.
         return int(self.max_over_ranks(torch.tensor(len(loader), device=self.device)))
+
+
+def clip_sharded_grad_norm_(parameters, max_norm):
+    """Clip by the norm of the whole gradient: each rank holds a shard, so the norm is summed over
+    ranks (DTensor) before the coefficient is applied."""
+    parameters = list(parameters)
+    total_norm = torch.nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None])
+    if isinstance(total_norm, DTensor):
+        total_norm = total_norm.full_tensor()
+    torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total_norm)
+    return total_norm
+
+
+def shard_model(module, reshard_after_forward=True, policy=None):
+    """fully_shard each transformer encoder block as a unit of its own (gathered just before it runs),
+    then the rest of the model (stem, head, or a whole convolutional model) as the root's unit."""
+    policy = policy or MixedPrecisionPolicy()
+    for block in _blocks(module):
+        fully_shard(block, reshard_after_forward=reshard_after_forward, mp_policy=policy)
+    fully_shard(module, reshard_after_forward=reshard_after_forward, mp_policy=policy)
+    return module
 
 
 class _FullModuleState:
@@ -142,3 +148,10 @@ class _FullOptimizerState:
 def _blocks(module):
     encoder = getattr(module, "encoder", None)
     return list(encoder.layers) if isinstance(encoder, torch.nn.TransformerEncoder) else []
+
+
+def sharded_units(module):
+    """The parameters of each unit shard_model makes: every block's, then the rest (the root's)."""
+    blocks = [list(block.parameters()) for block in _blocks(module)]
+    in_blocks = {id(p) for block in blocks for p in block}
+    return [*blocks, [p for p in module.parameters() if id(p) not in in_blocks]]

@@ -1,0 +1,175 @@
+"""When multi-GPU pays: model size x per-GPU batch x strategy, measured on 1 and 2 ranks, predicted for more.
+
+For every model size and batch, one 1-process profile and one 2-rank profile per strategy (DDP,
+DDP with fp16 gradients, FSDP). Each strategy's prediction for N ranks comes from the 1-process
+profile alone (its step, and the neighbour, straggler and DDP costs it measured) plus the
+collectives the 2-rank run measured as microbenchmarks, never from the 2-rank step itself, so
+the 2-rank column checks the prediction. Writes <out>/scaling_map.csv and scaling_map.png.
+
+Run from the repository root: python -m scripts.scaling_map --out DIR (the same command on a GPU node
+gives the GPU map).
+"""
+import argparse
+import csv
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # run as a file rather than with -m
+    sys.path.insert(0, str(REPO))
+
+from profiling.comm_model import STRATEGIES, Link, predict_strategy  # noqa: E402
+from profiling.report import PROFILE_JSON  # noqa: E402
+from scripts.scaling_report import _counts, _names, run_profiler  # noqa: E402
+from training.errors import UsageError, run_entry_point  # noqa: E402
+
+# Transformer sizes from the default (~0.09M parameters) past 10M; the 3M one is the studies' second
+# configuration (d_model 256, 4 blocks, 8 heads, FFN 1024).
+SIZES = {"0.1M": [], "0.8M": ["--width", "128", "--depth", "4", "--ffn", "512"],
+         "3.4M": ["--width", "256", "--depth", "4", "--heads", "8", "--ffn", "1024"],
+         "10.6M": ["--width", "384", "--depth", "6", "--heads", "8", "--ffn", "1536"]}
+PARALLEL_FLAGS = {"ddp": ["--multi-gpu", "ddp"], "ddp_fp16": ["--multi-gpu", "ddp", "--grad-compression", "fp16"],
+                  "fsdp": ["--multi-gpu", "fsdp"]}
+COLUMNS = ("size", "parameters", "batch_size", "strategy", "ranks", "measured_samples_per_s", "measured_speedup",
+           "predicted_samples_per_s", "predicted_speedup", "prediction_error", "bytes_sent_per_rank_mb",
+           "model_state_mb_per_rank")
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="python -m scripts.scaling_map", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="scaling_map.csv, scaling_map.png and the profiles under runs/")
+    parser.add_argument("--sizes", type=_names, default=list(SIZES), help=f"from {', '.join(SIZES)}")
+    parser.add_argument("--batch-sizes", type=_counts, default=[16, 64], help="per GPU / process")
+    parser.add_argument("--strategies", type=_names, default=list(STRATEGIES), help=f"from {', '.join(STRATEGIES)}")
+    parser.add_argument("--predict-gpus", type=_counts, default=[2, 4, 8])
+    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    parser.add_argument("--threads-per-rank", type=int, default=1, help="CPU: OMP_NUM_THREADS of every run")
+    parser.add_argument("--warmup-steps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--reuse", action="store_true", help="keep profiles already under <out>/runs")
+    return parser
+
+
+def main(argv):
+    args = build_parser().parse_args(argv)
+    unknown = [name for name in args.sizes if name not in SIZES] + \
+        [name for name in args.strategies if name not in STRATEGIES]
+    if unknown:
+        raise UsageError(f"unknown size or strategy {unknown[0]!r}; sizes: {', '.join(SIZES)}; strategies: "
+                         f"{', '.join(STRATEGIES)}")
+    # What run_profiler reads besides these: the steps of each run (no phase pass) and no extra flags.
+    args.phase_steps, args.profiler_args = 0, "--predict-gpus 1,2,4,8"
+    out, started, rows = Path(args.out), time.perf_counter(), []
+    for size in args.sizes:
+        for batch in args.batch_sizes:
+            configuration = ["--model", "transformer", *SIZES[size], "--batch-size", str(batch)]
+            print(f"{size} parameters, batch {batch} ({time.perf_counter() - started:.0f} s so far)", flush=True)
+            baseline = _profile(args, configuration, 1, out / "runs" / f"{size}_bs{batch}_1")
+            measured = {name: _profile(args, configuration, 2, out / "runs" / f"{size}_bs{batch}_2_{name}",
+                                       PARALLEL_FLAGS[name]) for name in args.strategies}
+            rows += map_rows(size, baseline, measured, args.predict_gpus)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "scaling_map.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    write_map_figure(rows, out / "scaling_map.png")
+    print(format_errors(rows))
+    print(f"done in {time.perf_counter() - started:.0f} s; wrote {out / 'scaling_map.csv'}, {out / 'scaling_map.png'}")
+    return 0
+
+
+def _profile(args, configuration, ranks, run_dir, parallel=()):
+    if not (args.reuse and (run_dir / PROFILE_JSON).is_file()):
+        run_profiler(args, configuration, ranks, run_dir, parallel)
+    return json.loads((run_dir / PROFILE_JSON).read_text())
+
+
+def map_rows(size, baseline, measured, predict_gpus):
+    """Rows of one size and batch: the 1-process figure, then for each strategy its measured 2-rank
+    figure and its predictions for every N of predict_gpus, each from `baseline` and the collectives
+    the strategy's 2-rank run measured."""
+    model, base_timing = baseline["model"], baseline["timing"]
+    step_1_s, samples_1 = base_timing["step_time_s"]["mean"], base_timing["samples_per_s"]["mean"]
+    common = {"size": size, "parameters": model["parameters"], "batch_size": baseline["config"]["batch_size"]}
+    rows = [{**common, "strategy": "one process", "ranks": 1, "measured_samples_per_s": samples_1,
+             "measured_speedup": 1.0, "model_state_mb_per_rank": 4 * model["gradient_bytes"] / 2**20}]
+    units = model["fsdp_unit_bytes"]
+    for name, profile in measured.items():
+        links = {kind: _link(entry) for kind, entry in profile["collective_links"].items()}
+        measured_samples = profile["timing"]["samples_per_s"]["mean"]
+        for n in predict_gpus:
+            predicted = predict_strategy(name, step_1_s, model["gradient_bytes"], n, links, len(units), max(units),
+                                         baseline.get("host_effects"))
+            row = {**common, "strategy": name, "ranks": n, "predicted_speedup": predicted["speedup"],
+                   "predicted_samples_per_s": samples_1 * predicted["speedup"],
+                   "bytes_sent_per_rank_mb": predicted["bytes_sent_per_rank"] / 2**20,
+                   "model_state_mb_per_rank": predicted["model_state_bytes_per_rank"] / 2**20}
+            if n == profile["config"]["world_size"]:
+                row.update(measured_samples_per_s=measured_samples, measured_speedup=measured_samples / samples_1,
+                           prediction_error=predicted["speedup"] / (measured_samples / samples_1) - 1)
+            rows.append(row)
+    return rows
+
+
+def _link(entry):
+    bandwidth = entry["bandwidth_bytes_per_s"]
+    return Link(math.inf if bandwidth is None else bandwidth, entry["latency_s"], entry["source"])
+
+
+def format_errors(rows):
+    """The check of the predictions: measured against predicted where both exist."""
+    checked = [row for row in rows if row.get("prediction_error") is not None]
+    lines = ["measured vs predicted speedup on 2 ranks:"]
+    lines += [f"  {row['size']:>6} params, batch {row['batch_size']:>3}, {row['strategy']:<8} measured "
+              f"{row['measured_speedup']:.2f}x, predicted {row['predicted_speedup']:.2f}x "
+              f"({row['prediction_error']:+.1%})" for row in checked]
+    if checked:
+        worst = max(checked, key=lambda row: abs(row["prediction_error"]))
+        lines.append(f"largest error {abs(worst['prediction_error']):.1%} ({worst['size']}, batch "
+                     f"{worst['batch_size']}, {worst['strategy']})")
+    return "\n".join(lines)
+
+
+def write_map_figure(rows, path):
+    """Speedup against model size, a panel per batch: measured 2-rank points, predicted lines for each
+    strategy and N, and where the prediction crosses 1x (break-even) marked."""
+    from evaluation.figures import pyplot
+    plt = pyplot()
+    batches = sorted({row["batch_size"] for row in rows})
+    figure, axes = plt.subplots(1, len(batches), figsize=(6.5 * len(batches), 4.5), squeeze=False,
+                                constrained_layout=True)
+    colours = {"ddp": "tab:blue", "ddp_fp16": "tab:green", "fsdp": "tab:red"}
+    for ax, batch in zip(axes[0], batches, strict=True):
+        for strategy, colour in colours.items():
+            chosen = [row for row in rows if row["batch_size"] == batch and row["strategy"] == strategy]
+            for n, style in zip(sorted({row["ranks"] for row in chosen}), ("-", "--", ":"), strict=False):
+                line = sorted((row for row in chosen if row["ranks"] == n), key=lambda row: row["parameters"])
+                x = [row["parameters"] for row in line]
+                ax.plot(x, [row["predicted_speedup"] for row in line], style, color=colour,
+                        label=f"{strategy}, {n} ranks predicted")
+                for left, right in zip(line, line[1:], strict=False):  # break-even between two sizes
+                    if (left["predicted_speedup"] - 1) * (right["predicted_speedup"] - 1) < 0:
+                        ax.axvline(math.sqrt(left["parameters"] * right["parameters"]), color=colour, alpha=0.3)
+            points = [row for row in chosen if row.get("measured_speedup") is not None]
+            ax.scatter([row["parameters"] for row in points], [row["measured_speedup"] for row in points],
+                       color=colour, marker="o", zorder=3, label=f"{strategy}, 2 ranks measured")
+        ax.axhline(1.0, color="black", linewidth=1)
+        ax.set_xscale("log")
+        ax.set_xlabel("parameters")
+        ax.set_ylabel("speedup over one process (global samples/s)")
+        ax.set_title(f"per-GPU batch {batch}; faint lines: predicted break-even")
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=7, loc="upper left")
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+if __name__ == "__main__":
+    sys.exit(run_entry_point(main))
