@@ -133,6 +133,7 @@ def main(argv=None):
             rates, other_cores = interleave(sides, opts.rounds, opts.epochs_per_round, run.strategy.synchronize,
                                             watch_other_processes=not distributed)
         finally:
+            sides, run.step = None, None  # every DDP model goes before the process group
             run.log.close()
             run.strategy.close()
     if run.strategy.is_main:

@@ -5,10 +5,10 @@ import numpy as np
 
 from data.errors import DataError
 from data.preprocess import available_channels, cut_windows, stream_channels, window_starts
+from data.resample import on_model_clock
 from data.splits import channel_names, select_channels
 from data.uci_har import SIGNAL_NAMES
 from inference.bundle import probabilities, require_sample_rate
-from inference.resample import on_model_clock
 from training.errors import UsageError
 
 

@@ -2,7 +2,7 @@
 import argparse
 import math
 
-from inference.recording import ACC_UNITS, GYRO_UNITS
+from data.recordings import ACC_UNITS, GYRO_UNITS
 from inference.timeline import SMOOTHERS
 from training.config.files import usage_error
 from training.errors import UsageError

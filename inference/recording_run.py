@@ -1,9 +1,9 @@
 """predict.py --recording: classify a whole recording and write windows.csv, timeline.csv, timeline.png."""
+from data.recordings import read_recording
 from inference.bundle import load_bundle, pick_device
 from inference.classify import check_usable, classify_recording
 from inference.outputs import prepare_out_dir, write_csv
 from inference.plot import plot_timeline
-from inference.recording import read_recording
 from inference.timeline import format_summary, merge_segments, smooth_labels
 from training.checkpoint.atomic import write_atomic
 from training.errors import UsageError

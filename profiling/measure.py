@@ -31,11 +31,13 @@ class PerformanceProfiler:
     def run(self):
         strategy = make_strategy(self.args.run)
         self.is_main = strategy.is_main
+        work = None
         try:
             work = build_workload(self.args, strategy)
             self.output_dir = default_output_dir(self.args, strategy.world_size, work.precision)
             return self._measure(work)
         finally:
+            work = None  # the wrapped model goes before its process group (strategy.close)
             strategy.close()
 
     def _measure(self, work):

@@ -16,10 +16,10 @@ from collections import defaultdict
 
 import numpy as np
 
+from data.recordings import Recording
+from data.resample import resample
 from inference.bundle import load_bundle, pick_device
 from inference.classify import classify_recording
-from inference.recording import Recording
-from inference.resample import resample
 from inference.timeline import labels_at, smooth_labels
 
 RECORDING_RATE_HZ = 50.0

@@ -79,9 +79,9 @@ def test_recording_outputs(checkpoint, recording, tmp_path):
 
 def test_recording_matches_the_model_on_the_same_windows(checkpoint, stream, tmp_path):
     # The probabilities in windows.csv are the checkpoint's model applied to its normalised windows.
+    from data.recordings import Recording
     from inference.bundle import load_bundle
     from inference.classify import recording_windows
-    from inference.recording import Recording
     time_s, acc, gyro = stream
     code, _, err = predict(checkpoint, write_csv(tmp_path / "r.csv", time_s, acc, gyro), tmp_path / "out")
     assert code == 0, err

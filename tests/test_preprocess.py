@@ -5,10 +5,10 @@ from scipy.signal import butter, filtfilt, medfilt
 
 from data import uci_har
 from data.preprocess import cut_windows, uci_har_channels, window_starts
+from data.recordings import Recording
+from data.resample import on_model_clock, resample, to_uniform
 from inference.bundle import load_bundle
 from inference.classify import recording_windows
-from inference.recording import Recording
-from inference.resample import on_model_clock, resample, to_uniform
 from inference_fixtures import RATE_HZ, make_checkpoint, synthetic_stream
 
 WINDOW = uci_har.WINDOW_STEPS

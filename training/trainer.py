@@ -46,6 +46,7 @@ def train(config):
     lock = check_before_training(config)  # before any process group, so bad input fails alike on every rank
     strategy = make_strategy(config)
     stop_signals = StopSignals().install()
+    trainer = None
     try:
         trainer = Trainer.build(config, strategy, stop_signals)
         outcome = trainer.fit()
@@ -62,6 +63,7 @@ def train(config):
             explain_lost_rank(exc, strategy.rank, config.hardware.dist_timeout)
         raise
     finally:
+        trainer = None  # the wrapped model goes before its process group (strategy.close)
         stop_signals.restore()
         strategy.close()
         lock.release()

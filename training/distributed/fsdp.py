@@ -54,6 +54,10 @@ class FullyShardedStrategy(DistributedStrategy):
     def eval_model(self, model):
         return model
 
+    def close(self):
+        self._sharded = None
+        super().close()
+
     @contextlib.contextmanager
     def no_sync(self):
         """Accumulate without the reduce-scatter; the micro-batch that closes the window sends it."""

@@ -8,6 +8,7 @@ lives in fsdp.py.
 """
 import contextlib
 import datetime
+import gc
 import inspect
 import os
 
@@ -304,6 +305,11 @@ class DistributedStrategy(SingleDevice):
         return [piece.tolist() for piece in gathered]
 
     def close(self):
+        """End the process group. Whoever holds the wrapped model drops it first: a DDP reducer that
+        outlives its process group takes the group down with it when it is freed, holding the GIL,
+        while gloo's worker threads may still need the GIL to finish: a hang at exit."""
+        self._ddp = None
+        gc.collect()  # the reducer is freed here, while the group still exists
         if dist.is_initialized():
             dist.destroy_process_group()
 

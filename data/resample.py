@@ -4,7 +4,7 @@ from fractions import Fraction
 import numpy as np
 from scipy.signal import resample_poly
 
-from training.errors import UsageError
+from data.errors import DataError
 
 # Beyond these the rate is almost surely a unit mistake (time in ms, a period given as a rate);
 # below half the model's rate, upsampling would have to invent the motion the model looks at.
@@ -19,13 +19,13 @@ def source_rate_hz(time_s, sample_rate_hz, path):
     """The recording's rate: from its time stamps, else from --sample-rate."""
     if time_s is None:
         if sample_rate_hz is None:
-            raise UsageError(f"{path} has no time_s column; give its rate with --sample-rate HZ")
+            raise DataError(f"{path} has no time_s column; give its rate with --sample-rate HZ")
         return float(sample_rate_hz)
     if len(time_s) < 2:
-        raise UsageError(f"{path} holds fewer than two samples")
+        raise DataError(f"{path} holds fewer than two samples")
     from_time = 1.0 / float(np.median(np.diff(time_s)))
     if sample_rate_hz is not None and abs(sample_rate_hz / from_time - 1) > RATE_AGREEMENT:
-        raise UsageError(f"--sample-rate {sample_rate_hz:g} disagrees with the time_s column of {path} "
+        raise DataError(f"--sample-rate {sample_rate_hz:g} disagrees with the time_s column of {path} "
                          f"({from_time:.4g} Hz); drop --sample-rate or fix the time stamps")
     return from_time
 
@@ -33,7 +33,7 @@ def source_rate_hz(time_s, sample_rate_hz, path):
 def check_rate(rate_hz, model_rate_hz, time_given, path):
     if not MIN_RATE_RATIO * model_rate_hz <= rate_hz <= MAX_RATE_RATIO * model_rate_hz:
         where = "its time_s column (in seconds?)" if time_given else "--sample-rate"
-        raise UsageError(f"{path} runs at {rate_hz:.4g} Hz by {where}, far from the model's {model_rate_hz:g} Hz "
+        raise DataError(f"{path} runs at {rate_hz:.4g} Hz by {where}, far from the model's {model_rate_hz:g} Hz "
                          f"(accepted: {MIN_RATE_RATIO * model_rate_hz:g} to {MAX_RATE_RATIO * model_rate_hz:g} Hz); "
                          "check the rate or the time unit")
 
