@@ -23,18 +23,20 @@ class Recording:
     gyro_rad_s: np.ndarray  # float64 [n, 3], or None when the recording has no gyroscope
     time_s: np.ndarray  # float64 [n], or None: then the sample rate must be given
     path: str
+    extra: dict = None  # columns asked for beside the signals (e.g. label, subject): name -> float64 [n]
 
     def __len__(self):
         return len(self.acc_g)
 
 
-def read_recording(path, acc_unit="g", gyro_unit="rad/s"):
-    """CSV with a header of COLUMNS (time_s and gyro_* optional), or .npz with acc, gyro, time_s."""
+def read_recording(path, acc_unit="g", gyro_unit="rad/s", extra=()):
+    """CSV with a header of COLUMNS (time_s and gyro_* optional), or .npz with acc, gyro, time_s;
+    `extra` names more one-value-per-sample columns (arrays) that must be present too."""
     path = Path(path)
     if not path.is_file():
         what = "is a folder" if path.is_dir() else "does not exist"
         raise DataError(f"--recording {path} {what}")
-    columns = _read_npz(path) if path.suffix.lower() == ".npz" else _read_csv(path)
+    columns = _read_npz(path, extra) if path.suffix.lower() == ".npz" else _read_csv(path, extra)
     acc = columns["acc"] * ACC_UNITS[acc_unit]
     gyro = columns["gyro"] * GYRO_UNITS[gyro_unit] if columns.get("gyro") is not None else None
     time_s = columns.get("time_s")
@@ -47,10 +49,10 @@ def read_recording(path, acc_unit="g", gyro_unit="rad/s"):
         row = int(np.argmax(np.diff(time_s) <= 0))
         raise DataError(f"{path}: {TIME_COLUMN} does not increase at sample {row + 2} ({time_s[row]:g} then "
                         f"{time_s[row + 1]:g} s); time stamps must be strictly increasing")
-    return Recording(acc, gyro, time_s, str(path))
+    return Recording(acc, gyro, time_s, str(path), {name: columns["extra"][name] for name in extra})
 
 
-def _read_csv(path):
+def _read_csv(path, extra=()):
     try:
         with open(path, newline="") as handle:
             header = next(csv.reader(handle), None)
@@ -60,11 +62,11 @@ def _read_csv(path):
     if not header:
         raise DataError(f"{path} is empty; expected a CSV whose first line names the columns "
                         f"({TIME_COLUMN}, {', '.join(ACC_AXES)}, {', '.join(GYRO_AXES)})")
-    unknown = [name for name in header if name not in COLUMNS]
+    unknown = [name for name in header if name not in (*COLUMNS, *extra)]
     if unknown or len(set(header)) != len(header):
         problem = f"unknown column {unknown[0]!r}" if unknown else "a repeated column"
         raise DataError(f"{path}: {problem} in the header; expected {TIME_COLUMN} (optional), "
-                        f"{', '.join(ACC_AXES)}, {', '.join(GYRO_AXES)}")
+                        f"{', '.join(ACC_AXES)}, {', '.join(GYRO_AXES)}" + "".join(f", {name}" for name in extra))
     try:
         values = np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2, dtype=np.float64)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -74,33 +76,34 @@ def _read_csv(path):
     if values.shape[1] != len(header):
         raise DataError(f"{path}: rows have {values.shape[1]} values but the header names {len(header)} columns")
     table = {name: values[:, i] for i, name in enumerate(header)}
-    return _group(path, table, lambda axes: f"column(s) {', '.join(axes)}")
+    return _group(path, table, lambda axes: f"column(s) {', '.join(axes)}", extra)
 
 
-def _read_npz(path):
+def _read_npz(path, extra=()):
     try:
         with np.load(path, allow_pickle=False) as archive:
             arrays = {name: archive[name] for name in archive.files}
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
         raise DataError(f"{path} is not a readable .npz of numeric arrays ({type(exc).__name__})") from None
-    unknown = sorted(set(arrays) - {"acc", "gyro", TIME_COLUMN})
+    unknown = sorted(set(arrays) - {"acc", "gyro", TIME_COLUMN, *extra})
     if unknown or "acc" not in arrays:
         problem = f"unknown array {unknown[0]!r}" if unknown else "no array 'acc'"
-        raise DataError(f"{path}: {problem}; expected acc [n, 3], optional gyro [n, 3] and {TIME_COLUMN} [n]")
+        raise DataError(f"{path}: {problem}; expected acc [n, 3], optional gyro [n, 3] and {TIME_COLUMN} [n]"
+                        + "".join(f", {name} [n]" for name in extra))
     table = {}
     for name, array in arrays.items():
-        shape = (len(arrays["acc"]),) if name == TIME_COLUMN else (len(arrays["acc"]), 3)
+        shape = (len(arrays["acc"]),) if name in (TIME_COLUMN, *extra) else (len(arrays["acc"]), 3)
         if array.dtype.kind not in "fiu" or array.shape != shape:
             raise DataError(f"{path}: {name} must be numbers of shape {list(shape)}, got {array.dtype} "
                             f"{list(array.shape)}")
-        if name == TIME_COLUMN:
+        if name in (TIME_COLUMN, *extra):
             table[name] = array.astype(np.float64)
         else:
             table.update({f"{name}_{axis}": array[:, i].astype(np.float64) for i, axis in enumerate("xyz")})
-    return _group(path, table, lambda axes: f"array {axes[0].split('_')[0]}")
+    return _group(path, table, lambda axes: f"array {axes[0].split('_')[0]}", extra)
 
 
-def _group(path, table, name_of):
+def _group(path, table, name_of, extra=()):
     """acc [n, 3], gyro [n, 3] or None, time_s [n] or None from named 1-D columns."""
     missing_acc = [axis for axis in ACC_AXES if axis not in table]
     if missing_acc:
@@ -110,6 +113,10 @@ def _group(path, table, name_of):
     if present_gyro and len(present_gyro) < len(GYRO_AXES):
         missing = [axis for axis in GYRO_AXES if axis not in table]
         raise DataError(f"{path}: missing {name_of(missing)}; give all three gyroscope axes or none")
+    missing_extra = [name for name in extra if name not in table]
+    if missing_extra:
+        raise DataError(f"{path}: missing {', '.join(repr(name) for name in missing_extra)}, which a labelled "
+                        "recording needs")
     return {"acc": np.stack([table[axis] for axis in ACC_AXES], axis=1),
             "gyro": np.stack([table[axis] for axis in GYRO_AXES], axis=1) if present_gyro else None,
-            "time_s": table.get(TIME_COLUMN)}
+            "time_s": table.get(TIME_COLUMN), "extra": {name: table[name] for name in extra}}

@@ -7,6 +7,7 @@ from data import synthetic, uci_har
 from data.errors import DataError
 from data.npz_windows import load_npz_windows
 from data.preprocess import preprocessing_of
+from data.store import StoreSignals, StoreSplit, WindowStore, store_split
 
 CHANNEL_MODES = ("flatten", "average", "first")
 AXES = ("x", "y", "z")
@@ -37,6 +38,9 @@ class HarData:
     # What turning a recording into these windows takes; checkpoints carry it for predict.py.
     sample_rate_hz: float = uci_har.SAMPLE_RATE_HZ
     preprocessing: str = "uci-har"  # see data/preprocess.py
+    # (mean, std) per channel known without a pass over the signals (a window store's), else None:
+    # training fits them on its training split.
+    normalization: tuple = None
 
 
 def load_har_data(dataset="auto", data_dir=None, mode="flatten", val_fraction=0.2, split_seed=0,
@@ -50,6 +54,8 @@ def load_har_data(dataset="auto", data_dir=None, mode="flatten", val_fraction=0.
     """
     if dataset == "npz":
         return _load_npz(data_dir, mode, val_fraction, split_seed, val_subjects)
+    if dataset == "store":
+        return _load_store(data_dir, mode, val_fraction, split_seed, val_subjects)
     source, raw, where = _load_source(dataset, data_dir, synthetic_seed, synthetic_windows_per_subject)
     train_all = Split(select_channels(raw["train"][0], mode), raw["train"][1], raw["train"][2])
     test = Split(select_channels(raw["test"][0], mode), raw["test"][1], raw["test"][2])
@@ -110,6 +116,29 @@ def _load_npz(data_dir, mode, val_fraction, split_seed, val_subjects):
                    f"{sorted(int(s) for s in val_subjects)}, test {len(test)}")
     return HarData(train, val, test, windows.class_names, windows.channel_names, "npz", description,
                    sample_rate_hz=windows.sample_rate_hz, preprocessing=preprocessing_of(windows.channel_names))
+
+
+def _load_store(data_dir, mode, val_fraction, split_seed, val_subjects):
+    """A window store (data/store.py): splits chosen from its manifest, signals left on disk."""
+    if not data_dir:
+        raise DataError("--dataset store needs --data-dir pointing at a folder made by python -m data.build_store")
+    if mode != "flatten":
+        raise DataError(f"--mode {mode} picks UCI HAR channels; a store's windows are used as they are "
+                        "(--mode flatten)")
+    store = WindowStore(data_dir)
+    manifest = store.manifest
+    is_test = np.isin(store.subjects, manifest["test_subjects"])
+    train_all, test = store_split(store, ~is_test), store_split(store, is_test)
+    train, val, val_subjects = _hold_out(train_all, val_fraction, split_seed, val_subjects)
+    description = (f"data: store ({data_dir}, {len(store):,} windows in {len(store.shards)} shards, "
+                   f"{manifest['dtype']}): {len(store.channels)} channels x {store.window_steps} steps; train "
+                   f"{len(train):,} windows, val {len(val):,} / subjects {sorted(int(s) for s in val_subjects)}, "
+                   f"test {len(test):,} / {len(manifest['test_subjects'])} subjects")
+    statistics = manifest["normalization"]
+    normalization = (np.asarray(statistics["mean"], np.float32), np.asarray(statistics["std"], np.float32))
+    return HarData(train, val, test, tuple(manifest["class_names"]), store.channels, "store", description,
+                   sample_rate_hz=float(manifest["sample_rate_hz"]), preprocessing=manifest["preprocessing"],
+                   normalization=normalization)
 
 
 def select_channels(signals, mode):
@@ -174,9 +203,14 @@ def fit_normalization(train_signals):
 
 
 def normalize(split, mean, std):
+    if isinstance(split, StoreSplit):
+        return split.normalized(mean, std)  # applied to each batch as the store reads it
     signals = (split.signals - mean[None, :, None]) / std[None, :, None]
     return Split(signals.astype(np.float32), split.labels, split.subjects)
 
 
 def _take(split, mask):
+    if isinstance(split, StoreSplit):
+        return StoreSplit(StoreSignals(split.signals.store, split.signals.indices[mask]), split.labels[mask],
+                          split.subjects[mask])
     return Split(split.signals[mask], split.labels[mask], split.subjects[mask])

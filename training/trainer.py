@@ -29,7 +29,7 @@ from training.config.settings import RunConfig
 from training.distributed.lost_rank import explain_lost_rank
 from training.distributed.preflight import check_before_training
 from training.distributed.strategy import make_strategy
-from training.errors import EXIT_PREEMPTED, RankLost, TrainingDiverged
+from training.errors import EXIT_PREEMPTED, RankLost, TrainingDiverged, UsageError
 from training.loop import epoch as epoch_pass
 from training.loop.precision import Precision, skipped_steps
 from training.loop.preemption import StopSignals
@@ -105,12 +105,11 @@ class Trainer:
         global_batch = global_batch_size(optim.batch_size, strategy.data_parallel_size, optim.grad_accum_steps)
         # DataParallel splits one loader batch over its GPUs; DDP ranks each load their own.
         loader_batch = optim.batch_size * strategy.data_parallel_size // strategy.world_size
-        loaders, on_device = split_loaders({"train": data.train, "val": data.val, "test": data.test}, loader_batch,
+        loaders, data_path = split_loaders({"train": data.train, "val": data.val, "test": data.test}, loader_batch,
                                            max(EVAL_BATCH_MIN, loader_batch), strategy.device, strategy.world_size,
                                            strategy.rank, optim.seed, config.hardware.data_path,
                                            config.hardware.num_workers)
-        log.info("data path: " + ("splits kept on the device, batches cut there" if on_device else
-                                  f"DataLoader with {config.hardware.num_workers} worker(s)"))
+        log.info(f"data path: {data_path}")
 
         peak_lr = scaled_lr(optim.lr, optim.lr_scaling, global_batch, optim.batch_size)
         optimizer = build_adamw(model, peak_lr, optim.weight_decay, strategy.device)
@@ -284,7 +283,14 @@ def _load_data(config, checkpoint, resume_from, log):
         ckpt.check_compatible(checkpoint, {"model": config.model.name, "norm": config.model.norm, **config.model.size(),
                                            "mode": config.data.mode, "in_channels": data.train.signals.shape[1],
                                            "num_classes": len(data.class_names)}, resume_from)
+        saved_channels = checkpoint.get("channel_names")
+        if saved_channels is not None and tuple(saved_channels) != tuple(data.channel_names):
+            raise UsageError(f"checkpoint {resume_from} was trained on channels {', '.join(saved_channels)}; "
+                             f"--data-dir {config.data.data_dir} gives {', '.join(data.channel_names)}: use data "
+                             "with the checkpoint's channels, or --no-resume / another --save-dir")
         mean, std = checkpoint["normalization"]["mean"].numpy(), checkpoint["normalization"]["std"].numpy()
+    elif data.normalization is not None:
+        mean, std = data.normalization  # a store's, gathered when it was built: no pass over the data here
     else:
         mean, std = fit_normalization(data.train.signals)
     data = dataclasses.replace(data, **{name: normalize(getattr(data, name), mean, std)

@@ -79,12 +79,13 @@ def build_parser(multi_gpu):
                        help="ddp on CUDA: synchronise BatchNorm statistics across processes")
 
     group = parser.add_argument_group("data")
-    group.add_argument("--dataset", choices=("auto", "uci-har", "synthetic", "npz"), default="auto",
+    group.add_argument("--dataset", choices=("auto", "uci-har", "synthetic", "npz", "store"), default="auto",
                        help="auto: UCI HAR when --data-dir holds it, else the built-in synthetic data; "
-                            "npz: your own windows in an .npz file (see docs/using_a_model.md)")
+                            "npz: your own windows in an .npz file (see docs/using_a_model.md); store: a "
+                            "window store made by python -m data.build_store, streamed from disk")
     group.add_argument("--data-dir", default=None,
                        help="the 'UCI HAR Dataset' folder or the folder that holds it; with --dataset npz, "
-                            "the .npz file")
+                            "the .npz file; with --dataset store, the store's folder")
     group.add_argument("--mode", choices=CHANNEL_MODES, default="flatten",
                        help="channels: flatten = all 9; average = x,y,z averaged over the three "
                             "sensors (3); first = body_acc x,y,z (3)")

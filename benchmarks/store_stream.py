@@ -1,0 +1,206 @@
+"""Training from a window store larger than memory: peak memory, throughput against in-memory data,
+time to the first step, and the converter's speed.
+
+  python -m benchmarks.store_stream make --out DIR --gigabytes 48   # a synthetic store of that size
+  python -m benchmarks.store_stream measure --store DIR --rounds 3  # store vs in-memory, A B A B
+  python -m benchmarks.store_stream convert --src RECORDINGS        # build_store with 1 and 2 processes
+
+`measure` runs each side in a process of its own: the run the trainer builds from the flags, its
+TrainStep over the run's own loader for --steps steps (the first --warmup uncounted). Peak memory
+is the largest resident set of the process and its DataLoader workers together, sampled every
+0.2 s; time to first step counts from the process's start to the end of its first optimizer step.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+
+STARTED_S = time.time()
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+
+from data import synthetic, uci_har  # noqa: E402
+from data.build_store import assemble_manifest, run_job  # noqa: E402
+from data.store import SHARD_DIR, write_manifest  # noqa: E402
+
+GIB = 2 ** 30
+WINDOW_BYTES_FLOAT16 = len(uci_har.SIGNAL_NAMES) * uci_har.WINDOW_STEPS * 2
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.store_stream", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    make = commands.add_parser("make")
+    make.add_argument("--out", required=True)
+    make.add_argument("--gigabytes", type=float, required=True)
+    make.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    measure = commands.add_parser("measure")
+    measure.add_argument("--store", required=True)
+    measure.add_argument("--rounds", type=int, default=3)
+    measure.add_argument("--steps", type=int, default=300)
+    measure.add_argument("--warmup", type=int, default=30)
+    measure.add_argument("--json", default=None)
+    side = commands.add_parser("side")  # one side of `measure`, in a process of its own
+    side.add_argument("--steps", type=int, required=True)
+    side.add_argument("--warmup", type=int, required=True)
+    side.add_argument("flags", nargs="*")
+    convert = commands.add_parser("convert")
+    convert.add_argument("--src", required=True)
+    options = parser.parse_args(argv)
+    return {"make": make_store, "measure": measure_sides, "side": run_side, "convert": convert_speed}[
+        options.command](options)
+
+
+def make_store(options):
+    """A store of synthetic windows: copies of the synthetic data set (30 subjects, seeded apart),
+    each copy's people numbered apart, written as the converter writes shards."""
+    copies = int(np.ceil(options.gigabytes * 1e9 / (synthetic.NUM_SUBJECTS * synthetic.DEFAULT_WINDOWS_PER_SUBJECT *
+                                                    WINDOW_BYTES_FLOAT16)))
+    out = Path(options.out)
+    (out / SHARD_DIR).mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=options.workers) as pool:
+        records = [record for records in pool.map(_make_copy, [(copy, str(out)) for copy in range(copies)])
+                   for record in records]
+    test = [copy * 100 + subject for copy in range(copies) for subject in synthetic.TEST_SUBJECTS]
+    layout = {"channels": list(uci_har.SIGNAL_NAMES), "class_names": list(uci_har.CLASS_NAMES),
+              "sample_rate_hz": float(uci_har.SAMPLE_RATE_HZ), "window_steps": uci_har.WINDOW_STEPS,
+              "stride_steps": None, "preprocessing": "uci-har", "test_subjects": test,
+              "source": f"{copies} copies of the synthetic data (benchmarks.store_stream make)"}
+    write_manifest(out, assemble_manifest(records, layout, SimpleNamespace(dtype="float16", src=str(out),
+                                                                           test_subjects=None)))
+    windows = sum(record["windows"] for record in records)
+    seconds = time.perf_counter() - started
+    print(f"wrote {out}: {windows:,} windows, {windows * WINDOW_BYTES_FLOAT16 / 1e9:.1f} GB of signals, in "
+          f"{seconds:.0f} s ({windows / seconds:,.0f} windows/s with {options.workers} process(es))")
+    return 0
+
+
+def _make_copy(arguments):
+    copy, out = arguments
+    done = Path(out) / SHARD_DIR / f"copy-{copy:05d}.done.json"
+    if done.is_file():  # finished before an interruption
+        return json.loads(done.read_text())
+    raw = synthetic.generate(seed=1000 + copy)
+    records = []
+    for signals, labels, subjects in raw.values():
+        for subject in np.unique(subjects):
+            records.append(run_job(({"name": f"copy-{copy:05d}-sub-{int(subject):02d}", "signals":
+                                     signals[subjects == subject], "labels": labels[subjects == subject],
+                                     "subject": copy * 100 + int(subject)}, out, "float16")))
+    done.write_text(json.dumps(records))
+    return records
+
+
+def measure_sides(options):
+    """The store against the same windows' shape in memory (the synthetic data set), A B, B A, ..."""
+    sides = {"store": ["--dataset", "store", "--data-dir", options.store],
+             "in memory": ["--dataset", "synthetic"]}
+    results = {name: [] for name in sides}
+    for round_index in range(options.rounds):
+        order = list(sides) if round_index % 2 == 0 else list(reversed(sides))
+        for name in order:
+            command = [sys.executable, "-m", "benchmarks.store_stream", "side", "--steps", str(options.steps),
+                       "--warmup", str(options.warmup), "--", *sides[name]]
+            done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise SystemExit(f"{name} side failed:\n{done.stderr[-3000:]}")
+            results[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
+            figures = results[name][-1]
+            print(f"round {round_index + 1} {name:>9}: {figures['samples_per_s']:,.0f} samples/s, peak RSS "
+                  f"{figures['peak_rss_gib']:.2f} GiB (with workers), first step after {figures['first_step_s']:.1f} s",
+                  flush=True)
+    ratios = [store["samples_per_s"] / memory["samples_per_s"]
+              for store, memory in zip(results["store"], results["in memory"], strict=True)]
+    peak_gib = max(r["peak_rss_gib"] for r in results["store"])
+    print(f"store / in memory samples/s, per round: {', '.join(f'{r:.3f}' for r in ratios)}; median "
+          f"{float(np.median(ratios)):.3f}; peak RSS of the store runs {peak_gib:.2f} GiB")
+    if options.json:
+        Path(options.json).write_text(json.dumps({"results": results, "ratios": ratios}, indent=2))
+    return 0
+
+
+def run_side(options):
+    """One side: build the run, take --steps steps of its TrainStep, print one JSON line of figures."""
+    from profiling.timing import NullTimer
+    from profiling.workload import build_workload, optimizer_step
+    from training.config.cli import parse_config
+    from training.distributed.strategy import make_strategy
+    peak = _PeakMemory()
+    config = parse_config([*options.flags, "--device", "cpu"])
+    strategy = make_strategy(config)
+    work = build_workload(SimpleNamespace(run=config, bare_step=False), strategy)
+    optimizer_step(work, sync_gradients=True, timer=NullTimer())
+    first_step_s = time.time() - STARTED_S
+    for _ in range(options.warmup - 1):
+        optimizer_step(work, sync_gradients=True, timer=NullTimer())
+    started = time.perf_counter()
+    for _ in range(options.steps):
+        optimizer_step(work, sync_gradients=True, timer=NullTimer())
+    seconds = time.perf_counter() - started
+    print(json.dumps({"samples_per_s": options.steps * work.global_samples_per_step / seconds,
+                      "peak_rss_gib": peak.stop() / GIB, "first_step_s": first_step_s,
+                      "train_windows": work.train_windows, "steps": options.steps}), flush=True)
+    return 0
+
+
+class _PeakMemory:
+    """The largest resident set of this process and its children (DataLoader workers) together."""
+
+    def __init__(self):
+        self.peak, self._stopped = 0, threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self):
+        while not self._stopped.wait(0.2):
+            self.peak = max(self.peak, _tree_rss_bytes(os.getpid()))
+
+    def stop(self):
+        self._stopped.set()
+        self._thread.join()
+        return max(self.peak, _tree_rss_bytes(os.getpid()))
+
+
+def _tree_rss_bytes(pid):
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            status = Path(f"/proc/{entry}/status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if int(entry) == pid or int(fields.get("PPid", "0").strip()) == pid:
+            total += int(fields.get("VmRSS", "0 kB").split()[0]) * 1024
+    return total
+
+
+def convert_speed(options):
+    """build_store on the same recordings with 1 and 2 processes: windows per second."""
+    for workers in (1, 2):
+        with tempfile.TemporaryDirectory(prefix="har-store-") as scratch:
+            started = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "data.build_store", options.src, "--out", scratch, "--workers",
+                            str(workers)], cwd=REPO, check=True, capture_output=True)
+            seconds = time.perf_counter() - started
+            manifest = json.loads((Path(scratch) / "manifest.json").read_text())
+            windows = sum(shard["windows"] for shard in manifest["shards"])
+            print(f"{workers} process(es): {windows:,} windows in {seconds:.1f} s = {windows / seconds:,.0f} windows/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

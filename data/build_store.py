@@ -1,0 +1,268 @@
+"""Build a window store (data/store.py) from raw labelled recordings, a UCI HAR layout or an .npz of windows.
+
+python -m data.build_store SRC --out DIR [--workers N] [--dtype float16|float32] [--test-subjects 3,7]
+
+SRC is one of:
+- a folder of labelled recordings: CSV or .npz files as predict.py reads them (acc_x..acc_z in g,
+  optional gyro_x..gyro_z in rad/s, optional time_s), plus a `label` column (class 1..K, where K is
+  the number of --class-names; anything else, such as 0 for unlabelled or a transition, is no
+  class) and a `subject` column. Each file is brought to --sample-rate and cut into windows
+  exactly as predict.py cuts a recording (--preprocessing uci-har: the UCI HAR filter chain and
+  its nine channels; raw: acc and gyro as they are), every --stride samples;
+- a UCI HAR layout (as --data-dir takes it): its windows, its train/test subjects;
+- an .npz of windows as --dataset npz takes it: its windows, its split (or a fifth of the
+  subjects held out for test, as training does).
+
+Window labels (recordings): a window takes the label most of its samples carry; windows whose
+most common label is no class (unlabelled stretches, postural transitions) are left out.
+Each subject's windows go into shards of their own, written by --workers processes in parallel.
+A build that was stopped continues where it stopped (finished files are kept), and the manifest,
+written last, makes the store usable: `python main.py --dataset store --data-dir DIR`.
+"""
+import argparse
+import json
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from data import uci_har  # noqa: E402
+from data.errors import DataError  # noqa: E402
+from data.npz_windows import load_npz_windows  # noqa: E402
+from data.preprocess import RAW_CHANNELS, cut_windows, stream_channels, window_starts  # noqa: E402
+from data.recordings import read_recording  # noqa: E402
+from data.resample import on_model_clock  # noqa: E402
+from data.splits import NPZ_TEST_FRACTION, NPZ_TEST_SEED, hold_out_subjects  # noqa: E402
+from data.store import SHARD_DIR, shard_paths, write_manifest  # noqa: E402
+
+SHARD_WINDOWS = 8_192  # windows per shard file at most (19 MB of float16 9 x 128 windows)
+LABEL_RULE = ("a window takes the label most of its samples carry; windows whose most common label is no "
+              "class (unlabelled, postural transitions) are left out")
+
+
+def main(argv=None):
+    options = parse(argv)
+    source = Path(options.src)
+    out = Path(options.out)
+    (out / SHARD_DIR).mkdir(parents=True, exist_ok=True)
+    jobs, layout = plan(source, options)
+    done = {job["name"]: _record(out, job["name"]) for job in jobs}
+    todo = [job for job in jobs if done[job["name"]] is None]
+    print(f"{source}: {len(jobs)} job(s), {len(jobs) - len(todo)} already done; writing {out} with "
+          f"{options.workers} process(es)", flush=True)
+    from tqdm import tqdm
+    with ProcessPoolExecutor(max_workers=options.workers) as pool, tqdm(total=len(todo), unit="job") as bar:
+        for record in pool.map(run_job, [(job, str(out), options.dtype) for job in todo]):
+            done[record["name"]] = record
+            bar.update(1)
+    manifest = assemble_manifest([done[job["name"]] for job in jobs], layout, options)
+    write_manifest(out, manifest)
+    windows = sum(shard["windows"] for shard in manifest["shards"])
+    print(f"wrote {out}/manifest.json: {windows:,} windows of {len(manifest['channels'])} x "
+          f"{manifest['window_steps']} ({manifest['dtype']}) in {len(manifest['shards'])} shards, "
+          f"{len(manifest['subjects'])} subjects, test subjects {manifest['test_subjects']}")
+    return 0
+
+
+def parse(argv):
+    parser = argparse.ArgumentParser(prog="python -m data.build_store", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("src", help="a folder of labelled recordings, a UCI HAR layout, or an .npz of windows")
+    parser.add_argument("--out", required=True, help="the store's folder (created; an unfinished build continues)")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes converting in parallel")
+    parser.add_argument("--dtype", choices=("float16", "float32"), default="float16",
+                        help="how signals are stored (float16 halves the disk and the reads)")
+    parser.add_argument("--test-subjects", default=None,
+                        help="recordings: comma-separated subjects for the test split (default: a fifth held out)")
+    parser.add_argument("--preprocessing", choices=("uci-har", "raw"), default="uci-har")
+    parser.add_argument("--sample-rate", type=float, default=uci_har.SAMPLE_RATE_HZ,
+                        help="recordings: the model's rate")
+    parser.add_argument("--window-steps", type=int, default=uci_har.WINDOW_STEPS)
+    parser.add_argument("--stride", type=int, default=None, help="recordings: window stride (default half a window)")
+    parser.add_argument("--class-names", default=",".join(uci_har.CLASS_NAMES),
+                        help="recordings: the classes of labels 1..K, in order")
+    options = parser.parse_args(argv)
+    if options.workers < 1 or options.window_steps < 8 or (options.stride is not None and options.stride < 1):
+        parser.error("--workers and --stride must be at least 1, --window-steps at least 8")
+    return options
+
+
+def plan(source, options):
+    """(jobs, layout): one job per subject's windows or per recording file, and what the manifest
+    says of the whole source (channels, rate, test subjects, class names...)."""
+    if uci_har.find_root(source) is not None:
+        root = uci_har.find_root(source)
+        splits = {split: uci_har.load_split(root, split) for split in ("train", "test")}
+        jobs = [job for split in splits.values() for job in _window_jobs(*split)]
+        test = sorted(int(s) for s in np.unique(splits["test"][2]))
+        return jobs, _layout(uci_har.SIGNAL_NAMES, uci_har.CLASS_NAMES, uci_har.SAMPLE_RATE_HZ, uci_har.WINDOW_STEPS,
+                             uci_har.WINDOW_STEPS // 2, "uci-har", test, f"UCI HAR layout {root}")
+    if source.is_file() and source.suffix.lower() == ".npz":
+        windows = load_npz_windows(source)
+        if windows.split is not None:
+            test = np.unique(windows.subjects[windows.split == "test"])
+        else:
+            test = hold_out_subjects(windows.subjects, NPZ_TEST_FRACTION, NPZ_TEST_SEED)
+        return (_window_jobs(windows.signals, windows.labels, windows.subjects),
+                _layout(windows.channel_names, windows.class_names, windows.sample_rate_hz, windows.signals.shape[2],
+                        None, "npz", sorted(int(s) for s in test), f"windows from {source}"))
+    if source.is_dir():
+        files = sorted(p for p in source.iterdir() if p.suffix.lower() in (".csv", ".npz"))
+        if not files:
+            raise DataError(f"{source} holds no .csv or .npz recordings (nor is it a UCI HAR layout)")
+        jobs = [{"name": f"rec-{index:05d}", "recording": str(path), "options": _recording_options(options)}
+                for index, path in enumerate(files)]
+        channels = _recording_channels(options.preprocessing)
+        return jobs, _layout(channels, tuple(options.class_names.split(",")), options.sample_rate,
+                             options.window_steps, options.stride or options.window_steps // 2, options.preprocessing,
+                             None, f"recordings in {source}")
+    raise DataError(f"{source} is neither a folder of recordings, a UCI HAR layout nor an .npz file")
+
+
+def _window_jobs(signals, labels, subjects):
+    return [{"name": f"sub-{int(subject):06d}", "signals": signals[subjects == subject],
+             "labels": labels[subjects == subject], "subject": int(subject)} for subject in np.unique(subjects)]
+
+
+def _recording_options(options):
+    return {"sample_rate": options.sample_rate, "window_steps": options.window_steps,
+            "stride": options.stride or options.window_steps // 2, "preprocessing": options.preprocessing,
+            "classes": len(options.class_names.split(","))}
+
+
+def _recording_channels(preprocessing):
+    return uci_har.SIGNAL_NAMES if preprocessing == "uci-har" else RAW_CHANNELS
+
+
+def _layout(channels, class_names, rate, window_steps, stride, preprocessing, test_subjects, source):
+    return {"channels": list(channels), "class_names": list(class_names), "sample_rate_hz": float(rate),
+            "window_steps": int(window_steps), "stride_steps": stride, "preprocessing": preprocessing,
+            "test_subjects": test_subjects, "source": source}
+
+
+def run_job(arguments):
+    """One job in a worker process: its windows into shard files, then a record of them."""
+    job, out, dtype = arguments
+    if "recording" in job:
+        signals, labels, subject = recording_windows(job["recording"], **job["options"])
+    else:
+        signals, labels, subject = job["signals"], job["labels"], job["subject"]
+    shards = []
+    for part, first in enumerate(range(0, len(labels), SHARD_WINDOWS)):
+        name = f"{job['name']}-{part:03d}"
+        chunk = slice(first, first + SHARD_WINDOWS)
+        _write_shard(out, name, signals[chunk].astype(dtype), labels[chunk], subject)
+        shards.append({"name": name, "windows": len(labels[chunk]), "subject": subject})
+    stored = signals.astype(dtype).astype(np.float64)  # the statistics of what the store holds
+    record = {"name": job["name"], "subject": subject, "shards": shards, "windows": len(labels),
+              "sum": stored.sum(axis=(0, 2)).tolist(), "sum_sq": (stored ** 2).sum(axis=(0, 2)).tolist(),
+              "steps": int(stored.shape[0] * stored.shape[2]) if len(stored) else 0}
+    _write_json(Path(out) / SHARD_DIR / f"{job['name']}.json", record)
+    return record
+
+
+def recording_windows(path, sample_rate, window_steps, stride, preprocessing, classes):
+    """(float32 windows [n, C, T], int64 labels 0..K-1 [n], subject) of one labelled recording: the
+    stream brought to the model's clock, its channels derived and cut as predict.py does, each window
+    labelled by the majority of its samples."""
+    recording = read_recording(path, extra=("label", "subject"))
+    subjects = np.unique(recording.extra["subject"])
+    if len(subjects) != 1:
+        raise DataError(f"{path}: a recording holds one subject; found {len(subjects)} ({subjects[:5].tolist()})")
+    acc, gyro, start_s, source_hz = on_model_clock(recording, sample_rate)
+    if preprocessing == "uci-har" and gyro is None:
+        raise DataError(f"{path} has no gyroscope, which --preprocessing uci-har needs; use --preprocessing raw")
+    channels = stream_channels(preprocessing, acc, gyro, sample_rate)
+    stream = np.stack([channels[name] for name in _recording_channels(preprocessing) if name in channels])
+    starts = window_starts(stream.shape[1], window_steps, stride)
+    labels = _labels_on_model_clock(recording, start_s, source_hz, sample_rate, stream.shape[1])
+    window_labels = _majority(labels, starts, window_steps, classes)
+    keep = window_labels >= 0
+    return (cut_windows(stream, starts[keep], window_steps), window_labels[keep],
+            int(subjects[0]))
+
+
+def _labels_on_model_clock(recording, start_s, source_hz, model_hz, steps):
+    """Each model-clock sample takes the label of the source sample nearest to it in time."""
+    source_times = recording.time_s if recording.time_s is not None else np.arange(len(recording)) / source_hz
+    times = start_s + np.arange(steps) / model_hz
+    nearest = np.clip(np.searchsorted(source_times, times), 0, len(source_times) - 1)
+    earlier = np.clip(nearest - 1, 0, None)
+    nearest = np.where(np.abs(source_times[earlier] - times) < np.abs(source_times[nearest] - times), earlier, nearest)
+    return np.rint(recording.extra["label"][nearest]).astype(np.int64)
+
+
+def _majority(labels, starts, window_steps, classes):
+    """The 0-based class of each window by its samples' most common label, or -1 when that is no class."""
+    index = starts[:, None] + np.arange(window_steps)[None, :]
+    window_labels = labels[index]
+    counts = np.stack([(window_labels == value).sum(axis=1) for value in range(int(window_labels.max()) + 1)], 1) \
+        if window_labels.size and window_labels.max() >= 0 else np.zeros((len(starts), 1), dtype=np.int64)
+    majority = counts.argmax(axis=1)  # ties go to the smaller label
+    return np.where((majority >= 1) & (majority <= classes), majority - 1, -1)
+
+
+def assemble_manifest(records, layout, options):
+    """The manifest from every job's record: shards, subjects, test subjects, and the normalisation
+    statistics of the training subjects' windows (summed per job while they were written)."""
+    subjects = {}
+    for record in records:
+        subjects[record["subject"]] = subjects.get(record["subject"], 0) + record["windows"]
+    test = layout["test_subjects"]
+    if test is None:  # recordings: the subjects asked for, else a fifth held out
+        if options.test_subjects:
+            test = sorted(int(s) for s in options.test_subjects.split(","))
+        else:
+            test = hold_out_subjects(np.array(sorted(subjects)), NPZ_TEST_FRACTION, NPZ_TEST_SEED).tolist()
+    training = [record for record in records if record["subject"] not in test and record["steps"]]
+    if not training:
+        raise DataError(f"{options.src}: no training windows (every subject is a test subject, or no window "
+                        "carries a class)")
+    steps = sum(record["steps"] for record in training)
+    mean = np.sum([record["sum"] for record in training], axis=0) / steps
+    variance = np.sum([record["sum_sq"] for record in training], axis=0) / steps - mean ** 2
+    std = np.maximum(np.sqrt(np.maximum(variance, 0.0)), 1e-6)
+    return {**layout, "test_subjects": [int(s) for s in test], "dtype": options.dtype, "label_rule": LABEL_RULE,
+            "shards": [shard for record in records for shard in record["shards"]],
+            "subjects": {str(subject): count for subject, count in sorted(subjects.items())},
+            "normalization": {"mean": mean.tolist(), "std": std.tolist(),
+                              "over": "every window of the training subjects, validation ones included"}}
+
+
+def _write_shard(out, name, signals, labels, subject):
+    for part, array in (("signals", signals), ("labels", labels.astype(np.int8)),
+                        ("subjects", np.full(len(labels), subject, dtype=np.int32))):
+        path = shard_paths(out, name)[part]
+        partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with open(partial, "wb") as handle:
+            np.save(handle, np.ascontiguousarray(array))
+        os.replace(partial, path)
+
+
+def _write_json(path, payload):
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    partial.write_text(json.dumps(payload))
+    os.replace(partial, path)
+
+
+def _record(out, name):
+    """A finished job's record, or None: the job runs (again)."""
+    path = out / SHARD_DIR / f"{name}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except DataError as exc:  # one line and exit 2, as the training entry points report bad data
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

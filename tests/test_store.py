@@ -1,0 +1,197 @@
+"""The window store: built from windows and from raw recordings as predict.py cuts them, trained from
+without holding it in memory, resumed exactly, split over ranks without overlap, and refused in one
+line when it is damaged."""
+import json
+import signal
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import load_checkpoint, run_in_process, run_subprocess
+from data import synthetic
+from data.loaders import STREAM_BLOCK, BlockShuffledSampler
+from data.store import WindowStore
+from data.uci_har import CLASS_NAMES, SIGNAL_NAMES
+from inference_fixtures import synthetic_stream
+from test_bad_input import assert_refused
+
+WINDOWS_PER_SUBJECT = 32
+STREAM_RUN = [sys.executable, "main.py", "--dataset", "store", "--model", "cnn1d", "--batch-size", "16",
+              "--epochs", "2", "--save-every-steps", "1"]
+
+
+def synthetic_npz(path):
+    """The synthetic data as an .npz of windows with its train/test split: what a store is built from."""
+    raw = synthetic.generate(0, WINDOWS_PER_SUBJECT)
+    signals = np.concatenate([raw["train"][0], raw["test"][0]])
+    split = np.array(["train"] * len(raw["train"][1]) + ["test"] * len(raw["test"][1]))
+    np.savez(path, signals=signals, labels=np.concatenate([raw["train"][1], raw["test"][1]]),
+             subjects=np.concatenate([raw["train"][2], raw["test"][2]]), split=split,
+             channel_names=np.array(SIGNAL_NAMES), class_names=np.array(CLASS_NAMES), sample_rate_hz=50.0)
+    return path
+
+
+def build(source, out, *flags):
+    result = run_subprocess([sys.executable, "-m", "data.build_store", source, "--out", out, *flags], timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("store")
+    build(synthetic_npz(folder / "windows.npz"), folder / "store", "--dtype", "float32", "--workers", "2")
+    return folder / "store"
+
+
+def test_a_store_holds_the_windows_it_was_built_from(store):
+    opened, arrays = WindowStore(store), np.load(store.parent / "windows.npz")
+    manifest = opened.manifest
+    assert len(opened) == len(arrays["labels"]) and manifest["channels"] == list(SIGNAL_NAMES)
+    assert manifest["test_subjects"] == sorted(synthetic.TEST_SUBJECTS)
+    assert all(len(np.unique(opened.subjects[opened.shard_of == i])) == 1 for i in range(len(opened.shards)))
+    for subject in (1, 2, 30):  # shards are per subject, in subject order
+        ours = np.flatnonzero(opened.subjects == subject)
+        theirs = np.flatnonzero(arrays["subjects"] == subject)
+        np.testing.assert_array_equal(opened.read(ours[::-1]), arrays["signals"][theirs[::-1]])
+        np.testing.assert_array_equal(opened.labels[ours], arrays["labels"][theirs])
+    train = arrays["signals"][arrays["split"] == "train"].astype(np.float64)
+    np.testing.assert_allclose(manifest["normalization"]["mean"], train.mean(axis=(0, 2)), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(manifest["normalization"]["std"], train.std(axis=(0, 2)), rtol=1e-5)
+
+
+def test_a_recording_becomes_the_windows_predict_py_would_cut(tmp_path):
+    from data.recordings import read_recording
+    from inference.classify import recording_windows
+    folder = tmp_path / "recordings"
+    folder.mkdir()
+    time_s, acc, gyro = synthetic_stream(90.0, rate_hz=100.0, seed=3)  # at twice the model's rate
+    labels = np.where(time_s % 30 < 25, 1 + (time_s // 30).astype(int) % 6, 8)  # activities, then a transition
+    columns = {"time_s": time_s, "acc_x": acc[:, 0], "acc_y": acc[:, 1], "acc_z": acc[:, 2], "gyro_x": gyro[:, 0],
+               "gyro_y": gyro[:, 1], "gyro_z": gyro[:, 2], "label": labels, "subject": np.full(len(time_s), 7)}
+    np.savetxt(folder / "a.csv", np.stack(list(columns.values()), axis=1), delimiter=",",
+               header=",".join(columns), comments="", fmt="%.9g")
+    np.savez(folder / "b.npz", acc=acc, gyro=gyro, time_s=time_s, label=labels, subject=np.full(len(time_s), 8))
+    build(folder, tmp_path / "store", "--dtype", "float32", "--workers", "1", "--test-subjects", "8")
+    opened = WindowStore(tmp_path / "store")
+    bundle = SimpleNamespace(preprocessing="uci-har", channel_names=SIGNAL_NAMES, sample_rate_hz=50.0,
+                             window_steps=128, config={"mode": "flatten"}, path="x")
+    cut = recording_windows(bundle, read_recording(folder / "a.csv", extra=("label", "subject")))
+    on_clock = np.rint(np.interp(cut.start_steps[:, None] / 50.0 + np.arange(128) / 50.0, time_s, labels))
+    majority = np.array([np.bincount(row.astype(int)).argmax() for row in on_clock])
+    keep = (majority >= 1) & (majority <= 6)
+    assert 0 < keep.sum() < len(keep)  # transition windows were left out
+    ours = np.flatnonzero(opened.subjects == 7)
+    np.testing.assert_allclose(opened.read(ours), cut.windows[keep], atol=1e-6)
+    np.testing.assert_array_equal(opened.labels[ours], majority[keep] - 1)
+    assert opened.manifest["test_subjects"] == [8]
+
+
+def test_an_interrupted_build_is_refused_then_continued(store, tmp_path):
+    import shutil
+    copy = tmp_path / "store"
+    shutil.copytree(store, copy)
+    (copy / "manifest.json").unlink()  # as a build killed before its end leaves it
+    job_records = sorted((copy / "shards").glob("*.json"))
+    job_records[0].unlink()
+    assert_refused(run_in_process("main.py", ["--dataset", "store", "--data-dir", copy, "--save-dir", tmp_path / "r"]),
+                   "did not finish", "build_store")
+    result = build(store.parent / "windows.npz", copy, "--dtype", "float32", "--workers", "1")
+    assert f"{len(job_records) - 1} already done" in result.stdout
+    assert json.loads((copy / "manifest.json").read_text()) == json.loads((store / "manifest.json").read_text())
+
+
+@pytest.mark.parametrize("damage, names", [
+    ("missing", ["is missing"]), ("truncated", ["truncated"]), ("disagree", ["manifest", "disagree"])])
+def test_a_damaged_store_is_refused_in_one_line(store, tmp_path, damage, names):
+    import shutil
+    copy = tmp_path / "store"
+    shutil.copytree(store, copy)
+    shard = sorted((copy / "shards").glob("*.signals.npy"))[3]
+    if damage == "missing":
+        shard.unlink()
+    elif damage == "truncated":
+        shard.write_bytes(shard.read_bytes()[:-1000])
+    else:
+        manifest = json.loads((copy / "manifest.json").read_text())
+        manifest["shards"][3]["windows"] += 1
+        (copy / "manifest.json").write_text(json.dumps(manifest))
+    line = assert_refused(run_in_process("main.py", ["--dataset", "store", "--data-dir", copy, "--save-dir",
+                                                     tmp_path / "run"]), *names)
+    assert str(copy) in line
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+def test_ranks_take_disjoint_shares_of_a_block_shuffled_epoch():
+    size = 10 * STREAM_BLOCK + 37
+    ranks = [BlockShuffledSampler(size, world_size=2, rank=rank, seed=5, pad=False) for rank in (0, 1)]
+    shares = [set(sampler.indices().tolist()) for sampler in ranks]
+    assert not shares[0] & shares[1] and shares[0] | shares[1] == set(range(size))
+    order = ranks[0].order()
+    assert torch.equal(order, BlockShuffledSampler(size, seed=5).order())  # (seed, epoch) fixes it
+    ranks[0].set_epoch(1)
+    assert not torch.equal(order, ranks[0].order())
+    blocks = order // STREAM_BLOCK
+    assert (blocks[1:] != blocks[:-1]).sum() == 10  # each block visited in one go: 11 blocks, 10 changes
+
+
+def test_training_from_a_store_reaches_the_accuracy_of_the_same_windows_in_memory(store, tmp_path):
+    flags = ["--model", "cnn1d", "--epochs", "4", "--batch-size", "32", "--no-resume"]
+    code, out, err = run_in_process("main.py", [*flags, "--dataset", "store", "--data-dir", store,
+                                                "--save-dir", tmp_path / "streamed"])
+    assert code == 0, err
+    assert "data: store" in out and "streamed from the store by 1 DataLoader worker(s)" in out
+    code, _, err = run_in_process("main.py", [*flags, "--dataset", "npz", "--data-dir", store.parent / "windows.npz",
+                                              "--save-dir", tmp_path / "memory"])
+    assert code == 0, err
+    streamed, memory = (json.loads((tmp_path / name / "test_report.json").read_text())["accuracy"]
+                        for name in ("streamed", "memory"))
+    assert streamed > 0.5 and abs(streamed - memory) < 0.1, (streamed, memory)
+
+
+def test_a_killed_store_run_resumes_bit_for_bit(store, tmp_path):
+    straight = run_subprocess([*STREAM_RUN, "--data-dir", store, "--save-dir", tmp_path / "straight"])
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    killed = run_subprocess([*STREAM_RUN, "--data-dir", store, "--save-dir", tmp_path / "killed"],
+                            env={"HAR_FAULT": "kill@20"})
+    assert killed.returncode == -signal.SIGKILL
+    resumed = run_subprocess([*STREAM_RUN, "--data-dir", store, "--save-dir", tmp_path / "killed"])
+    assert resumed.returncode == 0 and "RESUMING" in resumed.stdout, resumed.stderr[-3000:]
+    expected = load_checkpoint(tmp_path / "straight" / "last.pt")
+    actual = load_checkpoint(tmp_path / "killed" / "last.pt")
+    assert expected["step"] == actual["step"]
+    for name, tensor in expected["model"].items():
+        assert torch.equal(tensor, actual["model"][name]), name
+
+
+def test_resuming_on_a_store_with_other_channels_is_refused(store, tmp_path):
+    arrays = dict(np.load(store.parent / "windows.npz"))
+    arrays["channel_names"] = np.array([f"sensor_{i}" for i in range(9)])  # as many channels, other ones
+    np.savez(tmp_path / "other.npz", **arrays)
+    build(tmp_path / "other.npz", tmp_path / "other", "--workers", "1")
+    code, _, err = run_in_process("main.py", ["--model", "cnn1d", "--epochs", "1", "--dataset", "store",
+                                              "--data-dir", store, "--save-dir", tmp_path / "run"])
+    assert code == 0, err
+    line = assert_refused(run_in_process("main.py", ["--model", "cnn1d", "--epochs", "2", "--dataset", "store",
+                                                     "--data-dir", tmp_path / "other", "--save-dir", tmp_path / "run"]),
+                          "channels", "sensor_0")
+    assert str(tmp_path / "other") in line
+
+
+def test_ddp_and_cross_validation_train_from_a_store(store, tmp_path):
+    flags = ["--dataset", "store", "--data-dir", store, "--model", "cnn1d", "--epochs", "1", "--batch-size", "16"]
+    ddp = run_subprocess([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                          "main_multi_gpu.py", "--multi-gpu", "ddp", *flags, "--save-dir", tmp_path / "ddp"])
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    assert "streamed from the store" in ddp.stdout
+    steps = load_checkpoint(tmp_path / "ddp" / "last.pt")["step"]
+    one = run_subprocess([sys.executable, "main.py", *flags, "--save-dir", tmp_path / "one"])
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert steps == -(-load_checkpoint(tmp_path / "one" / "last.pt")["step"] // 2)  # two ranks share each epoch
+    code, out, err = run_in_process("main.py", [*flags, "--cv-folds", "2", "--save-dir", tmp_path / "cv"])
+    assert code == 0, err
+    report = json.loads((tmp_path / "cv" / "cv_report.json").read_text())
+    assert len(report["folds"]) == 2
