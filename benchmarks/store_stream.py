@@ -7,8 +7,10 @@ time to the first step, and the converter's speed.
 
 `measure` runs each side in a process of its own: the run the trainer builds from the flags, its
 TrainStep over the run's own loader for --steps steps (the first --warmup uncounted). Peak memory
-is the largest resident set of the process and its DataLoader workers together, sampled every
-0.2 s; time to first step counts from the process's start to the end of its first optimizer step.
+is the largest proportional set size (PSS) of the process and its DataLoader workers together,
+sampled every 0.2 s: pages a forked worker shares with the trainer count once, where a sum of
+resident sets would count them twice. Time to first step counts from the process's start to the
+end of its first optimizer step.
 """
 import argparse
 import json
@@ -31,7 +33,7 @@ import numpy as np  # noqa: E402
 
 from data import synthetic, uci_har  # noqa: E402
 from data.build_store import assemble_manifest, run_job  # noqa: E402
-from data.store import SHARD_DIR, write_manifest  # noqa: E402
+from data.store import SHARD_DIR, finish_store  # noqa: E402
 
 GIB = 2 ** 30
 WINDOW_BYTES_FLOAT16 = len(uci_har.SIGNAL_NAMES) * uci_har.WINDOW_STEPS * 2
@@ -78,7 +80,7 @@ def make_store(options):
               "sample_rate_hz": float(uci_har.SAMPLE_RATE_HZ), "window_steps": uci_har.WINDOW_STEPS,
               "stride_steps": None, "preprocessing": "uci-har", "test_subjects": test,
               "source": f"{copies} copies of the synthetic data (benchmarks.store_stream make)"}
-    write_manifest(out, assemble_manifest(records, layout, SimpleNamespace(dtype="float16", src=str(out),
+    finish_store(out, assemble_manifest(records, layout, SimpleNamespace(dtype="float16", src=str(out),
                                                                            test_subjects=None)))
     windows = sum(record["windows"] for record in records)
     seconds = time.perf_counter() - started
@@ -118,14 +120,14 @@ def measure_sides(options):
                 raise SystemExit(f"{name} side failed:\n{done.stderr[-3000:]}")
             results[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
             figures = results[name][-1]
-            print(f"round {round_index + 1} {name:>9}: {figures['samples_per_s']:,.0f} samples/s, peak RSS "
-                  f"{figures['peak_rss_gib']:.2f} GiB (with workers), first step after {figures['first_step_s']:.1f} s",
-                  flush=True)
+            print(f"round {round_index + 1} {name:>9}: {figures['samples_per_s']:,.0f} samples/s, peak memory "
+                  f"{figures['peak_pss_gib']:.2f} GiB PSS ({figures['peak_rss_gib']:.2f} GiB summing resident sets), "
+                  f"first step after {figures['first_step_s']:.1f} s", flush=True)
     ratios = [store["samples_per_s"] / memory["samples_per_s"]
               for store, memory in zip(results["store"], results["in memory"], strict=True)]
-    peak_gib = max(r["peak_rss_gib"] for r in results["store"])
+    peak_gib = max(r["peak_pss_gib"] for r in results["store"])
     print(f"store / in memory samples/s, per round: {', '.join(f'{r:.3f}' for r in ratios)}; median "
-          f"{float(np.median(ratios)):.3f}; peak RSS of the store runs {peak_gib:.2f} GiB")
+          f"{float(np.median(ratios)):.3f}; peak memory (PSS) of the store runs {peak_gib:.2f} GiB")
     if options.json:
         Path(options.json).write_text(json.dumps({"results": results, "ratios": ratios}, indent=2))
     return 0
@@ -149,43 +151,54 @@ def run_side(options):
     for _ in range(options.steps):
         optimizer_step(work, sync_gradients=True, timer=NullTimer())
     seconds = time.perf_counter() - started
+    peak_pss, peak_rss = peak.stop()
     print(json.dumps({"samples_per_s": options.steps * work.global_samples_per_step / seconds,
-                      "peak_rss_gib": peak.stop() / GIB, "first_step_s": first_step_s,
+                      "peak_pss_gib": peak_pss / GIB, "peak_rss_gib": peak_rss / GIB, "first_step_s": first_step_s,
                       "train_windows": work.train_windows, "steps": options.steps}), flush=True)
     return 0
 
 
 class _PeakMemory:
-    """The largest resident set of this process and its children (DataLoader workers) together."""
+    """The largest memory of this process and its children (DataLoader workers) together, as their
+    proportional set sizes: a page a worker shares with its parent counts once, not twice."""
 
     def __init__(self):
-        self.peak, self._stopped = 0, threading.Event()
+        self.peak, self.peak_rss, self._stopped = 0, 0, threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
         self._thread.start()
 
     def _watch(self):
         while not self._stopped.wait(0.2):
-            self.peak = max(self.peak, _tree_rss_bytes(os.getpid()))
+            self.sample()
+
+    def sample(self):
+        pss, rss = _tree_memory(os.getpid())
+        self.peak, self.peak_rss = max(self.peak, pss), max(self.peak_rss, rss)
 
     def stop(self):
+        """(peak PSS, peak sum of resident sets) in bytes."""
         self._stopped.set()
         self._thread.join()
-        return max(self.peak, _tree_rss_bytes(os.getpid()))
+        self.sample()
+        return self.peak, self.peak_rss
 
 
-def _tree_rss_bytes(pid):
-    total = 0
+def _tree_memory(pid):
+    """(PSS, RSS) of the process and its children, summed, in bytes."""
+    pss = rss = 0
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
-            status = Path(f"/proc/{entry}/status").read_text()
-        except OSError:
+            parent = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            if int(entry) != pid and parent != pid:
+                continue
+            rollup = Path(f"/proc/{entry}/smaps_rollup").read_text()
+        except (OSError, ValueError, IndexError):
             continue
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        if int(entry) == pid or int(fields.get("PPid", "0").strip()) == pid:
-            total += int(fields.get("VmRSS", "0 kB").split()[0]) * 1024
-    return total
+        fields = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in rollup.splitlines()[1:]}
+        pss, rss = pss + fields.get("Pss", 0), rss + fields.get("Rss", 0)
+    return pss, rss
 
 
 def convert_speed(options):

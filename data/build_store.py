@@ -39,7 +39,7 @@ from data.preprocess import RAW_CHANNELS, cut_windows, stream_channels, window_s
 from data.recordings import read_recording  # noqa: E402
 from data.resample import on_model_clock  # noqa: E402
 from data.splits import NPZ_TEST_FRACTION, NPZ_TEST_SEED, hold_out_subjects  # noqa: E402
-from data.store import SHARD_DIR, shard_paths, write_manifest  # noqa: E402
+from data.store import SHARD_DIR, finish_store, shard_paths  # noqa: E402
 
 SHARD_WINDOWS = 8_192  # windows per shard file at most (19 MB of float16 9 x 128 windows)
 LABEL_RULE = ("a window takes the label most of its samples carry; windows whose most common label is no "
@@ -62,7 +62,7 @@ def main(argv=None):
             done[record["name"]] = record
             bar.update(1)
     manifest = assemble_manifest([done[job["name"]] for job in jobs], layout, options)
-    write_manifest(out, manifest)
+    finish_store(out, manifest)
     windows = sum(shard["windows"] for shard in manifest["shards"])
     print(f"wrote {out}/manifest.json: {windows:,} windows of {len(manifest['channels'])} x "
           f"{manifest['window_steps']} ({manifest['dtype']}) in {len(manifest['shards'])} shards, "
@@ -157,7 +157,7 @@ def run_job(arguments):
     for part, first in enumerate(range(0, len(labels), SHARD_WINDOWS)):
         name = f"{job['name']}-{part:03d}"
         chunk = slice(first, first + SHARD_WINDOWS)
-        _write_shard(out, name, signals[chunk].astype(dtype), labels[chunk], subject)
+        _write_shard(out, name, signals[chunk].astype(dtype), labels[chunk])
         shards.append({"name": name, "windows": len(labels[chunk]), "subject": subject})
     stored = signals.astype(dtype).astype(np.float64)  # the statistics of what the store holds
     record = {"name": job["name"], "subject": subject, "shards": shards, "windows": len(labels),
@@ -235,9 +235,8 @@ def assemble_manifest(records, layout, options):
                               "over": "every window of the training subjects, validation ones included"}}
 
 
-def _write_shard(out, name, signals, labels, subject):
-    for part, array in (("signals", signals), ("labels", labels.astype(np.int8)),
-                        ("subjects", np.full(len(labels), subject, dtype=np.int32))):
+def _write_shard(out, name, signals, labels):
+    for part, array in (("signals", signals), ("labels", labels.astype(np.int8))):
         path = shard_paths(out, name)[part]
         partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         with open(partial, "wb") as handle:

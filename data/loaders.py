@@ -1,6 +1,9 @@
 """Batches from in-memory arrays or a window store: datasets that take whole batches, and the
 rank-sharded samplers whose order a resumed run continues."""
+import contextlib
 import math
+import queue
+import threading
 
 import numpy as np
 import torch
@@ -11,7 +14,7 @@ from data.store import StoreSplit
 
 ITER_CHUNK = 65_536  # sampler indices turned into Python ints at a time
 STREAM_BLOCK = 256  # neighbouring windows of a store read together (about 0.3 to 0.6 MB)
-STORE_WORKERS = 1  # at least this many DataLoader workers read a store ahead of the step
+STORE_PREFETCH = 8  # batches a store's reader thread keeps ready ahead of the step
 
 
 class WindowDataset(Dataset):
@@ -104,29 +107,91 @@ class BlockShuffledSampler(ShardedSampler):
 
 def block_order(num_samples, seed, epoch, block=None):
     """A permutation of 0..N-1, deterministic per (seed, epoch), that keeps blocks of `block`
-    neighbours together: blocks shuffled, and positions within each block shuffled."""
+    neighbours together: the blocks in a random order, the positions within each block shuffled.
+    Built in int32 where N allows, without a sort over all N keys: a split of tens of millions of
+    windows costs a few hundred MB for a moment, not gigabytes."""
     block = block or STREAM_BLOCK
     generator = torch.Generator().manual_seed(seed + epoch)
-    num_blocks = math.ceil(num_samples / block)
-    rank_of_block = torch.empty(num_blocks, dtype=torch.float64)
-    rank_of_block[torch.randperm(num_blocks, generator=generator)] = torch.arange(num_blocks, dtype=torch.float64)
-    key = rank_of_block[torch.arange(num_samples) // block] + torch.rand(num_samples, generator=generator,
-                                                                          dtype=torch.float64)
-    return torch.argsort(key)
+    index_type = torch.int32 if num_samples < 2 ** 31 else torch.int64
+    full, tail = divmod(num_samples, block)
+    blocks = torch.randperm(full + (tail > 0), generator=generator)
+    within = torch.rand(full, block, generator=generator).argsort(dim=1).to(index_type)
+    within += (torch.arange(full, dtype=index_type) * block)[:, None]
+    if not tail:
+        return within[blocks].reshape(-1)
+    last = full * block + torch.randperm(tail, generator=generator).to(index_type)
+    cut = int((blocks == full).nonzero())  # where the short last block falls in the order
+    return torch.cat([within[blocks[:cut]].reshape(-1), last, within[blocks[cut + 1:]].reshape(-1)])
 
 
 class StoreDataset(Dataset):
-    """A window store's split, read batch by batch (in DataLoader workers, ahead of the step)."""
+    """A window store's split, read batch by batch (in DataLoader workers, with --num-workers)."""
 
     def __init__(self, split):
-        self.split, self.signals = split, split.signals
+        self.split = split
 
     def __len__(self):
         return len(self.split)
 
     def __getitems__(self, indices):
-        positions = np.asarray(indices, dtype=np.int64)
-        return torch.from_numpy(self.split.signals[positions]), torch.from_numpy(self.split.labels[positions])
+        return read_store_batch(self.split, np.asarray(indices, dtype=np.int64))
+
+
+def read_store_batch(split, positions):
+    """(float32 signals, int64 labels) of a store split's windows at these positions."""
+    labels = split.labels[positions].astype(np.int64)
+    return torch.from_numpy(split.signals[positions]), torch.from_numpy(labels)
+
+
+class StoreStreamLoader:
+    """A window store's batches in the sampler's order, read ahead by one background thread of this
+    process. Reads from disk release the interpreter, so the thread fills the next batches while
+    the step runs; unlike DataLoader workers it needs no second process, no copy of each batch
+    between processes and no second share of the cores, which on a small machine the step needs."""
+
+    def __init__(self, split, batch_size, sampler, pin_memory=False):
+        self.split, self.batch_size, self.sampler, self.pin_memory = split, batch_size, sampler, pin_memory
+
+    def __len__(self):
+        return math.ceil(len(self.sampler) / self.batch_size)
+
+    def __iter__(self):
+        order = self.sampler.indices().numpy()
+        ready, stop = queue.Queue(maxsize=STORE_PREFETCH), threading.Event()
+        reader = threading.Thread(target=self._read, args=(order, ready, stop), daemon=True)
+        reader.start()
+        try:
+            while (item := ready.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:  # also when the loop leaves the epoch early: the reader stops at its next batch
+            stop.set()
+            while reader.is_alive():
+                with contextlib.suppress(queue.Empty):
+                    ready.get(timeout=0.1)
+
+    def _read(self, order, ready, stop):
+        try:
+            for first in range(0, len(order), self.batch_size):
+                signals, labels = read_store_batch(self.split, order[first:first + self.batch_size].astype(np.int64))
+                batch = (signals.pin_memory(), labels.pin_memory()) if self.pin_memory else (signals, labels)
+                if not _put(ready, batch, stop):
+                    return
+            _put(ready, None, stop)
+        except BaseException as exc:  # noqa: BLE001 - handed to the training loop, which raises it
+            _put(ready, exc, stop)
+
+
+def _put(ready, item, stop):
+    """Queue `item`, waiting for room; False once the consumer has gone."""
+    while not stop.is_set():
+        try:
+            ready.put(item, timeout=0.1)
+            return True
+        except queue.Full:
+            pass
+    return False
 
 
 def _whole_batch(batch):
@@ -135,10 +200,11 @@ def _whole_batch(batch):
 
 def make_loader(split, batch_size, sampler, num_workers=0, pin_memory=False):
     """The DataLoader path: host batches, copied to the device by the loop (non_blocking when pinned).
-    A window store's split always has at least one worker, which reads the next batches from disk
-    while the step runs."""
+    A window store's split is read by a background thread (StoreStreamLoader), or by DataLoader
+    workers when --num-workers asks for them."""
     streaming = isinstance(split, StoreSplit)
-    num_workers = max(num_workers, STORE_WORKERS) if streaming else num_workers
+    if streaming and num_workers == 0:
+        return StoreStreamLoader(split, batch_size, sampler, pin_memory)
     workers = {"persistent_workers": True, "prefetch_factor": 4} if num_workers > 0 else {}
     # Its own generator: each new iterator draws a worker seed from it, and drawing from the
     # global one instead would shift the dropout masks of a run resumed mid-epoch.
@@ -164,8 +230,8 @@ def split_loaders(splits, train_batch, eval_batch, device, world_size, rank, see
         loaders[name] = (DeviceResidentLoader(split, batch, sampler, device) if on_device else
                          make_loader(split, batch, sampler, num_workers, pin_memory=device.type == "cuda"))
     if streaming:
-        return loaders, (f"streamed from the store by {max(num_workers, STORE_WORKERS)} DataLoader worker(s), "
-                         f"blocks of {STREAM_BLOCK} windows in a shuffled order")
+        reader = f"{num_workers} DataLoader worker(s)" if num_workers else "a reader thread"
+        return loaders, f"streamed from the store by {reader}, blocks of {STREAM_BLOCK} windows in a shuffled order"
     if on_device:
         return loaders, "splits kept on the device, batches cut there"
     return loaders, f"DataLoader with {num_workers} worker(s)"

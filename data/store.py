@@ -3,18 +3,22 @@
 Layout of a store folder:
   manifest.json                what the store holds (below); written last and atomically, so a
                                build that was cut short never looks complete
+  labels.npy                   int8 [N]: every window's 0-based class, in store order (shard by
+                               shard), written just before the manifest
   shards/<name>.signals.npy    float16 or float32 [n, C, T] windows in raw units (a plain .npy)
-  shards/<name>.labels.npy     int8 [n], 0-based class index
-  shards/<name>.subjects.npy   int32 [n]
+  shards/<name>.labels.npy     int8 [n]: the shard's labels, which labels.npy gathers
 
 The manifest names the channels, sample rate, window length and stride, preprocessing, class
-names, the label rule, every shard with its window count and subjects, the test subjects, the
-windows of each subject, and the per-channel mean and std of the training subjects' windows
+names, the label rule, every shard with its window count and its one subject, the test subjects,
+the windows of each subject, and the per-channel mean and std of the training subjects' windows
 (gathered while the store was built). Each shard holds windows of one subject only, so a
 subject-wise split is a choice of shards, made from the manifest without reading a signal.
-Signals are read with positioned reads (os.pread), never memory-mapped, so what a process keeps
-resident is the batches it is working on, not the pages of the files it went through.
+Opening a store reads the manifest and labels.npy and checks each signal file's size; signals are
+read with positioned reads (os.pread), never memory-mapped, so what a process keeps resident is
+the batches it is working on, not the pages of the files it went through.
 """
+import functools
+import io
 import json
 import os
 from dataclasses import dataclass
@@ -27,19 +31,29 @@ from data.errors import DataError
 FORMAT = "har-window-store"
 VERSION = 1
 MANIFEST = "manifest.json"
+LABELS = "labels.npy"
 SHARD_DIR = "shards"
-PARTS = {"signals": None, "labels": np.int8, "subjects": np.int32}  # signals: the manifest's dtype
+PARTS = ("signals", "labels")
+SPAN_BYTES = 2 ** 20  # windows of one shard this close together are fetched in one read
 
 
 def shard_paths(root, name):
     return {part: Path(root) / SHARD_DIR / f"{name}.{part}.npy" for part in PARTS}
 
 
-def write_manifest(root, manifest):
-    """Write manifest.json whole or not at all (a temporary file, then one rename)."""
-    path = Path(root) / MANIFEST
-    partial = path.with_name(f".{MANIFEST}.{os.getpid()}.tmp")
-    partial.write_text(json.dumps({"format": FORMAT, "version": VERSION, **manifest}, indent=1))
+def finish_store(root, manifest):
+    """Make a built store usable: gather the shards' labels into labels.npy, then write manifest.json
+    whole or not at all (a temporary file, then one rename)."""
+    labels = [np.load(shard_paths(root, shard["name"])["labels"]) for shard in manifest["shards"]]
+    _write_atomic(Path(root) / LABELS, lambda handle: np.save(handle, np.concatenate(labels).astype(np.int8)))
+    payload = json.dumps({"format": FORMAT, "version": VERSION, **manifest}, indent=1)
+    _write_atomic(Path(root) / MANIFEST, lambda handle: handle.write(payload.encode()))
+
+
+def _write_atomic(path, write):
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(partial, "wb") as handle:
+        write(handle)
     os.replace(partial, path)
 
 
@@ -54,7 +68,7 @@ class Shard:
 
 
 class WindowStore:
-    """An opened, checked store: every window's label and subject in memory (a few bytes each), the
+    """An opened, checked store: every window's label and subject in memory (five bytes each), the
     signals on disk."""
 
     def __init__(self, root):
@@ -65,69 +79,77 @@ class WindowStore:
         self.window_steps = int(manifest["window_steps"])
         self.dtype = np.dtype(manifest["dtype"])
         self.window_bytes = len(self.channels) * self.window_steps * self.dtype.itemsize
-        self.shards, labels, subjects, first = [], [], [], 0
-        for entry in manifest["shards"]:
-            shard, shard_labels, shard_subjects = self._open_shard(entry, first)
-            self.shards.append(shard)
-            labels.append(shard_labels)
-            subjects.append(shard_subjects)
-            first += shard.windows
-        self.labels = np.concatenate(labels) if labels else np.zeros(0, np.int8)
-        self.subjects = np.concatenate(subjects) if subjects else np.zeros(0, np.int32)
-        self.shard_of = np.repeat(np.arange(len(self.shards)), [s.windows for s in self.shards])
-        self.starts = np.array([s.first for s in self.shards], dtype=np.int64)
+        counts = np.array([entry["windows"] for entry in manifest["shards"]], dtype=np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        self.shards = [self._check_shard(entry, int(first)) for entry, first in zip(manifest["shards"], self.starts,
+                                                                                     strict=True)]
+        self.subjects = np.repeat(np.array([entry["subject"] for entry in manifest["shards"]], dtype=np.int32), counts)
+        self.labels = self._read_labels(int(counts.sum()))
 
-    def _open_shard(self, entry, first):
-        """Check one shard's three files against the manifest: present, whole, the right shape."""
-        paths = shard_paths(self.root, entry["name"])
-        expected = {"signals": ((entry["windows"], len(self.channels), self.window_steps), self.dtype),
-                    "labels": ((entry["windows"],), np.dtype(np.int8)),
-                    "subjects": ((entry["windows"],), np.dtype(np.int32))}
-        offsets, arrays = {}, {}
-        for part, path in paths.items():
-            if not path.is_file():
-                raise DataError(f"store {self.root}: shard file {path} is missing; rebuild the store (python -m "
-                                "data.build_store ... --out DIR continues an interrupted build)")
-            shape, dtype, offsets[part] = _npy_header(path)
-            if (shape, dtype) != (expected[part][0], expected[part][1]):
-                raise DataError(f"store {self.root}: {path} holds {dtype} {list(shape)} but the manifest says "
-                                f"{expected[part][1]} {list(expected[part][0])}; the manifest and its shards "
-                                "disagree: rebuild the store")
-            size = offsets[part] + int(np.prod(shape)) * dtype.itemsize
-            if path.stat().st_size < size:
-                raise DataError(f"store {self.root}: {path} is truncated ({path.stat().st_size:,} of {size:,} "
-                                "bytes); rebuild the store")
-            if part != "signals":
-                arrays[part] = np.fromfile(path, dtype=dtype, count=shape[0], offset=offsets[part])
-        if np.any(arrays["subjects"] != entry["subject"]):
-            raise DataError(f"store {self.root}: {paths['subjects']} holds other subjects than the manifest's "
-                            f"{entry['subject']}; rebuild the store")
-        return (Shard(entry["name"], entry["windows"], entry["subject"], first, paths["signals"], offsets["signals"]),
-                arrays["labels"], arrays["subjects"])
+    def _check_shard(self, entry, first):
+        """A shard's signal file against the manifest: present, and exactly the size its windows take."""
+        path = shard_paths(self.root, entry["name"])["signals"]
+        shape = (entry["windows"], len(self.channels), self.window_steps)
+        offset = _npy_data_offset(shape, self.dtype.str)
+        try:
+            size = path.stat().st_size
+        except OSError:
+            raise DataError(f"store {self.root}: shard file {path} is missing; rebuild the store (python -m "
+                            "data.build_store ... --out DIR continues an interrupted build)") from None
+        if size != offset + int(np.prod(shape)) * self.dtype.itemsize:
+            held_shape, held_dtype, _ = _npy_header(path)
+            if (held_shape, held_dtype) == (shape, self.dtype):
+                raise DataError(f"store {self.root}: {path} is truncated ({size:,} of "
+                                f"{offset + int(np.prod(shape)) * self.dtype.itemsize:,} bytes); rebuild the store")
+            raise DataError(f"store {self.root}: {path} holds {held_dtype} {list(held_shape)} but the manifest says "
+                            f"{self.dtype} {list(shape)}; the manifest and its shards disagree: rebuild the store")
+        return Shard(entry["name"], entry["windows"], entry["subject"], first, path, offset)
+
+    def _read_labels(self, windows):
+        path = self.root / LABELS
+        try:
+            labels = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise DataError(f"store {self.root}: {path} is not readable ({type(exc).__name__}); rebuild the store "
+                            "(python -m data.build_store ... --out DIR finishes it)") from None
+        if labels.shape != (windows,) or labels.dtype != np.int8:
+            raise DataError(f"store {self.root}: {path} holds {labels.dtype} {list(labels.shape)} but the manifest's "
+                            f"shards hold {windows:,} windows; the manifest and its files disagree: rebuild the store")
+        return labels
 
     def __len__(self):
         return len(self.labels)
 
     def read(self, indices):
         """Windows at these global indices, in this order: float32 [len(indices), C, T]. Windows of
-        one shard that lie close together are fetched in one read (a shuffled block of a batch)."""
+        one shard that lie close together (a shuffled block of a batch) are fetched in one read."""
         indices = np.asarray(indices, dtype=np.int64)
         out = np.empty((len(indices), len(self.channels), self.window_steps), dtype=np.float32)
-        shards = self.shard_of[indices]
-        for shard_index in np.unique(shards):
-            picked = np.flatnonzero(shards == shard_index)
+        shard_of = np.searchsorted(self.starts, indices, side="right") - 1
+        for shard_index in np.unique(shard_of):
+            picked = np.flatnonzero(shard_of == shard_index)
             shard = self.shards[shard_index]
             local = indices[picked] - shard.first
             low, high = int(local.min()), int(local.max()) + 1
-            span = self._pread(shard, low, high - low) if high - low <= 4 * len(local) else None
-            for slot, position in zip(picked, local, strict=True):
-                out[slot] = span[position - low] if span is not None else self._pread(shard, position, 1)[0]
+            with open(shard.signals_path, "rb") as handle:  # opened per read: safe in DataLoader workers
+                if (high - low) * self.window_bytes <= max(SPAN_BYTES, 4 * len(local) * self.window_bytes):
+                    out[picked] = self._pread(handle, shard, low, high - low)[local - low]
+                else:
+                    for slot, position in zip(picked, local, strict=True):
+                        out[slot] = self._pread(handle, shard, int(position), 1)[0]
         return out
 
-    def _pread(self, shard, first, count):
-        with open(shard.signals_path, "rb") as handle:  # opened per read: safe in DataLoader workers
-            raw = os.pread(handle.fileno(), count * self.window_bytes, shard.data_offset + first * self.window_bytes)
+    def _pread(self, handle, shard, first, count):
+        raw = os.pread(handle.fileno(), count * self.window_bytes, shard.data_offset + first * self.window_bytes)
         return np.frombuffer(raw, dtype=self.dtype).reshape(count, len(self.channels), self.window_steps)
+
+
+@functools.lru_cache(maxsize=4096)
+def _npy_data_offset(shape, dtype_str):
+    """Bytes before the data in the .npy file np.save writes for an array of this shape and dtype."""
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": dtype_str, "fortran_order": False, "shape": shape})
+    return header.tell()
 
 
 def _read_manifest(root):
@@ -185,10 +207,11 @@ class StoreSignals:
 
 @dataclass
 class StoreSplit:
-    """A split whose windows stay in the store; it reads like data.splits.Split."""
+    """A split whose windows stay in the store; it reads like data.splits.Split (its labels and
+    subjects in the store's compact types, widened batch by batch)."""
     signals: StoreSignals
-    labels: np.ndarray  # int64 [N]
-    subjects: np.ndarray  # int64 [N]
+    labels: np.ndarray  # int8 [N]
+    subjects: np.ndarray  # int32 [N]
 
     def __len__(self):
         return len(self.labels)
@@ -202,5 +225,4 @@ class StoreSplit:
 def store_split(store, mask):
     """The windows of `store` where `mask` is true, as a StoreSplit (in store order: shard by shard)."""
     indices = np.flatnonzero(mask)
-    return StoreSplit(StoreSignals(store, indices), store.labels[indices].astype(np.int64),
-                      store.subjects[indices].astype(np.int64))
+    return StoreSplit(StoreSignals(store, indices), store.labels[indices], store.subjects[indices])
