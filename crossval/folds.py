@@ -1,9 +1,12 @@
 """Subject-wise cross-validation: K folds of whole training subjects, one ordinary run per fold.
 
 Each fold is a normal training run in <save-dir>/fold-k/ validated on its fold's subjects, so it
-writes, resumes and reports like any run. Folds are independent jobs: under torchrun each
-process takes every world_size-th fold on its own GPU, which is how several GPUs help a model
-this small; rank 0 then writes cv_report.json, prints the table and draws the pooled confusion.
+writes, resumes and reports like any run. With --refit one more run, <save-dir>/refit/, trains on
+every training subject with no hold-out for the same --epochs: the schedule and the weight
+average make the last epoch a sound choice, so it needs nothing from the folds and runs beside
+them. Folds (and the refit) are independent jobs: under torchrun each process takes every
+world_size-th job on its own GPU, which is how several GPUs help a model this small; rank 0 then
+writes cv_report.json, prints the table and draws the pooled confusion.
 """
 import datetime
 import json
@@ -24,6 +27,7 @@ from training.errors import SAME_ON_EVERY_RANK, UsageError
 from training.trainer import train
 
 REPORT = "cv_report.json"
+REFIT_DIR = "refit"
 FOLDS_FILE = "cv_folds.json"  # the folds this folder's runs were trained with
 FOLD_REPORT = "val_report.json"  # what a finished fold run leaves: its best weights on its fold
 RANKS_WAIT = datetime.timedelta(days=7)  # ranks that finish first wait for the slowest fold
@@ -54,7 +58,13 @@ def cross_validate(config):
     rank, local_rank, world_size = distributed_env()
     _claim_folder(save_dir, folds, fresh=config.output.resume is None, writer=rank == 0)
     code, finished = 0, True
-    for fold in range(rank, len(folds), world_size):
+    jobs = len(folds) + int(config.recipe.refit)
+    for fold in range(rank, jobs, world_size):
+        if fold == len(folds):  # the refit: every training subject, no validation
+            code, finished = _refit(config, save_dir, local_rank)
+            if not finished:
+                break
+            continue
         fold_config = _fold_config(config, save_dir, fold, folds[fold], local_rank)
         if config.output.resume is not None and _fold_finished(fold_config.output.save_dir, folds[fold]):
             print(f"fold {fold + 1}/{len(folds)} already finished (subjects {folds[fold]}); skipping", flush=True)
@@ -76,7 +86,7 @@ def cross_validate(config):
         # Every rank gets here, finished or not, so none waits for a rank that has already left.
         finished = _all_ranks_finished(rank, world_size, finished)
     if rank == 0 and finished:
-        _write_summary(save_dir, folds, data.class_names, config.data.no_test)
+        _write_summary(save_dir, folds, data.class_names, config.data.no_test, config.recipe.refit)
     return code
 
 
@@ -98,8 +108,8 @@ def _claim_folder(save_dir, folds, fresh, writer):
         write_atomic(record, lambda partial: Path(partial).write_text(json.dumps(folds)))
 
 
-def _write_summary(save_dir, folds, class_names, no_test):
-    summary = summarise(save_dir, folds, class_names, use_test=not no_test)
+def _write_summary(save_dir, folds, class_names, no_test, refit=False):
+    summary = summarise(save_dir, folds, class_names, use_test=not no_test, refit=refit)
     (save_dir / REPORT).write_text(json.dumps(summary, indent=2))
     print(format_cv_table(summary), flush=True)
     try:
@@ -110,8 +120,38 @@ def _write_summary(save_dir, folds, class_names, no_test):
     print(f"wrote {save_dir / REPORT} and {save_dir / 'cv_confusion_matrix.png'}", flush=True)
 
 
+def _refit(config, save_dir, local_rank):
+    """Train (or resume, or skip when done) the refit run. Returns (exit code, finished)."""
+    refit_config = _fold_config(config, save_dir, None, None, local_rank)
+    if config.output.resume is not None and _refit_finished(refit_config):
+        print(f"refit already finished ({refit_config.output.save_dir}); skipping", flush=True)
+        return 0, True
+    print(f"\n=== refit on every training subject -> {refit_config.output.save_dir}", flush=True)
+    try:
+        code = train(refit_config)
+    except SAME_ON_EVERY_RANK as exc:
+        exc.this_rank_only = True
+        raise
+    finished = code == 0 and _refit_finished(refit_config)
+    if not finished:
+        print("the refit is not finished; run the same command again to continue it", flush=True)
+    return code, finished
+
+
+def _refit_finished(refit_config):
+    """Done once its last epoch is logged and, unless --no-test, its test report written."""
+    run_dir = Path(refit_config.output.save_dir)
+    try:
+        last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    except (OSError, ValueError, IndexError):
+        return False
+    return last["epoch"] >= refit_config.optim.epochs and (refit_config.data.no_test or
+                                                            (run_dir / "test_report.json").is_file())
+
+
 def _fold_config(config, save_dir, fold, subjects, local_rank):
-    """The settings of one fold's run: a single-device run on this process's GPU, in its own folder."""
+    """The settings of one fold's run (fold None: the refit, on every training subject): a
+    single-device run on this process's GPU, in its own folder."""
     gpu_ids = config.hardware.gpu_ids
     if resolve_device_type(config.hardware.device) == "cuda":
         visible = gpu_ids or list(range(torch.cuda.device_count()))
@@ -119,7 +159,10 @@ def _fold_config(config, save_dir, fold, subjects, local_rank):
             raise UsageError(f"local rank {local_rank} has no GPU: {len(visible)} in use on this node; "
                              "start at most one process per GPU")
         gpu_ids = [visible[local_rank]]
-    return config.replace(cv_folds=0, val_subjects=subjects, save_dir=str(save_dir / f"fold-{fold}"),
+    if fold is None:
+        return config.replace(cv_folds=0, refit=False, val_subjects=None, val_fraction=0.0,
+                              save_dir=str(save_dir / REFIT_DIR), multi_gpu="none", gpu_ids=gpu_ids)
+    return config.replace(cv_folds=0, refit=False, val_subjects=subjects, save_dir=str(save_dir / f"fold-{fold}"),
                           multi_gpu="none", gpu_ids=gpu_ids)
 
 
@@ -146,8 +189,9 @@ def _all_ranks_finished(rank, world_size, finished):
         dist.destroy_process_group()
 
 
-def summarise(save_dir, folds, class_names, use_test=True):
-    """cv_report.json's content from each fold's val_report.json and metrics.jsonl."""
+def summarise(save_dir, folds, class_names, use_test=True, refit=False):
+    """cv_report.json's content from each fold's val_report.json and metrics.jsonl (and the refit's
+    test report)."""
     rows, pooled = [], np.zeros((len(class_names), len(class_names)), dtype=np.int64)
     for fold, subjects in enumerate(folds):
         fold_dir = save_dir / f"fold-{fold}"
@@ -178,6 +222,12 @@ def summarise(save_dir, folds, class_names, use_test=True):
     if all("test_accuracy" in r for r in rows):
         summary["test_mean"] = {"accuracy": float(np.mean([r["test_accuracy"] for r in rows])),
                                 "macro_f1": float(np.mean([r["test_macro_f1"] for r in rows]))}
+    if refit:
+        summary["refit"] = {"save_dir": str(save_dir / REFIT_DIR)}
+        refit_test = save_dir / REFIT_DIR / "test_report.json"
+        if use_test and refit_test.is_file():
+            test = json.loads(refit_test.read_text())
+            summary["refit"].update(test_accuracy=test["accuracy"], test_macro_f1=test["macro_f1"])
     summary["pooled_accuracy"] = float(np.trace(pooled) / max(1, pooled.sum()))
     summary["pooled_confusion_matrix"] = pooled.tolist()
     return summary

@@ -13,8 +13,10 @@ def summary_metrics(labels, predictions, num_classes):
 
 
 def best_record(records):
-    """The metrics.jsonl epoch record best.pt holds: the first with the highest validation macro-F1."""
-    return max(records, key=lambda record: record["val_macro_f1"])
+    """The metrics.jsonl epoch record best.pt holds: the first with the highest validation macro-F1,
+    or the last one when no epoch was validated (--val-fraction 0)."""
+    validated = [record for record in records if record["val_macro_f1"] is not None]
+    return max(validated, key=lambda record: record["val_macro_f1"]) if validated else records[-1]
 
 
 def classification_report(labels, predictions, class_names):
@@ -68,4 +70,8 @@ def format_cv_table(summary):
     if has_test:
         lines.append(f"test split, mean over the fold models: accuracy {summary['test_mean']['accuracy']:.4f}, "
                      f"macro-F1 {summary['test_mean']['macro_f1']:.4f}")
+    refit = summary.get("refit", {})
+    if "test_accuracy" in refit:
+        lines.append(f"test split, the refit on every training subject: accuracy {refit['test_accuracy']:.4f}, "
+                     f"macro-F1 {refit['test_macro_f1']:.4f} ({refit['save_dir']})")
     return "\n".join(lines)

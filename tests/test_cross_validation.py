@@ -99,15 +99,38 @@ def test_killed_cv_run_resumes_at_its_fold_and_step(uninterrupted, tmp_path):
         json.loads((expected_dir / "cv_report.json").read_text())["folds"]
 
 
-def test_folds_run_concurrently_under_torchrun_with_the_same_results(uninterrupted, tmp_path):
+def test_folds_and_the_refit_run_concurrently_under_torchrun_with_the_same_results(uninterrupted, tmp_path):
     result = run_subprocess([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             "main_multi_gpu.py", "--multi-gpu", "ddp", "--device", "cpu", *CV,
-                             "--save-dir", tmp_path], env=ONE_THREAD)
+                             "main_multi_gpu.py", "--multi-gpu", "ddp", "--device", "cpu", *CV, "--refit",
+                             "--save-dir", tmp_path / "cv"], env=ONE_THREAD)
     assert result.returncode == 0, result.stderr
     expected_dir, _ = uninterrupted
-    assert json.loads((tmp_path / "cv_report.json").read_text())["folds"] == \
-        json.loads((expected_dir / "cv_report.json").read_text())["folds"]
+    report = json.loads((tmp_path / "cv" / "cv_report.json").read_text())
+    assert report["folds"] == json.loads((expected_dir / "cv_report.json").read_text())["folds"]
     assert result.stdout.count("pooled accuracy") == 1  # rank 0 alone summarises
+    assert report["refit"]["save_dir"] == str(tmp_path / "cv" / "refit")
+    # The refit is the plain run on every training subject: the same weights, bit for bit.
+    alone = run_subprocess([sys.executable, "main.py", *CV[:CV.index("--cv-folds")], *CV[CV.index("--epochs"):],
+                            "--val-fraction", "0", "--save-dir", tmp_path / "alone"], env=ONE_THREAD)
+    assert alone.returncode == 0, alone.stderr
+    assert "train 672 windows / 21 subjects, val 0" in alone.stdout  # 21 subjects x 32 windows, none held out
+    refit, plain = (load_checkpoint(tmp_path / name / "last.pt") for name in ("cv/refit", "alone"))
+    assert refit["step"] == plain["step"] == 2 * 21  # 672 windows / batch 32, two epochs
+    assert all(torch.equal(refit["model"][name], plain["model"][name]) for name in plain["model"])
+
+
+def test_without_a_validation_split_best_pt_is_the_last_epoch(tmp_path):
+    code, out, err = run_in_process("main.py", [*TINY_DATA, "--epochs", "2", "--val-fraction", "0", "--save-dir",
+                                                tmp_path])
+    assert code == 0, err
+    assert "no validation" in out and "test split (last epoch's weights: no validation split)" in out
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [record["val_macro_f1"] for record in records] == [None, None]
+    best, last = load_checkpoint(tmp_path / "best.pt"), load_checkpoint(tmp_path / "last.pt")
+    assert best["step"] == last["step"]
+    assert all(torch.equal(best["model"][name], last["model"][name]) for name in last["model"])
+    assert json.loads((tmp_path / "test_report.json").read_text())["accuracy"] > 0.3
+    assert not (tmp_path / "val_report.json").exists()
 
 
 def test_a_paused_fold_stops_the_cv_run_until_the_same_command_runs_again(tmp_path):
@@ -129,6 +152,9 @@ def test_a_paused_fold_stops_the_cv_run_until_the_same_command_runs_again(tmp_pa
     (["--val-subjects", "2,99"], "validation subject(s) 2, 99 are not in the training split"),
     (["--augment", "rotate,mirror"], "unknown augmentation 'mirror'"),
     (["--ema-decay", "1"], "--ema-decay must be in [0, 1)"),
+    (["--refit"], "--refit follows cross-validation"),
+    (["--val-fraction", "0", "--early-stopping-patience", "3"], "needs a validation split"),
+    (["--val-fraction", "1"], "--val-fraction must be at least 0 and below 1"),
 ])
 def test_bad_cv_and_recipe_flags_give_one_line(tmp_path, flags, message):
     code, _, err = run_in_process("main.py", [*TINY_DATA, *flags, "--save-dir", tmp_path / "bad"])

@@ -188,6 +188,11 @@ class Trainer:
         self._sync_buffers()
         return predict(model or self.validation_model(), self.loaders[split], self.strategy, self.precision)
 
+    @property
+    def has_validation(self):
+        """False under --val-fraction 0: every epoch's weights become best.pt, none is validated."""
+        return len(self.data.val) > 0
+
     def validation_model(self):
         """The weights validation, best.pt's choice and the test judge: the average when kept."""
         return self.step.ema.module if self.step.ema else self.strategy.eval_model(self.model)
@@ -216,7 +221,9 @@ class Trainer:
         if self.strategy.max_ints([int(best is not None)])[0]:
             self.strategy.load_from_rank0(self.model, best)
         no_test = self.config.data.no_test
-        for split in ("val",) if no_test else ("val", "test"):
+        splits = [split for split in ("val", "test") if (split != "val" or self.has_validation)
+                  and (split != "test" or not no_test)]
+        for split in splits:
             labels, predictions, loss = self.evaluate(split, self.strategy.eval_model(self.model))
             subjects = sorted(int(subject) for subject in set(getattr(self.data, split).subjects))
             report = {**classification_report(labels, predictions, self.data.class_names), "loss": loss,
@@ -225,7 +232,9 @@ class Trainer:
         if no_test:
             self.log.info(f"--no-test: the test split was not evaluated; wrote {self.save_dir / 'val_report.json'}")
             return
-        self.log.info("test split (best checkpoint by validation macro-F1):\n" + format_report(report))
+        chosen = "best checkpoint by validation macro-F1" if self.has_validation else \
+            "last epoch's weights: no validation split"
+        self.log.info(f"test split ({chosen}):\n" + format_report(report))
         self.log.info(f"wrote {self.save_dir / 'test_report.json'}")
 
     def close(self):
@@ -233,8 +242,11 @@ class Trainer:
 
     def _end_epoch(self, epoch, result, epoch_start):
         """Validate, update the train state, checkpoint and log the epoch's record."""
-        labels, predictions, val_loss = self.evaluate("val")
-        metrics = summary_metrics(labels, predictions, len(self.data.class_names))
+        if self.has_validation:
+            labels, predictions, val_loss = self.evaluate("val")
+            metrics = summary_metrics(labels, predictions, len(self.data.class_names))
+        else:
+            val_loss, metrics = None, {"acc": None, "macro_f1": None}
         is_best = self.state.end_epoch(metrics["macro_f1"])
         self.save(is_best)
         strategy = self.strategy

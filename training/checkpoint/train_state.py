@@ -23,8 +23,10 @@ class TrainState:
             setattr(self, item.name, type(item.default)(state.get(item.name, item.default)))
 
     def end_epoch(self, metric):
-        """Count a finished epoch and its validation metric; True when it is the best so far."""
-        is_best = metric > self.best_metric
+        """Count a finished epoch and its validation metric; True when it is the best so far. Without
+        a validation split (metric None) the newest weights are the ones kept."""
+        is_best = metric is None or metric > self.best_metric
+        metric = self.best_metric if metric is None else metric
         self.epoch += 1
         self.best_metric = max(self.best_metric, metric)
         self.epochs_since_best = 0 if is_best else self.epochs_since_best + 1

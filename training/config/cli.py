@@ -90,7 +90,8 @@ def build_parser(multi_gpu):
                        help="channels: flatten = all 9; average = x,y,z averaged over the three "
                             "sensors (3); first = body_acc x,y,z (3)")
     group.add_argument("--val-fraction", type=float, default=0.2,
-                       help="share of the training subjects held out (whole subjects) for validation")
+                       help="share of the training subjects held out (whole subjects) for validation; 0 trains "
+                            "on every subject, and best.pt is then the last epoch's (averaged) weights")
     group.add_argument("--val-subjects", type=_subject_list, default=None,
                        help="comma-separated training subject ids to validate on, instead of a random "
                             "--val-fraction of them")
@@ -140,6 +141,9 @@ def build_parser(multi_gpu):
                        help="K > 1: subject-wise cross-validation, K models each validated on one fold of "
                             "whole training subjects (in <save-dir>/fold-k/), summary in cv_report.json; "
                             "under torchrun the folds run concurrently, one process per GPU")
+    group.add_argument("--refit", action="store_true",
+                       help="with --cv-folds: also train one model on every training subject (no validation "
+                            "hold-out, --epochs epochs) in <save-dir>/refit/, a job beside the folds")
 
     group = parser.add_argument_group("optimisation")
     group.add_argument("--epochs", type=int, default=20)
@@ -256,6 +260,9 @@ def check_args(args):
                          "statistics and rank 0's are used for evaluation and checkpoints, as under ddp")
     if args.cv_folds == 1 or args.cv_folds < 0:
         raise UsageError(f"--cv-folds must be 0 (off) or at least 2, got {args.cv_folds}")
+    if args.refit and not args.cv_folds:
+        raise UsageError("--refit follows cross-validation (--cv-folds K); one run on every training subject is "
+                         "--val-fraction 0")
     if args.cv_folds and args.val_subjects:
         raise UsageError("--cv-folds chooses the validation subjects of each fold; drop --val-subjects")
     if args.dataset == "synthetic" and args.data_dir:
@@ -272,6 +279,9 @@ def check_args(args):
                         "--early-stopping-patience": args.early_stopping_patience}.items():
         if value < 0:
             raise UsageError(f"{flag} must not be negative, got {value}")
+    if args.val_fraction == 0 and args.val_subjects is None and args.early_stopping_patience:
+        raise UsageError("--early-stopping-patience needs a validation split, and --val-fraction 0 keeps none; "
+                         "drop one of them")
     if args.warmup_epochs is not None:
         if args.warmup_epochs < 0:
             raise UsageError(f"--warmup-epochs must not be negative, got {args.warmup_epochs}")

@@ -66,6 +66,7 @@ class Recipe:
     ema_decay: float
     label_smoothing: float
     cv_folds: int
+    refit: bool  # after the folds, one model on every training subject
 
 
 @dataclass(frozen=True)

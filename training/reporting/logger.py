@@ -42,15 +42,18 @@ class RunLogger:
             handle.write(json.dumps(record) + "\n")
         writer, epoch = self._tensorboard(), record["epoch"]
         for key in ("train_loss", "val_loss", "val_acc", "val_macro_f1", "lr", "samples_per_s", "epoch_time_s"):
-            writer.add_scalar(f"epoch/{key}", record[key], epoch)
+            if record[key] is not None:  # no validation figures under --val-fraction 0
+                writer.add_scalar(f"epoch/{key}", record[key], epoch)
         for entry in record["memory"]:
             for key, value in entry.items():
                 if key != "device":
                     writer.add_scalar(f"memory/{entry['device']}/{key}", value, epoch)
         writer.flush()
-        print(f"epoch {epoch}/{record['epochs']} | train loss {record['train_loss']:.4f} | val loss "
-              f"{record['val_loss']:.4f} acc {record['val_acc']:.4f} F1 {record['val_macro_f1']:.4f}"
-              f"{' *' if is_best else ''} | lr {record['lr']:.2e} | {record['samples_per_s']:,.0f} samples/s | "
+        validation = "no validation" if record["val_loss"] is None else (
+            f"val loss {record['val_loss']:.4f} acc {record['val_acc']:.4f} F1 {record['val_macro_f1']:.4f}"
+            f"{' *' if is_best else ''}")
+        print(f"epoch {epoch}/{record['epochs']} | train loss {record['train_loss']:.4f} | {validation} | "
+              f"lr {record['lr']:.2e} | {record['samples_per_s']:,.0f} samples/s | "
               f"{record['epoch_time_s']:.1f} s | {format_memory(record['memory'])}", flush=True)
 
     def write_json(self, name, payload):
