@@ -52,4 +52,6 @@ def _check_fits(bundle, data, split, args):
         raise UsageError(f"{args.data_dir} has windows of {split.signals.shape[2]} steps; the checkpoint was "
                          f"trained on {bundle.window_steps}")
     if len(split) == 0:
-        raise UsageError(f"the {args.split} split of {args.data_dir} is empty")
+        why = "; the checkpoint trained on every training subject (--val-fraction 0), so there is no validation " \
+              "split: use --split test" if args.split == "val" else ""
+        raise UsageError(f"the {args.split} split of {args.data_dir} is empty{why}")
