@@ -12,6 +12,17 @@ def summary_metrics(labels, predictions, num_classes):
                                        average="macro", zero_division=0))}
 
 
+def per_subject_accuracy(labels, predictions, subjects):
+    """{subject id (as text, for JSON): {"accuracy", "windows"}}, and the worst subject's id: a model
+    for new people is judged by the person it fails, not only by the mean."""
+    labels, predictions, subjects = (np.asarray(a) for a in (labels, predictions, subjects))
+    table = {str(int(subject)): {"accuracy": float(np.mean(predictions[subjects == subject] ==
+                                                           labels[subjects == subject])),
+                                 "windows": int(np.sum(subjects == subject))} for subject in np.unique(subjects)}
+    worst = min(table, key=lambda subject: table[subject]["accuracy"]) if table else None
+    return table, worst
+
+
 def best_record(records):
     """The metrics.jsonl epoch record best.pt holds: the first with the highest validation macro-F1,
     or the last one when no epoch was validated (--val-fraction 0)."""

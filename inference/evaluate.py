@@ -6,7 +6,7 @@ import numpy as np
 
 from data.splits import load_har_data
 from evaluation.figures import plot_confusion_matrix
-from evaluation.metrics import classification_report, format_report
+from evaluation.metrics import classification_report, format_report, per_subject_accuracy
 from inference.bundle import load_bundle, pick_device, probabilities
 from inference.outputs import prepare_out_dir
 from training.checkpoint.atomic import write_atomic
@@ -30,13 +30,17 @@ def evaluate_checkpoint(args):
     probs = probabilities(bundle, split.signals, device)
     predictions = probs.argmax(axis=1)
     loss = float(-np.log(np.clip(probs[np.arange(len(split)), split.labels], 1e-12, None)).mean())
+    people, worst = per_subject_accuracy(split.labels, predictions, split.subjects)
     report = {**classification_report(split.labels, predictions, bundle.class_names), "loss": loss,
+              "per_subject": people, "worst_subject": worst,
               "checkpoint": str(bundle.path), "split": args.split, "data": data.description}
     write_atomic(out / "test_report.json",
                  lambda partial: Path(partial).write_text(json.dumps(report, indent=2)))
     write_atomic(out / "confusion_matrix.png", lambda partial: plot_confusion_matrix(
         report["confusion_matrix"], bundle.class_names, partial, title=f"{args.split} split"))
     print(f"{bundle.describe()}\n{data.description}\n{args.split} split:\n{format_report(report)}")
+    print("per subject: " + ", ".join(f"{subject} {row['accuracy']:.3f}" for subject, row in people.items()) +
+          f"; worst: subject {worst} ({people[worst]['accuracy']:.3f})")
     print(f"wrote {out / 'test_report.json'}, {out / 'confusion_matrix.png'}")
     return 0
 

@@ -170,6 +170,14 @@ def test_evaluation_without_training(checkpoint, tmp_path):
         predicted = load_bundle(checkpoint).model(normalised).argmax(dim=1).numpy()
     assert report["accuracy"] == pytest.approx(float(np.mean(predicted == labels)))
     assert (tmp_path / "eval" / "confusion_matrix.png").read_bytes()[:4] == b"\x89PNG"
+    subjects = load_split(root, "test")[2]
+    for subject, row in report["per_subject"].items():
+        mine = subjects == int(subject)
+        assert row == {"accuracy": pytest.approx(float(np.mean(predicted[mine] == labels[mine]))),
+                       "windows": int(mine.sum())}
+    assert report["per_subject"][report["worst_subject"]]["accuracy"] == \
+        min(row["accuracy"] for row in report["per_subject"].values())
+    assert f"worst: subject {report['worst_subject']}" in out
 
 
 # ---------------------------------------------------------------------------
