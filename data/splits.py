@@ -93,11 +93,7 @@ def _load_source(dataset, data_dir, synthetic_seed, windows_per_subject):
 
 def _load_npz(data_dir, mode, val_fraction, split_seed, val_subjects):
     """Windows brought in an .npz: its own `split`, else whole subjects held out for test."""
-    if not data_dir:
-        raise DataError("--dataset npz needs --data-dir pointing at an .npz file of windows")
-    if mode != "flatten":
-        raise DataError(f"--mode {mode} picks UCI HAR channels; windows from an .npz are used as they are "
-                        "(--mode flatten)")
+    _check_window_source("npz", data_dir, mode, "an .npz file of windows")
     windows = load_npz_windows(data_dir)
     whole = Split(windows.signals, windows.labels, windows.subjects)
     if windows.split is not None:
@@ -120,11 +116,7 @@ def _load_npz(data_dir, mode, val_fraction, split_seed, val_subjects):
 
 def _load_store(data_dir, mode, val_fraction, split_seed, val_subjects):
     """A window store (data/store.py): splits chosen from its manifest, signals left on disk."""
-    if not data_dir:
-        raise DataError("--dataset store needs --data-dir pointing at a folder made by python -m data.build_store")
-    if mode != "flatten":
-        raise DataError(f"--mode {mode} picks UCI HAR channels; a store's windows are used as they are "
-                        "(--mode flatten)")
+    _check_window_source("store", data_dir, mode, "a folder made by python -m data.build_store")
     store = WindowStore(data_dir)
     manifest = store.manifest
     is_test = np.isin(store.subjects, manifest["test_subjects"])
@@ -139,6 +131,15 @@ def _load_store(data_dir, mode, val_fraction, split_seed, val_subjects):
     return HarData(train, val, test, tuple(manifest["class_names"]), store.channels, "store", description,
                    sample_rate_hz=float(manifest["sample_rate_hz"]), preprocessing=manifest["preprocessing"],
                    normalization=normalization)
+
+
+def _check_window_source(dataset, data_dir, mode, what):
+    """Sources of ready windows need a path, and take their channels as they are."""
+    if not data_dir:
+        raise DataError(f"--dataset {dataset} needs --data-dir pointing at {what}")
+    if mode != "flatten":
+        raise DataError(f"--mode {mode} picks UCI HAR channels; the windows of --dataset {dataset} are used as "
+                        "they are (--mode flatten)")
 
 
 def select_channels(signals, mode):

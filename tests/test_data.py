@@ -455,10 +455,16 @@ def test_hold_out_subjects_deterministic_per_seed():
     assert any(not np.array_equal(a, o) for o in others)
 
 
-@pytest.mark.parametrize("fraction", [0, 0.0, 1, 1.0, -0.1, 1.5])
+@pytest.mark.parametrize("fraction", [1, 1.0, -0.1, 1.5, float("nan")])
 def test_hold_out_subjects_rejects_bad_fraction(fraction):
     with pytest.raises(DataError, match="val-fraction"):
         splits.hold_out_subjects(np.arange(10), fraction, seed=0)
+
+
+def test_a_fraction_of_zero_holds_no_subject_out():
+    assert len(splits.hold_out_subjects(np.arange(10), 0, seed=0)) == 0
+    data = splits.load_har_data("synthetic", val_fraction=0, synthetic_windows_per_subject=2)
+    assert len(data.val) == 0 and len(np.unique(data.train.subjects)) == 21
 
 
 def test_hold_out_subjects_needs_two_subjects():
