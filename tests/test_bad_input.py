@@ -100,7 +100,7 @@ FLAG_CASES = [
     ("main.py", ["--lr", "-0.001"], "--lr"),
     ("main.py", ["--lr", "nan"], "--lr"),
     ("main.py", ["--val-fraction", "1.5"], "--val-fraction"),
-    ("main.py", ["--val-fraction", "0"], "--val-fraction"),
+    ("main.py", ["--val-fraction", "-0.5"], "--val-fraction"),
     ("main.py", ["--dropout", "1"], "--dropout"),
     ("main.py", ["--weight-decay", "nan"], "--weight-decay"),
     ("main.py", ["--max-grad-norm", "-1"], "--max-grad-norm"),

@@ -18,7 +18,7 @@ def error_lines(text):
 
 @pytest.mark.parametrize("script, flags, message", [
     ("main_multi_gpu.py", ["--batch-size", "0"], "error: --batch-size must be at least 1, got 0"),
-    ("main_multi_gpu.py", ["--val-fraction", "1.5"], "error: --val-fraction must be between 0 and 1"),
+    ("main_multi_gpu.py", ["--val-fraction", "1.5"], "error: --val-fraction must be at least 0 and below 1"),
     ("profiler.py", ["--steps", "0"], "error: --steps must be at least 1, got 0"),
 ], ids=["trainer-flag", "trainer-data", "profiler"])
 def test_bad_flag_under_torchrun_prints_one_error_line(script, flags, message, tmp_path):
