@@ -96,6 +96,12 @@ class ShardedSampler(Sampler):
         return len(range(self.rank, remaining, self.world_size))
 
 
+def gathered_order(num_samples, world_size):
+    """Which window each position of an evaluation gathered from every rank holds: rank 0's share
+    (every world_size-th window from 0, as ShardedSampler deals an unshuffled split), then rank 1's..."""
+    return np.concatenate([np.arange(rank, num_samples, world_size) for rank in range(world_size)])
+
+
 class BlockShuffledSampler(ShardedSampler):
     """ShardedSampler over a window store's split: the epoch visits blocks of STREAM_BLOCK neighbouring
     windows in a seeded random order, and the windows of each block in random order, so the reads

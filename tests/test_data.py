@@ -461,6 +461,14 @@ def test_hold_out_subjects_rejects_bad_fraction(fraction):
         splits.hold_out_subjects(np.arange(10), fraction, seed=0)
 
 
+@pytest.mark.parametrize("num_samples, world_size", [(10, 1), (10, 3), (7, 2), (2, 4)])
+def test_gathered_order_follows_the_ranks_evaluation_shares(num_samples, world_size):
+    from data.loaders import ShardedSampler, gathered_order
+    shares = [ShardedSampler(num_samples, world_size, rank, shuffle=False, pad=False).indices().numpy()
+              for rank in range(world_size)]
+    np.testing.assert_array_equal(gathered_order(num_samples, world_size), np.concatenate(shares))
+
+
 def test_a_fraction_of_zero_holds_no_subject_out():
     assert len(splits.hold_out_subjects(np.arange(10), 0, seed=0)) == 0
     data = splits.load_har_data("synthetic", val_fraction=0, synthetic_windows_per_subject=2)

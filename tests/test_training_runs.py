@@ -95,6 +95,14 @@ def test_ddp_two_ranks_equal_one_process_with_the_global_batch(tmp_path):
     one_checkpoint = load_checkpoint(tmp_path / "one" / "last.pt")
     assert ddp_checkpoint["step"] == one_checkpoint["step"] == 34
     assert max_abs_difference(ddp_checkpoint["model"], one_checkpoint["model"]) < WEIGHT_TOLERANCE
+    # Each person's test accuracy comes out of the ranks' gathered predictions as out of one process's
+    # (to a window: the weights agree to float rounding, not bit for bit).
+    ddp_people, one_people = (json.loads((tmp_path / name / "test_report.json").read_text())["per_subject"]
+                              for name in ("ddp", "one"))
+    assert ddp_people.keys() == one_people.keys() and len(one_people) == 9
+    for subject, row in one_people.items():
+        assert ddp_people[subject]["windows"] == row["windows"]
+        assert abs(ddp_people[subject]["accuracy"] - row["accuracy"]) <= 1 / row["windows"] + 1e-9, subject
 
     # The comparison has teeth: half the batch per step is a different run.
     code, _, err = run_in_process("main.py", [*EQUIVALENT, "--batch-size", "16", "--epochs", "1",

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import torch
 
-from data.loaders import split_loaders
+from data.loaders import gathered_order, split_loaders
 from data.splits import HarData, fit_normalization, load_har_data, normalize
 from evaluation.figures import write_run_figures
-from evaluation.metrics import classification_report, format_report, summary_metrics
+from evaluation.metrics import classification_report, format_report, per_subject_accuracy, summary_metrics
 from models import build_model, count_parameters, resolve_size
 from training.checkpoint import files as ckpt
 from training.checkpoint.manager import CheckpointManager, restore_parts
@@ -225,16 +225,22 @@ class Trainer:
                   and (split != "test" or not no_test)]
         for split in splits:
             labels, predictions, loss = self.evaluate(split, self.strategy.eval_model(self.model))
-            subjects = sorted(int(subject) for subject in set(getattr(self.data, split).subjects))
+            split_subjects = getattr(self.data, split).subjects
+            subjects = sorted(int(subject) for subject in set(split_subjects))
+            people, worst = per_subject_accuracy(
+                labels, predictions, split_subjects[gathered_order(len(split_subjects), self.strategy.world_size)])
             report = {**classification_report(labels, predictions, self.data.class_names), "loss": loss,
-                      "checkpoint": str(best_path), "subjects": subjects}
+                      "checkpoint": str(best_path), "subjects": subjects, "per_subject": people,
+                      "worst_subject": worst}
             self.log.write_json(f"{split}_report.json", report)
         if no_test:
             self.log.info(f"--no-test: the test split was not evaluated; wrote {self.save_dir / 'val_report.json'}")
             return
         chosen = "best checkpoint by validation macro-F1" if self.has_validation else \
             "last epoch's weights: no validation split"
-        self.log.info(f"test split ({chosen}):\n" + format_report(report))
+        self.log.info(f"test split ({chosen}):\n" + format_report(report) + "\nper person: " +
+                      ", ".join(f"{subject} {row['accuracy']:.3f}" for subject, row in report["per_subject"].items()) +
+                      f"; worst: subject {report['worst_subject']}")
         self.log.info(f"wrote {self.save_dir / 'test_report.json'}")
 
     def close(self):
