@@ -192,7 +192,7 @@ def _all_ranks_finished(rank, world_size, finished):
 def summarise(save_dir, folds, class_names, use_test=True, refit=False):
     """cv_report.json's content from each fold's val_report.json and metrics.jsonl (and the refit's
     test report)."""
-    rows, pooled = [], np.zeros((len(class_names), len(class_names)), dtype=np.int64)
+    rows, pooled, people = [], np.zeros((len(class_names), len(class_names)), dtype=np.int64), {}
     for fold, subjects in enumerate(folds):
         fold_dir = save_dir / f"fold-{fold}"
         report = json.loads((fold_dir / FOLD_REPORT).read_text())
@@ -211,6 +211,7 @@ def summarise(save_dir, folds, class_names, use_test=True, refit=False):
             row.update(test_accuracy=test["accuracy"], test_macro_f1=test["macro_f1"])
         rows.append(row)
         pooled += np.asarray(report["confusion_matrix"], dtype=np.int64)
+        people.update(report.get("per_subject", {}))  # each person is validated in one fold only
     summary = {"folds": rows, "class_names": list(class_names)}
     for name, pick in (("mean", np.mean), ("std", np.std)):
         summary[name] = {"accuracy": float(pick([r["val_accuracy"] for r in rows])),
@@ -228,6 +229,9 @@ def summarise(save_dir, folds, class_names, use_test=True, refit=False):
         if use_test and refit_test.is_file():
             test = json.loads(refit_test.read_text())
             summary["refit"].update(test_accuracy=test["accuracy"], test_macro_f1=test["macro_f1"])
+    if people:
+        summary["per_subject"] = dict(sorted(people.items(), key=lambda item: int(item[0])))
+        summary["worst_subject"] = min(people, key=lambda subject: people[subject]["accuracy"])
     summary["pooled_accuracy"] = float(np.trace(pooled) / max(1, pooled.sum()))
     summary["pooled_confusion_matrix"] = pooled.tolist()
     return summary

@@ -75,6 +75,10 @@ def format_cv_table(summary):
                      f"{row['val_macro_f1']:6.4f}{test}  {','.join(map(str, row['subjects']))}")
     for name in ("mean", "std", "worst"):
         lines.append(f"{name:>4}  {'':>10}  {summary[name]['accuracy']:7.4f}  {summary[name]['macro_f1']:6.4f}")
+    if "worst_subject" in summary:
+        worst = summary["worst_subject"]
+        lines.append(f"worst person: subject {worst}, accuracy {summary['per_subject'][worst]['accuracy']:.4f} "
+                     f"(every person's in cv_report.json)")
     lines.append(f"pooled accuracy over all held-out windows {summary['pooled_accuracy']:.4f}"
                  f"; worst fold {summary['worst']['fold']}; mean at the last epoch (no choice made on the "
                  f"fold) {summary['last_epoch_mean']['accuracy']:.4f}")

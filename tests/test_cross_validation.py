@@ -73,6 +73,12 @@ def test_report_summarises_the_folds(uninterrupted):
     assert report["std"]["accuracy"] == pytest.approx(np.std(accuracies))
     assert report["worst"]["accuracy"] == min(accuracies)
     assert (save_dir / "cv_confusion_matrix.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Every training person is validated once, by the fold that held them out.
+    people = report["per_subject"]
+    assert sorted(map(int, people)) == sorted(s for f in report["folds"] for s in f["subjects"])
+    assert all(row["windows"] == 32 for row in people.values())
+    assert people[report["worst_subject"]]["accuracy"] == min(row["accuracy"] for row in people.values())
+    assert f"worst person: subject {report['worst_subject']}" in stdout
     assert "pooled accuracy" in stdout and stdout.count("=== fold") == 2
 
 
