@@ -178,14 +178,20 @@ def test_profiler_py_writes_sane_json_and_csv(tiny_profile):
         assert [float(row["step_time_s"]) > 0 for row in csv.DictReader(handle)] == [True, True]
 
 
+def two_rank_copy(single, speedup):
+    """A made-up 2-rank profile: the real 1-process one, `speedup` times its samples/s."""
+    double = copy.deepcopy(single)
+    double["config"]["world_size"] = 2
+    double["timing"]["samples_per_s"]["mean"] *= speedup
+    return double
+
+
 def test_scaling_report_writers_on_a_two_process_profile_made_from_the_real_one(tiny_profile, tmp_path):
     from scripts.scaling_figures import write_figures
     from scripts.scaling_tables import write_csv, write_latex, write_text_report
     _, out = tiny_profile
     single = json.loads((out / "profile.json").read_text())
-    double = copy.deepcopy(single)
-    double["config"]["world_size"] = 2
-    double["timing"]["samples_per_s"]["mean"] *= 1.8
+    double = two_rank_copy(single, 1.8)
     double["allreduce_benchmark"] = {"measured": True, "bus_bandwidth_gb_per_s": 1.0, "fitted_link": {
         "bandwidth_bytes_per_s": 1e9, "latency_s": 1e-4, "source": "made up"}}
     rows = scaling_rows([double, single])
@@ -222,9 +228,7 @@ def test_scaling_map_rows_and_figure_from_a_real_profile(tiny_profile, tmp_path)
     from scripts.scaling_map import format_errors, map_rows, write_map_figure
     _, out = tiny_profile
     single = json.loads((out / "profile.json").read_text())
-    double = copy.deepcopy(single)
-    double["config"]["world_size"] = 2
-    double["timing"]["samples_per_s"]["mean"] *= 1.6
+    double = two_rank_copy(single, 1.6)
     made_up = {"bandwidth_bytes_per_s": 1e9, "latency_s": 1e-4, "source": "made up"}
     double["collective_links"] = dict.fromkeys(("allreduce", "allreduce_fp16", "all_gather", "reduce_scatter"),
                                                made_up)
