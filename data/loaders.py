@@ -134,17 +134,18 @@ class StoreDataset(Dataset):
     """A window store's split, read batch by batch (in DataLoader workers, with --num-workers)."""
 
     def __init__(self, split):
-        self.split = split
+        self.split, self.signals = split, split.signals
 
     def __len__(self):
         return len(self.split)
 
     def __getitems__(self, indices):
-        return read_store_batch(self.split, np.asarray(indices, dtype=np.int64))
+        return read_store_batch(self.split, indices)
 
 
 def read_store_batch(split, positions):
     """(float32 signals, int64 labels) of a store split's windows at these positions."""
+    positions = np.asarray(positions, dtype=np.int64)
     labels = split.labels[positions].astype(np.int64)
     return torch.from_numpy(split.signals[positions]), torch.from_numpy(labels)
 
@@ -156,7 +157,8 @@ class StoreStreamLoader:
     between processes and no second share of the cores, which on a small machine the step needs."""
 
     def __init__(self, split, batch_size, sampler, pin_memory=False):
-        self.split, self.batch_size, self.sampler, self.pin_memory = split, batch_size, sampler, pin_memory
+        self.split, self.signals = split, split.signals
+        self.batch_size, self.sampler, self.pin_memory = batch_size, sampler, pin_memory
 
     def __len__(self):
         return math.ceil(len(self.sampler) / self.batch_size)
@@ -180,7 +182,7 @@ class StoreStreamLoader:
     def _read(self, order, ready, stop):
         try:
             for first in range(0, len(order), self.batch_size):
-                signals, labels = read_store_batch(self.split, order[first:first + self.batch_size].astype(np.int64))
+                signals, labels = read_store_batch(self.split, order[first:first + self.batch_size])
                 batch = (signals.pin_memory(), labels.pin_memory()) if self.pin_memory else (signals, labels)
                 if not _put(ready, batch, stop):
                     return
@@ -244,6 +246,7 @@ def split_loaders(splits, train_batch, eval_batch, device, world_size, rank, see
 
 
 def window_shape(loader):
-    """[channels, steps] of the windows a loader (either path) yields, known without a batch."""
-    signals = loader.signals if isinstance(loader, DeviceResidentLoader) else loader.dataset.signals
-    return tuple(signals.shape[1:])
+    """[channels, steps] of the windows a loader of any path yields, known without a batch: each of
+    them (a DataLoader through its dataset) holds the split's `signals`."""
+    source = loader.dataset if isinstance(loader, DataLoader) else loader
+    return tuple(source.signals.shape[1:])

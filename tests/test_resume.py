@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from conftest import TINY_DATA, load_checkpoint, read_metrics, run_subprocess
+from conftest import TINY_DATA, load_checkpoint, read_metrics, run_in_process, run_subprocess
 from data.loaders import ShardedSampler, epoch_order
 
 # 544 windows at 16 per micro-batch and 2 micro-batches per step: 34 micro-batches and 17
@@ -160,3 +160,15 @@ def test_ddp_run_resumed_on_one_process_continues_at_the_same_sample(tmp_path):
     assert single.returncode == 0, single.stderr
     assert "continues at sample 160" in single.stderr
     assert read_metrics(tmp_path)[-1]["train_samples"] == 544
+
+
+def test_a_size_flag_given_at_its_default_resumes_a_run_that_did_not_give_it(tmp_path):
+    flags = ["--dataset", "synthetic", "--synthetic-windows-per-subject", "8", "--model", "transformer",
+             "--save-dir", tmp_path]
+    code, _, err = run_in_process("main.py", [*flags, "--epochs", "1"])
+    assert code == 0, err
+    code, out, err = run_in_process("main.py", [*flags, "--epochs", "2", "--width", "64", "--ffn", "128"])
+    assert code == 0, err
+    assert "RESUMING" in out
+    code, _, err = run_in_process("main.py", [*flags, "--epochs", "3", "--width", "32"])
+    assert code == 2 and "width 64 (this run: 32)" in err

@@ -13,7 +13,7 @@ import torch
 
 from conftest import load_checkpoint, run_in_process, run_subprocess
 from data import synthetic
-from data.loaders import STREAM_BLOCK, BlockShuffledSampler
+from data.loaders import STREAM_BLOCK, BlockShuffledSampler, split_loaders, window_shape
 from data.store import WindowStore
 from data.uci_har import CLASS_NAMES, SIGNAL_NAMES
 from inference_fixtures import synthetic_stream
@@ -196,3 +196,13 @@ def test_ddp_and_cross_validation_train_from_a_store(store, tmp_path):
     assert code == 0, err
     report = json.loads((tmp_path / "cv" / "cv_report.json").read_text())
     assert len(report["folds"]) == 2
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_every_loader_of_a_store_knows_its_window_shape(store, workers):
+    # What an FSDP rank with fewer evaluation batches feeds the model to take part in the gathers.
+    from data.splits import load_har_data
+    data = load_har_data("store", store)
+    loaders, _ = split_loaders({"train": data.train, "test": data.test}, 16, 16, torch.device("cpu"), 1, 0, 0,
+                               num_workers=workers)
+    assert {window_shape(loader) for loader in loaders.values()} == {(9, 128)}

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from models import MODELS, SIZE_KNOBS, resolve_size
 from training import faults
 from training.errors import UsageError
 
@@ -170,9 +171,22 @@ def check_compatible(checkpoint, wanted, path):
         raise UsageError(f"{path} is not a checkpoint of this trainer (missing: {', '.join(missing)}); "
                          "point --resume at a last.pt or best.pt it wrote")
     config = checkpoint["config"]
-    found = {**{key: config.get(key) for key in ("model", "norm", "mode", "width", "depth", "heads", "ffn")},
+    found = {**{key: config.get(key) for key in ("model", "norm", "mode", *SIZE_KNOBS)},
              "in_channels": checkpoint.get("in_channels"), "num_classes": checkpoint.get("num_classes")}
+    if found["model"] == wanted.get("model") and found["model"] in MODELS:
+        # None means the model's default: --width 64 and no --width are the same model.
+        found, wanted = _sizes_resolved(found), _sizes_resolved(wanted)
     differ = [f"{key} {found[key]} (this run: {wanted[key]})" for key in wanted if found[key] != wanted[key]]
     if differ:
         raise UsageError(f"checkpoint {path} was made with {', '.join(differ)}; match the flags, "
                          "or use --no-resume / another --save-dir")
+
+
+def _sizes_resolved(settings):
+    """`settings` with the model's size knobs filled in with its defaults (unchanged where the
+    knobs cannot be resolved: the comparison then reports them as they are)."""
+    try:
+        resolved = resolve_size(settings["model"], **{knob: settings.get(knob) for knob in SIZE_KNOBS})
+    except ValueError:
+        return settings
+    return {**settings, **resolved}
