@@ -50,7 +50,7 @@ def build_parser(multi_gpu):
                                 "for its backward (less memory); --no-reshard-after-forward keeps them (fewer "
                                 "all-gathers)")
         group.add_argument("--nproc-per-node", type=int, default=None,
-                           help="ddp without torchrun: processes to launch on this machine "
+                           help="ddp or fsdp without torchrun: processes to launch on this machine "
                                 "(default: the GPUs in use, or 1 on CPU)")
 
     group = parser.add_argument_group("hardware")
