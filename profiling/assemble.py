@@ -33,8 +33,9 @@ def assemble_profile(args, work, runs, phases, memory, benchmark, trace_files, h
                                   messages=ddp_bucket_count(work.gradient_bytes), host_effects=host_effects)
     links = choose_links(args, benchmark, link)
     units = work.unit_bytes
+    reshard = args.run.parallel.reshard_after_forward
     strategies = {name: [predict_strategy(name, compute_s, work.gradient_bytes, n, links, len(units), max(units),
-                                          host_effects) for n in args.predict_gpus] for name in STRATEGIES}
+                                          host_effects, reshard) for n in args.predict_gpus] for name in STRATEGIES}
     figures = Figures(compute_s, work.gradient_bytes, link, work.batch_size, work.precision.enabled,
                       timing["data_wait_share"]["mean"], backward_s=phases["backward_s"] if phases else None,
                       reference_gpus=4 if 4 in args.predict_gpus else max(args.predict_gpus),

@@ -168,10 +168,11 @@ def predict_world(compute_s, gradient_bytes, world_size, link, messages=1, accum
 
 
 def predict_strategy(strategy, compute_s, gradient_bytes, world_size, links, units=1, largest_unit_bytes=0,
-                     host_effects=None):
-    """predict_world for one strategy of STRATEGIES, with its bytes on the wire and per-rank model state."""
+                     host_effects=None, reshard_after_forward=True):
+    """predict_world for one strategy of STRATEGIES, with its bytes on the wire and per-rank model state
+    (FSDP with the run's --reshard-after-forward choice)."""
     rank_s = rank_step_s(compute_s, world_size, host_effects, strategy)
-    comm_s, sent_bytes = strategy_comm(strategy, gradient_bytes, world_size, links, units)
+    comm_s, sent_bytes = strategy_comm(strategy, gradient_bytes, world_size, links, units, reshard_after_forward)
     step_s = rank_s + comm_s
     gain = speedup(world_size, compute_s, step_s)
     return {"strategy": strategy, "world_size": world_size, "comm_s": comm_s, "bytes_sent_per_rank": sent_bytes,

@@ -271,3 +271,14 @@ def test_a_batch_larger_than_the_data_is_one_line_not_an_endless_wait(tmp_path):
     assert result.returncode == 2 and result.stderr.count("\n") == 1
     assert "--batch-size 512 is more than one process's share" in result.stderr
     assert not (tmp_path / "p").exists()
+
+
+def test_fsdp_keeping_gathered_parameters_sends_one_all_gather_less():
+    from profiling.comm_model import predict_strategy
+    link = Link(1e9, 1e-4, "made up")
+    links = dict.fromkeys(("allreduce", "allreduce_fp16", "all_gather", "reduce_scatter"), link)
+    resharded, kept = (predict_strategy("fsdp", 0.01, 4e6, 4, links, units=3, reshard_after_forward=flag)
+                       for flag in (True, False))
+    # Two all-gathers and a reduce-scatter against one all-gather and the reduce-scatter.
+    assert kept["bytes_sent_per_rank"] == pytest.approx(resharded["bytes_sent_per_rank"] * 2 / 3)
+    assert kept["comm_s"] < resharded["comm_s"]
