@@ -58,28 +58,20 @@ def cross_validate(config):
     rank, local_rank, world_size = distributed_env()
     _claim_folder(save_dir, folds, fresh=config.output.resume is None, writer=rank == 0)
     code, finished = 0, True
-    jobs = len(folds) + int(config.recipe.refit)
-    for fold in range(rank, jobs, world_size):
-        if fold == len(folds):  # the refit: every training subject, no validation
-            code, finished = _refit(config, save_dir, local_rank)
-            if not finished:
-                break
+    for job in range(rank, len(folds) + int(config.recipe.refit), world_size):
+        label, about, job_config, done = _job(config, save_dir, folds, job, local_rank)
+        if config.output.resume is not None and done(job_config):
+            print(f"{label} already finished ({about}); skipping", flush=True)
             continue
-        fold_config = _fold_config(config, save_dir, fold, folds[fold], local_rank)
-        if config.output.resume is not None and _fold_finished(fold_config.output.save_dir, folds[fold]):
-            print(f"fold {fold + 1}/{len(folds)} already finished (subjects {folds[fold]}); skipping", flush=True)
-            continue
-        print(f"\n=== fold {fold + 1}/{len(folds)}: validating on subjects {folds[fold]} -> "
-              f"{fold_config.output.save_dir}", flush=True)
+        print(f"\n=== {label}: {about} -> {job_config.output.save_dir}", flush=True)
         try:
-            code = train(fold_config)
+            code = train(job_config)
         except SAME_ON_EVERY_RANK as exc:
-            exc.this_rank_only = True  # other ranks run other folds: this rank must say it itself
+            exc.this_rank_only = True  # other ranks run other jobs: this rank must say it itself
             raise
-        if code != 0 or not _fold_finished(fold_config.output.save_dir, folds[fold]):
-            # Preempted, or paused by --stop-after-epochs: the same command continues at this fold.
-            print(f"fold {fold + 1}/{len(folds)} is not finished; run the same command again to continue it",
-                  flush=True)
+        if code != 0 or not done(job_config):
+            # Preempted, or paused by --stop-after-epochs: the same command continues at this job.
+            print(f"{label} is not finished; run the same command again to continue it", flush=True)
             finished = False
             break
     if world_size > 1:
@@ -120,22 +112,15 @@ def _write_summary(save_dir, folds, class_names, no_test, refit=False):
     print(f"wrote {save_dir / REPORT} and {save_dir / 'cv_confusion_matrix.png'}", flush=True)
 
 
-def _refit(config, save_dir, local_rank):
-    """Train (or resume, or skip when done) the refit run. Returns (exit code, finished)."""
-    refit_config = _fold_config(config, save_dir, None, None, local_rank)
-    if config.output.resume is not None and _refit_finished(refit_config):
-        print(f"refit already finished ({refit_config.output.save_dir}); skipping", flush=True)
-        return 0, True
-    print(f"\n=== refit on every training subject -> {refit_config.output.save_dir}", flush=True)
-    try:
-        code = train(refit_config)
-    except SAME_ON_EVERY_RANK as exc:
-        exc.this_rank_only = True
-        raise
-    finished = code == 0 and _refit_finished(refit_config)
-    if not finished:
-        print("the refit is not finished; run the same command again to continue it", flush=True)
-    return code, finished
+def _job(config, save_dir, folds, job, local_rank):
+    """(label, what it trains on, its settings, a test that it is finished) of job number `job`: a
+    fold, or after the folds the refit."""
+    if job == len(folds):
+        return ("refit", "every training subject, no validation",
+                _fold_config(config, save_dir, None, None, local_rank), _refit_finished)
+    return (f"fold {job + 1}/{len(folds)}", f"validating on subjects {folds[job]}",
+            _fold_config(config, save_dir, job, folds[job], local_rank),
+            lambda fold_config: _fold_finished(fold_config.output.save_dir, folds[job]))
 
 
 def _refit_finished(refit_config):

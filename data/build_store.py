@@ -39,7 +39,7 @@ from data.preprocess import RAW_CHANNELS, cut_windows, stream_channels, window_s
 from data.recordings import read_recording  # noqa: E402
 from data.resample import on_model_clock  # noqa: E402
 from data.splits import NPZ_TEST_FRACTION, NPZ_TEST_SEED, hold_out_subjects  # noqa: E402
-from data.store import SHARD_DIR, finish_store, shard_paths  # noqa: E402
+from data.store import SHARD_DIR, finish_store, shard_paths, write_atomic  # noqa: E402
 
 SHARD_WINDOWS = 8_192  # windows per shard file at most (19 MB of float16 9 x 128 windows)
 LABEL_RULE = ("a window takes the label most of its samples carry; windows whose most common label is no "
@@ -96,8 +96,7 @@ def parse(argv):
 def plan(source, options):
     """(jobs, layout): one job per subject's windows or per recording file, and what the manifest
     says of the whole source (channels, rate, test subjects, class names...)."""
-    if uci_har.find_root(source) is not None:
-        root = uci_har.find_root(source)
+    if (root := uci_har.find_root(source)) is not None:
         splits = {split: uci_har.load_split(root, split) for split in ("train", "test")}
         jobs = [job for split in splits.values() for job in _window_jobs(*split)]
         test = sorted(int(s) for s in np.unique(splits["test"][2]))
@@ -153,15 +152,18 @@ def run_job(arguments):
         signals, labels, subject = recording_windows(job["recording"], **job["options"])
     else:
         signals, labels, subject = job["signals"], job["labels"], job["subject"]
-    shards = []
+    shards, stored = [], signals.astype(dtype)
+    total, total_sq = np.zeros(stored.shape[1]), np.zeros(stored.shape[1])
     for part, first in enumerate(range(0, len(labels), SHARD_WINDOWS)):
         name = f"{job['name']}-{part:03d}"
         chunk = slice(first, first + SHARD_WINDOWS)
-        _write_shard(out, name, signals[chunk].astype(dtype), labels[chunk])
+        _write_shard(out, name, stored[chunk], labels[chunk])
         shards.append({"name": name, "windows": len(labels[chunk]), "subject": subject})
-    stored = signals.astype(dtype).astype(np.float64)  # the statistics of what the store holds
+        exact = stored[chunk].astype(np.float64)  # the statistics of what the store holds, a shard at a time
+        total += exact.sum(axis=(0, 2))
+        total_sq += (exact ** 2).sum(axis=(0, 2))
     record = {"name": job["name"], "subject": subject, "shards": shards, "windows": len(labels),
-              "sum": stored.sum(axis=(0, 2)).tolist(), "sum_sq": (stored ** 2).sum(axis=(0, 2)).tolist(),
+              "sum": total.tolist(), "sum_sq": total_sq.tolist(),
               "steps": int(stored.shape[0] * stored.shape[2]) if len(stored) else 0}
     _write_json(Path(out) / SHARD_DIR / f"{job['name']}.json", record)
     return record
@@ -237,17 +239,11 @@ def assemble_manifest(records, layout, options):
 
 def _write_shard(out, name, signals, labels):
     for part, array in (("signals", signals), ("labels", labels.astype(np.int8))):
-        path = shard_paths(out, name)[part]
-        partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(partial, "wb") as handle:
-            np.save(handle, np.ascontiguousarray(array))
-        os.replace(partial, path)
+        write_atomic(shard_paths(out, name)[part], lambda handle, array=array: np.save(handle, array))
 
 
 def _write_json(path, payload):
-    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    partial.write_text(json.dumps(payload))
-    os.replace(partial, path)
+    write_atomic(path, lambda handle: handle.write(json.dumps(payload).encode()))
 
 
 def _record(out, name):

@@ -164,9 +164,9 @@ def channel_names(mode):
 def hold_out_subjects(subjects, val_fraction, seed):
     """Choose round(fraction x subjects) training subjects (at least one) for validation; none for
     a fraction of 0 (every subject trains)."""
-    unique = np.unique(subjects)
     if val_fraction == 0:
         return np.zeros(0, dtype=np.int64)
+    unique = np.unique(subjects)
     if not 0 < val_fraction < 1:  # also rejects NaN
         raise DataError(f"--val-fraction must be at least 0 and below 1, got {val_fraction}")
     if len(unique) < 2:

@@ -45,23 +45,26 @@ def finish_store(root, manifest):
     """Make a built store usable: gather the shards' labels into labels.npy, then write manifest.json
     whole or not at all (a temporary file, then one rename)."""
     labels = [np.load(shard_paths(root, shard["name"])["labels"]) for shard in manifest["shards"]]
-    _write_atomic(Path(root) / LABELS, lambda handle: np.save(handle, np.concatenate(labels).astype(np.int8)))
+    write_atomic(Path(root) / LABELS, lambda handle: np.save(handle, np.concatenate(labels).astype(np.int8)))
     payload = json.dumps({"format": FORMAT, "version": VERSION, **manifest}, indent=1)
-    _write_atomic(Path(root) / MANIFEST, lambda handle: handle.write(payload.encode()))
+    write_atomic(Path(root) / MANIFEST, lambda handle: handle.write(payload.encode()))
 
 
-def _write_atomic(path, write):
+def write_atomic(path, write):
+    """write(handle) fills a temporary file that then replaces `path` in one rename: a reader sees
+    the old file or the whole new one, never a part (training's checkpoint/atomic.py does the same
+    for training's files; data/ does not import training/)."""
     partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(partial, "wb") as handle:
-        write(handle)
-    os.replace(partial, path)
+    try:
+        with open(partial, "wb") as handle:
+            write(handle)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 @dataclass
 class Shard:
-    name: str
-    windows: int
-    subject: int
     first: int  # global index of its first window in the store
     signals_path: Path
     data_offset: int  # bytes before the first window in the .npy file
@@ -103,7 +106,7 @@ class WindowStore:
                                 f"{offset + int(np.prod(shape)) * self.dtype.itemsize:,} bytes); rebuild the store")
             raise DataError(f"store {self.root}: {path} holds {held_dtype} {list(held_shape)} but the manifest says "
                             f"{self.dtype} {list(shape)}; the manifest and its shards disagree: rebuild the store")
-        return Shard(entry["name"], entry["windows"], entry["subject"], first, path, offset)
+        return Shard(first, path, offset)
 
     def _read_labels(self, windows):
         path = self.root / LABELS

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.optim.lr_scheduler import LambdaLR
 
+from profiling.comm_model import STRATEGIES
 from profiling.neighbour import READY
 from profiling.timing import NullTimer
 from profiling.workload import optimizer_step
@@ -97,7 +98,7 @@ def expected_maximum(samples, count):
     return sum(value * (((i + 1) / n) ** count - (i / n) ** count) for i, value in enumerate(ordered))
 
 
-WRAPPERS = ("ddp", "ddp_fp16", "fsdp")  # as comm_model.STRATEGIES
+WRAPPERS = STRATEGIES  # each strategy the advisor compares, timed as its wrapper
 WRAPPER_STEPS = 10  # the wrappers' own costs are per step: a few steps each tell them
 
 

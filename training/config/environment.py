@@ -3,7 +3,7 @@ import os
 
 import torch
 
-from training.config.cli import CUDA_GRAPH_MODES
+from training.config.cli import CUDA_GRAPH_MODES, SHARDED_OR_DDP
 from training.errors import UsageError
 
 
@@ -48,7 +48,7 @@ def check_parallel_args(config):
     if hardware.compile_mode in CUDA_GRAPH_MODES and device_type != "cuda":
         raise UsageError(f"--compile-mode {hardware.compile_mode} records CUDA graphs, which need a GPU; on "
                          f"{device_type} use --compile-mode default")
-    if multi_gpu not in ("ddp", "fsdp"):
+    if multi_gpu not in SHARDED_OR_DDP:
         if hardware.sync_bn:
             raise UsageError("--sync-bn only applies to --multi-gpu ddp")
         return device_type, None

@@ -3,7 +3,7 @@ ranks alike, in one line, instead of in one rank while the others wait in a coll
 from data.splits import load_har_data
 from training.checkpoint import files as ckpt
 from training.checkpoint.save_dir_lock import NoLock, SaveDirLock
-from training.config.cli import data_options, save_dir_of
+from training.config.cli import SHARDED_OR_DDP, data_options, save_dir_of
 from training.config.environment import check_parallel_args, distributed_env
 
 
@@ -18,7 +18,7 @@ def check_before_training(config, keep_lock=True):
     ckpt.check_save_dir(save_dir)
     # DDP ranks share one folder and rank 0 holds it for all; any other run (a cross-validation
     # fold under torchrun included) has a folder of its own to hold.
-    holder = config.parallel.multi_gpu not in ("ddp", "fsdp") or distributed_env()[0] == 0
+    holder = config.parallel.multi_gpu not in SHARDED_OR_DDP or distributed_env()[0] == 0
     lock = SaveDirLock(save_dir).acquire() if holder else NoLock()
     try:
         ckpt.load_resume_checkpoint(config.output.resume, save_dir, warn=lambda message: None)  # the run warns later
