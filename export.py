@@ -16,6 +16,8 @@ def main(argv):
     print(f"wrote {out} ({args.format}): input 'signals' float32 [batch, {len(bundle.channel_names)}, "
           f"{bundle.window_steps}] in raw units, channels {', '.join(bundle.channel_names)}; output 'logits' "
           f"[batch, {len(bundle.class_names)}] for {', '.join(bundle.class_names)}")
+    if bundle.members > 1:
+        print(f"the logits are the log of the {bundle.members} models' mean probabilities: softmax gives that mean")
     if difference is None:
         print("not checked: onnxruntime is not installed (pip install onnxruntime)")
     else:

@@ -4,7 +4,9 @@ Each fold is a normal training run in <save-dir>/fold-k/ validated on its fold's
 writes, resumes and reports like any run. With --refit one more run, <save-dir>/refit/, trains on
 every training subject with no hold-out for the same --epochs: the schedule and the weight
 average make the last epoch a sound choice, so it needs nothing from the folds and runs beside
-them. Folds (and the refit) are independent jobs: under torchrun each process takes every
+them. With --ensemble, rank 0 then joins the folds' best weights (and the refit's) into one
+<save-dir>/ensemble.pt and reports it on the test split in <save-dir>/test_report.json. Folds (and
+the refit) are independent jobs: under torchrun each process takes every
 world_size-th job on its own GPU, which is how several GPUs help a model this small; rank 0 then
 writes cv_report.json, prints the table and draws the pooled confusion.
 """
@@ -19,8 +21,12 @@ import torch.distributed as dist
 
 from data.splits import load_har_data
 from evaluation.figures import plot_confusion_matrix
-from evaluation.metrics import best_record, format_cv_table
+from evaluation.metrics import best_record, format_cv_table, format_people, format_report
+from inference.bundle import load_bundle
+from inference.ensemble import ENSEMBLE_FILE, write_ensemble
+from inference.evaluate import write_report
 from training.checkpoint.atomic import write_atomic
+from training.checkpoint.files import BEST
 from training.config.cli import data_options, save_dir_of
 from training.config.environment import distributed_env, resolve_device_type
 from training.errors import SAME_ON_EVERY_RANK, UsageError
@@ -78,8 +84,29 @@ def cross_validate(config):
         # Every rank gets here, finished or not, so none waits for a rank that has already left.
         finished = _all_ranks_finished(rank, world_size, finished)
     if rank == 0 and finished:
-        _write_summary(save_dir, folds, data.class_names, config.data.no_test, config.recipe.refit)
+        ensemble = _write_ensemble(config, save_dir, folds, data) if config.recipe.ensemble else None
+        _write_summary(save_dir, folds, data.class_names, config.data.no_test, config.recipe.refit, ensemble)
     return code
+
+
+def _write_ensemble(config, save_dir, folds, data):
+    """ensemble.pt of the folds' best.pt (and the refit's) and, unless --no-test, its test report in
+    the run's folder; returns what cv_report.json says of it."""
+    members = [save_dir / f"fold-{fold}" / BEST for fold in range(len(folds))]
+    if config.recipe.refit:
+        members.append(save_dir / REFIT_DIR / BEST)
+    path = write_ensemble(members, save_dir / ENSEMBLE_FILE, config.flags())
+    about = {"path": str(path), "members": [str(member.relative_to(save_dir)) for member in members]}
+    print(f"wrote {path}: {len(members)} models averaging their probabilities", flush=True)
+    if config.data.no_test:
+        return about
+    bundle = load_bundle(path)
+    device = torch.device(resolve_device_type(config.hardware.device))
+    report = write_report(bundle, data.test, device, save_dir, "test split, fold ensemble",
+                          {"checkpoint": str(path), "split": "test", "data": data.description})
+    print(f"test split, the ensemble:\n{format_report(report)}\n{format_people(report)}", flush=True)
+    return {**about, "test_accuracy": report["accuracy"], "test_macro_f1": report["macro_f1"],
+            "worst_subject": report["worst_subject"]}
 
 
 def _claim_folder(save_dir, folds, fresh, writer):
@@ -100,8 +127,10 @@ def _claim_folder(save_dir, folds, fresh, writer):
         write_atomic(record, lambda partial: Path(partial).write_text(json.dumps(folds)))
 
 
-def _write_summary(save_dir, folds, class_names, no_test, refit=False):
+def _write_summary(save_dir, folds, class_names, no_test, refit=False, ensemble=None):
     summary = summarise(save_dir, folds, class_names, use_test=not no_test, refit=refit)
+    if ensemble is not None:
+        summary["ensemble"] = ensemble
     (save_dir / REPORT).write_text(json.dumps(summary, indent=2))
     print(format_cv_table(summary), flush=True)
     try:

@@ -64,6 +64,13 @@ def format_report(report):
     return "\n".join(lines)
 
 
+def format_people(report):
+    """One line of a report's per-person accuracies, then its worst person."""
+    people, worst = report["per_subject"], report["worst_subject"]
+    return ("per person: " + ", ".join(f"{subject} {row['accuracy']:.3f}" for subject, row in people.items()) +
+            f"; worst: subject {worst} ({people[worst]['accuracy']:.3f})")
+
+
 def format_cv_table(summary):
     """The cross-validation summary as a console table: one row per fold, then mean, std, worst."""
     has_test = "test_mean" in summary
@@ -89,4 +96,8 @@ def format_cv_table(summary):
     if "test_accuracy" in refit:
         lines.append(f"test split, the refit on every training subject: accuracy {refit['test_accuracy']:.4f}, "
                      f"macro-F1 {refit['test_macro_f1']:.4f} ({refit['save_dir']})")
+    ensemble = summary.get("ensemble", {})
+    if "test_accuracy" in ensemble:
+        lines.append(f"test split, the ensemble of {len(ensemble['members'])} models: accuracy "
+                     f"{ensemble['test_accuracy']:.4f}, macro-F1 {ensemble['test_macro_f1']:.4f} ({ensemble['path']})")
     return "\n".join(lines)

@@ -1,24 +1,41 @@
-"""A checkpoint made ready for inference: the model in eval mode and what its windows need."""
+"""A checkpoint made ready for inference: a model that takes raw-unit windows, in eval mode, and what
+its windows need. A fold ensemble (inference/ensemble.py) loads into the same shape."""
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
 
 from models import SIZE_KNOBS, build_model
 from training.checkpoint.files import inference_weights, load_checkpoint
 from training.config.environment import resolve_device_type
 from training.errors import UsageError
 
-NEEDED_KEYS = ("model", "config", "normalization", "class_names", "channel_names", "in_channels",
-               "num_classes", "sample_rate_hz", "window_steps", "preprocessing")
+ENSEMBLE_KIND = "fold-ensemble"  # the "kind" of an ensemble checkpoint; single runs' checkpoints have none
+NEEDED_KEYS = ("config", "class_names", "channel_names", "in_channels", "num_classes", "sample_rate_hz",
+               "window_steps", "preprocessing")
+WEIGHT_KEYS = {None: ("model", "normalization"), ENSEMBLE_KIND: ("members",)}
+
+
+class RawUnitModel(nn.Module):
+    """(signals - mean) / std, then the model: raw-unit windows in, logits out."""
+
+    def __init__(self, model, mean, std):
+        super().__init__()
+        self.model = model
+        self.register_buffer("mean", torch.as_tensor(mean, dtype=torch.float32).reshape(1, -1, 1))
+        self.register_buffer("std", torch.as_tensor(std, dtype=torch.float32).reshape(1, -1, 1))
+
+    def forward(self, signals):
+        return self.model((signals - self.mean) / self.std)
 
 
 @dataclass
 class ModelBundle:
-    model: torch.nn.Module  # eval mode, on CPU until moved
-    mean: np.ndarray  # float32 [channels], raw units
+    model: torch.nn.Module  # raw-unit windows in, logits out; eval mode, on CPU until moved
+    mean: np.ndarray  # float32 [channels], raw units: the training windows' scale
     std: np.ndarray  # float32 [channels]
     class_names: tuple
     channel_names: tuple
@@ -27,9 +44,12 @@ class ModelBundle:
     preprocessing: str
     config: dict
     path: str
+    members: int = 1  # models whose probabilities are averaged: more than one for a fold ensemble
 
     def describe(self):
-        return (f"checkpoint {self.path}: {self.config.get('model')} on {len(self.channel_names)} channels "
+        models = f"ensemble of {self.members} {self.config.get('model')} models" if self.members > 1 \
+            else self.config.get("model")
+        return (f"checkpoint {self.path}: {models} on {len(self.channel_names)} channels "
                 f"({self.config.get('mode')}) x {self.window_steps} steps at {self.sample_rate_hz:g} Hz, "
                 f"{len(self.class_names)} classes")
 
@@ -42,24 +62,40 @@ def load_bundle(path):
     checkpoint = load_checkpoint(path)
     if not isinstance(checkpoint, dict):
         raise UsageError(f"{path} is not a checkpoint of this trainer; point --checkpoint at a best.pt or last.pt")
-    missing = [key for key in NEEDED_KEYS if key not in checkpoint]
+    kind = checkpoint.get("kind")
+    if kind not in WEIGHT_KEYS:
+        raise UsageError(f"checkpoint {path} is of kind {kind!r}, which this version of the trainer does not know; "
+                         "update the trainer")
+    missing = [key for key in (*NEEDED_KEYS, *WEIGHT_KEYS[kind]) if key not in checkpoint]
     if missing:
         raise UsageError(f"checkpoint {path} lacks {', '.join(missing)}, which predicting needs (it was written "
                          "by an older version, or is not a checkpoint of this trainer); retrain to get them")
-    config = checkpoint["config"]
-    mean = checkpoint["normalization"]["mean"].numpy().astype(np.float32)
-    std = checkpoint["normalization"]["std"].numpy().astype(np.float32)
-    model = build_model(config["model"], checkpoint["in_channels"], checkpoint["num_classes"],
+    if kind == ENSEMBLE_KIND:
+        from inference.ensemble import ensemble_model  # which builds its members with raw_unit_model below
+        model, mean, std = ensemble_model(checkpoint, path)
+    else:
+        model = raw_unit_model(checkpoint, inference_weights(checkpoint), path)
+        mean, std = model.mean.flatten().numpy(), model.std.flatten().numpy()
+    return ModelBundle(model.eval(), mean, std, tuple(checkpoint["class_names"]),
+                       tuple(checkpoint["channel_names"]), float(checkpoint["sample_rate_hz"]),
+                       int(checkpoint["window_steps"]), str(checkpoint["preprocessing"]), dict(checkpoint["config"]),
+                       str(path), len(checkpoint.get("members", [None])))
+
+
+def raw_unit_model(member, weights, path):
+    """The network a checkpoint (or an ensemble's member) describes, with its weights and its
+    normalisation in front."""
+    config = member["config"]
+    model = build_model(config["model"], member["in_channels"], member["num_classes"],
                         dropout=config.get("dropout", 0.0), norm=config.get("norm", "batch"),
                         **{knob: config.get(knob) for knob in SIZE_KNOBS})
     try:
-        model.load_state_dict(inference_weights(checkpoint))  # the moving average when the run kept one
+        model.load_state_dict(weights)
     except RuntimeError as exc:
         raise UsageError(f"checkpoint {path}: weights do not fit a {config['model']} model "
                          f"({str(exc).splitlines()[0]})") from None
-    return ModelBundle(model.eval(), mean, std, tuple(checkpoint["class_names"]),
-                       tuple(checkpoint["channel_names"]), float(checkpoint["sample_rate_hz"]),
-                       int(checkpoint["window_steps"]), str(checkpoint["preprocessing"]), dict(config), str(path))
+    normalization = member["normalization"]
+    return RawUnitModel(model, normalization["mean"].float(), normalization["std"].float())
 
 
 def require_sample_rate(bundle):
@@ -77,12 +113,10 @@ def pick_device(name):
 def probabilities(bundle, windows, device, batch_size=512):
     """Softmax class probabilities [N, classes] (float64) of raw-unit windows [N, C, T]."""
     model = bundle.model.to(device)
-    mean = torch.from_numpy(bundle.mean).to(device)[None, :, None]
-    std = torch.from_numpy(bundle.std).to(device)[None, :, None]
     chunks = []
     for first in range(0, len(windows), batch_size):
         batch = torch.from_numpy(windows[first:first + batch_size]).to(device)
-        chunks.append(torch.softmax(model((batch - mean) / std).double(), dim=1).cpu())
+        chunks.append(torch.softmax(model(batch).double(), dim=1).cpu())
     if not chunks:
         return np.zeros((0, len(bundle.class_names)))
     return torch.cat(chunks).numpy()

@@ -1,5 +1,6 @@
 """A checkpoint as one deployable file: raw-unit windows [B, C, T] in, logits out, with the
-normalisation inside, as TorchScript or ONNX (dynamic batch size)."""
+normalisation inside, as TorchScript or ONNX (dynamic batch size). A fold ensemble is one graph too:
+its logits are the log of its members' mean probabilities."""
 import contextlib
 import logging
 import warnings
@@ -7,30 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import nn
 
 from training.checkpoint.atomic import write_atomic
 from training.errors import UsageError
 
 ONNX_OPSET = 18  # the lowest the exporter built on torch.export writes without converting
 PARITY_BATCH = 3  # traced with one batch size, checked with another: the batch must stay dynamic
-
-
-class RawUnitModel(nn.Module):
-    """(signals - mean) / std, then the model: what the deployed file computes."""
-
-    def __init__(self, model, mean, std):
-        super().__init__()
-        self.model = model
-        self.register_buffer("mean", torch.as_tensor(mean, dtype=torch.float32).reshape(1, -1, 1))
-        self.register_buffer("std", torch.as_tensor(std, dtype=torch.float32).reshape(1, -1, 1))
-
-    def forward(self, signals):
-        return self.model((signals - self.mean) / self.std)
-
-
-def deployable(bundle):
-    return RawUnitModel(bundle.model, bundle.mean, bundle.std).eval()
 
 
 def example_windows(bundle, batch_size, seed=0):
@@ -41,7 +24,7 @@ def example_windows(bundle, batch_size, seed=0):
 
 
 def export_torchscript(bundle, path):
-    model = deployable(bundle)
+    model = bundle.model.eval()
     # torch.jit.trace warns that it is deprecated; it is still the one path whose file loads with
     # torch.jit.load alone. No grad while tracing: the transformer then records the same fused
     # inference path it takes in eval, so the traced graph does not depend on autograd state.
@@ -60,7 +43,7 @@ def export_onnx(bundle, path):
     except ImportError:
         raise UsageError("--format onnx needs the onnx and onnxscript packages: "
                          "pip install onnx onnxscript onnxruntime") from None
-    model = deployable(bundle)
+    model = bundle.model.eval()
     batch = torch.export.Dim("batch")
     # ONNX has no operator for PyTorch's fused transformer-layer kernel: export the plain layers.
     fastpath = torch.backends.mha.get_fastpath_enabled()
@@ -103,7 +86,7 @@ def run_exported(path, fmt, windows):
 
 def reference_logits(bundle, windows):
     with torch.no_grad():
-        return deployable(bundle)(torch.from_numpy(windows)).numpy()
+        return bundle.model.eval()(torch.from_numpy(windows)).numpy()
 
 
 def export(bundle, fmt, path):

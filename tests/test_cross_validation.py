@@ -13,7 +13,7 @@ from data.splits import load_har_data
 from training.errors import UsageError
 
 # 21 training subjects x 32 windows, 2 folds, 2 epochs, a checkpoint after every step.
-CV = [*TINY_DATA, "--cv-folds", "2", "--epochs", "2", "--no-test", "--save-every-steps", "1",
+CV = [*TINY_DATA, "--cv-folds", "2", "--ensemble", "--epochs", "2", "--no-test", "--save-every-steps", "1",
       "--augment", "rotate,scale,jitter,shift", "--ema-decay", "0.9"]
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # the parallel run's processes get one thread each too
 
@@ -88,6 +88,7 @@ def test_killed_cv_run_resumes_at_its_fold_and_step(uninterrupted, tmp_path):
                             env={**ONE_THREAD, "HAR_FAULT": "kill@save:30"})
     assert killed.returncode == -signal.SIGKILL
     assert (tmp_path / "fold-0" / "val_report.json").exists() and not (tmp_path / "cv_report.json").exists()
+    assert not (tmp_path / "ensemble.pt").exists()
     assert load_checkpoint(tmp_path / "fold-1" / "last.pt")["step"] < 20
     resumed = run_subprocess([sys.executable, "main.py", *CV, "--save-dir", tmp_path], env=ONE_THREAD)
     assert resumed.returncode == 0, resumed.stderr
@@ -103,6 +104,10 @@ def test_killed_cv_run_resumes_at_its_fold_and_step(uninterrupted, tmp_path):
             assert all(torch.equal(weights[name], other[name]) for name in weights), (fold, key)
     assert json.loads((tmp_path / "cv_report.json").read_text())["folds"] == \
         json.loads((expected_dir / "cv_report.json").read_text())["folds"]
+    expected, actual = (load_checkpoint(folder / "ensemble.pt")["members"] for folder in (expected_dir, tmp_path))
+    assert [member["source"] for member in actual] == [str(tmp_path / f"fold-{k}" / "best.pt") for k in (0, 1)]
+    for mine, theirs in zip(actual, expected):
+        assert all(torch.equal(mine["model"][name], theirs["model"][name]) for name in theirs["model"])
 
 
 def test_folds_and_the_refit_run_concurrently_under_torchrun_with_the_same_results(uninterrupted, tmp_path):
@@ -115,6 +120,7 @@ def test_folds_and_the_refit_run_concurrently_under_torchrun_with_the_same_resul
     assert report["folds"] == json.loads((expected_dir / "cv_report.json").read_text())["folds"]
     assert result.stdout.count("pooled accuracy") == 1  # rank 0 alone summarises
     assert report["refit"]["save_dir"] == str(tmp_path / "cv" / "refit")
+    assert report["ensemble"]["members"] == ["fold-0/best.pt", "fold-1/best.pt", "refit/best.pt"]
     # The refit is the plain run on every training subject: the same weights, bit for bit.
     alone = run_subprocess([sys.executable, "main.py", *CV[:CV.index("--cv-folds")], *CV[CV.index("--epochs"):],
                             "--val-fraction", "0", "--save-dir", tmp_path / "alone"], env=ONE_THREAD)
@@ -159,6 +165,7 @@ def test_a_paused_fold_stops_the_cv_run_until_the_same_command_runs_again(tmp_pa
     (["--augment", "rotate,mirror"], "unknown augmentation 'mirror'"),
     (["--ema-decay", "1"], "--ema-decay must be in [0, 1)"),
     (["--refit"], "--refit follows cross-validation"),
+    (["--ensemble"], "--ensemble joins the models of a cross-validation"),
     (["--val-fraction", "0", "--early-stopping-patience", "3"], "needs a validation split"),
     (["--val-fraction", "1"], "--val-fraction must be at least 0 and below 1"),
 ])

@@ -89,8 +89,8 @@ def test_recording_matches_the_model_on_the_same_windows(checkpoint, stream, tmp
     windows = recording_windows(bundle, Recording(acc, gyro, time_s, "r")).windows
     state = torch.load(checkpoint, weights_only=True)
     mean, std = state["normalization"]["mean"][None, :, None], state["normalization"]["std"][None, :, None]
-    with torch.no_grad():
-        expected = torch.softmax(bundle.model((torch.from_numpy(windows) - mean) / std), dim=1).numpy()
+    with torch.no_grad():  # the bare network, normalised here
+        expected = torch.softmax(bundle.model.model((torch.from_numpy(windows) - mean) / std), dim=1).numpy()
     rows = read_rows(tmp_path / "out" / "windows.csv")
     written = np.array([[float(row[name]) for name in CLASS_NAMES] for row in rows])
     np.testing.assert_allclose(written, expected, atol=1e-3)
@@ -167,7 +167,7 @@ def test_evaluation_without_training(checkpoint, tmp_path):
     normalised = (torch.from_numpy(signals) - state["normalization"]["mean"][None, :, None]) / \
         state["normalization"]["std"][None, :, None]
     with torch.no_grad():
-        predicted = load_bundle(checkpoint).model(normalised).argmax(dim=1).numpy()
+        predicted = load_bundle(checkpoint).model.model(normalised).argmax(dim=1).numpy()
     assert report["accuracy"] == pytest.approx(float(np.mean(predicted == labels)))
     assert (tmp_path / "eval" / "confusion_matrix.png").read_bytes()[:4] == b"\x89PNG"
     subjects = load_split(root, "test")[2]
@@ -342,7 +342,7 @@ def test_a_checkpoint_with_a_weight_average_predicts_with_the_average(tmp_path):
     torch.manual_seed(7)
     average = build_model("cnn1d", 9, len(CLASS_NAMES), dropout=0.0).state_dict()
     checkpoint = make_checkpoint(tmp_path / "ema.pt", ema={"weights": average, "updates": 12})
-    loaded = load_bundle(checkpoint).model.state_dict()
+    loaded = load_bundle(checkpoint).model.model.state_dict()  # the network inside the normalisation
     assert all(torch.equal(loaded[name], average[name]) for name in average)
     trained = torch.load(checkpoint, weights_only=True)["model"]
     assert not torch.equal(loaded["head.2.weight"], trained["head.2.weight"])  # not the trained weights

@@ -17,7 +17,13 @@ import torch
 from data.loaders import gathered_order, split_loaders
 from data.splits import HarData, fit_normalization, load_har_data, normalize
 from evaluation.figures import write_run_figures
-from evaluation.metrics import classification_report, format_report, per_subject_accuracy, summary_metrics
+from evaluation.metrics import (
+    classification_report,
+    format_people,
+    format_report,
+    per_subject_accuracy,
+    summary_metrics,
+)
 from models import build_model, count_parameters, resolve_size
 from training.checkpoint import files as ckpt
 from training.checkpoint.manager import CheckpointManager, restore_parts
@@ -238,9 +244,7 @@ class Trainer:
             return
         chosen = "best checkpoint by validation macro-F1" if self.has_validation else \
             "last epoch's weights: no validation split"
-        self.log.info(f"test split ({chosen}):\n" + format_report(report) + "\nper person: " +
-                      ", ".join(f"{subject} {row['accuracy']:.3f}" for subject, row in report["per_subject"].items()) +
-                      f"; worst: subject {report['worst_subject']}")
+        self.log.info(f"test split ({chosen}):\n" + format_report(report) + "\n" + format_people(report))
         self.log.info(f"wrote {self.save_dir / 'test_report.json'}")
 
     def close(self):

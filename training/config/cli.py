@@ -144,6 +144,9 @@ def build_parser(multi_gpu):
     group.add_argument("--refit", action="store_true",
                        help="with --cv-folds: also train one model on every training subject (no validation "
                             "hold-out, --epochs epochs) in <save-dir>/refit/, a job beside the folds")
+    group.add_argument("--ensemble", action="store_true",
+                       help="with --cv-folds: also write <save-dir>/ensemble.pt, the fold models (and the refit) "
+                            "averaging their probabilities, and its test report; predict.py and export.py take it")
 
     group = parser.add_argument_group("optimisation")
     group.add_argument("--epochs", type=int, default=20)
@@ -263,6 +266,8 @@ def check_args(args):
     if args.refit and not args.cv_folds:
         raise UsageError("--refit follows cross-validation (--cv-folds K); one run on every training subject is "
                          "--val-fraction 0")
+    if args.ensemble and not args.cv_folds:
+        raise UsageError("--ensemble joins the models of a cross-validation; add --cv-folds K")
     if args.cv_folds and args.val_subjects:
         raise UsageError("--cv-folds chooses the validation subjects of each fold; drop --val-subjects")
     if args.dataset == "synthetic" and args.data_dir:

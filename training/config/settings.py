@@ -67,6 +67,7 @@ class Recipe:
     label_smoothing: float
     cv_folds: int
     refit: bool  # after the folds, one model on every training subject
+    ensemble: bool  # after the folds, their models (and the refit) as one checkpoint
 
 
 @dataclass(frozen=True)
