@@ -106,7 +106,7 @@ def test_killed_cv_run_resumes_at_its_fold_and_step(uninterrupted, tmp_path):
         json.loads((expected_dir / "cv_report.json").read_text())["folds"]
     expected, actual = (load_checkpoint(folder / "ensemble.pt")["members"] for folder in (expected_dir, tmp_path))
     assert [member["source"] for member in actual] == [str(tmp_path / f"fold-{k}" / "best.pt") for k in (0, 1)]
-    for mine, theirs in zip(actual, expected):
+    for mine, theirs in zip(actual, expected, strict=True):
         assert all(torch.equal(mine["model"][name], theirs["model"][name]) for name in theirs["model"])
 
 

@@ -1,0 +1,93 @@
+"""The baseline a user would pick instead of this trainer: aeon's MiniRocket features (10,000 random
+dilated kernels) and a ridge classifier, on the same windows and the same subject-wise folds.
+
+With --folds K it fits on every other fold's subjects and scores each fold's people, the folds being
+those of `main.py --cv-folds K --seed S` on the same data; unless --no-test it also fits on every
+training subject and scores the test split. Per person, per fold, the worst person. aeon is a
+benchmark-only dependency (pip install aeon), never the trainer's.
+Example: python -m benchmarks.minirocket_baseline --data-dir ../hapt-dev-ucihar --folds 7 --json out.json
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from crossval.folds import fold_subjects  # noqa: E402
+from data.splits import load_har_data  # noqa: E402
+from evaluation.metrics import classification_report, per_subject_accuracy  # noqa: E402
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.minirocket_baseline", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-dir", required=True, help="a UCI HAR layout")
+    parser.add_argument("--folds", type=int, default=0, help="K > 1: subject-wise folds of the training subjects")
+    parser.add_argument("--seed", type=int, default=42, help="deals the folds, as main.py --seed does")
+    parser.add_argument("--kernel-seeds", default="0", help="comma-separated random_state of the kernels")
+    parser.add_argument("--mode", default="flatten", help="the channels, as main.py --mode")
+    parser.add_argument("--no-test", action="store_true")
+    parser.add_argument("--json", help="write the figures here")
+    opts = parser.parse_args(argv)
+    try:
+        from aeon.classification.convolution_based import MiniRocketClassifier
+    except ImportError:
+        parser.exit(2, "error: this benchmark needs aeon: pip install aeon\n")
+    data = load_har_data("uci-har", opts.data_dir, opts.mode, val_fraction=0.0)
+    train, test = data.train, data.test
+    print(f"{data.description}\naeon MiniRocketClassifier (10,000 kernels, ridge with its own alpha search)")
+    results = {"data": data.description, "runs": []}
+    for kernel_seed in (int(seed) for seed in opts.kernel_seeds.split(",")):
+        def score(train_mask, scored, about, kernel_seed=kernel_seed):
+            row = fit_and_score(MiniRocketClassifier(random_state=kernel_seed), data, train_mask, scored)
+            row = {"kernel_seed": kernel_seed, **about, **row}
+            worst = row["worst_subject"]
+            print(f"kernel seed {kernel_seed}, {about}: accuracy {row['accuracy']:.4f}, macro-F1 "
+                  f"{row['macro_f1']:.4f}, worst person {worst} ({row['per_subject'][worst]['accuracy']:.4f}), "
+                  f"{row['seconds']} s", flush=True)
+            results["runs"].append(row)
+            return row
+
+        if opts.folds > 1:
+            folds = fold_subjects(train.subjects, opts.folds, opts.seed)
+            rows = []
+            for fold, subjects in enumerate(folds):
+                held = np.isin(train.subjects, subjects)
+                rows.append(score(~held, _subset(train, held), {"fold": fold, "subjects": subjects}))
+            accuracies = [row["accuracy"] for row in rows]
+            people = {subject: figures for row in rows for subject, figures in row["per_subject"].items()}
+            worst = min(people, key=lambda subject: people[subject]["accuracy"])
+            print(f"kernel seed {kernel_seed}, {opts.folds} folds: mean {statistics.mean(accuracies):.4f} +- "
+                  f"{statistics.pstdev(accuracies):.4f}, worst fold {min(accuracies):.4f}, worst person "
+                  f"{worst} ({people[worst]['accuracy']:.4f})", flush=True)
+        if not opts.no_test:
+            score(np.ones(len(train), dtype=bool), test, {"split": "test"})
+    if opts.json:
+        Path(opts.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+def fit_and_score(classifier, data, train_mask, scored):
+    """Fit on the masked training windows, score `scored`: accuracy, macro-F1, each person, seconds."""
+    started = time.perf_counter()
+    classifier.fit(data.train.signals[train_mask].astype(np.float64), data.train.labels[train_mask])
+    predictions = classifier.predict(scored.signals.astype(np.float64))
+    report = classification_report(scored.labels, predictions, data.class_names)
+    people, worst = per_subject_accuracy(scored.labels, predictions, scored.subjects)
+    return {"accuracy": report["accuracy"], "macro_f1": report["macro_f1"], "per_subject": people,
+            "worst_subject": worst, "seconds": round(time.perf_counter() - started, 1)}
+
+
+def _subset(split, mask):
+    return argparse.Namespace(signals=split.signals[mask], labels=split.labels[mask], subjects=split.subjects[mask])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
