@@ -74,7 +74,7 @@ def load_bundle(path):
         from inference.ensemble import ensemble_model  # which builds its members with raw_unit_model below
         model, mean, std = ensemble_model(checkpoint, path)
     else:
-        model = raw_unit_model(checkpoint, inference_weights(checkpoint), path)
+        model = raw_unit_model(checkpoint, inference_weights(checkpoint), checkpoint["window_steps"], path)
         mean, std = model.mean.flatten().numpy(), model.std.flatten().numpy()
     return ModelBundle(model.eval(), mean, std, tuple(checkpoint["class_names"]),
                        tuple(checkpoint["channel_names"]), float(checkpoint["sample_rate_hz"]),
@@ -82,13 +82,13 @@ def load_bundle(path):
                        str(path), len(checkpoint.get("members", [None])))
 
 
-def raw_unit_model(member, weights, path):
+def raw_unit_model(member, weights, window_steps, path):
     """The network a checkpoint (or an ensemble's member) describes, with its weights and its
     normalisation in front."""
     config = member["config"]
     model = build_model(config["model"], member["in_channels"], member["num_classes"],
                         dropout=config.get("dropout", 0.0), norm=config.get("norm", "batch"),
-                        **{knob: config.get(knob) for knob in SIZE_KNOBS})
+                        window_steps=window_steps, **{knob: config.get(knob) for knob in SIZE_KNOBS})
     try:
         model.load_state_dict(weights)
     except RuntimeError as exc:

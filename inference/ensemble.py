@@ -54,7 +54,8 @@ def write_ensemble(member_paths, path, config):
 def ensemble_model(checkpoint, path):
     """(model, mean, std) of an ensemble checkpoint: the averaging model, and the members' mean scale
     of the raw windows (what example inputs are drawn at)."""
-    models = [raw_unit_model(member, member["model"], path) for member in checkpoint["members"]]
+    models = [raw_unit_model(member, member["model"], checkpoint["window_steps"], path)
+              for member in checkpoint["members"]]
     mean = torch.stack([model.mean.flatten() for model in models]).mean(dim=0)
     std = torch.stack([model.std.flatten() for model in models]).mean(dim=0)
     return ProbabilityAverage(models), mean.numpy(), std.numpy()

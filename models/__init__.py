@@ -1,22 +1,26 @@
 """HAR models and the registry that builds them by name."""
 from models.cnn1d import CNN1D
 from models.cnn_lstm import CNNLSTM
+from models.minirocket import MiniRocket
 from models.transformer import HARTransformer
 
-MODELS = {"cnn1d": CNN1D, "cnn_lstm": CNNLSTM, "transformer": HARTransformer}
+MODELS = {"cnn1d": CNN1D, "cnn_lstm": CNNLSTM, "transformer": HARTransformer, "minirocket": MiniRocket}
 NORMS = ("batch", "group", "none")
 SIZE_KNOBS = ("width", "depth", "heads", "ffn")  # each model says which it takes in SIZES
 
 
-def build_model(name, in_channels, num_classes, dropout=0.1, norm="batch", **size):
+def build_model(name, in_channels, num_classes, dropout=0.1, norm="batch", window_steps=128, **size):
     """Build a model by registry name; every model maps [B, in_channels, T] to [B, num_classes].
 
-    `size` holds width, depth, heads and ffn where given (None or absent: the model's default)."""
+    `size` holds width, depth, heads and ffn where given (None or absent: the model's default);
+    `window_steps` reaches the models whose layout depends on T (MiniRocket's dilations)."""
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
     if norm not in NORMS:
         raise ValueError(f"unknown norm {norm!r}; choose one of {', '.join(NORMS)}")
-    return MODELS[name](in_channels, num_classes, dropout=dropout, norm=norm, **resolve_size(name, **size))
+    model = MODELS[name]
+    shape = {"window_steps": window_steps} if getattr(model, "TAKES_WINDOW_STEPS", False) else {}
+    return model(in_channels, num_classes, dropout=dropout, norm=norm, **shape, **resolve_size(name, **size))
 
 
 def resolve_size(name, **size):

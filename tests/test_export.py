@@ -7,7 +7,7 @@ from inference_fixtures import make_checkpoint
 from test_bad_input import assert_refused, hostile_checkpoint
 from test_predict import run_script
 
-MODELS = ("cnn1d", "cnn_lstm", "transformer")
+MODELS = ("cnn1d", "cnn_lstm", "transformer", "minirocket")
 BATCH_SIZES = (1, 4, 9)
 
 

@@ -25,7 +25,7 @@ def test_the_matrix_covers_every_model_batch_and_precision_with_the_profilers_fl
     configurations = throughput.matrix()
     wanted = set(itertools.product(MODELS, BATCH_SIZES, PRECISIONS))
     assert {(c.model, c.batch_size, c.precision) for c in configurations} == wanted
-    assert len(configurations) == len(wanted) == 27
+    assert len(configurations) == len(wanted) == 36
     opts = throughput.parse(["--out", "unused.json"])
     assert (opts.device, (opts.warmup_steps, opts.steps, opts.repeats)) == ("cuda", FULL.profile)
     for config in configurations:

@@ -326,8 +326,13 @@ def _build_model(config, data, strategy, log):
     lays the model out and then laid out the same way."""
     settings = config.model
     torch.manual_seed(config.optim.seed)  # identical initial weights on every rank
-    model = build_model(settings.name, data.train.signals.shape[1], len(data.class_names), dropout=settings.dropout,
-                        norm=settings.norm, **settings.size()).to(strategy.device)
+    _, channels, window_steps = data.train.signals.shape
+    model = build_model(settings.name, channels, len(data.class_names), dropout=settings.dropout, norm=settings.norm,
+                        window_steps=window_steps, **settings.size()).to(strategy.device)
+    if hasattr(model, "fit"):
+        # Fixed parts that depend on the data (MiniRocket's biases), set once from the training
+        # windows, before the weight average copies the model; a resumed run then loads its own.
+        model.fit(torch.from_numpy(data.train.signals))
     gradient_mb = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad) / 2**20
     size = ", ".join(f"{knob} {value}" for knob, value in resolve_size(settings.name, **settings.size()).items())
     ema = build_weight_average(config.recipe, model)

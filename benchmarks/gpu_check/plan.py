@@ -4,13 +4,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # The throughput matrix, measured in one process by benchmarks.gpu_check.throughput.
-MODELS = ("cnn1d", "cnn_lstm", "transformer")
+MODELS = ("cnn1d", "cnn_lstm", "transformer", "minirocket")
 BATCH_SIZES = (32, 256, 1024)
 PRECISIONS = {"fp32": ["--no-amp"], "bf16": ["--amp", "--amp-dtype", "bf16"], "fp16": ["--amp", "--amp-dtype", "fp16"]}
 OVERHEAD_BATCHES = (32, 8)
 COMPILE_VARIANTS = {"eager": [], "compile": ["--compile"], "reduce-overhead": ["--compile-mode", "reduce-overhead"]}
 # Seconds per group, in running order; what a group leaves unused passes to the next. The total
-# leaves half a minute of the ten for start-up and writing. The matrix's 27 configurations share
+# leaves half a minute of the ten for start-up and writing. The matrix's 36 configurations share
 # one process. The overhead group gets the most: each compiled variant compiles the model twice
 # (trainer and minimal loop) before its rounds. None of these shares has been timed on a GPU yet.
 GROUP_BUDGET_S = {"tests": 170, "profile": 150, "data_path": 25, "ddp_profile": 25, "epoch": 25, "overhead": 175}

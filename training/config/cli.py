@@ -111,7 +111,8 @@ def build_parser(multi_gpu):
                             "depend on the batch split")
     group.add_argument("--width", type=int, default=None,
                        help="transformer: d_model (64); cnn1d: channels of its widest layers (128); cnn_lstm: "
-                            "filters and LSTM units (64)")
+                            "filters and LSTM units (64); minirocket: about this many random-kernel features "
+                            "(10000)")
     group.add_argument("--depth", type=int, default=None, help="transformer: encoder blocks (2)")
     group.add_argument("--heads", type=int, default=None,
                        help="transformer: attention heads (4); --width must be divisible by it")
@@ -266,6 +267,9 @@ def check_args(args):
     if args.refit and not args.cv_folds:
         raise UsageError("--refit follows cross-validation (--cv-folds K); one run on every training subject is "
                          "--val-fraction 0")
+    if args.model == "minirocket" and args.dataset == "store":
+        raise UsageError("--model minirocket sets its kernels' biases from the training windows in memory, which "
+                         "--dataset store streams from disk; use another --model, or --dataset npz")
     if args.ensemble and not args.cv_folds:
         raise UsageError("--ensemble joins the models of a cross-validation; add --cv-folds K")
     if args.cv_folds and args.val_subjects:

@@ -1,0 +1,97 @@
+"""MiniRocket features with a trained linear head: fixed random convolutions, a learnt classifier.
+
+After Dempster, Schmidt and Webb, "MiniRocket" (KDD 2021): 84 kernels of length 9 whose weights
+are -1 six times and 2 three times, each at a range of dilations, each applied to the sum of a
+random subset of the channels; the biases are quantiles of the convolution outputs on training
+windows; a feature is the proportion of positive values (PPV) of output + bias over time. Only the
+head learns: a linear layer over the standardised features. Kernels, channel subsets, dilations,
+biases and the feature statistics are buffers, so checkpoints, DDP, FSDP, ensembles, predict.py
+and export carry them like any weights; fit(signals) sets the data-dependent ones once, before
+training, from (normalised) training windows.
+"""
+import itertools
+
+import numpy as np
+import torch
+from torch import nn
+
+KERNEL_LENGTH = 9
+# The 84 kernels: every choice of three positions (of nine) that hold 2; the others hold -1.
+KERNEL_TWOS = tuple(itertools.combinations(range(KERNEL_LENGTH), 3))
+QUANTILE_SEED = 0  # the fit's draws (which windows and quantiles set the biases) are fixed
+
+
+class MiniRocket(nn.Module):
+    SIZES = ("width",)  # about this many features (rounded down to a multiple of 84)
+    TAKES_WINDOW_STEPS = True  # the dilations reach across the window
+
+    @staticmethod
+    def resolve_size(width=10_000):
+        if width < len(KERNEL_TWOS):
+            raise ValueError(f"--width {width} is below MiniRocket's {len(KERNEL_TWOS)} kernels: use at least that")
+        return {"features": width}
+
+    def __init__(self, in_channels, num_classes, dropout=0.1, norm="batch", features=10_000, window_steps=128,
+                 max_dilations=32):
+        super().__init__()
+        generator = torch.Generator().manual_seed(QUANTILE_SEED)
+        kernels = torch.full((len(KERNEL_TWOS), KERNEL_LENGTH), -1.0)
+        for index, twos in enumerate(KERNEL_TWOS):
+            kernels[index, list(twos)] = 2.0
+        # Dilations spread exponentially up to the window (its receptive field then spans it), each
+        # given a share of the features; a kernel at a dilation gets `per` biases.
+        largest = max(1.0, (window_steps - 1) / (KERNEL_LENGTH - 1))
+        dilations = np.unique(np.floor(np.logspace(0, np.log2(largest), max_dilations, base=2)).astype(int))
+        per = max(1, features // (len(KERNEL_TWOS) * len(dilations)))
+        self.dilations = [int(d) for d in dilations]
+        self.biases_per_kernel = per
+        # Each kernel at each dilation sums a random subset of channels (1 to all, a few usually).
+        subsets = torch.zeros(len(self.dilations), len(KERNEL_TWOS), in_channels)
+        for d in range(len(self.dilations)):
+            for k in range(len(KERNEL_TWOS)):
+                count = min(in_channels, int(2 ** torch.empty(1).uniform_(0, np.log2(in_channels + 1),
+                                                                           generator=generator)))
+                chosen = torch.randperm(in_channels, generator=generator)[:max(1, count)]
+                subsets[d, k, chosen] = 1.0
+        self.register_buffer("weights", subsets[:, :, :, None] * kernels[None, :, None, :])  # [D, 84, C, 9]
+        self.register_buffer("biases", torch.zeros(len(self.dilations), len(KERNEL_TWOS), per))
+        num_features = len(self.dilations) * len(KERNEL_TWOS) * per
+        self.register_buffer("feature_mean", torch.zeros(num_features))
+        self.register_buffer("feature_std", torch.ones(num_features))
+        self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(num_features, num_classes))
+
+    def transform(self, x):
+        """[B, C, T] -> PPV features [B, D x 84 x biases] (no gradient flows into them)."""
+        features = []
+        for d, dilation in enumerate(self.dilations):
+            # Every other dilation sees padded windows: MiniRocket alternates padding like this (over
+            # kernel-dilation pairs), so that features see both the edges and the middle.
+            padding = (KERNEL_LENGTH - 1) * dilation // 2 if d % 2 == 0 else 0
+            output = nn.functional.conv1d(x, self.weights[d], padding=padding, dilation=dilation)  # [B, 84, T']
+            positive = output[:, :, None, :] + self.biases[d][None, :, :, None] > 0  # [B, 84, biases, T']
+            features.append(positive.float().mean(dim=3).flatten(1))
+        return torch.cat(features, dim=1)
+
+    def forward(self, x):
+        with torch.no_grad():
+            features = (self.transform(x) - self.feature_mean) / self.feature_std
+        return self.head(features)
+
+    @torch.no_grad()
+    def fit(self, signals, max_windows=1024):
+        """Biases from quantiles of each kernel's output on random training windows, then the mean
+        and std of the features over those windows. `signals`: a float tensor [N, C, T]."""
+        generator = torch.Generator().manual_seed(QUANTILE_SEED)
+        sample = signals[torch.randperm(len(signals), generator=generator)[:max_windows]].to(self.weights.device)
+        quantiles = torch.rand(len(self.dilations), len(KERNEL_TWOS), self.biases_per_kernel, generator=generator)
+        for d, dilation in enumerate(self.dilations):
+            padding = (KERNEL_LENGTH - 1) * dilation // 2 if d % 2 == 0 else 0
+            for k in range(len(KERNEL_TWOS)):
+                # MiniRocket takes the quantiles of one random window's output per kernel.
+                window = sample[int(torch.randint(len(sample), (1,), generator=generator))][None]
+                output = nn.functional.conv1d(window, self.weights[d, k:k + 1], padding=padding,
+                                              dilation=dilation).flatten()
+                self.biases[d, k] = -torch.quantile(output, quantiles[d, k].to(output.device))
+        features = torch.cat([self.transform(chunk) for chunk in sample.split(256)])
+        self.feature_mean.copy_(features.mean(dim=0))
+        self.feature_std.copy_(features.std(dim=0).clamp_min(1e-3))

@@ -1,0 +1,81 @@
+"""--model minirocket: fixed random dilated kernels, PPV features, a trained linear head."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import TINY_DATA, load_checkpoint, run_in_process
+from models import build_model, count_parameters
+from models.minirocket import KERNEL_LENGTH
+
+
+@pytest.fixture
+def fitted():
+    torch.manual_seed(0)
+    model = build_model("minirocket", 9, 6, width=2520).eval()  # two biases per kernel and dilation
+    model.fit(torch.randn(64, 9, 128).cumsum(dim=2) * 0.1)  # random walks: smooth, unlike white noise
+    return model
+
+
+def ppv_by_hand(model, window, dilation_index, kernel, bias_index):
+    """One feature computed with numpy loops: the kernel's weights summed over its channels, dilated,
+    padded on the dilations that are padded, then the share of outputs above -bias."""
+    dilation = model.dilations[dilation_index]
+    weights = model.weights[dilation_index, kernel].numpy()  # [C, 9]
+    padding = (KERNEL_LENGTH - 1) * dilation // 2 if dilation_index % 2 == 0 else 0
+    signal = np.pad(window, ((0, 0), (padding, padding)))
+    span = (KERNEL_LENGTH - 1) * dilation
+    outputs = [sum(float(weights[:, tap] @ signal[:, start + tap * dilation]) for tap in range(KERNEL_LENGTH))
+               for start in range(signal.shape[1] - span)]
+    return float(np.mean(np.array(outputs) + float(model.biases[dilation_index, kernel, bias_index]) > 0))
+
+
+def test_features_are_the_proportion_of_positive_values_of_each_dilated_kernel(fitted):
+    window = np.cumsum(np.random.default_rng(1).normal(size=(9, 128)), axis=1).astype(np.float32) * 0.1
+    features = fitted.transform(torch.from_numpy(window)[None])[0].numpy()
+    per = fitted.biases_per_kernel
+    assert per == 2
+    for dilation_index, kernel, bias_index in ((0, 0, 0), (1, 37, 1), (len(fitted.dilations) - 1, 83, 1)):
+        index = (dilation_index * 84 + kernel) * per + bias_index
+        assert features[index] == pytest.approx(ppv_by_hand(fitted, window, dilation_index, kernel, bias_index),
+                                                abs=1e-6)
+
+
+def test_fit_sets_biases_from_the_data_and_only_the_head_learns(fitted):
+    features = fitted.transform(torch.randn(32, 9, 128).cumsum(dim=2) * 0.1)
+    # Quantile biases put most features strictly between "never" and "always" positive.
+    assert ((features > 0) & (features < 1)).float().mean() > 0.5
+    assert fitted.biases.abs().sum() > 0
+    assert count_parameters(fitted) == sum(p.numel() for p in fitted.head.parameters())
+    names = set(fitted.state_dict())  # the fixed parts travel with the checkpoint
+    assert {"weights", "biases", "feature_mean", "feature_std"} <= names
+
+
+def test_the_dilations_follow_the_window_length():
+    short, long = (build_model("minirocket", 9, 6, window_steps=steps) for steps in (64, 256))
+    assert max(short.dilations) * (KERNEL_LENGTH - 1) < 64 <= max(long.dilations) * (KERNEL_LENGTH - 1)
+    with pytest.raises(ValueError, match="--width 50 is below"):
+        build_model("minirocket", 9, 6, width=50)
+
+
+def test_a_trained_minirocket_predicts_what_its_test_report_says(tmp_path):
+    code, out, err = run_in_process("main.py", [*TINY_DATA[:-1], "minirocket", "--width", "840",
+                                                "--synthetic-windows-per-subject", "8", "--epochs", "2",
+                                                "--save-dir", tmp_path])
+    assert code == 0, err
+    checkpoint = load_checkpoint(tmp_path / "best.pt")
+    assert checkpoint["ema"]["weights"]["biases"].abs().sum() > 0  # fitted before the average copied it
+    assert torch.equal(checkpoint["ema"]["weights"]["biases"], checkpoint["model"]["biases"])
+    from data.splits import load_har_data
+    from inference.bundle import load_bundle, probabilities
+    test = load_har_data("synthetic", synthetic_windows_per_subject=8).test
+    predicted = probabilities(load_bundle(tmp_path / "best.pt"), test.signals, torch.device("cpu")).argmax(axis=1)
+    report = json.loads((tmp_path / "test_report.json").read_text())
+    assert report["accuracy"] == pytest.approx(float(np.mean(predicted == test.labels)))
+
+
+def test_minirocket_refuses_a_streamed_store(tmp_path):
+    code, _, err = run_in_process("main.py", ["--dataset", "store", "--data-dir", tmp_path, "--model", "minirocket",
+                                              "--save-dir", tmp_path / "run"])
+    assert code == 2 and "--model minirocket sets its kernels' biases" in err and "Traceback" not in err
