@@ -172,3 +172,29 @@ def test_a_paused_fold_stops_the_cv_run_until_the_same_command_runs_again(tmp_pa
 def test_bad_cv_and_recipe_flags_give_one_line(tmp_path, flags, message):
     code, _, err = run_in_process("main.py", [*TINY_DATA, *flags, "--save-dir", tmp_path / "bad"])
     assert code == 2 and message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_nested_outer_folds_hold_each_person_out_of_training_once(tmp_path):
+    from scripts.nested_cv import write_outer_folds
+    from test_bad_input import write_fake_uci
+    root = write_fake_uci(tmp_path / "UCI HAR Dataset")  # training subjects 1, 3, 5
+    files = write_outer_folds(root, tmp_path / "windows", folds=3, seed=0)
+    assert sorted(s for _, subjects in files for s in subjects) == [1, 3, 5]
+    for path, subjects in files:
+        data = load_har_data("npz", path, val_fraction=0.0)
+        assert sorted(set(data.test.subjects.tolist())) == subjects
+        assert not set(data.train.subjects.tolist()) & set(subjects)  # no outer person trains
+        assert len(data.train) + len(data.test) == 12  # every training window, the dataset's test split unused
+        assert data.channel_names == load_har_data("uci-har", root).channel_names
+    assert files == write_outer_folds(root, tmp_path / "windows", folds=3, seed=0)  # kept, not redealt
+
+
+def test_nested_summary_names_the_worst_fold_and_person():
+    from scripts.nested_cv import summarise
+    rows = [{"fold": 0, "accuracy": 0.9, "macro_f1": 0.8,
+             "per_subject": {"1": {"accuracy": 0.95}, "2": {"accuracy": 0.85}}},
+            {"fold": 1, "accuracy": 0.8, "macro_f1": 0.7, "per_subject": {"3": {"accuracy": 0.8}}}]
+    summary = summarise(rows, ["--epochs", "1"])
+    assert summary["mean"]["accuracy"] == pytest.approx(0.85) and summary["worst_fold"]["fold"] == 1
+    assert summary["worst_person"] == {"subject": "3", "accuracy": 0.8}
+    assert summary["people"] == {"median": 0.85, "below_0.9": 2}
