@@ -56,6 +56,7 @@ def main(argv=None):
         parser.error("--data-dir and --name are needed to run a configuration")
     files = write_outer_folds(opts.data_dir, out / "windows", opts.outer_folds, opts.seed)
     config_dir = out / opts.name
+    config_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     for fold, (path, subjects) in enumerate(files):
         run_dir = config_dir / f"outer-{fold}"
