@@ -73,8 +73,10 @@ class MiniRocket(nn.Module):
         return torch.cat(features, dim=1)
 
     def forward(self, x):
-        with torch.no_grad():
-            features = (self.transform(x) - self.feature_mean) / self.feature_std
+        # The features in fp32 whatever AMP is on: a bias fitted in fp32 sits within a rounding step
+        # of many bf16 outputs, and a flipped comparison is a changed feature.
+        with torch.no_grad(), torch.autocast(x.device.type, enabled=False):
+            features = (self.transform(x.float()) - self.feature_mean) / self.feature_std
         return self.head(features)
 
     @torch.no_grad()

@@ -79,3 +79,13 @@ def test_minirocket_refuses_a_streamed_store(tmp_path):
     code, _, err = run_in_process("main.py", ["--dataset", "store", "--data-dir", tmp_path, "--model", "minirocket",
                                               "--save-dir", tmp_path / "run"])
     assert code == 2 and "--model minirocket sets its kernels' biases" in err and "Traceback" not in err
+
+
+def test_features_stay_fp32_under_autocast(fitted):
+    seen = []
+    fitted.head.register_forward_hook(lambda module, inputs, output: seen.append(inputs[0]))
+    windows = torch.randn(8, 9, 128).cumsum(dim=2) * 0.1
+    fitted(windows)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fitted(windows)
+    assert seen[1].dtype == torch.float32 and torch.equal(seen[0], seen[1])  # not one comparison flipped
