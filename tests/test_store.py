@@ -152,6 +152,24 @@ def test_training_from_a_store_reaches_the_accuracy_of_the_same_windows_in_memor
     assert streamed > 0.5 and abs(streamed - memory) < 0.1, (streamed, memory)
 
 
+def test_minirocket_fits_its_biases_from_windows_read_from_the_store(store, tmp_path):
+    flags = ["--model", "minirocket", "--width", "840", "--epochs", "2", "--no-resume"]
+    code, out, err = run_in_process("main.py", [*flags, "--dataset", "store", "--data-dir", store,
+                                                "--save-dir", tmp_path / "streamed"])
+    assert code == 0, err
+    code, _, err = run_in_process("main.py", [*flags, "--dataset", "npz", "--data-dir", store.parent / "windows.npz",
+                                              "--save-dir", tmp_path / "memory"])
+    assert code == 0, err
+    streamed, memory = (load_checkpoint(tmp_path / name / "best.pt") for name in ("streamed", "memory"))
+    assert streamed["model"]["biases"].abs().sum() > 0
+    # The same kernels, biases from the same kind of windows: quantiles of similar outputs.
+    assert torch.equal(streamed["model"]["weights"], memory["model"]["weights"])
+    assert (streamed["model"]["biases"] - memory["model"]["biases"]).abs().median() < 0.5
+    accuracy = [json.loads((tmp_path / name / "test_report.json").read_text())["accuracy"]
+                for name in ("streamed", "memory")]
+    assert accuracy[0] > 0.5 and abs(accuracy[0] - accuracy[1]) < 0.1, accuracy
+
+
 def test_a_killed_store_run_resumes_bit_for_bit(store, tmp_path):
     straight = run_subprocess([*STREAM_RUN, "--data-dir", store, "--save-dir", tmp_path / "straight"])
     assert straight.returncode == 0, straight.stderr[-3000:]

@@ -267,9 +267,6 @@ def check_args(args):
     if args.refit and not args.cv_folds:
         raise UsageError("--refit follows cross-validation (--cv-folds K); one run on every training subject is "
                          "--val-fraction 0")
-    if args.model == "minirocket" and args.dataset == "store":
-        raise UsageError("--model minirocket sets its kernels' biases from the training windows in memory, which "
-                         "--dataset store streams from disk; use another --model, or --dataset npz")
     if args.ensemble and not args.cv_folds:
         raise UsageError("--ensemble joins the models of a cross-validation; add --cv-folds K")
     if args.cv_folds and args.val_subjects:
