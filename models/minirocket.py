@@ -1,4 +1,5 @@
-"""MiniRocket features with a trained linear head: fixed random convolutions, a learnt classifier.
+"""The default model: MiniRocket features with a trained linear head, fixed random convolutions
+and a learnt classifier.
 
 After Dempster, Schmidt and Webb, "MiniRocket" (KDD 2021): 84 kernels of length 9 whose weights
 are -1 six times and 2 three times, each at a range of dilations, each applied to the sum of a

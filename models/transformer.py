@@ -1,4 +1,4 @@
-"""The default model: a small Transformer encoder over tokens made by a strided convolutional
+"""A small Transformer encoder over tokens made by a strided convolutional
 stem (32 tokens for 128 steps)."""
 import torch
 import torch.nn.functional as F
