@@ -124,12 +124,13 @@ def test_a_100_hz_recording_is_resampled(checkpoint, tmp_path):
     assert float(windows[-1]["end_s"]) == pytest.approx(30.0, abs=0.02)
 
 
-@pytest.mark.parametrize("smooth", ["median", "hmm"])
+@pytest.mark.parametrize("smooth", [[], ["--smooth", "median"], ["--smooth", "hmm"], ["--smooth"]])
 def test_smoothing_gives_fewer_or_as_many_segments(checkpoint, recording, tmp_path, smooth):
-    assert predict(checkpoint, recording, tmp_path / "raw")[0] == 0
-    code, out, err = predict(checkpoint, recording, tmp_path / "smooth", "--smooth", smooth)
+    code, out, _ = predict(checkpoint, recording, tmp_path / "raw", "--smooth", "none")
+    assert code == 0 and " smoothing)" not in out
+    code, out, err = predict(checkpoint, recording, tmp_path / "smooth", *smooth)
     assert code == 0, err
-    assert f"{smooth} smoothing" in out
+    assert ("hmm smoothing" if smooth[-1:] in (["hmm"], ["--smooth"]) else "median smoothing") in out  # median: default
     assert len(read_rows(tmp_path / "smooth" / "timeline.csv")) <= len(read_rows(tmp_path / "raw" / "timeline.csv"))
 
 
