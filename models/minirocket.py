@@ -45,6 +45,10 @@ class MiniRocket(nn.Module):
         dilations = np.unique(np.floor(np.logspace(0, np.log2(largest), max_dilations, base=2)).astype(int))
         per = max(1, features // (len(KERNEL_TWOS) * len(dilations)))
         self.dilations = [int(d) for d in dilations]
+        # Every other dilation sees padded windows: MiniRocket alternates padding like this (over
+        # kernel-dilation pairs), so that features see both the edges and the middle.
+        self.paddings = [(KERNEL_LENGTH - 1) * d // 2 if index % 2 == 0 else 0
+                         for index, d in enumerate(self.dilations)]
         self.biases_per_kernel = per
         # Each kernel at each dilation sums a random subset of channels (1 to all, a few usually).
         subsets = torch.zeros(len(self.dilations), len(KERNEL_TWOS), in_channels)
@@ -64,10 +68,7 @@ class MiniRocket(nn.Module):
     def transform(self, x):
         """[B, C, T] -> PPV features [B, D x 84 x biases] (no gradient flows into them)."""
         features = []
-        for d, dilation in enumerate(self.dilations):
-            # Every other dilation sees padded windows: MiniRocket alternates padding like this (over
-            # kernel-dilation pairs), so that features see both the edges and the middle.
-            padding = (KERNEL_LENGTH - 1) * dilation // 2 if d % 2 == 0 else 0
+        for d, (dilation, padding) in enumerate(zip(self.dilations, self.paddings, strict=True)):
             output = nn.functional.conv1d(x, self.weights[d], padding=padding, dilation=dilation)  # [B, 84, T']
             positive = output[:, :, None, :] + self.biases[d][None, :, :, None] > 0  # [B, 84, biases, T']
             features.append(positive.float().mean(dim=3).flatten(1))
@@ -83,12 +84,13 @@ class MiniRocket(nn.Module):
     @torch.no_grad()
     def fit(self, signals, max_windows=1024):
         """Biases from quantiles of each kernel's output on random training windows, then the mean
-        and std of the features over those windows. `signals`: a float tensor [N, C, T]."""
+        and std of the features over those windows. `signals` [N, C, T]: an array, a tensor, or a
+        window store's signals; only the max_windows drawn are read."""
         generator = torch.Generator().manual_seed(QUANTILE_SEED)
-        sample = signals[torch.randperm(len(signals), generator=generator)[:max_windows]].to(self.weights.device)
+        positions = torch.randperm(len(signals), generator=generator)[:max_windows].numpy()
+        sample = torch.as_tensor(np.asarray(signals[positions], dtype=np.float32)).to(self.weights.device)
         quantiles = torch.rand(len(self.dilations), len(KERNEL_TWOS), self.biases_per_kernel, generator=generator)
-        for d, dilation in enumerate(self.dilations):
-            padding = (KERNEL_LENGTH - 1) * dilation // 2 if d % 2 == 0 else 0
+        for d, (dilation, padding) in enumerate(zip(self.dilations, self.paddings, strict=True)):
             for k in range(len(KERNEL_TWOS)):
                 # MiniRocket takes the quantiles of one random window's output per kernel.
                 window = sample[int(torch.randint(len(sample), (1,), generator=generator))][None]

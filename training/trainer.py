@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from data.loaders import gathered_order, split_loaders
@@ -46,7 +45,6 @@ from training.loop.step import TrainStep, build_adamw, compile_for_training, pre
 from training.reporting.logger import RunLogger
 
 EVAL_BATCH_MIN = 256
-FIT_POOL = 20_000  # training windows a model with data-dependent fixed parts may draw from
 
 
 def train(config):
@@ -333,11 +331,9 @@ def _build_model(config, data, strategy, log):
                         window_steps=window_steps, **settings.size()).to(strategy.device)
     if hasattr(model, "fit"):
         # Fixed parts that depend on the data (MiniRocket's biases), set once from the training
-        # windows, before the weight average copies the model; a resumed run then loads its own.
-        # A store's windows are read for it: at most FIT_POOL of them, spread over the split.
-        count = len(data.train)
-        positions = np.arange(count) if count <= FIT_POOL else np.linspace(0, count - 1, FIT_POOL).astype(np.int64)
-        model.fit(torch.from_numpy(np.asarray(data.train.signals[positions], dtype=np.float32)))
+        # windows (in memory or a store's), before the weight average copies the model; a resumed
+        # run then loads its own.
+        model.fit(data.train.signals)
     gradient_mb = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad) / 2**20
     size = ", ".join(f"{knob} {value}" for knob, value in resolve_size(settings.name, **settings.size()).items())
     ema = build_weight_average(config.recipe, model)
