@@ -85,7 +85,7 @@ def cross_validate(config):
         finished = _all_ranks_finished(rank, world_size, finished)
     if rank == 0 and finished:
         ensemble = _write_ensemble(config, save_dir, folds, data) if config.recipe.ensemble else None
-        _write_summary(save_dir, folds, data.class_names, config.data.no_test, config.recipe.refit, ensemble)
+        _write_summary(save_dir, folds, data.class_names, config, ensemble)
     return code
 
 
@@ -103,7 +103,8 @@ def _write_ensemble(config, save_dir, folds, data):
     bundle = load_bundle(path)
     device = torch.device(resolve_device_type(config.hardware.device))
     report = write_report(bundle, data.test, device, save_dir, "test split, fold ensemble",
-                          {"checkpoint": str(path), "split": "test", "data": data.description})
+                          {"checkpoint": str(path), "split": "test", "data": data.description},
+                          figure=config.output.figures)
     print(f"test split, the ensemble:\n{format_report(report)}\n{format_people(report)}", flush=True)
     return {**about, "test_accuracy": report["accuracy"], "test_macro_f1": report["macro_f1"],
             "worst_subject": report["worst_subject"]}
@@ -127,12 +128,15 @@ def _claim_folder(save_dir, folds, fresh, writer):
         write_atomic(record, lambda partial: Path(partial).write_text(json.dumps(folds)))
 
 
-def _write_summary(save_dir, folds, class_names, no_test, refit=False, ensemble=None):
-    summary = summarise(save_dir, folds, class_names, use_test=not no_test, refit=refit)
+def _write_summary(save_dir, folds, class_names, config, ensemble=None):
+    summary = summarise(save_dir, folds, class_names, use_test=not config.data.no_test, refit=config.recipe.refit)
     if ensemble is not None:
         summary["ensemble"] = ensemble
     (save_dir / REPORT).write_text(json.dumps(summary, indent=2))
     print(format_cv_table(summary), flush=True)
+    if not config.output.figures:
+        print(f"wrote {save_dir / REPORT}", flush=True)
+        return
     try:
         plot_confusion_matrix(summary["pooled_confusion_matrix"], summary["class_names"],
                               save_dir / "cv_confusion_matrix.png", title="held-out folds, pooled")

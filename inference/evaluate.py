@@ -35,9 +35,9 @@ def evaluate_checkpoint(args):
     return 0
 
 
-def write_report(bundle, split, device, out, title, about):
-    """test_report.json (with `about` in it) and confusion_matrix.png of the bundle on a split, in
-    folder `out`; returns the report."""
+def write_report(bundle, split, device, out, title, about, figure=True):
+    """test_report.json (with `about` in it) and, with `figure`, confusion_matrix.png of the bundle on
+    a split, in folder `out`; returns the report."""
     probs = probabilities(bundle, split.signals, device)
     predictions = probs.argmax(axis=1)
     loss = float(-np.log(np.clip(probs[np.arange(len(split)), split.labels], 1e-12, None)).mean())
@@ -46,8 +46,9 @@ def write_report(bundle, split, device, out, title, about):
               "per_subject": people, "worst_subject": worst, **about}
     write_atomic(out / "test_report.json",
                  lambda partial: Path(partial).write_text(json.dumps(report, indent=2)))
-    write_atomic(out / "confusion_matrix.png", lambda partial: plot_confusion_matrix(
-        report["confusion_matrix"], bundle.class_names, partial, title=title))
+    if figure:
+        write_atomic(out / "confusion_matrix.png", lambda partial: plot_confusion_matrix(
+            report["confusion_matrix"], bundle.class_names, partial, title=title))
     return report
 
 

@@ -16,7 +16,8 @@ sys.path.insert(0, str(REPO))
 # 17 training subjects x 32 windows = 544 windows: 17 full batches of 32, so every variant the
 # equivalence tests compare sees exactly the same samples in each optimizer step.
 # The model is pinned to cnn1d, the fastest on CPU: these runs test the trainer, not the default model.
-TINY_DATA = ["--dataset", "synthetic", "--synthetic-windows-per-subject", "32", "--model", "cnn1d"]
+# No PNGs (about a second a run, most of it matplotlib): the tests of the figures ask for them.
+TINY_DATA = ["--dataset", "synthetic", "--synthetic-windows-per-subject", "32", "--model", "cnn1d", "--no-figures"]
 
 
 def run_in_process(script, argv):

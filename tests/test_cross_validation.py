@@ -44,7 +44,7 @@ def test_a_folder_trained_with_other_folds_is_refused_unless_starting_over(tmp_p
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     save_dir = tmp_path_factory.mktemp("cv")
-    result = run_subprocess([sys.executable, "main.py", *CV, "--save-dir", save_dir], env=ONE_THREAD)
+    result = run_subprocess([sys.executable, "main.py", *CV, "--figures", "--save-dir", save_dir], env=ONE_THREAD)
     assert result.returncode == 0, result.stderr
     return save_dir, result.stdout
 
@@ -73,6 +73,7 @@ def test_report_summarises_the_folds(uninterrupted):
     assert report["std"]["accuracy"] == pytest.approx(np.std(accuracies))
     assert report["worst"]["accuracy"] == min(accuracies)
     assert (save_dir / "cv_confusion_matrix.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (save_dir / "fold-0" / "curves.png").is_file()
     # Every training person is validated once, by the fold that held them out.
     people = report["per_subject"]
     assert sorted(map(int, people)) == sorted(s for f in report["folds"] for s in f["subjects"])
@@ -93,6 +94,7 @@ def test_killed_cv_run_resumes_at_its_fold_and_step(uninterrupted, tmp_path):
     resumed = run_subprocess([sys.executable, "main.py", *CV, "--save-dir", tmp_path], env=ONE_THREAD)
     assert resumed.returncode == 0, resumed.stderr
     assert "fold 1/2 already finished" in resumed.stdout and "RESUMING" in resumed.stdout
+    assert not list(tmp_path.rglob("*.png"))  # --no-figures, for the folds and the summary alike
     expected_dir, _ = uninterrupted
     for fold in ("fold-0", "fold-1"):
         expected = load_checkpoint(expected_dir / fold / "last.pt")

@@ -60,7 +60,7 @@ def test_the_dilations_follow_the_window_length():
 
 
 def test_a_trained_minirocket_predicts_what_its_test_report_says(tmp_path):
-    code, out, err = run_in_process("main.py", [*TINY_DATA[:-1], "minirocket", "--width", "840",
+    code, out, err = run_in_process("main.py", [*TINY_DATA, "--model", "minirocket", "--width", "840",
                                                 "--synthetic-windows-per-subject", "8", "--epochs", "2",
                                                 "--save-dir", tmp_path])
     assert code == 0, err

@@ -183,7 +183,7 @@ def test_run_still_succeeds_when_drawing_fails(tmp_path, monkeypatch):
         raise RuntimeError("no fonts")
     monkeypatch.setattr(figures, "plot_curves", broken)
     code, _, err = run_in_process("main.py", [*TINY_DATA, "--synthetic-windows-per-subject", "8", "--epochs", "1",
-                                              "--save-dir", tmp_path])
+                                              "--figures", "--save-dir", tmp_path])
     assert code == 0, err
     assert "could not draw the run's figures (RuntimeError: no fonts)" in err
     assert (tmp_path / "test_report.json").is_file()

@@ -58,7 +58,8 @@ def train(config):
         outcome = trainer.fit()
         if outcome == "complete":
             trainer.report_best_weights()
-        if outcome != "preempted" and strategy.is_main:  # a preempted job's grace time is for saving
+        # A preempted job's grace time is for saving.
+        if outcome != "preempted" and strategy.is_main and config.output.figures:
             write_run_figures(trainer.save_dir, trainer.log.warn, use_test=not config.data.no_test)
         trainer.log.close()
         return EXIT_PREEMPTED if outcome == "preempted" else 0

@@ -193,6 +193,9 @@ def build_parser(multi_gpu):
                             "still planned for --epochs; resume later to continue")
     group.add_argument("--log-interval", type=int, default=10,
                        help="optimizer steps between progress-bar and TensorBoard loss updates")
+    group.add_argument("--figures", action=argparse.BooleanOptionalAction, default=True,
+                       help="draw curves.png and confusion_matrix.png (cv_confusion_matrix.png for --cv-folds) "
+                            "at the end of a run; --no-figures leaves matplotlib out, e.g. for sweeps")
     group.add_argument("--debug", action="store_true",
                        help="show full tracebacks instead of one-line errors")
     return parser

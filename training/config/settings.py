@@ -95,6 +95,7 @@ class Output:
     keep_last: int
     stop_after_epochs: int | None
     log_interval: int
+    figures: bool  # curves and confusion matrix PNGs at the end of a run
 
 
 @dataclass(frozen=True)
