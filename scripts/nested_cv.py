@@ -11,6 +11,10 @@ a single model's, or the ensemble's with --cv-folds --ensemble.
   python -m scripts.nested_cv --data-dir ../hapt-all21 --out runs/nested --name ensemble -- --cv-folds 5 --ensemble
   python -m scripts.nested_cv --out runs/nested --summary
 
+With --nproc-per-node N each outer fold's command runs under torchrun as N ranks
+(main_multi_gpu.py --multi-gpu ddp): inner folds (and the refit) then train one per rank, with the
+results of a sequential run, on N GPUs or N CPU cores.
+
 Each configuration's nested_report.json holds per outer fold its subjects, accuracy and macro-F1,
 every person's accuracy, the mean, the worst fold and the worst person. The same command again
 continues where a killed one stopped (finished outer folds are kept).
@@ -46,6 +50,8 @@ def main(argv=None):
     parser.add_argument("--name", help="this configuration's folder under --out")
     parser.add_argument("--outer-folds", type=int, default=7)
     parser.add_argument("--seed", type=int, default=42, help="deals the outer folds")
+    parser.add_argument("--nproc-per-node", type=int, default=1,
+                        help="ranks per outer fold's run (torchrun); inner folds train one per rank")
     parser.add_argument("--summary", action="store_true", help="print every configuration's figures and stop")
     opts = parser.parse_args(argv)
     out = Path(opts.out)
@@ -63,8 +69,7 @@ def main(argv=None):
         report_path = run_dir / "test_report.json"
         if not report_path.is_file():
             started = time.perf_counter()
-            command = [sys.executable, str(REPO / "main.py"), "--dataset", "npz", "--data-dir", str(path),
-                       "--save-dir", str(run_dir), *flags]
+            command = outer_command(path, run_dir, flags, opts.nproc_per_node)
             print(f"outer fold {fold + 1}/{len(files)} (people {subjects}): {' '.join(command[1:])}", flush=True)
             with open(config_dir / f"outer-{fold}.log", "w") as log:
                 code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
@@ -81,6 +86,15 @@ def main(argv=None):
     (config_dir / REPORT).write_text(json.dumps(summary, indent=2))
     print(format_summary(out, only=opts.name))
     return 0
+
+
+def outer_command(path, run_dir, flags, nproc_per_node=1):
+    """The training command of one outer fold: main.py, or N ranks of main_multi_gpu.py under torchrun."""
+    launch = [sys.executable, str(REPO / "main.py")]
+    if nproc_per_node > 1:
+        launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc_per_node}",
+                  str(REPO / "main_multi_gpu.py"), "--multi-gpu", "ddp"]
+    return [*launch, "--dataset", "npz", "--data-dir", str(path), "--save-dir", str(run_dir), *flags]
 
 
 def write_outer_folds(data_dir, folder, folds, seed):

@@ -200,3 +200,16 @@ def test_nested_summary_names_the_worst_fold_and_person():
     assert summary["mean"]["accuracy"] == pytest.approx(0.85) and summary["worst_fold"]["fold"] == 1
     assert summary["worst_person"] == {"subject": "3", "accuracy": 0.8}
     assert summary["people"] == {"median": 0.85, "below_0.9": 2}
+
+
+def test_nested_outer_fold_under_torchrun_is_a_ddp_run_of_the_same_flags(tmp_path):
+    from scripts.nested_cv import outer_command
+    from training.config.cli import parse_config
+    flags = ["--cv-folds", "5", "--ensemble", "--refit"]
+    alone = outer_command(tmp_path / "outer-0.npz", tmp_path / "run", flags)
+    ranked = outer_command(tmp_path / "outer-0.npz", tmp_path / "run", flags, nproc_per_node=2)
+    assert ranked[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    script = next(i for i, part in enumerate(ranked) if part.endswith("main_multi_gpu.py"))
+    config = parse_config(ranked[script + 1:], multi_gpu=True)
+    assert config.parallel.multi_gpu == "ddp"
+    assert alone[1].endswith("main.py") and config.replace(multi_gpu="none") == parse_config(alone[2:])
