@@ -11,13 +11,15 @@ import torch
 
 from data.splits import AXES
 
-AUGMENTATIONS = ("rotate", "scale", "jitter", "shift")
+AUGMENTATIONS = ("rotate", "flip", "scale", "jitter", "shift")
 
 
 @dataclass
 class AugmentConfig:
     kinds: tuple = AUGMENTATIONS  # which of AUGMENTATIONS to apply, in that order
     rotate_deg: float = 10.0  # rotation angle about a random axis, uniform in +-rotate_deg
+    # flip: half the windows turned half a turn about the x axis (y and z change sign), as if
+    # the phone faced the other way; no strength to set.
     scale: float = 0.1  # amplitude factor uniform in 1 +- scale, one per window
     jitter: float = 0.02  # Gaussian noise, in units of each channel's standard deviation
     shift_steps: int = 8  # circular time shift, uniform in +-shift_steps samples
@@ -57,9 +59,10 @@ class BatchAugmenter:
     def __init__(self, config, mean, std, channel_names):
         self.config = config
         self.triples = torch.tensor(sensor_triples(channel_names), dtype=torch.long)
-        if "rotate" in config.kinds and len(self.triples) == 0:
-            raise ValueError("rotation needs x/y/z channel triples; these channels have none "
-                             f"({', '.join(channel_names)}): leave 'rotate' out of --augment")
+        turning = [kind for kind in ("rotate", "flip") if kind in config.kinds]
+        if turning and len(self.triples) == 0:
+            raise ValueError(f"{turning[0]} needs x/y/z channel triples; these channels have none "
+                             f"({', '.join(channel_names)}): leave it out of --augment")
         self.mean = torch.as_tensor(mean, dtype=torch.float32).reshape(1, -1, 1)
         self.std = torch.as_tensor(std, dtype=torch.float32).reshape(1, -1, 1)
 
@@ -69,11 +72,13 @@ class BatchAugmenter:
 
     def __call__(self, signals):
         kinds = self.config.kinds
-        if "rotate" in kinds or "scale" in kinds:
+        if "rotate" in kinds or "flip" in kinds or "scale" in kinds:
             # Rotation and gain act on the raw units (gravity included), not on normalised ones.
             raw = signals * self.std + self.mean
             if "rotate" in kinds:
                 raw = self._rotate(raw)
+            if "flip" in kinds:
+                raw = self._flip(raw)
             if "scale" in kinds:
                 raw = self._scale(raw)
             signals = (raw - self.mean) / self.std
@@ -89,6 +94,14 @@ class BatchAugmenter:
         grouped = raw[:, self.triples]  # [B, sensors, 3, T]
         turned = torch.einsum("bij,bsjt->bsit", rotation, grouped)
         return raw.index_copy(1, self.triples.reshape(-1), turned.reshape(batch, -1, raw.shape[-1]))
+
+    def _flip(self, raw):
+        # Half a turn about x, a proper rotation: a phone worn facing in or out, or a person lying
+        # face down where the training people lay face up, sees gravity's y and z reversed.
+        batch = raw.shape[0]
+        sign = 1 - 2 * torch.randint(0, 2, (batch, 1, 1), device=raw.device, dtype=raw.dtype)
+        turned = self.triples[:, 1:].reshape(-1)  # every sensor's y and z
+        return raw.index_copy(1, turned, raw[:, turned] * sign)
 
     def _scale(self, raw):
         # One gain per window: sensors differ in sensitivity and people in how hard they move.

@@ -59,6 +59,19 @@ def test_rotation_turns_every_sensor_together_and_keeps_lengths():
     assert torch.allclose(solution @ before[window, 0:3], after[window, 0:3], atol=1e-3)
 
 
+def test_flip_turns_every_sensor_of_a_window_half_a_turn_about_x_or_none():
+    signals = batch(size=64)
+    torch.manual_seed(5)
+    before, after = raw_of(signals), raw_of(augmenter("flip")(signals))
+    flipped = (after[:, 7] - before[:, 7]).abs().amax(dim=1) > 1e-3  # total_acc_y changed sign
+    assert 16 < flipped.sum() < 48  # about half the windows
+    for y, z in ((1, 2), (4, 5), (7, 8)):  # every sensor of a flipped window, none of the others
+        for axis in (y, z):
+            assert torch.allclose(after[flipped, axis], -before[flipped, axis], atol=1e-4)
+            assert torch.allclose(after[~flipped, axis], before[~flipped, axis], atol=1e-4)
+    assert torch.allclose(after[:, (0, 3, 6)], before[:, (0, 3, 6)], atol=1e-4)  # x stays
+
+
 def test_scale_multiplies_the_raw_signal_by_one_factor_per_window():
     signals = batch()
     torch.manual_seed(2)
