@@ -13,7 +13,9 @@ a single model's, or the ensemble's with --cv-folds --ensemble.
 
 With --nproc-per-node N each outer fold's command runs under torchrun as N ranks
 (main_multi_gpu.py --multi-gpu ddp): inner folds (and the refit) then train one per rank, with the
-results of a sequential run, on N GPUs or N CPU cores.
+results of a sequential run, on N GPUs or N CPU cores. --outer-only 5,2 trains only those outer
+folds (one job each on a cluster, say); the report covers every outer fold finished so far and
+says how many of all those are.
 
 Each configuration's nested_report.json holds per outer fold its subjects, accuracy and macro-F1,
 every person's accuracy, the mean, the worst fold and the worst person. The same command again
@@ -52,6 +54,8 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=42, help="deals the outer folds")
     parser.add_argument("--nproc-per-node", type=int, default=1,
                         help="ranks per outer fold's run (torchrun); inner folds train one per rank")
+    parser.add_argument("--outer-only", type=_fold_list, default=None,
+                        help="comma-separated outer folds (from 0) to train now; the others are left as they are")
     parser.add_argument("--summary", action="store_true", help="print every configuration's figures and stop")
     opts = parser.parse_args(argv)
     out = Path(opts.out)
@@ -67,6 +71,8 @@ def main(argv=None):
     for fold, (path, subjects) in enumerate(files):
         run_dir = config_dir / f"outer-{fold}"
         report_path = run_dir / "test_report.json"
+        if not report_path.is_file() and opts.outer_only is not None and fold not in opts.outer_only:
+            continue
         if not report_path.is_file():
             started = time.perf_counter()
             command = outer_command(path, run_dir, flags, opts.nproc_per_node)
@@ -82,7 +88,10 @@ def main(argv=None):
                      "macro_f1": report["macro_f1"], "per_subject": report["per_subject"],
                      "wall_s": float((run_dir / "wall_s.txt").read_text()) if (run_dir / "wall_s.txt").is_file()
                      else None})
-    summary = summarise(rows, flags)
+    if not rows:
+        print("no outer fold finished yet")
+        return 0
+    summary = summarise(rows, flags, len(files))
     (config_dir / REPORT).write_text(json.dumps(summary, indent=2))
     print(format_summary(out, only=opts.name))
     return 0
@@ -116,12 +125,19 @@ def write_outer_folds(data_dir, folder, folds, seed):
     return files
 
 
-def summarise(rows, flags):
+def _fold_list(text):
+    try:
+        return {int(part) for part in text.split(",") if part.strip()}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated outer fold numbers, got {text!r}") from None
+
+
+def summarise(rows, flags, outer_folds=None):
     people = {subject: figures for row in rows for subject, figures in row["per_subject"].items()}
     worst_fold = min(rows, key=lambda row: row["accuracy"])
     worst_person = min(people, key=lambda subject: people[subject]["accuracy"])
     accuracies = [figures["accuracy"] for figures in people.values()]
-    return {"flags": flags, "folds": rows,
+    return {"flags": flags, "folds": rows, "outer_folds": outer_folds or len(rows),  # of which `folds` finished
             "mean": {"accuracy": statistics.mean(row["accuracy"] for row in rows),
                      "macro_f1": statistics.mean(row["macro_f1"] for row in rows)},
             "worst_fold": {"fold": worst_fold["fold"], "accuracy": worst_fold["accuracy"],
@@ -136,7 +152,10 @@ def format_summary(out, only=None):
     for report_path in sorted(Path(out).glob(f"{only or '*'}/{REPORT}")):
         summary = json.loads(report_path.read_text())
         worst = summary["worst_person"]
-        lines.append(f"{report_path.parent.name:<22} {summary['mean']['accuracy']:>10.4f} "
+        name, finished = report_path.parent.name, len(summary["folds"])
+        if finished < summary.get("outer_folds", finished):
+            name += f" ({finished} of {summary['outer_folds']})"
+        lines.append(f"{name:<22} {summary['mean']['accuracy']:>10.4f} "
                      f"{summary['mean']['macro_f1']:>8.4f} {summary['worst_fold']['accuracy']:>10.4f} "
                      f"{worst['accuracy']:>8.4f} ({worst['subject']:>3}) {summary['people']['median']:>13.4f}  "
                      f"{' '.join(summary['flags']) or '(defaults)'}")

@@ -191,15 +191,19 @@ def test_nested_outer_folds_hold_each_person_out_of_training_once(tmp_path):
     assert files == write_outer_folds(root, tmp_path / "windows", folds=3, seed=0)  # kept, not redealt
 
 
-def test_nested_summary_names_the_worst_fold_and_person():
-    from scripts.nested_cv import summarise
+def test_nested_summary_names_the_worst_fold_and_person(tmp_path):
+    from scripts.nested_cv import REPORT, format_summary, summarise
     rows = [{"fold": 0, "accuracy": 0.9, "macro_f1": 0.8,
              "per_subject": {"1": {"accuracy": 0.95}, "2": {"accuracy": 0.85}}},
             {"fold": 1, "accuracy": 0.8, "macro_f1": 0.7, "per_subject": {"3": {"accuracy": 0.8}}}]
-    summary = summarise(rows, ["--epochs", "1"])
+    summary = summarise(rows, ["--epochs", "1"], outer_folds=7)
     assert summary["mean"]["accuracy"] == pytest.approx(0.85) and summary["worst_fold"]["fold"] == 1
+    assert summary["outer_folds"] == 7 and len(summary["folds"]) == 2  # a partial estimate says so
     assert summary["worst_person"] == {"subject": "3", "accuracy": 0.8}
     assert summary["people"] == {"median": 0.85, "below_0.9": 2}
+    (tmp_path / "partial").mkdir()
+    (tmp_path / "partial" / REPORT).write_text(json.dumps(summary))
+    assert "partial (2 of 7)" in format_summary(tmp_path)
 
 
 def test_nested_outer_fold_under_torchrun_is_a_ddp_run_of_the_same_flags(tmp_path):
