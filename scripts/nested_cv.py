@@ -71,9 +71,9 @@ def main(argv=None):
     for fold, (path, subjects) in enumerate(files):
         run_dir = config_dir / f"outer-{fold}"
         report_path = run_dir / "test_report.json"
-        if not report_path.is_file() and opts.outer_only is not None and fold not in opts.outer_only:
-            continue
         if not report_path.is_file():
+            if opts.outer_only is not None and fold not in opts.outer_only:
+                continue
             started = time.perf_counter()
             command = outer_command(path, run_dir, flags, opts.nproc_per_node)
             print(f"outer fold {fold + 1}/{len(files)} (people {subjects}): {' '.join(command[1:])}", flush=True)
