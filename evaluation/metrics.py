@@ -26,10 +26,14 @@ def _ratio(numerator, denominator):
 
 def summary_metrics(labels, predictions, num_classes):
     """Accuracy and macro-F1 (over every class, present or not), the figures logged every epoch."""
-    if len(labels) == 0:
+    return _summary(confusion_matrix(labels, predictions, num_classes))
+
+
+def _summary(matrix):
+    total = matrix.sum()
+    if total == 0:
         return {"acc": 0.0, "macro_f1": 0.0}
-    matrix = confusion_matrix(labels, predictions, num_classes)
-    return {"acc": float(np.trace(matrix) / len(labels)), "macro_f1": float(per_class_scores(matrix)[2].mean())}
+    return {"acc": float(np.trace(matrix) / total), "macro_f1": float(per_class_scores(matrix)[2].mean())}
 
 
 def per_subject_accuracy(labels, predictions, subjects):
@@ -54,7 +58,7 @@ def classification_report(labels, predictions, class_names):
     """The JSON-ready test report: overall figures, per-class figures and the confusion matrix."""
     matrix = confusion_matrix(labels, predictions, len(class_names))
     precision, recall, f1, support = per_class_scores(matrix)
-    summary = summary_metrics(labels, predictions, len(class_names))
+    summary = _summary(matrix)  # the same matrix, not counted again
     return {
         "accuracy": summary["acc"], "macro_f1": summary["macro_f1"],  # named as scikit-learn names them
         "num_samples": int(len(labels)),
