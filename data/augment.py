@@ -18,11 +18,13 @@ AUGMENTATIONS = ("rotate", "flip", "scale", "jitter", "shift")
 class AugmentConfig:
     kinds: tuple = AUGMENTATIONS  # which of AUGMENTATIONS to apply, in that order
     rotate_deg: float = 10.0  # rotation angle about a random axis, uniform in +-rotate_deg
-    # flip: half the windows turned half a turn about the x axis (y and z change sign), as if
-    # the phone faced the other way; no strength to set.
     scale: float = 0.1  # amplitude factor uniform in 1 +- scale, one per window
     jitter: float = 0.02  # Gaussian noise, in units of each channel's standard deviation
     shift_steps: int = 8  # circular time shift, uniform in +-shift_steps samples
+    # flip: half the windows turned half a turn about the x axis (y and z change sign), as if the
+    # phone faced the other way or the person lay face down; flip_classes names the classes whose
+    # windows it may turn (any case), () every class.
+    flip_classes: tuple = ()
 
 
 def parse_kinds(text):
@@ -56,21 +58,26 @@ class BatchAugmenter:
     angles keep gravity's direction, which separates the postures, meaningful.
     """
 
-    def __init__(self, config, mean, std, channel_names):
+    def __init__(self, config, mean, std, channel_names, class_names=()):
         self.config = config
         self.triples = torch.tensor(sensor_triples(channel_names), dtype=torch.long)
         turning = [kind for kind in ("rotate", "flip") if kind in config.kinds]
         if turning and len(self.triples) == 0:
             raise ValueError(f"{turning[0]} needs x/y/z channel triples; these channels have none "
                              f"({', '.join(channel_names)}): leave it out of --augment")
+        # [classes] bool: the labels whose windows flip may turn; None: every window.
+        self.flippable = flippable_classes(config.flip_classes, class_names) if config.flip_classes else None
         self.mean = torch.as_tensor(mean, dtype=torch.float32).reshape(1, -1, 1)
         self.std = torch.as_tensor(std, dtype=torch.float32).reshape(1, -1, 1)
 
     def to(self, device):
         self.triples, self.mean, self.std = (t.to(device) for t in (self.triples, self.mean, self.std))
+        if self.flippable is not None:
+            self.flippable = self.flippable.to(device)
         return self
 
-    def __call__(self, signals):
+    def __call__(self, signals, labels=None):
+        """Augmented copies of `signals`; `labels` [B] are needed when flip is limited to some classes."""
         kinds = self.config.kinds
         if "rotate" in kinds or "flip" in kinds or "scale" in kinds:
             # Rotation and gain act on the raw units (gravity included), not on normalised ones.
@@ -78,7 +85,7 @@ class BatchAugmenter:
             if "rotate" in kinds:
                 raw = self._rotate(raw)
             if "flip" in kinds:
-                raw = self._flip(raw)
+                raw = self._flip(raw, labels)
             if "scale" in kinds:
                 raw = self._scale(raw)
             signals = (raw - self.mean) / self.std
@@ -95,11 +102,14 @@ class BatchAugmenter:
         turned = torch.einsum("bij,bsjt->bsit", rotation, grouped)
         return raw.index_copy(1, self.triples.reshape(-1), turned.reshape(batch, -1, raw.shape[-1]))
 
-    def _flip(self, raw):
+    def _flip(self, raw, labels):
         # Half a turn about x, a proper rotation: a phone worn facing in or out, or a person lying
         # face down where the training people lay face up, sees gravity's y and z reversed.
         batch = raw.shape[0]
         sign = 1 - 2 * torch.randint(0, 2, (batch, 1, 1), device=raw.device, dtype=raw.dtype)
+        if self.flippable is not None:
+            # Drawn for every window first, so that the random stream does not depend on the labels.
+            sign = torch.where(self.flippable[labels].reshape(-1, 1, 1), sign, torch.ones_like(sign))
         turned = self.triples[:, 1:].reshape(-1)  # every sensor's y and z
         return raw.index_copy(1, turned, raw[:, turned] * sign)
 
@@ -114,6 +124,16 @@ class BatchAugmenter:
         shifts = torch.randint(-limit, limit + 1, (batch, 1, 1), device=signals.device)
         index = (torch.arange(steps, device=signals.device).reshape(1, 1, -1) - shifts) % steps
         return signals.gather(2, index.expand_as(signals))
+
+
+def flippable_classes(names, class_names):
+    """[len(class_names)] bool, True for the classes named (case aside); ValueError for a name the
+    data does not have."""
+    known = [name.upper() for name in class_names]
+    missing = [name for name in names if name.upper() not in known]
+    if missing:
+        raise ValueError(f"no class {missing[0]!r} in this data (its classes: {', '.join(class_names)})")
+    return torch.tensor([name in {n.upper() for n in names} for name in known])
 
 
 def random_rotations(batch, max_angle_rad, device):

@@ -7,6 +7,7 @@ from torch import nn
 
 from data.augment import AugmentConfig, BatchAugmenter, parse_kinds, random_rotations, sensor_triples
 from data.splits import channel_names
+from data.uci_har import CLASS_NAMES
 from training.checkpoint.rng_state import seed_epoch
 from training.loop.ema import WeightAverage
 
@@ -70,6 +71,41 @@ def test_flip_turns_every_sensor_of_a_window_half_a_turn_about_x_or_none():
             assert torch.allclose(after[flipped, axis], -before[flipped, axis], atol=1e-4)
             assert torch.allclose(after[~flipped, axis], before[~flipped, axis], atol=1e-4)
     assert torch.allclose(after[:, (0, 3, 6)], before[:, (0, 3, 6)], atol=1e-4)  # x stays
+
+
+def test_flip_limited_to_some_classes_turns_only_their_windows_with_the_same_draws():
+    signals, labels = batch(size=64), torch.arange(64) % 6  # LAYING is class 5
+    torch.manual_seed(5)
+    everyone = raw_of(augmenter("flip")(signals))
+    torch.manual_seed(5)
+    limited = BatchAugmenter(AugmentConfig(kinds=("flip",), flip_classes=("laying",)), MEAN, STD, NINE,
+                             CLASS_NAMES)
+    only_laying = raw_of(limited(signals, labels))
+    laying = labels == 5
+    assert torch.allclose(only_laying[laying], everyone[laying], atol=1e-5)  # same draws for LAYING
+    assert torch.allclose(only_laying[~laying], raw_of(signals)[~laying], atol=1e-5)  # others untouched
+    assert (everyone[~laying] - raw_of(signals)[~laying]).abs().amax() > 0.1  # which flip would have turned
+
+
+def test_flip_classes_must_be_classes_of_the_data():
+    config = AugmentConfig(kinds=("flip",), flip_classes=("LYING",))
+    with pytest.raises(ValueError, match="no class 'LYING' in this data"):
+        BatchAugmenter(config, MEAN, STD, NINE, CLASS_NAMES)
+
+
+def test_a_flip_class_the_data_lacks_is_refused_in_one_line():
+    from types import SimpleNamespace
+
+    from training.errors import UsageError
+    from training.loop.recipe import build_augmenter
+    recipe = SimpleNamespace(augment="flip", aug_rotate_deg=10.0, aug_scale=0.1, aug_jitter=0.02, aug_shift_steps=8,
+                             aug_flip_classes="LYING")
+    normalization = {"mean": MEAN, "std": STD}
+    with pytest.raises(UsageError, match="^--aug-flip-classes: no class 'LYING' in this data"):
+        build_augmenter(recipe, normalization, NINE, CLASS_NAMES, "cpu", warn=print)
+    recipe.aug_flip_classes = "laying"
+    assert build_augmenter(recipe, normalization, NINE, CLASS_NAMES, "cpu", warn=print).flippable.tolist() == \
+        [False] * 5 + [True]
 
 
 def test_scale_multiplies_the_raw_signal_by_one_factor_per_window():

@@ -142,7 +142,8 @@ class Trainer:
 
         scheduler = _position_schedule(optimizer, optim, len(loaders["train"]), state, global_batch, peak_lr,
                                        strategy.data_parallel_size, log)
-        augment = build_augmenter(config.recipe, normalization, data.channel_names, strategy.device, log.warn)
+        augment = build_augmenter(config.recipe, normalization, data.channel_names, data.class_names, strategy.device,
+                                  log.warn)
         step = TrainStep(train_model, [p for p in model.parameters() if p.requires_grad], strategy, precision,
                          optimizer, scheduler, grad_scaler, optim.grad_accum_steps, optim.max_grad_norm,
                          config.recipe.label_smoothing, augment, ema, skipped_steps(model, precision, grad_scaler))

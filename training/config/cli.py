@@ -16,6 +16,7 @@ DEFAULT_WARMUP_EPOCHS = 2.0
 # (docs/training.md, "Models that work on new people").
 DEFAULT_MODEL = "minirocket"  # chosen by nested subject-wise evaluation (docs/training.md)
 DEFAULT_AUGMENT = "rotate,scale,jitter,shift"
+DEFAULT_FLIP_CLASSES = "all"
 DEFAULT_EMA_DECAY = 0.998
 DEFAULT_LABEL_SMOOTHING = 0.1
 
@@ -133,6 +134,9 @@ def build_parser(multi_gpu):
                        help="jitter: Gaussian noise in units of each channel's standard deviation")
     group.add_argument("--aug-shift-steps", type=int, default=defaults.shift_steps,
                        help="shift: circular time shift of up to this many samples")
+    group.add_argument("--aug-flip-classes", default=DEFAULT_FLIP_CLASSES,
+                       help="flip: comma-separated classes whose windows it may turn (e.g. LAYING: people lie "
+                            "face up or down), or all")
     group.add_argument("--ema-decay", type=float, default=DEFAULT_EMA_DECAY,
                        help="decay per optimizer step of the weights' moving average used for validation, "
                             "best.pt and the test; 0 turns it off")
@@ -235,6 +239,7 @@ def check_args(args):
         args.augment = ",".join(parse_kinds(args.augment)) or "none"
     except ValueError as exc:
         raise UsageError(f"--augment: {exc}") from None
+    args.aug_flip_classes = ",".join(flip_class_names(args.aug_flip_classes)) or "all"
     if not 0 <= args.ema_decay < 1:
         raise UsageError(f"--ema-decay must be in [0, 1), got {args.ema_decay}")
     if not 0 <= args.label_smoothing < 1:
@@ -328,7 +333,14 @@ def augment_config(recipe):
     kinds = parse_kinds(recipe.augment)
     if not kinds:
         return None
-    return AugmentConfig(kinds, recipe.aug_rotate_deg, recipe.aug_scale, recipe.aug_jitter, recipe.aug_shift_steps)
+    return AugmentConfig(kinds, rotate_deg=recipe.aug_rotate_deg, scale=recipe.aug_scale, jitter=recipe.aug_jitter,
+                         shift_steps=recipe.aug_shift_steps, flip_classes=flip_class_names(recipe.aug_flip_classes))
+
+
+def flip_class_names(text):
+    """'laying, sitting' -> ('LAYING', 'SITTING'); 'all' or '' -> (): every class."""
+    names = tuple(part.strip().upper() for part in text.split(",") if part.strip())
+    return () if names in ((), ("ALL",)) else names
 
 
 def _subject_list(text):

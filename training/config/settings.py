@@ -63,6 +63,7 @@ class Recipe:
     aug_scale: float
     aug_jitter: float
     aug_shift_steps: int
+    aug_flip_classes: str  # canonical comma-separated class names, or all
     ema_decay: float
     label_smoothing: float
     cv_folds: int

@@ -1,18 +1,28 @@
 """The generalisation recipe's parts around the training step: the batch augmenter and the weight average."""
-from data.augment import BatchAugmenter, sensor_triples
-from training.config.cli import augment_config
+from data.augment import BatchAugmenter, flippable_classes, sensor_triples
+from training.config.cli import DEFAULT_FLIP_CLASSES, augment_config
+from training.errors import UsageError
 from training.loop.ema import WeightAverage
 
 
-def build_augmenter(recipe, normalization, channel_names, device, warn):
+def build_augmenter(recipe, normalization, channel_names, class_names, device, warn):
     """The batch augmenter the settings ask for, or None."""
     kinds = augment_config(recipe)
     if kinds is not None and "rotate" in kinds.kinds and not sensor_triples(channel_names):
         warn("these channels have no x/y/z triples to rotate; augmenting without 'rotate'")
         kinds.kinds = tuple(kind for kind in kinds.kinds if kind != "rotate")
+    if kinds is not None and "flip" in kinds.kinds and kinds.flip_classes:
+        try:
+            flippable_classes(kinds.flip_classes, class_names)
+        except ValueError as exc:
+            if recipe.aug_flip_classes != DEFAULT_FLIP_CLASSES:
+                raise UsageError(f"--aug-flip-classes: {exc}") from None
+            # The default names UCI HAR's classes; data with others trains without the flip.
+            warn(f"flip: {exc}; augmenting without 'flip'")
+            kinds.kinds = tuple(kind for kind in kinds.kinds if kind != "flip")
     if kinds is None or not kinds.kinds:
         return None
-    return BatchAugmenter(kinds, normalization["mean"], normalization["std"], channel_names).to(device)
+    return BatchAugmenter(kinds, normalization["mean"], normalization["std"], channel_names, class_names).to(device)
 
 
 def build_weight_average(recipe, model):

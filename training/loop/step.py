@@ -58,7 +58,7 @@ class TrainStep:
         labels = labels.to(device, non_blocking=True)
         timer.lap("data")
         if self.augment is not None:
-            signals = self.augment(signals)
+            signals = self.augment(signals, labels)
         if self.skips is not None and not self._window_open:
             self.skips.open_window()
             self._window_open = True
