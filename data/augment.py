@@ -66,7 +66,8 @@ class BatchAugmenter:
             raise ValueError(f"{turning[0]} needs x/y/z channel triples; these channels have none "
                              f"({', '.join(channel_names)}): leave it out of --augment")
         # [classes] bool: the labels whose windows flip may turn; None: every window.
-        self.flippable = flippable_classes(config.flip_classes, class_names) if config.flip_classes else None
+        limited = "flip" in config.kinds and config.flip_classes
+        self.flippable = flippable_classes(config.flip_classes, class_names) if limited else None
         self.mean = torch.as_tensor(mean, dtype=torch.float32).reshape(1, -1, 1)
         self.std = torch.as_tensor(std, dtype=torch.float32).reshape(1, -1, 1)
 

@@ -108,6 +108,17 @@ def test_a_flip_class_the_data_lacks_is_refused_in_one_line():
         [False] * 5 + [True]
 
 
+def test_the_default_flip_is_left_out_for_data_without_its_classes():
+    from training.config.cli import parse_config
+    from training.loop.recipe import build_augmenter
+    recipe = parse_config([]).recipe
+    assert "flip" in recipe.augment and recipe.aug_flip_classes == "LAYING"
+    warnings = []
+    augment = build_augmenter(recipe, {"mean": MEAN, "std": STD}, NINE, ("RUN", "SIT", "LIE"), "cpu", warnings.append)
+    assert "flip" not in augment.config.kinds and "rotate" in augment.config.kinds
+    assert warnings == ["flip: no class 'LAYING' in this data (its classes: RUN, SIT, LIE); augmenting without 'flip'"]
+
+
 def test_scale_multiplies_the_raw_signal_by_one_factor_per_window():
     signals = batch()
     torch.manual_seed(2)

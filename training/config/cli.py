@@ -15,8 +15,10 @@ DEFAULT_WARMUP_EPOCHS = 2.0
 # The default recipe, chosen by 7-fold subject-wise cross-validation on real recordings
 # (docs/training.md, "Models that work on new people").
 DEFAULT_MODEL = "minirocket"  # chosen by nested subject-wise evaluation (docs/training.md)
-DEFAULT_AUGMENT = "rotate,scale,jitter,shift"
-DEFAULT_FLIP_CLASSES = "all"
+DEFAULT_AUGMENT = "rotate,flip,scale,jitter,shift"
+# Flip only laying windows: people lie face up or face down, while the tilt of a phone on the waist
+# helps to tell sitting from standing, so turning those would blur them (docs/training.md).
+DEFAULT_FLIP_CLASSES = "LAYING"
 DEFAULT_EMA_DECAY = 0.998
 DEFAULT_LABEL_SMOOTHING = 0.1
 
