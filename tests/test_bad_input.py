@@ -115,6 +115,7 @@ FLAG_CASES = [
     ("main.py", ["--synthetic-windows-per-subject", "0"], "--synthetic-windows-per-subject"),
     ("main.py", ["--model", "resnet50"], "--model"),  # argparse's usage message
     ("main.py", ["--mode", "mean"], "--mode"),
+    ("main.py", ["--augment", "rotate,flip", "--aug-flip-classes", "lying"], "--aug-flip-classes"),  # a class it lacks
     ("main.py", ["--gpu-ids", "a,b"], "--gpu-ids"),
     ("main.py", ["--gpu-ids", "0,0"], "--gpu-ids"),
     ("main.py", ["--resume"], "--resume"),  # the path left out

@@ -108,6 +108,9 @@ class Trainer:
         log = RunLogger(save_dir, strategy.is_main and not quiet)
         resume_from, checkpoint = ckpt.load_resume_checkpoint(config.output.resume, save_dir, log.warn)
         data, normalization = _load_data(config, checkpoint, resume_from, log)
+        # Built before config.yaml and checkpoints are written, so that a flag it refuses changes neither.
+        augment = build_augmenter(config.recipe, normalization, data.channel_names, data.class_names, strategy.device,
+                                  log.warn)
         model, train_model, precision, ema = _build_model(config, data, strategy, log)
         global_batch = global_batch_size(optim.batch_size, strategy.data_parallel_size, optim.grad_accum_steps)
         # DataParallel splits one loader batch over its GPUs; DDP ranks each load their own.
@@ -142,8 +145,6 @@ class Trainer:
 
         scheduler = _position_schedule(optimizer, optim, len(loaders["train"]), state, global_batch, peak_lr,
                                        strategy.data_parallel_size, log)
-        augment = build_augmenter(config.recipe, normalization, data.channel_names, data.class_names, strategy.device,
-                                  log.warn)
         step = TrainStep(train_model, [p for p in model.parameters() if p.requires_grad], strategy, precision,
                          optimizer, scheduler, grad_scaler, optim.grad_accum_steps, optim.max_grad_norm,
                          config.recipe.label_smoothing, augment, ema, skipped_steps(model, precision, grad_scaler))
