@@ -119,6 +119,16 @@ def test_the_default_flip_is_left_out_for_data_without_its_classes():
     assert warnings == ["flip: no class 'LAYING' in this data (its classes: RUN, SIT, LIE); augmenting without 'flip'"]
 
 
+def test_the_default_turns_nothing_on_channels_without_xyz_triples():
+    from training.config.cli import parse_config
+    from training.loop.recipe import build_augmenter
+    warnings = []
+    augment = build_augmenter(parse_config([]).recipe, {"mean": torch.zeros(2), "std": torch.ones(2)}, ("a", "b"),
+                              CLASS_NAMES, "cpu", warnings.append)
+    assert augment.config.kinds == ("scale", "jitter", "shift")
+    assert warnings == ["these channels have no x/y/z triples to turn; augmenting without 'rotate' and 'flip'"]
+
+
 def test_scale_multiplies_the_raw_signal_by_one_factor_per_window():
     signals = batch()
     torch.manual_seed(2)

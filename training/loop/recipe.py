@@ -8,9 +8,11 @@ from training.loop.ema import WeightAverage
 def build_augmenter(recipe, normalization, channel_names, class_names, device, warn):
     """The batch augmenter the settings ask for, or None."""
     kinds = augment_config(recipe)
-    if kinds is not None and "rotate" in kinds.kinds and not sensor_triples(channel_names):
-        warn("these channels have no x/y/z triples to rotate; augmenting without 'rotate'")
-        kinds.kinds = tuple(kind for kind in kinds.kinds if kind != "rotate")
+    turning = [kind for kind in ("rotate", "flip") if kinds is not None and kind in kinds.kinds]
+    if turning and not sensor_triples(channel_names):
+        # Both turn each sensor's x/y/z together; without such triples there is nothing to turn.
+        warn(f"these channels have no x/y/z triples to turn; augmenting without {' and '.join(map(repr, turning))}")
+        kinds.kinds = tuple(kind for kind in kinds.kinds if kind not in turning)
     if kinds is not None and "flip" in kinds.kinds and kinds.flip_classes:
         try:
             flippable_classes(kinds.flip_classes, class_names)
