@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from data.augment import sensor_triples
-from data.splits import load_har_data
 from evaluation.metrics import per_subject_accuracy
 from inference.bundle import load_bundle, pick_device, probabilities
+from inference.evaluate import splits_as_trained
 
 SHIFTS = (-8, -4, 4, 8)  # steps; training's shift augmentation draws from +-8
 ROTATIONS = tuple((axis, degrees) for axis in range(3) for degrees in (-10, 10))  # training rotates up to 10
@@ -61,10 +61,7 @@ def transformed(windows, kind, value, triples):
 def score_outer_fold(checkpoint, device):
     """{set name: (accuracy, {person: accuracy})} of one outer fold's model on its held-out people."""
     bundle = load_bundle(checkpoint)
-    config = bundle.config
-    data = load_har_data(config["dataset"], config["data_dir"], config.get("mode", "flatten"),
-                         config.get("val_fraction", 0.2), split_seed=config.get("seed", 0),
-                         val_subjects=config.get("val_subjects"))
+    data = splits_as_trained(bundle.config, bundle.config["dataset"], bundle.config["data_dir"])
     test, triples = data.test, sensor_triples(data.channel_names)
     copies = {copy for chosen in TTA_SETS.values() for copy in chosen}
     probs = {copy: probabilities(bundle, transformed(test.signals, *copy, triples), device) for copy in copies}

@@ -110,7 +110,7 @@ class BatchAugmenter:
         sign = 1 - 2 * torch.randint(0, 2, (batch, 1, 1), device=raw.device, dtype=raw.dtype)
         if self.flippable is not None:
             # Drawn for every window first, so that the random stream does not depend on the labels.
-            sign = torch.where(self.flippable[labels].reshape(-1, 1, 1), sign, torch.ones_like(sign))
+            sign = torch.where(self.flippable[labels].reshape(-1, 1, 1), sign, 1.0)
         turned = self.triples[:, 1:].reshape(-1)  # every sensor's y and z
         return raw.index_copy(1, turned, raw[:, turned] * sign)
 
@@ -130,11 +130,11 @@ class BatchAugmenter:
 def flippable_classes(names, class_names):
     """[len(class_names)] bool, True for the classes named (case aside); ValueError for a name the
     data does not have."""
-    known = [name.upper() for name in class_names]
+    known, wanted = [name.upper() for name in class_names], {name.upper() for name in names}
     missing = [name for name in names if name.upper() not in known]
     if missing:
         raise ValueError(f"no class {missing[0]!r} in this data (its classes: {', '.join(class_names)})")
-    return torch.tensor([name in {n.upper() for n in names} for name in known])
+    return torch.tensor([name in wanted for name in known])
 
 
 def random_rotations(batch, max_angle_rad, device):

@@ -19,11 +19,8 @@ def evaluate_checkpoint(args):
     bundle = load_bundle(args.checkpoint)
     device = pick_device(args.device)
     config = bundle.config
-    # The split is rebuilt as training built it: same mode, validation subjects (or share) and seed.
     dataset = "npz" if args.dataset == "auto" and str(args.data_dir).endswith(".npz") else args.dataset
-    data = load_har_data(dataset, args.data_dir, config.get("mode", "flatten"),
-                         config.get("val_fraction", 0.2), split_seed=config.get("seed", 0),
-                         val_subjects=config.get("val_subjects"))
+    data = splits_as_trained(config, dataset, args.data_dir)
     split = getattr(data, args.split)
     _check_fits(bundle, data, split, args)
     out = prepare_out_dir(args.out, OUTPUTS, args.overwrite)
@@ -33,6 +30,13 @@ def evaluate_checkpoint(args):
     print(format_people(report))
     print(f"wrote {out / 'test_report.json'}, {out / 'confusion_matrix.png'}")
     return 0
+
+
+def splits_as_trained(config, dataset, data_dir):
+    """The splits of `data_dir` rebuilt as the run with `config` built them: same mode, validation
+    subjects (or share) and seed."""
+    return load_har_data(dataset, data_dir, config.get("mode", "flatten"), config.get("val_fraction", 0.2),
+                         split_seed=config.get("seed", 0), val_subjects=config.get("val_subjects"))
 
 
 def write_report(bundle, split, device, out, title, about, figure=True):
