@@ -125,10 +125,10 @@ def _notes(strategy, work, host_load):
     if strategy.world_size == 1:
         notes.append("one process: no all-reduce runs, T_compute = T_step, and the all-reduce time in the "
                      "predictions comes from the bandwidth and latency stated under 'link'")
-        notes.append("predictions for N ranks: each rank's step = the step measured with N-1 neighbour processes "
-                     "on this host (CPU, where they fit on its cores; else the lone step) + the expected wait for "
-                     "the slowest of N ranks + DDP's own per-step cost, then + the ring all-reduce "
-                     "(see 'host_effects')")
+        notes.append("predictions for N ranks: each rank's step = (the lone step + the strategy's own per-step "
+                     "cost) x the slowdown measured with N-1 neighbour processes on this host (CPU, where they fit "
+                     "on its cores; else 1) + the expected wait for the slowest of N ranks, then + the "
+                     "collectives (see 'host_effects')")
     if strategy.device.type == "cpu":
         notes.append(f"CPU: {torch.get_num_threads()} thread(s) per process (torchrun sets OMP_NUM_THREADS=1 "
                      "for 2+ processes unless it is set); memory is process RSS, not a device figure")

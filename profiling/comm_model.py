@@ -136,15 +136,15 @@ def share(part_s, whole_s):
 
 def rank_step_s(compute_s, world_size, host_effects=None, strategy="ddp"):
     """One rank's step without its communication when N ranks run: the lone step, or, with the host
-    effects a 1-process profile measured (profiling/host_sharing.py), the step slowed by
-    neighbours on the same cores, plus the wait for the slowest rank, plus the strategy's own cost
-    (DDP's where a profile predates the others)."""
+    effects a 1-process profile measured (profiling/host_sharing.py), the step and the strategy's
+    own cost (DDP's where a profile predates the others), both slowed by neighbours on the same
+    cores, plus the wait for the slowest rank."""
     if world_size <= 1 or not host_effects:
         return compute_s
-    shared_s = _by_count(host_effects["shared"], world_size, compute_s)
+    slowdown = _by_count(host_effects.get("slowdown", {}), world_size, 1.0)
     straggler_s = _by_count(host_effects["straggler_s"], world_size, 0.0)
     own_s = (host_effects.get("wrapper_step_s") or {}).get(strategy, host_effects["ddp_step_s"])
-    return shared_s + straggler_s + own_s
+    return (compute_s + own_s) * slowdown + straggler_s
 
 
 def _by_count(table, world_size, default):

@@ -1,7 +1,9 @@
 """What one process cannot see of N ranks on one host, measured from that one process.
 
 - Neighbours: N-1 processes training the same step on the same CPU cores slow every rank's
-  compute (shared cores, caches, memory bandwidth), and make its step time vary more.
+  compute (shared cores, caches, memory bandwidth), and make its step time vary more. The
+  slowdown is a ratio of runs taken in turn, neighbours paused and running (A B A B), so a
+  machine that drifts between two measurements does not enter it.
 - Stragglers: a synchronous DDP step lasts as long as the slowest rank's compute, the expected
   maximum of N draws from the per-step times, not their mean.
 - DDP's own per-step cost: its forward hook, the reducer's autograd hooks and bucket, and the
@@ -10,6 +12,7 @@
 import copy
 import dataclasses
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -60,8 +63,18 @@ class Neighbours:
                 raise RuntimeError("a neighbour process of the host-sharing measurement did not start")
         return self
 
+    def pause(self):
+        """Stop the neighbours where they are (SIGSTOP), so the next run has the cores alone."""
+        for process in self.processes:
+            process.send_signal(signal.SIGSTOP)
+
+    def resume(self):
+        for process in self.processes:
+            process.send_signal(signal.SIGCONT)
+
     def __exit__(self, *exc):
         for process in self.processes:
+            process.send_signal(signal.SIGCONT)  # a stopped process would not act on SIGTERM
             process.terminate()
         for process in self.processes:
             process.wait()
@@ -69,26 +82,35 @@ class Neighbours:
 
 
 def measure_host_effects(work, args, timed_steps, lone_step_samples_s):
-    """For a 1-process profile: {"shared": {N: step time with N-1 neighbours}, "straggler_s": {N: expected
-    wait for the slowest of N ranks}, "ddp_step_s": DDP's own cost per step, "what": how}."""
+    """For a 1-process profile: {"slowdown": {N: step time with N-1 neighbours / alone}, "shared": {N:
+    step time with them}, "straggler_s": {N: expected wait for the slowest of N ranks}, "wrapper_step_s":
+    {strategy: its own cost per step}, "what": how}."""
     threads = torch.get_num_threads()
-    shared, samples_by_n = {}, {}
+    slowdown, shared, samples_by_n = {}, {}, {}
     for n in host_rank_counts(args.predict_gpus, work.strategy.device, threads):
-        with Neighbours(args.command_line, n - 1, threads):
-            runs = [timed_steps(work, args.steps, sync_gradients=True) for _ in range(args.repeats)]
-        shared[n] = statistics.fmean(run["step_time_s"] for run in runs)
-        samples_by_n[n] = [value for run in runs for value in run["step_samples_s"]]
+        ratios, shared_runs = [], []
+        with Neighbours(args.command_line, n - 1, threads) as neighbours:
+            for _ in range(args.repeats):
+                neighbours.pause()
+                alone = timed_steps(work, args.steps, sync_gradients=True)
+                neighbours.resume()
+                shared_runs.append(timed_steps(work, args.steps, sync_gradients=True))
+                ratios.append(shared_runs[-1]["step_time_s"] / alone["step_time_s"])
+        slowdown[n] = statistics.median(ratios)
+        shared[n] = statistics.fmean(run["step_time_s"] for run in shared_runs)
+        samples_by_n[n] = [value for run in shared_runs for value in run["step_samples_s"]]
     stragglers = {}
     for n in args.predict_gpus:
         if n > 1:
             samples = samples_by_n.get(n, lone_step_samples_s)
             stragglers[n] = max(expected_maximum(samples, n) - statistics.fmean(samples), 0.0)
     wrappers_s = wrapper_step_costs_s(work, timed_steps, args.steps, args.repeats) or {}
-    return {"shared": shared, "straggler_s": stragglers, "ddp_step_s": wrappers_s.get("ddp", 0.0),
-            "wrapper_step_s": wrappers_s,
-            "what": f"step time with N-1 neighbour processes on this host's cores for N in {sorted(shared) or 'none'} "
-                    "(others: each rank on its own device); straggler = E[max of N per-step times] - mean; each "
-                    "strategy's own per-step cost (DDP, DDP with fp16 gradients, FSDP) on a one-rank gloo group"}
+    return {"slowdown": slowdown, "shared": shared, "straggler_s": stragglers,
+            "ddp_step_s": wrappers_s.get("ddp", 0.0), "wrapper_step_s": wrappers_s,
+            "what": f"slowdown = median over rounds of the step with N-1 neighbour processes on this host's cores "
+                    f"/ the step with them paused, in turn, for N in {sorted(shared) or 'none'} (others: each rank "
+                    "on its own device); straggler = E[max of N per-step times] - mean; each strategy's own "
+                    "per-step cost (DDP, DDP with fp16 gradients, FSDP) on a one-rank gloo group"}
 
 
 def expected_maximum(samples, count):

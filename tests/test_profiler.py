@@ -6,7 +6,9 @@ import math
 import os
 import subprocess
 import sys
+import time
 from argparse import Namespace
+from pathlib import Path
 
 import pytest
 
@@ -126,14 +128,15 @@ def test_expected_maximum_of_several_draws_from_the_measured_step_times():
 
 def test_host_effects_enter_each_ranks_step_and_survive_a_json_round_trip():
     from profiling.comm_model import rank_step_s
-    effects = {"shared": {2: 0.012}, "straggler_s": {2: 0.001, 4: 0.002}, "ddp_step_s": 0.0005}
+    effects = {"slowdown": {2: 1.2}, "shared": {2: 0.012}, "straggler_s": {2: 0.001, 4: 0.002}, "ddp_step_s": 0.0005}
     link = Link(1e9, 1e-4, "test")
     assert rank_step_s(0.010, 1, effects) == 0.010  # one process pays none of it
-    assert rank_step_s(0.010, 2, effects) == pytest.approx(0.012 + 0.001 + 0.0005)
-    assert rank_step_s(0.010, 4, effects) == pytest.approx(0.010 + 0.002 + 0.0005)  # no neighbours measured at 4
+    # The neighbours slow DDP's own work as much as the step's; the wait for the slower rank comes on top.
+    assert rank_step_s(0.010, 2, effects) == pytest.approx(1.2 * (0.010 + 0.0005) + 0.001)
+    assert rank_step_s(0.010, 4, effects) == pytest.approx(0.010 + 0.0005 + 0.002)  # no neighbours measured at 4
     plain = predict_world(0.010, 4_000_000, 2, link)
     hosted = predict_world(0.010, 4_000_000, 2, link, host_effects=effects)
-    assert hosted["step_s"] == pytest.approx(plain["step_s"] + 0.0035)
+    assert hosted["step_s"] == pytest.approx(plain["step_s"] + 0.0036)
     assert hosted["speedup"] == pytest.approx(2 * 0.010 / hosted["step_s"])
     read_back = json.loads(json.dumps(effects))  # integer keys come back as strings
     assert predict_world(0.010, 4_000_000, 2, link, host_effects=read_back) == hosted
@@ -263,8 +266,32 @@ def test_one_process_profile_measures_its_step_beside_a_neighbour_and_leaves_non
     assert result.returncode == 0, result.stderr
     effects = json.loads((tmp_path / "profile.json").read_text())["host_effects"]
     assert list(effects["shared"]) == ["2"] and effects["shared"]["2"] > 0
+    assert list(effects["slowdown"]) == ["2"] and effects["slowdown"]["2"] > 0
     leftovers = subprocess.run(["pgrep", "-f", "profiling.neighbour"], capture_output=True, text=True)
     assert leftovers.stdout.strip() == ""
+
+
+def _process_state(pid, waiting_for=None, timeout_s=5.0):
+    """The one-letter state in /proc/<pid>/stat (R, S, T for stopped...), polled until it is `waiting_for`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        if waiting_for is None or (state == "T") == (waiting_for == "T") or time.monotonic() > deadline:
+            return state
+        time.sleep(0.05)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
+def test_paused_neighbours_are_stopped_and_a_paused_one_still_ends_with_the_block():
+    from profiling.host_sharing import Neighbours
+    with Neighbours([*TINY_DATA, "--device", "cpu", "--warmup-steps", "1"], 1, 1) as neighbours:
+        process = neighbours.processes[0]
+        neighbours.pause()
+        assert _process_state(process.pid, waiting_for="T") == "T"  # the lone run has the cores to itself
+        neighbours.resume()
+        assert _process_state(process.pid, waiting_for="running") != "T"
+        neighbours.pause()  # the block ends while it is stopped: it must still terminate, not hang
+    assert process.returncode is not None
 
 
 def test_bad_input_is_one_line_and_exit_2():
