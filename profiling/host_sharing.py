@@ -6,8 +6,9 @@
   machine that drifts between two measurements does not enter it.
 - Stragglers: a synchronous DDP step lasts as long as the slowest rank's compute, the expected
   maximum of N draws from the per-step times, not their mean.
-- DDP's own per-step cost: its forward hook, the reducer's autograd hooks and bucket, and the
-  call into the backend, measured on a one-rank process group (which sends nothing).
+- Each strategy's own per-step cost (DDP, DDP with fp16 gradients, FSDP): hooks, buckets, sharded
+  parameters and the calls into the backend, measured on a one-rank process group (which sends
+  nothing).
 """
 import copy
 import dataclasses
