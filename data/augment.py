@@ -18,6 +18,11 @@ AUGMENTATIONS = ("rotate", "flip", "scale", "jitter", "shift")
 class AugmentConfig:
     kinds: tuple = AUGMENTATIONS  # which of AUGMENTATIONS to apply, in that order
     rotate_deg: float = 10.0  # rotation angle about a random axis, uniform in +-rotate_deg
+    # rotate: the windows of these classes (any case) turn by up to rotate_wide_deg instead; () none.
+    # How a phone sits on the waist differs between people by up to about 20 degrees, and while
+    # the tilt tells postures apart, it should not be what tells walking from walking upstairs.
+    rotate_wide_classes: tuple = ()
+    rotate_wide_deg: float = 45.0
     scale: float = 0.1  # amplitude factor uniform in 1 +- scale, one per window
     jitter: float = 0.02  # Gaussian noise, in units of each channel's standard deviation
     shift_steps: int = 8  # circular time shift, uniform in +-shift_steps samples
@@ -55,7 +60,8 @@ class BatchAugmenter:
     Rotation is physical: it acts on the raw x/y/z of each sensor (the batch is de-normalised
     with the training statistics, rotated, and normalised again), and all sensors of a window
     turn together, as they would when the phone sits differently on another person. Small
-    angles keep gravity's direction, which separates the postures, meaningful.
+    angles keep gravity's direction, which separates the postures, meaningful; the classes of
+    rotate_wide_classes turn further, so that the tilt stops deciding between them.
     """
 
     def __init__(self, config, mean, std, channel_names, class_names=()):
@@ -67,7 +73,10 @@ class BatchAugmenter:
                              f"({', '.join(channel_names)}): leave it out of --augment")
         # [classes] bool: the labels whose windows flip may turn; None: every window.
         limited = "flip" in config.kinds and config.flip_classes
-        self.flippable = flippable_classes(config.flip_classes, class_names) if limited else None
+        self.flippable = class_mask(config.flip_classes, class_names) if limited else None
+        # [classes] bool: the labels whose windows rotate turns by up to rotate_wide_deg; None: no class.
+        widened = "rotate" in config.kinds and config.rotate_wide_classes
+        self.widely_turned = class_mask(config.rotate_wide_classes, class_names) if widened else None
         self.mean = torch.as_tensor(mean, dtype=torch.float32).reshape(1, -1, 1)
         self.std = torch.as_tensor(std, dtype=torch.float32).reshape(1, -1, 1)
 
@@ -75,16 +84,19 @@ class BatchAugmenter:
         self.triples, self.mean, self.std = (t.to(device) for t in (self.triples, self.mean, self.std))
         if self.flippable is not None:
             self.flippable = self.flippable.to(device)
+        if self.widely_turned is not None:
+            self.widely_turned = self.widely_turned.to(device)
         return self
 
     def __call__(self, signals, labels=None):
-        """Augmented copies of `signals`; `labels` [B] are needed when flip is limited to some classes."""
+        """Augmented copies of `signals`; `labels` [B] are needed when flip or the wide rotation is
+        limited to some classes."""
         kinds = self.config.kinds
         if "rotate" in kinds or "flip" in kinds or "scale" in kinds:
             # Rotation and gain act on the raw units (gravity included), not on normalised ones.
             raw = signals * self.std + self.mean
             if "rotate" in kinds:
-                raw = self._rotate(raw)
+                raw = self._rotate(raw, labels)
             if "flip" in kinds:
                 raw = self._flip(raw, labels)
             if "scale" in kinds:
@@ -96,9 +108,13 @@ class BatchAugmenter:
             signals = self._shift(signals)
         return signals
 
-    def _rotate(self, raw):
+    def _rotate(self, raw, labels):
         batch = raw.shape[0]
-        rotation = random_rotations(batch, math.radians(self.config.rotate_deg), raw.device)
+        limit = math.radians(self.config.rotate_deg)
+        if self.widely_turned is not None:
+            wide = self.widely_turned[labels].reshape(-1, 1, 1)
+            limit = torch.where(wide, math.radians(self.config.rotate_wide_deg), limit).to(raw.dtype)
+        rotation = random_rotations(batch, limit, raw.device)
         grouped = raw[:, self.triples]  # [B, sensors, 3, T]
         turned = torch.einsum("bij,bsjt->bsit", rotation, grouped)
         return raw.index_copy(1, self.triples.reshape(-1), turned.reshape(batch, -1, raw.shape[-1]))
@@ -127,7 +143,7 @@ class BatchAugmenter:
         return signals.gather(2, index.expand_as(signals))
 
 
-def flippable_classes(names, class_names):
+def class_mask(names, class_names):
     """[len(class_names)] bool, True for the classes named (case aside); ValueError for a name the
     data does not have."""
     known, wanted = [name.upper() for name in class_names], {name.upper() for name in names}
@@ -138,8 +154,8 @@ def flippable_classes(names, class_names):
 
 
 def random_rotations(batch, max_angle_rad, device):
-    """[batch, 3, 3] rotations about uniformly random axes by angles uniform in +-max_angle_rad
-    (Rodrigues' formula, all on the device)."""
+    """[batch, 3, 3] rotations about uniformly random axes by angles uniform in +-max_angle_rad, a
+    number or a [batch, 1, 1] tensor of one limit per window (Rodrigues' formula, all on the device)."""
     axis = torch.nn.functional.normalize(torch.randn(batch, 3, device=device), dim=1)
     angle = max_angle_rad * (2 * torch.rand(batch, 1, 1, device=device) - 1)
     x, y, z = axis.unbind(1)

@@ -87,6 +87,46 @@ def test_flip_limited_to_some_classes_turns_only_their_windows_with_the_same_dra
     assert (everyone[~laying] - raw_of(signals)[~laying]).abs().amax() > 0.1  # which flip would have turned
 
 
+def test_the_wide_rotation_turns_its_classes_further_with_the_same_draws():
+    signals, labels = batch(size=60), torch.arange(60) % 6  # WALKING.. are classes 0, 1, 2
+    results = {}
+    for name, config in {"narrow": AugmentConfig(kinds=("rotate",), rotate_deg=10),
+                         "wide": AugmentConfig(kinds=("rotate",), rotate_deg=40),
+                         "mixed": AugmentConfig(kinds=("rotate",), rotate_deg=10, rotate_wide_deg=40,
+                                                rotate_wide_classes=("walking", "WALKING_UPSTAIRS"))}.items():
+        torch.manual_seed(3)
+        results[name] = raw_of(BatchAugmenter(config, MEAN, STD, NINE, CLASS_NAMES)(signals, labels))
+    widened = labels <= 1
+    assert torch.allclose(results["mixed"][widened], results["wide"][widened], atol=1e-5)
+    assert torch.allclose(results["mixed"][~widened], results["narrow"][~widened], atol=1e-5)
+    # and the two angles differ where it counts: the gravity channels move further in the wide windows
+    moved = (results["wide"] - raw_of(signals))[:, 6:9].abs().amax(dim=(1, 2))
+    narrow_moved = (results["narrow"] - raw_of(signals))[:, 6:9].abs().amax(dim=(1, 2))
+    assert moved.median() > 2 * narrow_moved.median()
+
+
+def test_wide_rotation_classes_the_data_lacks_are_refused_or_left_out_with_a_warning():
+    from training.config.cli import parse_config
+    from training.errors import UsageError
+    from training.loop.recipe import build_augmenter
+    normalization = {"mean": MEAN, "std": STD}
+    recipe = parse_config(["--aug-rotate-wide-classes", "jogging"]).recipe
+    with pytest.raises(UsageError, match="^--aug-rotate-wide-classes: no class 'JOGGING' in this data"):
+        build_augmenter(recipe, normalization, NINE, CLASS_NAMES, "cpu", warn=print)
+    default = parse_config([]).recipe
+    assert default.aug_rotate_wide_classes == "WALKING,WALKING_UPSTAIRS,WALKING_DOWNSTAIRS"
+    assert build_augmenter(default, normalization, NINE, CLASS_NAMES, "cpu", print).widely_turned.tolist() == \
+        [True] * 3 + [False] * 3
+    warnings = []
+    augment = build_augmenter(default, normalization, NINE, ("RUN", "SIT", "LAYING"), "cpu", warnings.append)
+    assert augment.widely_turned is None and "rotate" in augment.config.kinds
+    assert warnings == ["rotate: no class 'WALKING' in this data (its classes: RUN, SIT, LAYING); every window "
+                        "turns by up to 10 degrees"]
+    assert parse_config(["--aug-rotate-wide-classes", "none"]).recipe.aug_rotate_wide_classes == "none"
+    assert build_augmenter(parse_config(["--aug-rotate-wide-classes", "none"]).recipe, normalization, NINE,
+                           CLASS_NAMES, "cpu", print).widely_turned is None
+
+
 def test_flip_classes_must_be_classes_of_the_data():
     config = AugmentConfig(kinds=("flip",), flip_classes=("LYING",))
     with pytest.raises(ValueError, match="no class 'LYING' in this data"):
@@ -99,7 +139,7 @@ def test_a_flip_class_the_data_lacks_is_refused_in_one_line():
     from training.errors import UsageError
     from training.loop.recipe import build_augmenter
     recipe = SimpleNamespace(augment="flip", aug_rotate_deg=10.0, aug_scale=0.1, aug_jitter=0.02, aug_shift_steps=8,
-                             aug_flip_classes="LYING")
+                             aug_flip_classes="LYING", aug_rotate_wide_classes="none", aug_rotate_wide_deg=25.0)
     normalization = {"mean": MEAN, "std": STD}
     with pytest.raises(UsageError, match="^--aug-flip-classes: no class 'LYING' in this data"):
         build_augmenter(recipe, normalization, NINE, CLASS_NAMES, "cpu", warn=print)
@@ -116,7 +156,9 @@ def test_the_default_flip_is_left_out_for_data_without_its_classes():
     warnings = []
     augment = build_augmenter(recipe, {"mean": MEAN, "std": STD}, NINE, ("RUN", "SIT", "LIE"), "cpu", warnings.append)
     assert "flip" not in augment.config.kinds and "rotate" in augment.config.kinds
-    assert warnings == ["flip: no class 'LAYING' in this data (its classes: RUN, SIT, LIE); augmenting without 'flip'"]
+    assert warnings == ["flip: no class 'LAYING' in this data (its classes: RUN, SIT, LIE); augmenting without 'flip'",
+                        "rotate: no class 'WALKING' in this data (its classes: RUN, SIT, LIE); every window turns "
+                        "by up to 10 degrees"]
 
 
 def test_the_default_turns_nothing_on_channels_without_xyz_triples():

@@ -116,6 +116,8 @@ FLAG_CASES = [
     ("main.py", ["--model", "resnet50"], "--model"),  # argparse's usage message
     ("main.py", ["--mode", "mean"], "--mode"),
     ("main.py", ["--augment", "rotate,flip", "--aug-flip-classes", "lying"], "--aug-flip-classes"),  # a class it lacks
+    ("main.py", ["--aug-rotate-wide-classes", "jogging"], "--aug-rotate-wide-classes"),  # a class it lacks
+    ("main.py", ["--aug-rotate-wide-deg", "200"], "--aug-rotate-wide-deg"),
     ("main.py", ["--gpu-ids", "a,b"], "--gpu-ids"),
     ("main.py", ["--gpu-ids", "0,0"], "--gpu-ids"),
     ("main.py", ["--resume"], "--resume"),  # the path left out

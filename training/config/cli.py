@@ -19,6 +19,9 @@ DEFAULT_AUGMENT = "rotate,flip,scale,jitter,shift"
 # Flip only laying windows: people lie face up or face down, while the tilt of a phone on the waist
 # helps to tell sitting from standing, so turning those would blur them (docs/training.md).
 DEFAULT_FLIP_CLASSES = "LAYING"
+# Turn the moving activities' windows further: how the phone sits differs between people by more
+# than the forward lean that upstairs adds, so the tilt must not decide among them (docs/training.md).
+DEFAULT_ROTATE_WIDE_CLASSES = "WALKING,WALKING_UPSTAIRS,WALKING_DOWNSTAIRS"
 DEFAULT_EMA_DECAY = 0.998
 DEFAULT_LABEL_SMOOTHING = 0.1
 
@@ -130,6 +133,11 @@ def build_parser(multi_gpu):
     group.add_argument("--aug-rotate-deg", type=float, default=defaults.rotate_deg,
                        help="rotate: largest angle of the random 3-D rotation applied to every sensor's "
                             "x/y/z together (device placement differs between people)")
+    group.add_argument("--aug-rotate-wide-classes", default=DEFAULT_ROTATE_WIDE_CLASSES,
+                       help="rotate: comma-separated classes whose windows turn by up to --aug-rotate-wide-deg "
+                            "instead, or none")
+    group.add_argument("--aug-rotate-wide-deg", type=float, default=defaults.rotate_wide_deg,
+                       help="rotate: largest angle for the windows of --aug-rotate-wide-classes")
     group.add_argument("--aug-scale", type=float, default=defaults.scale,
                        help="scale: amplitude factor drawn uniformly from 1 +- this, one per window")
     group.add_argument("--aug-jitter", type=float, default=defaults.jitter,
@@ -242,14 +250,15 @@ def check_args(args):
     except ValueError as exc:
         raise UsageError(f"--augment: {exc}") from None
     args.aug_flip_classes = ",".join(flip_class_names(args.aug_flip_classes)) or "all"
+    args.aug_rotate_wide_classes = ",".join(wide_class_names(args.aug_rotate_wide_classes)) or "none"
     if not 0 <= args.ema_decay < 1:
         raise UsageError(f"--ema-decay must be in [0, 1), got {args.ema_decay}")
     if not 0 <= args.label_smoothing < 1:
         raise UsageError(f"--label-smoothing must be in [0, 1), got {args.label_smoothing}")
-    if not 0 <= args.aug_rotate_deg <= 180 or not 0 <= args.aug_scale < 1 or args.aug_jitter < 0 \
-            or args.aug_shift_steps < 0:
-        raise UsageError("augmentation strengths must be: --aug-rotate-deg in [0, 180], --aug-scale in "
-                         "[0, 1), --aug-jitter and --aug-shift-steps not negative")
+    if not 0 <= args.aug_rotate_deg <= 180 or not 0 <= args.aug_rotate_wide_deg <= 180 \
+            or not 0 <= args.aug_scale < 1 or args.aug_jitter < 0 or args.aug_shift_steps < 0:
+        raise UsageError("augmentation strengths must be: --aug-rotate-deg and --aug-rotate-wide-deg in [0, 180], "
+                         "--aug-scale in [0, 1), --aug-jitter and --aug-shift-steps not negative")
     if args.compile_mode is not None:
         args.compile = True
     try:
@@ -336,13 +345,21 @@ def augment_config(recipe):
     if not kinds:
         return None
     return AugmentConfig(kinds, rotate_deg=recipe.aug_rotate_deg, scale=recipe.aug_scale, jitter=recipe.aug_jitter,
-                         shift_steps=recipe.aug_shift_steps, flip_classes=flip_class_names(recipe.aug_flip_classes))
+                         shift_steps=recipe.aug_shift_steps, flip_classes=flip_class_names(recipe.aug_flip_classes),
+                         rotate_wide_classes=wide_class_names(recipe.aug_rotate_wide_classes),
+                         rotate_wide_deg=recipe.aug_rotate_wide_deg)
 
 
 def flip_class_names(text):
     """'laying, sitting' -> ('LAYING', 'SITTING'); 'all' or '' -> (): every class."""
     names = tuple(part.strip().upper() for part in text.split(",") if part.strip())
     return () if names in ((), ("ALL",)) else names
+
+
+def wide_class_names(text):
+    """'walking, walking_upstairs' -> ('WALKING', 'WALKING_UPSTAIRS'); 'none' or '' -> (): no class."""
+    names = tuple(part.strip().upper() for part in text.split(",") if part.strip())
+    return () if names in ((), ("NONE",)) else names
 
 
 def _subject_list(text):

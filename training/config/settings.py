@@ -64,6 +64,8 @@ class Recipe:
     aug_jitter: float
     aug_shift_steps: int
     aug_flip_classes: str  # canonical comma-separated class names, or all
+    aug_rotate_wide_classes: str  # canonical comma-separated class names, or none
+    aug_rotate_wide_deg: float
     ema_decay: float
     label_smoothing: float
     cv_folds: int
