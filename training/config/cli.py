@@ -249,8 +249,8 @@ def check_args(args):
         args.augment = ",".join(parse_kinds(args.augment)) or "none"
     except ValueError as exc:
         raise UsageError(f"--augment: {exc}") from None
-    args.aug_flip_classes = ",".join(flip_class_names(args.aug_flip_classes)) or "all"
-    args.aug_rotate_wide_classes = ",".join(wide_class_names(args.aug_rotate_wide_classes)) or "none"
+    args.aug_flip_classes = ",".join(class_list(args.aug_flip_classes, "all")) or "all"
+    args.aug_rotate_wide_classes = ",".join(class_list(args.aug_rotate_wide_classes, "none")) or "none"
     if not 0 <= args.ema_decay < 1:
         raise UsageError(f"--ema-decay must be in [0, 1), got {args.ema_decay}")
     if not 0 <= args.label_smoothing < 1:
@@ -345,21 +345,16 @@ def augment_config(recipe):
     if not kinds:
         return None
     return AugmentConfig(kinds, rotate_deg=recipe.aug_rotate_deg, scale=recipe.aug_scale, jitter=recipe.aug_jitter,
-                         shift_steps=recipe.aug_shift_steps, flip_classes=flip_class_names(recipe.aug_flip_classes),
-                         rotate_wide_classes=wide_class_names(recipe.aug_rotate_wide_classes),
+                         shift_steps=recipe.aug_shift_steps, flip_classes=class_list(recipe.aug_flip_classes, "all"),
+                         rotate_wide_classes=class_list(recipe.aug_rotate_wide_classes, "none"),
                          rotate_wide_deg=recipe.aug_rotate_wide_deg)
 
 
-def flip_class_names(text):
-    """'laying, sitting' -> ('LAYING', 'SITTING'); 'all' or '' -> (): every class."""
+def class_list(text, empty_word):
+    """'laying, sitting' -> ('LAYING', 'SITTING'); '' or `empty_word` (any case) -> (), whose meaning
+    is the flag's: every class for flip's 'all', no class for the wide rotation's 'none'."""
     names = tuple(part.strip().upper() for part in text.split(",") if part.strip())
-    return () if names in ((), ("ALL",)) else names
-
-
-def wide_class_names(text):
-    """'walking, walking_upstairs' -> ('WALKING', 'WALKING_UPSTAIRS'); 'none' or '' -> (): no class."""
-    names = tuple(part.strip().upper() for part in text.split(",") if part.strip())
-    return () if names in ((), ("NONE",)) else names
+    return () if names in ((), (empty_word.upper(),)) else names
 
 
 def _subject_list(text):
