@@ -1,0 +1,104 @@
+"""How differently people's phones sit: the direction of gravity per person and activity, and what
+turning one person's windows does to a trained model.
+
+  python -m scripts.phone_tilt --data-dir ../hapt-all21
+  python -m scripts.phone_tilt --data-dir ../hapt-all21 --checkpoint runs/nested/NAME/outer-2/best.pt --person 14
+
+Without --checkpoint: for each activity, how far each person's mean gravity direction (total
+acceleration averaged over a window, as a unit vector, then over the person's windows) lies from
+the people's mean, and how far apart one person's walking and walking upstairs, and sitting and
+standing, lie. With --checkpoint: the model's accuracy on --person's windows of its own test split
+turned by each of --degrees about --axis (every sensor's x/y/z together), inference only.
+Development data only: nothing in the tests needs it.
+"""
+import argparse
+import statistics
+
+import numpy as np
+
+from benchmarks.tta_nested import transformed
+from data.augment import sensor_triples
+from data.splits import load_har_data
+from inference.bundle import load_bundle, pick_device, probabilities
+from inference.evaluate import splits_as_trained
+
+PAIRS = (("WALKING", "WALKING_UPSTAIRS"), ("SITTING", "STANDING"))
+
+
+def gravity_directions(data):
+    """Unit gravity vectors [N, 3] of every window of every split, with their labels and people."""
+    splits = [split for split in (data.train, data.val, data.test) if split is not None and len(split.labels)]
+    signals = np.concatenate([split.signals for split in splits])
+    names = list(data.channel_names)
+    total = [names.index(f"total_acc_{axis}") for axis in "xyz"]
+    gravity = signals[:, total].mean(axis=2)
+    gravity /= np.linalg.norm(gravity, axis=1, keepdims=True)
+    return gravity, np.concatenate([s.labels for s in splits]), np.concatenate([s.subjects for s in splits])
+
+
+def angle_deg(a, b):
+    cosine = np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b))
+    return float(np.degrees(np.arccos(np.clip(cosine, -1.0, 1.0))))
+
+
+def print_spread(data):
+    gravity, labels, people = gravity_directions(data)
+    persons = sorted(set(people.tolist()))
+    print(f"{len(persons)} people; angle of each person's mean gravity from the people's mean, degrees")
+    for index, name in enumerate(data.class_names):
+        means = {p: gravity[(people == p) & (labels == index)].mean(axis=0) for p in persons
+                 if ((people == p) & (labels == index)).any()}
+        centre = np.mean([m / np.linalg.norm(m) for m in means.values()], axis=0)
+        angles = {p: angle_deg(m, centre) for p, m in means.items()}
+        farthest = max(angles, key=angles.get)
+        print(f"  {name:>20}: median {statistics.median(angles.values()):5.1f}, "
+              f"farthest {angles[farthest]:5.1f} (person {farthest})")
+    print("angle between one person's two activities, degrees")
+    for first, second in PAIRS:
+        a, b = (list(data.class_names).index(name) for name in (first, second))
+        angles = [angle_deg(gravity[(people == p) & (labels == a)].mean(axis=0),
+                            gravity[(people == p) & (labels == b)].mean(axis=0))
+                  for p in persons if ((people == p) & (labels == a)).any() and ((people == p) & (labels == b)).any()]
+        print(f"  {first} / {second}: median {statistics.median(angles):.1f}, "
+              f"from {min(angles):.1f} to {max(angles):.1f}")
+
+
+def print_turned(checkpoint, person, axis, degrees, device):
+    bundle = load_bundle(checkpoint)
+    data = splits_as_trained(bundle.config, bundle.config["dataset"], bundle.config["data_dir"])
+    chosen = data.test.subjects == person
+    if not chosen.any():
+        raise SystemExit(f"error: person {person} is not in {checkpoint}'s test split")
+    windows, labels = data.test.signals[chosen], data.test.labels[chosen]
+    triples = sensor_triples(data.channel_names)
+    print(f"person {person}, {len(labels)} windows, turned about {'xyz'[axis]}:")
+    for angle in degrees:
+        predicted = probabilities(bundle, transformed(windows, "rotate", (axis, angle), triples), device).argmax(1)
+        print(f"  {angle:+6.1f} degrees: accuracy {np.mean(predicted == labels):.3f}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m scripts.phone_tilt", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-dir", help="UCI HAR layout (or an .npz with --dataset npz): every person in it")
+    parser.add_argument("--dataset", default="auto")
+    parser.add_argument("--checkpoint", help="a trained model; its own test split is used")
+    parser.add_argument("--person", type=int, help="with --checkpoint: the person whose windows are turned")
+    parser.add_argument("--axis", type=int, default=1, choices=(0, 1, 2), help="0 x, 1 y, 2 z")
+    parser.add_argument("--degrees", default="-15,0,15")
+    parser.add_argument("--device", default="auto")
+    opts = parser.parse_args(argv)
+    if opts.checkpoint:
+        if opts.person is None:
+            parser.exit(2, "error: --checkpoint needs --person, the person whose windows to turn\n")
+        degrees = [float(part) for part in opts.degrees.split(",")]
+        print_turned(opts.checkpoint, opts.person, opts.axis, degrees, pick_device(opts.device))
+    elif opts.data_dir:
+        print_spread(load_har_data(opts.dataset, opts.data_dir))
+    else:
+        parser.exit(2, "error: give --data-dir (the spread of tilts) or --checkpoint and --person\n")
+    return 0
+
+
+if __name__ == "__main__":
+    main()
