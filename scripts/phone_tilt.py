@@ -7,7 +7,8 @@ turning one person's windows does to a trained model.
 Without --checkpoint: for each activity, how far each person's mean gravity direction (total
 acceleration averaged over a window, as a unit vector, then over the person's windows) lies from
 the people's mean, and how far apart one person's walking and walking upstairs, and sitting and
-standing, lie. With --checkpoint: the model's accuracy on --person's windows of its own test split
+standing, lie; per person, where their standing lies and how their tilt changes when they sit.
+With --checkpoint: the model's accuracy on --person's windows of its own test split
 turned by each of --degrees about --axis (every sensor's x/y/z together), inference only.
 Development data only: nothing in the tests needs it.
 """
@@ -63,6 +64,31 @@ def print_spread(data):
               f"from {min(angles):.1f} to {max(angles):.1f}")
 
 
+def print_postures(data):
+    """Per person: how far their standing lies from the people's standing and sitting, and whether
+    their tilt changes from standing to sitting the way most people's does."""
+    gravity, labels, people = gravity_directions(data)
+    names = list(data.class_names)
+    sitting, standing = names.index("SITTING"), names.index("STANDING")
+    persons = [p for p in sorted(set(people.tolist()))
+               if ((people == p) & (labels == sitting)).any() and ((people == p) & (labels == standing)).any()]
+
+    def unit_means(label):
+        means = {p: gravity[(people == p) & (labels == label)].mean(axis=0) for p in persons}
+        return {p: m / np.linalg.norm(m) for p, m in means.items()}
+
+    sits, stands = unit_means(sitting), unit_means(standing)
+    sit_centre, stand_centre = np.mean(list(sits.values()), axis=0), np.mean(list(stands.values()), axis=0)
+    usual_change = np.mean([sits[p] - stands[p] for p in persons], axis=0)
+    print("standing against the people's postures, degrees; cosine of the person's change from standing "
+          "to sitting with the people's mean change")
+    for p in persons:
+        change = sits[p] - stands[p]
+        cosine = np.dot(change, usual_change) / (np.linalg.norm(change) * np.linalg.norm(usual_change))
+        print(f"  person {p:>3}: to standing {angle_deg(stands[p], stand_centre):5.1f}, "
+              f"to sitting {angle_deg(stands[p], sit_centre):5.1f}, change cosine {cosine:5.2f}")
+
+
 def print_turned(checkpoint, person, axis, degrees, device):
     bundle = load_bundle(checkpoint)
     data = splits_as_trained(bundle.config, bundle.config["dataset"], bundle.config["data_dir"])
@@ -94,7 +120,9 @@ def main(argv=None):
         degrees = [float(part) for part in opts.degrees.split(",")]
         print_turned(opts.checkpoint, opts.person, opts.axis, degrees, pick_device(opts.device))
     elif opts.data_dir:
-        print_spread(load_har_data(opts.dataset, opts.data_dir))
+        data = load_har_data(opts.dataset, opts.data_dir)
+        print_spread(data)
+        print_postures(data)
     else:
         parser.exit(2, "error: give --data-dir (the spread of tilts) or --checkpoint and --person\n")
     return 0
