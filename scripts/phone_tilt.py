@@ -37,29 +37,40 @@ def gravity_directions(data):
     return gravity, np.concatenate([s.labels for s in splits]), np.concatenate([s.subjects for s in splits])
 
 
+def cosine(a, b):
+    return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
 def angle_deg(a, b):
-    cosine = np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b))
-    return float(np.degrees(np.arccos(np.clip(cosine, -1.0, 1.0))))
+    return float(np.degrees(np.arccos(np.clip(cosine(a, b), -1.0, 1.0))))
+
+
+def person_directions(gravity, labels, people, label):
+    """{person: unit mean gravity direction of their windows of `label`}, for every person who has some."""
+    directions = {}
+    for person in sorted(set(people.tolist())):
+        chosen = (people == person) & (labels == label)
+        if chosen.any():
+            mean = gravity[chosen].mean(axis=0)
+            directions[person] = mean / np.linalg.norm(mean)
+    return directions
 
 
 def print_spread(data):
     gravity, labels, people = gravity_directions(data)
-    persons = sorted(set(people.tolist()))
-    print(f"{len(persons)} people; angle of each person's mean gravity from the people's mean, degrees")
-    for index, name in enumerate(data.class_names):
-        means = {p: gravity[(people == p) & (labels == index)].mean(axis=0) for p in persons
-                 if ((people == p) & (labels == index)).any()}
-        centre = np.mean([m / np.linalg.norm(m) for m in means.values()], axis=0)
-        angles = {p: angle_deg(m, centre) for p, m in means.items()}
+    names = list(data.class_names)
+    print(f"{len(set(people.tolist()))} people; angle of each person's mean gravity from the people's mean, degrees")
+    for index, name in enumerate(names):
+        directions = person_directions(gravity, labels, people, index)
+        centre = np.mean(list(directions.values()), axis=0)
+        angles = {p: angle_deg(d, centre) for p, d in directions.items()}
         farthest = max(angles, key=angles.get)
         print(f"  {name:>20}: median {statistics.median(angles.values()):5.1f}, "
               f"farthest {angles[farthest]:5.1f} (person {farthest})")
     print("angle between one person's two activities, degrees")
     for first, second in PAIRS:
-        a, b = (list(data.class_names).index(name) for name in (first, second))
-        angles = [angle_deg(gravity[(people == p) & (labels == a)].mean(axis=0),
-                            gravity[(people == p) & (labels == b)].mean(axis=0))
-                  for p in persons if ((people == p) & (labels == a)).any() and ((people == p) & (labels == b)).any()]
+        firsts, seconds = (person_directions(gravity, labels, people, names.index(n)) for n in (first, second))
+        angles = [angle_deg(firsts[p], seconds[p]) for p in firsts if p in seconds]
         print(f"  {first} / {second}: median {statistics.median(angles):.1f}, "
               f"from {min(angles):.1f} to {max(angles):.1f}")
 
@@ -68,25 +79,18 @@ def print_postures(data):
     """Per person: how far their standing lies from the people's standing and sitting, and whether
     their tilt changes from standing to sitting the way most people's does."""
     gravity, labels, people = gravity_directions(data)
-    names = list(data.class_names)
-    sitting, standing = names.index("SITTING"), names.index("STANDING")
-    persons = [p for p in sorted(set(people.tolist()))
-               if ((people == p) & (labels == sitting)).any() and ((people == p) & (labels == standing)).any()]
-
-    def unit_means(label):
-        means = {p: gravity[(people == p) & (labels == label)].mean(axis=0) for p in persons}
-        return {p: m / np.linalg.norm(m) for p, m in means.items()}
-
-    sits, stands = unit_means(sitting), unit_means(standing)
-    sit_centre, stand_centre = np.mean(list(sits.values()), axis=0), np.mean(list(stands.values()), axis=0)
+    sits, stands = (person_directions(gravity, labels, people, list(data.class_names).index(name))
+                    for name in ("SITTING", "STANDING"))
+    persons = [p for p in sits if p in stands]
+    sit_centre = np.mean([sits[p] for p in persons], axis=0)
+    stand_centre = np.mean([stands[p] for p in persons], axis=0)
     usual_change = np.mean([sits[p] - stands[p] for p in persons], axis=0)
     print("standing against the people's postures, degrees; cosine of the person's change from standing "
           "to sitting with the people's mean change")
     for p in persons:
-        change = sits[p] - stands[p]
-        cosine = np.dot(change, usual_change) / (np.linalg.norm(change) * np.linalg.norm(usual_change))
         print(f"  person {p:>3}: to standing {angle_deg(stands[p], stand_centre):5.1f}, "
-              f"to sitting {angle_deg(stands[p], sit_centre):5.1f}, change cosine {cosine:5.2f}")
+              f"to sitting {angle_deg(stands[p], sit_centre):5.1f}, "
+              f"change cosine {cosine(sits[p] - stands[p], usual_change):5.2f}")
 
 
 def print_turned(checkpoint, person, axis, degrees, device):
