@@ -3,40 +3,52 @@
 DDP all-reduces the gradients (in fp32, or in fp16 with --grad-compression fp16); FSDP all-gathers
 parameters and reduce-scatters gradients. Each is timed for the gradient-sized buffer and for one
 element (the latency), and fitted to a ring model (profiling/comm_model.py).
+
+Timed as a step meets them: on CPU each call follows a stretch of busy host time as long as the
+step computes between two of its collectives (`gap_s`). The ranks' compute threads share the cores
+with the backend's own threads there, and a call made after busy time often waits milliseconds for
+them to be scheduled, where the same call made back to back does not. A call's time is the time
+of the rank that arrived last (the others also waited for it, which the straggler term already
+counts), and the figure is the mean over calls: a step pays every slow call, not the median one.
 """
-import statistics
 import time
 
 import torch
 import torch.distributed as dist
 
 from profiling.comm_model import BYTES_PER_GB, bus_bandwidth_bytes_per_s, fit_ring_link, fit_ring_pass_link
-from profiling.timing import barrier, reduce_over_ranks
+from profiling.timing import barrier, gather_per_rank
 
 UNTIMED_CALLS = 5  # connection set-up and first-call allocations stay out of the figures
 
 
-def benchmark_allreduce(strategy, num_elements, iterations):
-    """Time the collectives with the gradient-sized buffer and with one element; None in one
-    process, where there is no process group to measure. The all-reduce in fp32 is the headline
-    (DDP's exchange); `links` holds a fitted Link for every collective measured."""
+def benchmark_allreduce(strategy, num_elements, iterations, gap_s=0.0):
+    """Time the collectives with the gradient-sized buffer and with one element, each call after
+    `gap_s` of busy host time; None in one process, where there is no process group to measure.
+    The all-reduce in fp32 is the headline (DDP's exchange); `links` holds a fitted Link for every
+    collective measured."""
     if not (dist.is_available() and dist.is_initialized()) or strategy.world_size < 2:
         return None
     world_size = strategy.world_size
-    buffer_s = _median_call_s(strategy, _all_reduce(num_elements, torch.float32, strategy), iterations)
-    tiny_s = _median_call_s(strategy, _all_reduce(1, torch.float32, strategy), iterations)
+
+    def timed(call):
+        return _mean_call_s(strategy, call, iterations, gap_s)
+
+    buffer_s = timed(_all_reduce(num_elements, torch.float32, strategy))
+    tiny_s = timed(_all_reduce(1, torch.float32, strategy))
     buffer_bytes = num_elements * 4
+    after = f", calls after {gap_s * 1e3:.3g} ms of host work" if gap_s > 0 else ""
     source = f"measured: {dist.get_backend()}, {world_size} ranks"
-    links = {"allreduce": fit_ring_link(buffer_bytes, buffer_s, tiny_s, world_size, source)}
-    half_s = _median_call_s(strategy, _all_reduce(num_elements, torch.float16, strategy), iterations)
-    links["allreduce_fp16"] = fit_ring_link(buffer_bytes // 2, half_s, tiny_s, world_size, source + ", fp16")
+    links = {"allreduce": fit_ring_link(buffer_bytes, buffer_s, tiny_s, world_size, source + after)}
+    half_s = timed(_all_reduce(num_elements, torch.float16, strategy))
+    links["allreduce_fp16"] = fit_ring_link(buffer_bytes // 2, half_s, tiny_s, world_size, f"{source}, fp16{after}")
     for kind, make in (("all_gather", _all_gather), ("reduce_scatter", _reduce_scatter)):
-        full_s = _median_call_s(strategy, make(num_elements, strategy), iterations)
-        one_s = _median_call_s(strategy, make(world_size, strategy), iterations)
-        links[kind] = fit_ring_pass_link(buffer_bytes, full_s, one_s, world_size, f"{source}, {kind}")
+        full_s = timed(make(num_elements, strategy))
+        one_s = timed(make(world_size, strategy))
+        links[kind] = fit_ring_pass_link(buffer_bytes, full_s, one_s, world_size, f"{source}, {kind}{after}")
     return {
         "backend": dist.get_backend(), "world_size": world_size, "buffer_bytes": buffer_bytes,
-        "iterations": iterations, "time_s": buffer_s, "one_element_time_s": tiny_s,
+        "iterations": iterations, "gap_s": gap_s, "time_s": buffer_s, "one_element_time_s": tiny_s,
         "algorithm_bandwidth_gb_per_s": buffer_bytes / buffer_s / BYTES_PER_GB,
         "bus_bandwidth_gb_per_s": bus_bandwidth_bytes_per_s(buffer_bytes, buffer_s, world_size) / BYTES_PER_GB,
         "link": links["allreduce"], "links": links,
@@ -62,17 +74,31 @@ def _reduce_scatter(num_elements, strategy):
     return lambda: dist.reduce_scatter_tensor(shard, full)
 
 
-def _median_call_s(strategy, call, iterations):
-    """Median of single timed calls, slowest rank: a call delayed by another process on a shared
-    machine moves a mean a lot and a median hardly."""
+def _mean_call_s(strategy, call, iterations, gap_s):
+    """Mean seconds of a call, each made after `gap_s` of busy host time, as the rank that arrived
+    last saw it."""
     for _ in range(UNTIMED_CALLS):
         call()
     strategy.synchronize()
     barrier(strategy)
     calls_s = []
     for _ in range(iterations):
+        busy_host(gap_s)
         start = time.perf_counter()
         call()
         strategy.synchronize()
         calls_s.append(time.perf_counter() - start)
-    return reduce_over_ranks(strategy, {"s": statistics.median(calls_s)}, {"s": "max"})["s"]
+    return last_arrival_mean_s(gather_per_rank(strategy, calls_s))
+
+
+def last_arrival_mean_s(calls_s_per_rank):
+    """Mean over calls of the shortest time any rank spent in each: the rank that arrived last
+    waited for nobody, so its time is the call's own."""
+    return sum(min(times) for times in zip(*calls_s_per_rank, strict=True)) / len(calls_s_per_rank[0])
+
+
+def busy_host(seconds):
+    """Keep this thread on its core for `seconds`, as a step's compute does between two collectives."""
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        pass

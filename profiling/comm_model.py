@@ -98,6 +98,15 @@ def strategy_comm(strategy, gradient_bytes, world_size, links, units=1, reshard_
     return seconds, (gathers + 1) * ring * gradient_bytes
 
 
+def collectives_per_step(strategy, gradient_bytes, units=1, reshard_after_forward=True):
+    """Separate collective calls of one optimizer step: DDP one all-reduce per bucket (the buckets hold
+    fp32 gradients; a compression hook shrinks each, not their number); FSDP per unit an all-gather for
+    forward, another for backward when resharded after forward, and a reduce-scatter."""
+    if strategy == "fsdp":
+        return (3 if reshard_after_forward else 2) * units
+    return ddp_bucket_count(gradient_bytes)
+
+
 def model_state_bytes(strategy, parameter_bytes, world_size, largest_unit_bytes=0):
     """A rank's parameters, gradients and AdamW moments (4 x the parameters in fp32): whole under DDP;
     1/N under FSDP, plus the largest unit gathered whole (its parameters and gradients) while it runs."""

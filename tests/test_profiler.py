@@ -11,12 +11,15 @@ from argparse import Namespace
 from pathlib import Path
 
 import pytest
+import torch
 
-from conftest import TINY_DATA, run_subprocess
+from conftest import REPO, TINY_DATA, run_subprocess
+from profiling.allreduce_bench import last_arrival_mean_s
 from profiling.comm_model import (
     Link,
     accumulation_for_efficiency,
     bus_bandwidth_bytes_per_s,
+    collectives_per_step,
     comm_split,
     ddp_bucket_count,
     efficiency,
@@ -25,7 +28,7 @@ from profiling.comm_model import (
     ring_allreduce_time_s,
     speedup,
 )
-from profiling.measure import compute_only_step_s
+from profiling.measure import LONGEST_GAP_S, collective_gap_s, compute_only_step_s
 from profiling.recommend import Figures, larger_batch_shares, recommendations
 from profiling.scaling import scaling_rows
 
@@ -99,6 +102,60 @@ def test_accumulation_needed_for_a_target_efficiency_is_the_smallest_that_reache
 def test_ddp_bucket_count():
     assert ddp_bucket_count(400_000) == 1  # fits DDP's 1 MiB first bucket
     assert ddp_bucket_count(30 * 1024 ** 2) == 3  # 1 MiB, then 25 MiB, then the last 4 MiB
+
+
+def test_collectives_per_step_of_each_strategy():
+    assert collectives_per_step("ddp", 400_000) == 1
+    assert collectives_per_step("ddp", 30 * 1024 ** 2) == 3  # one per bucket
+    assert collectives_per_step("fsdp", 400_000, units=3) == 9  # gather, gather again, reduce-scatter
+    assert collectives_per_step("fsdp", 400_000, units=3, reshard_after_forward=False) == 6
+
+
+def test_a_collective_takes_the_time_of_the_rank_that_arrived_last():
+    # Rank 0 waited for rank 1 in the first call, rank 1 for rank 0 in the second; the third was slow for both.
+    assert last_arrival_mean_s([[0.005, 0.001, 0.004], [0.001, 0.002, 0.003]]) == pytest.approx(0.005 / 3)
+
+
+def test_the_busy_time_before_each_benchmarked_collective():
+    def work(device, world_size, name, reshard=True):
+        strategy = Namespace(device=torch.device(device), world_size=world_size, name=name,
+                             reshard_after_forward=reshard)
+        return Namespace(strategy=strategy, gradient_bytes=400_000, unit_bytes=[1, 1, 1])
+    assert collective_gap_s(work("cpu", 2, "ddp"), 0.012) == pytest.approx(0.012)  # one bucket, after backward
+    assert collective_gap_s(work("cpu", 2, "fsdp"), 0.018) == pytest.approx(0.002)  # nine calls a step
+    assert collective_gap_s(work("cpu", 2, "fsdp", reshard=False), 0.018) == pytest.approx(0.003)
+    assert collective_gap_s(work("cpu", 2, "ddp"), 1.0) == LONGEST_GAP_S
+    assert collective_gap_s(work("cpu", 1, "single"), 0.012) == 0.0
+    assert collective_gap_s(work("cuda", 2, "ddp"), 0.012) == 0.0  # a GPU's host only queues the work
+
+
+BENCHMARK_SCRIPT = """
+import json, time
+from profiling.allreduce_bench import benchmark_allreduce
+from training.distributed.strategy import DistributedStrategy
+strategy = DistributedStrategy("cpu", "gloo", None, False, 60)
+started = time.perf_counter()
+result = benchmark_allreduce(strategy, 1000, 4, gap_s=0.05)
+took_s = time.perf_counter() - started
+if strategy.is_main:
+    print(json.dumps({"took_s": took_s, "gap_s": result["gap_s"], "time_s": result["time_s"],
+                      "sources": {kind: link.source for kind, link in result["links"].items()}}))
+strategy.close()
+"""
+
+
+def test_two_ranks_benchmark_every_collective_after_busy_host_time(tmp_path):
+    script = tmp_path / "bench.py"
+    script.write_text(BENCHMARK_SCRIPT)
+    result = run_subprocess([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             script], timeout=120, env={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.stderr[-2000:]
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert figures["gap_s"] == 0.05 and figures["time_s"] > 0
+    assert set(figures["sources"]) == {"allreduce", "allreduce_fp16", "all_gather", "reduce_scatter"}
+    assert all("gloo, 2 ranks" in source and "after 50 ms of host work" in source
+               for source in figures["sources"].values())
+    assert figures["took_s"] >= 7 * 4 * 0.05  # seven timed collectives, four calls each, each after the gap
 
 
 def test_recommendation_numbers():
