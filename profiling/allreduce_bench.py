@@ -6,10 +6,10 @@ element (the latency), and fitted to a ring model (profiling/comm_model.py).
 
 Timed as a step meets them: on CPU each call follows a stretch of busy host time as long as the
 step computes between two of its collectives (`gap_s`). The ranks' compute threads share the cores
-with the backend's own threads there, and a call made after busy time often waits milliseconds for
-them to be scheduled, where the same call made back to back does not. A call's time is the time
-of the rank that arrived last (the others also waited for it, which the straggler term already
-counts), and the figure is the mean over calls: a step pays every slow call, not the median one.
+with the backend's own threads there: some calls wait milliseconds for those threads to be
+scheduled, and more of them after busy time than back to back. A call's time is the time of the
+rank that arrived last (the others also waited for it, which the straggler term already counts),
+and the figure is the mean over calls: a step pays every slow call, not the median one.
 """
 import time
 

@@ -13,10 +13,11 @@ from training.errors import UsageError
 # Links assumed when one process has no process group to measure (bus bandwidth, latency per ring
 # step). CUDA: PCIe 4.0 x16 without NVLink, which NCCL drives at roughly 20 GB/s bus bandwidth
 # (NVLink parts reach hundreds: pass --assumed-bandwidth-gbps). CPU: gloo between two processes
-# on one machine over loopback TCP; the 2-core development machine measured 0.3 to 0.9 GB/s and
-# 65 to 70 us per ring step for a 0.4 MB buffer.
+# on one machine over loopback TCP; the 2-core development machine measured 0.1 to 1.5 GB/s and
+# 0.5 to 1.4 ms per ring step for 0.35 to 14 MB buffers, each call after 20 ms of busy time as a
+# step makes it (profiling/allreduce_bench.py; back to back the median call gave 65 to 70 us).
 ASSUMED_LINKS = {"cuda": {"bandwidth_gbps": 20.0, "latency_us": 5.0},
-                 "cpu": {"bandwidth_gbps": 0.5, "latency_us": 65.0}}
+                 "cpu": {"bandwidth_gbps": 0.5, "latency_us": 800.0}}
 
 
 def build_profiler_parser():
@@ -35,8 +36,8 @@ def build_profiler_parser():
                        help="steps of the separate phase-breakdown pass (forward/backward/optimizer/"
                             "all-reduce); 0 skips it")
     group.add_argument("--allreduce-iters", type=int, default=50,
-                       help="timed all-reduce calls of each benchmark size (after 5 untimed; the median "
-                            "counts), with 2+ processes")
+                       help="timed calls of each collective and size (after 5 untimed; the mean counts; on "
+                            "CPU each after the step's busy time between two collectives), with 2+ processes")
     group.add_argument("--assumed-bandwidth-gbps", type=float, default=None,
                        help="all-reduce bus bandwidth in GB/s (gigaBYTES, 1e9 bytes/s) for the predictions; "
                             "if unset: measured with 2+ processes, else "
