@@ -109,7 +109,7 @@ def _strategy(f):
 
 
 _STRATEGY_NAMES = {"ddp": "DDP", "ddp_fp16": "DDP with fp16 gradients", "fsdp": "FSDP"}
-_STRATEGY_FLAGS = {"ddp": "--multi-gpu ddp", "ddp_fp16": "--multi-gpu ddp --grad-compression fp16 (bf16 on NCCL)",
+_STRATEGY_FLAGS = {"ddp": "--multi-gpu ddp", "ddp_fp16": "--multi-gpu ddp --grad-compression fp16 (or bf16)",
                    "fsdp": "--multi-gpu fsdp"}
 
 
@@ -149,7 +149,7 @@ def _half_precision_gradients(f):
     amp_state = "on" if f.amp_enabled else "off"
     text = (f"AMP (here {amp_state}) does not shrink the all-reduce: autocast keeps parameters and "
             f"gradients in fp32, so DDP sends {f.gradient_bytes / BYTES_PER_MB:.2f} MB either way; "
-            "--grad-compression fp16 (or bf16 on NCCL) compresses them in a DDP communication hook and sends "
+            "--grad-compression fp16 (or bf16) compresses them in a DDP communication hook and sends "
             f"{f.gradient_bytes / 2 / BYTES_PER_MB:.2f} MB, all-reduce {_ms(full['allreduce_s'])} -> "
             f"{_ms(half['allreduce_s'])} on {n} GPUs (latency unchanged), speedup {full['speedup']:.2f}x -> "
             f"{half['speedup']:.2f}x. AMP's faster compute raises the all-reduce share instead")

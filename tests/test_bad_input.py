@@ -138,7 +138,6 @@ FLAG_CASES = [
     ("main_multi_gpu.py", ["--multi-gpu", "fsdp", "--device", "cpu", "--grad-compression", "bf16"],
      "--grad-compression bf16"),
     ("main_multi_gpu.py", ["--multi-gpu", "fsdp", "--device", "cpu", "--sync-bn"], "--sync-bn"),
-    ("main_multi_gpu.py", ["--multi-gpu", "ddp", "--device", "cpu", "--grad-compression", "bf16"], "NCCL"),
     ("main_multi_gpu.py", ["--multi-gpu", "fsdp", "--amp", "--amp-dtype", "fp16"], "--amp-dtype fp16"),
     ("main.py", ["--model", "transformer", "--width", "100", "--heads", "8"], "--width 100"),
     ("main.py", ["--model", "cnn1d", "--depth", "3"], "--depth"),

@@ -90,10 +90,46 @@ def test_a_killed_fsdp_rank_restarts_and_the_run_ends_as_uninterrupted(runs, tmp
         json.loads((root / "fsdp" / "test_report.json").read_text())["accuracy"]
 
 
-def test_half_precision_gradients_train_close_to_full_precision(runs, tmp_path):
+@pytest.mark.parametrize("kind", ["fp16", "bf16"])
+def test_half_precision_gradients_train_close_to_full_precision(runs, tmp_path, kind):
     root, _ = runs
-    result = launch("ddp", tmp_path, "--grad-compression", "fp16")  # bf16's hook needs NCCL
-    assert "gradients sent as fp16" in result.stdout
+    result = launch("ddp", tmp_path, "--grad-compression", kind)
+    assert f"gradients sent as {kind}" in result.stdout
     compressed, full = load_checkpoint(tmp_path / "last.pt"), load_checkpoint(root / "ddp" / "last.pt")
     difference = max_abs_difference(compressed["model"], full["model"])
     assert 0 < difference < 1e-2, difference  # rounded on the wire, so not equal; still the same run
+
+
+def test_bf16_compression_is_refused_in_one_line_where_the_backend_cannot_sum_bf16(monkeypatch):
+    from training.distributed import strategy
+    from training.errors import UsageError
+
+    def cannot_sum(tensor, *args, **kwargs):
+        raise RuntimeError("Invalid scalar type\nException raised from ...")
+    monkeypatch.setattr(strategy.dist, "all_reduce", cannot_sum)
+    monkeypatch.setattr(strategy.dist, "get_backend", lambda: "gloo")
+    with pytest.raises(UsageError, match=r"^--grad-compression bf16: this gloo cannot all-reduce bf16 tensors "
+                                         r"\(Invalid scalar type\); use --grad-compression fp16$"):
+        strategy.require_bfloat16_all_reduce(torch.device("cpu"))
+
+
+def test_the_bf16_hook_sends_bf16_and_writes_the_average_back_into_the_gradients():
+    import torch.distributed as dist
+
+    from training.distributed.strategy import bfloat16_compress_hook
+
+    class Bucket:
+        def __init__(self, tensor):
+            self.tensor = tensor
+
+        def buffer(self):
+            return self.tensor
+    # 1 + 2**-10 is exact in fp32 and fp16 (10 mantissa bits) but rounds to 1 in bf16 (7 bits).
+    gradients = torch.tensor([1 + 2 ** -10, 3.0])
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        written = bfloat16_compress_hook(None, Bucket(gradients)).wait()
+    finally:
+        dist.destroy_process_group()
+    assert written is gradients and gradients.dtype == torch.float32
+    assert gradients.tolist() == [1.0, 3.0]

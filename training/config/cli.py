@@ -49,8 +49,8 @@ def build_parser(multi_gpu):
                                 "DistributedDataParallel, one process per GPU (under torchrun); fsdp: FSDP2, "
                                 "parameters, gradients and optimizer state sharded over the processes")
         group.add_argument("--grad-compression", choices=GRAD_COMPRESSIONS, default="none",
-                           help="ddp: send gradients as fp16 or bf16 (half the bytes; bf16 needs NCCL) or "
-                                "PowerSGD's rank-1 approximation, through DDP's communication hooks")
+                           help="ddp: send gradients as fp16 or bf16 (half the bytes; bf16 where the backend can "
+                                "sum it) or PowerSGD's rank-1 approximation, through DDP's communication hooks")
         group.add_argument("--reshard-after-forward", action=argparse.BooleanOptionalAction, default=True,
                            help="fsdp: free gathered parameters after each block's forward and gather them again "
                                 "for its backward (less memory); --no-reshard-after-forward keeps them (fewer "

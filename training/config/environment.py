@@ -54,9 +54,6 @@ def check_parallel_args(config):
         return device_type, None
     if backend == "nccl" and device_type != "cuda":
         raise UsageError("--backend nccl needs CUDA devices; use --backend gloo on CPU")
-    if config.parallel.grad_compression == "bf16" and backend != "nccl":
-        raise UsageError("--grad-compression bf16 needs NCCL (torch's bf16 hook casts for it alone); with gloo "
-                         "use --grad-compression fp16")
     if hardware.sync_bn and device_type != "cuda":
         raise UsageError("--sync-bn needs CUDA (SyncBatchNorm has no CPU kernel); on CPU use "
                          "--norm group or --norm none for batch-split-independent results")

@@ -217,6 +217,8 @@ class DistributedStrategy(SingleDevice):
         if self.sync_bn:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         self._ddp = ddp_module(model, self.device)
+        if self.grad_compression == "bf16":
+            require_bfloat16_all_reduce(self.device)
         if self.grad_compression != "none":
             self.register_comm_hook(*compression_hook(self.grad_compression))
         return self._ddp
@@ -334,17 +336,44 @@ def ddp_module(model, device):
 
 
 def compression_hook(kind):
-    """(state, hook) of torch's DDP communication hooks for --grad-compression: fp16 and bf16 halve the
-    bytes each all-reduce sends (the average is taken in that precision, then cast back); PowerSGD
-    sends a rank-1 approximation with error feedback after 1,000 full-precision steps."""
+    """(state, hook) of DDP communication hooks for --grad-compression: fp16 (torch's) and bf16 (ours,
+    below) halve the bytes each all-reduce sends (the average is taken in that precision, then cast
+    back); PowerSGD (torch's) sends a rank-1 approximation with error feedback after 1,000
+    full-precision steps."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
     if kind == "fp16":
         return None, default_hooks.fp16_compress_hook
     if kind == "bf16":
-        return None, default_hooks.bf16_compress_hook
+        return None, bfloat16_compress_hook
     state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1,
                                         start_powerSGD_iter=1_000, min_compression_rate=2)
     return state, powerSGD_hook.powerSGD_hook
+
+
+def bfloat16_compress_hook(process_group, bucket):
+    """DDP's bucket cast to bf16 and divided by the ranks, summed, and written back in the gradients'
+    dtype. torch's own bf16 hook does the same but DDP accepts it on NCCL alone; gloo sums bf16 too in
+    recent torch builds, which require_bfloat16_all_reduce checks before this hook is registered."""
+    group = process_group if process_group is not None else dist.group.WORLD
+    gradients = bucket.buffer()
+    compressed = gradients.to(torch.bfloat16).div_(group.size())
+
+    def write_back(future):
+        gradients.copy_(future.value()[0])
+        return gradients
+    return dist.all_reduce(compressed, group=group, async_op=True).get_future().then(write_back)
+
+
+def require_bfloat16_all_reduce(device):
+    """Refuse --grad-compression bf16 where the backend cannot sum bf16 tensors (NCCL before 2.10, gloo
+    in older torch builds): asked of the backend with one tiny all-reduce, which every rank makes
+    alike, rather than read from version numbers."""
+    try:
+        dist.all_reduce(torch.zeros(1, dtype=torch.bfloat16, device=device))
+    except (RuntimeError, TypeError) as error:
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise UsageError(f"--grad-compression bf16: this {dist.get_backend()} cannot all-reduce bf16 tensors "
+                         f"({reason}); use --grad-compression fp16") from None
 
 
 def _model_state_mb(model, optimizer):
