@@ -34,13 +34,13 @@ def benchmark_allreduce(strategy, num_elements, iterations, gap_s=0.0):
     def timed(call):
         return _mean_call_s(strategy, call, iterations, gap_s)
 
-    buffer_s = timed(_all_reduce(num_elements, torch.float32, strategy))
-    tiny_s = timed(_all_reduce(1, torch.float32, strategy))
+    buffer_s = timed(all_reduce_call(num_elements, torch.float32, strategy))
+    tiny_s = timed(all_reduce_call(1, torch.float32, strategy))
     buffer_bytes = num_elements * 4
     after = f", calls after {gap_s * 1e3:.3g} ms of host work" if gap_s > 0 else ""
     source = f"measured: {dist.get_backend()}, {world_size} ranks"
     links = {"allreduce": fit_ring_link(buffer_bytes, buffer_s, tiny_s, world_size, source + after)}
-    half_s = timed(_all_reduce(num_elements, torch.float16, strategy))
+    half_s = timed(all_reduce_call(num_elements, torch.float16, strategy))
     links["allreduce_fp16"] = fit_ring_link(buffer_bytes // 2, half_s, tiny_s, world_size, f"{source}, fp16{after}")
     for kind, make in (("all_gather", _all_gather), ("reduce_scatter", _reduce_scatter)):
         full_s = timed(make(num_elements, strategy))
@@ -55,7 +55,7 @@ def benchmark_allreduce(strategy, num_elements, iterations, gap_s=0.0):
     }
 
 
-def _all_reduce(num_elements, dtype, strategy):
+def all_reduce_call(num_elements, dtype, strategy):
     tensor = torch.zeros(num_elements, dtype=dtype, device=strategy.device)
     return lambda: dist.all_reduce(tensor)
 
@@ -75,8 +75,14 @@ def _reduce_scatter(num_elements, strategy):
 
 
 def _mean_call_s(strategy, call, iterations, gap_s):
-    """Mean seconds of a call, each made after `gap_s` of busy host time, as the rank that arrived
-    last saw it."""
+    """Mean seconds of a call, each made after `gap_s` of busy host time."""
+    calls_s = timed_calls_s(strategy, call, iterations, gap_s)
+    return sum(calls_s) / len(calls_s)
+
+
+def timed_calls_s(strategy, call, iterations, gap_s):
+    """Seconds of each of `iterations` calls, each made after `gap_s` of busy host time, as the rank
+    that arrived last saw it; the same list on every rank."""
     for _ in range(UNTIMED_CALLS):
         call()
     strategy.synchronize()
@@ -88,13 +94,13 @@ def _mean_call_s(strategy, call, iterations, gap_s):
         call()
         strategy.synchronize()
         calls_s.append(time.perf_counter() - start)
-    return last_arrival_mean_s(gather_per_rank(strategy, calls_s))
+    return last_arrival_s(gather_per_rank(strategy, calls_s))
 
 
-def last_arrival_mean_s(calls_s_per_rank):
-    """Mean over calls of the shortest time any rank spent in each: the rank that arrived last
-    waited for nobody, so its time is the call's own."""
-    return sum(min(times) for times in zip(*calls_s_per_rank, strict=True)) / len(calls_s_per_rank[0])
+def last_arrival_s(calls_s_per_rank):
+    """Each call's shortest time over the ranks: the rank that arrived last waited for nobody, so its
+    time is the call's own."""
+    return [min(times) for times in zip(*calls_s_per_rank, strict=True)]
 
 
 def busy_host(seconds):

@@ -92,7 +92,7 @@ def strategy_comm(strategy, gradient_bytes, world_size, links, units=1, reshard_
         seconds = ring_allreduce_time_s(payload, world_size, link.bandwidth_bytes_per_s, link.latency_s,
                                         ddp_bucket_count(payload))
         return seconds, 2 * ring * payload
-    gathers = 2 if reshard_after_forward else 1
+    gathers = fsdp_gathers(reshard_after_forward)
     seconds = gathers * ring_pass_time_s(gradient_bytes, world_size, links["all_gather"], units) + \
         ring_pass_time_s(gradient_bytes, world_size, links["reduce_scatter"], units)
     return seconds, (gathers + 1) * ring * gradient_bytes
@@ -103,8 +103,13 @@ def collectives_per_step(strategy, gradient_bytes, units=1, reshard_after_forwar
     fp32 gradients; a compression hook shrinks each, not their number); FSDP per unit an all-gather for
     forward, another for backward when resharded after forward, and a reduce-scatter."""
     if strategy == "fsdp":
-        return (3 if reshard_after_forward else 2) * units
+        return (fsdp_gathers(reshard_after_forward) + 1) * units
     return ddp_bucket_count(gradient_bytes)
+
+
+def fsdp_gathers(reshard_after_forward):
+    """All-gathers of each unit per step: for forward, and again for backward when resharded after forward."""
+    return 2 if reshard_after_forward else 1
 
 
 def model_state_bytes(strategy, parameter_bytes, world_size, largest_unit_bytes=0):

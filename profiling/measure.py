@@ -9,7 +9,15 @@ from profiling.comm_model import collectives_per_step, comm_split
 from profiling.host_load import HostCpuMeter
 from profiling.host_sharing import measure_host_effects
 from profiling.report import default_output_dir
-from profiling.timing import LapTimer, NullTimer, StepClock, barrier, gather_per_rank, reduce_over_ranks
+from profiling.timing import (
+    LapTimer,
+    NullTimer,
+    StepClock,
+    barrier,
+    gather_per_rank,
+    mean_std,
+    reduce_over_ranks,
+)
 from profiling.trace import write_trace
 from profiling.workload import build_workload, optimizer_step
 from training.distributed.strategy import make_strategy
@@ -61,7 +69,7 @@ class PerformanceProfiler:
             host_effects = measure_host_effects(work, args, timed_steps, lone_samples_s)
         phases = phase_breakdown(work, args.phase_steps) if args.phase_steps else None
         gradient_elements = work.gradient_bytes // 4  # all-reduced as fp32, like DDP's gradients
-        compute_s = sum(run["compute_step_time_s"] for run in runs) / len(runs)
+        compute_s, _ = mean_std(run["compute_step_time_s"] for run in runs)
         benchmark = benchmark_allreduce(work.strategy, gradient_elements, args.allreduce_iters,
                                         collective_gap_s(work, compute_s))
         trace_files = write_trace(work, self.output_dir / "trace") if args.trace else []
