@@ -89,8 +89,9 @@ def strategy_comm(strategy, gradient_bytes, world_size, links, units=1, reshard_
     if strategy in ("ddp", "ddp_fp16"):
         payload = gradient_bytes / 2 if strategy == "ddp_fp16" else gradient_bytes
         link = links["allreduce_fp16" if strategy == "ddp_fp16" else "allreduce"]
+        # The buckets hold fp32 gradients; the hook halves each bucket's bytes, not their number.
         seconds = ring_allreduce_time_s(payload, world_size, link.bandwidth_bytes_per_s, link.latency_s,
-                                        ddp_bucket_count(payload))
+                                        ddp_bucket_count(gradient_bytes))
         return seconds, 2 * ring * payload
     gathers = fsdp_gathers(reshard_after_forward)
     seconds = gathers * ring_pass_time_s(gradient_bytes, world_size, links["all_gather"], units) + \

@@ -111,6 +111,18 @@ def test_collectives_per_step_of_each_strategy():
     assert collectives_per_step("fsdp", 400_000, units=3, reshard_after_forward=False) == 6
 
 
+def test_fp16_compression_halves_the_bytes_but_not_the_buckets():
+    from profiling.comm_model import strategy_comm
+    # Infinite bandwidth leaves only latency: 30 MiB of fp32 gradients fill three buckets, and DDP calls
+    # the hook once per bucket, so fp16 pays three messages too, although its 15 MiB would fit two.
+    link = Link(math.inf, 1e-3, "made up")
+    links = {"allreduce": link, "allreduce_fp16": link}
+    full_s, full_bytes = strategy_comm("ddp", 30 * 1024 ** 2, 2, links)
+    half_s, half_bytes = strategy_comm("ddp_fp16", 30 * 1024 ** 2, 2, links)
+    assert half_bytes == pytest.approx(full_bytes / 2)
+    assert half_s == pytest.approx(full_s) == pytest.approx(3 * 2 * 1e-3)
+
+
 def test_a_collective_takes_the_time_of_the_rank_that_arrived_last():
     # Rank 0 waited for rank 1 in the first call, rank 1 for rank 0 in the second; the third was slow for both.
     assert last_arrival_s([[0.005, 0.001, 0.004], [0.001, 0.002, 0.003]]) == [0.001, 0.001, 0.003]
