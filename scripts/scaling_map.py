@@ -6,6 +6,10 @@ profile alone (its step, and the neighbour, straggler and DDP costs it measured)
 collectives the 2-rank run measured as microbenchmarks, never from the 2-rank step itself, so
 the 2-rank column checks the prediction. Writes <out>/scaling_map.csv and scaling_map.png.
 
+A shared machine drifts between minutes, so --rounds K sweeps everything K times, each round pairing
+its own 1-process and 2-rank profiles (A B A B): a round's speedup divides figures taken minutes
+apart, never hours. The map gives the median over the rounds and, beside it, the lowest and highest.
+
 Run from the repository root: python -m scripts.scaling_map --out DIR (the same command on a GPU node
 gives the GPU map).
 """
@@ -13,6 +17,7 @@ import argparse
 import csv
 import json
 import math
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -34,8 +39,10 @@ SIZES = {"0.1M": [], "0.8M": ["--width", "128", "--depth", "4", "--ffn", "512"],
 PARALLEL_FLAGS = {"ddp": ["--multi-gpu", "ddp"], "ddp_fp16": ["--multi-gpu", "ddp", "--grad-compression", "fp16"],
                   "fsdp": ["--multi-gpu", "fsdp"]}
 COLUMNS = ("size", "parameters", "batch_size", "strategy", "ranks", "measured_samples_per_s", "measured_speedup",
-           "predicted_samples_per_s", "predicted_speedup", "prediction_error", "bytes_sent_per_rank_mb",
-           "model_state_mb_per_rank")
+           "measured_speedup_low", "measured_speedup_high", "rounds", "predicted_samples_per_s", "predicted_speedup",
+           "prediction_error", "bytes_sent_per_rank_mb", "model_state_mb_per_rank")
+# What differs between rounds; the rest of a row is the same in every round.
+ROUND_FIGURES = ("measured_samples_per_s", "measured_speedup", "predicted_samples_per_s", "predicted_speedup")
 
 
 def build_parser():
@@ -50,7 +57,8 @@ def build_parser():
     parser.add_argument("--threads-per-rank", type=int, default=1, help="CPU: OMP_NUM_THREADS of every run")
     parser.add_argument("--warmup-steps", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=2, help="timed blocks of --steps within each profile")
+    parser.add_argument("--rounds", type=int, default=1, help="sweeps of the whole map, each with its own profiles")
     parser.add_argument("--reuse", action="store_true", help="keep profiles already under <out>/runs")
     return parser
 
@@ -62,17 +70,24 @@ def main(argv):
     if unknown:
         raise UsageError(f"unknown size or strategy {unknown[0]!r}; sizes: {', '.join(SIZES)}; strategies: "
                          f"{', '.join(STRATEGIES)}")
+    if args.rounds < 1:
+        raise UsageError(f"--rounds {args.rounds}: give 1 or more")
     # What run_profiler reads besides these: the steps of each run (no phase pass) and no extra flags.
     args.phase_steps, args.profiler_args = 0, "--predict-gpus 1,2,4,8"
-    out, started, rows = Path(args.out), time.perf_counter(), []
-    for size in args.sizes:
-        for batch in args.batch_sizes:
-            configuration = ["--model", "transformer", *SIZES[size], "--batch-size", str(batch)]
-            print(f"{size} parameters, batch {batch} ({time.perf_counter() - started:.0f} s so far)", flush=True)
-            baseline = _profile(args, configuration, 1, out / "runs" / f"{size}_bs{batch}_1")
-            measured = {name: _profile(args, configuration, 2, out / "runs" / f"{size}_bs{batch}_2_{name}",
-                                       PARALLEL_FLAGS[name]) for name in args.strategies}
-            rows += map_rows(size, baseline, measured, args.predict_gpus)
+    out, started, rounds = Path(args.out), time.perf_counter(), []
+    for number in range(1, args.rounds + 1):
+        runs, rows = out / "runs" / f"round{number}", []
+        for size in args.sizes:
+            for batch in args.batch_sizes:
+                configuration = ["--model", "transformer", *SIZES[size], "--batch-size", str(batch)]
+                print(f"round {number} of {args.rounds}: {size} parameters, batch {batch} "
+                      f"({time.perf_counter() - started:.0f} s so far)", flush=True)
+                baseline = _profile(args, configuration, 1, runs / f"{size}_bs{batch}_1")
+                measured = {name: _profile(args, configuration, 2, runs / f"{size}_bs{batch}_2_{name}",
+                                           PARALLEL_FLAGS[name]) for name in args.strategies}
+                rows += map_rows(size, baseline, measured, args.predict_gpus)
+        rounds.append(rows)
+    rows = combine_rounds(rounds)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "scaling_map.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=COLUMNS)
@@ -117,6 +132,25 @@ def map_rows(size, baseline, measured, predict_gpus):
     return rows
 
 
+def combine_rounds(rounds):
+    """One row per configuration from the rows of every round (each a list from map_rows, in the same
+    order): the median of each round's figures, the lowest and highest measured speedup, and the
+    prediction error of the medians."""
+    combined = []
+    for same in zip(*rounds, strict=True):
+        row = {**same[0], "rounds": len(same)}
+        for column in ROUND_FIGURES:
+            values = [each[column] for each in same if each.get(column) is not None]
+            row[column] = statistics.median(values) if values else None
+        speedups = [each["measured_speedup"] for each in same if each.get("measured_speedup") is not None]
+        if speedups:
+            row.update(measured_speedup_low=min(speedups), measured_speedup_high=max(speedups))
+        if row.get("prediction_error") is not None:
+            row["prediction_error"] = row["predicted_speedup"] / row["measured_speedup"] - 1
+        combined.append(row)
+    return combined
+
+
 def _link(entry):
     bandwidth = entry["bandwidth_bytes_per_s"]
     return Link(math.inf if bandwidth is None else bandwidth, entry["latency_s"], entry["source"])
@@ -127,13 +161,20 @@ def format_errors(rows):
     checked = [row for row in rows if row.get("prediction_error") is not None]
     lines = ["measured vs predicted speedup on 2 ranks:"]
     lines += [f"  {row['size']:>6} params, batch {row['batch_size']:>3}, {row['strategy']:<8} measured "
-              f"{row['measured_speedup']:.2f}x, predicted {row['predicted_speedup']:.2f}x "
+              f"{row['measured_speedup']:.2f}x{_spread(row)}, predicted {row['predicted_speedup']:.2f}x "
               f"({row['prediction_error']:+.1%})" for row in checked]
     if checked:
         worst = max(checked, key=lambda row: abs(row["prediction_error"]))
         lines.append(f"largest error {abs(worst['prediction_error']):.1%} ({worst['size']}, batch "
                      f"{worst['batch_size']}, {worst['strategy']})")
     return "\n".join(lines)
+
+
+def _spread(row):
+    rounds = row.get("rounds") or 1
+    if rounds == 1:
+        return ""
+    return f" (median of {rounds} rounds, {row['measured_speedup_low']:.2f}-{row['measured_speedup_high']:.2f}x)"
 
 
 def write_map_figure(rows, path):
@@ -157,8 +198,11 @@ def write_map_figure(rows, path):
                     if (left["predicted_speedup"] - 1) * (right["predicted_speedup"] - 1) < 0:
                         ax.axvline(math.sqrt(left["parameters"] * right["parameters"]), color=colour, alpha=0.3)
             points = [row for row in chosen if row.get("measured_speedup") is not None]
-            ax.scatter([row["parameters"] for row in points], [row["measured_speedup"] for row in points],
-                       color=colour, marker="o", zorder=3, label=f"{strategy}, 2 ranks measured")
+            middle = [row["measured_speedup"] for row in points]
+            spread = [[m - row.get("measured_speedup_low", m) for m, row in zip(middle, points, strict=True)],
+                      [row.get("measured_speedup_high", m) - m for m, row in zip(middle, points, strict=True)]]
+            ax.errorbar([row["parameters"] for row in points], middle, yerr=spread, fmt="o", color=colour,
+                        capsize=3, zorder=3, label=f"{strategy}, 2 ranks measured (bars: lowest to highest round)")
         ax.axhline(1.0, color="black", linewidth=1)
         ax.set_xscale("log")
         ax.set_xlabel("parameters")

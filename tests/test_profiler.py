@@ -327,6 +327,33 @@ def test_scaling_map_rows_and_figure_from_a_real_profile(tiny_profile, tmp_path)
     assert write_map_figure(rows, tmp_path / "map.png").stat().st_size > 0
 
 
+def test_scaling_map_rounds_give_the_median_and_the_range_of_the_measured_speedup(tiny_profile, tmp_path):
+    from scripts.scaling_map import combine_rounds, format_errors, map_rows, write_map_figure
+    _, out = tiny_profile
+    single = json.loads((out / "profile.json").read_text())
+    made_up = {"bandwidth_bytes_per_s": 1e9, "latency_s": 1e-4, "source": "made up"}
+    rounds = []
+    for measured_speedup, slower in ((1.2, 1.0), (1.9, 1.1), (1.6, 1.3)):
+        lone = copy.deepcopy(single)  # each round its own 1-process step, so its own prediction
+        lone["timing"]["step_time_s"]["mean"] *= slower
+        double = two_rank_copy(lone, measured_speedup)
+        double["collective_links"] = dict.fromkeys(("allreduce", "allreduce_fp16"), made_up)
+        rounds.append(map_rows("tiny", lone, {"ddp": double}, [2, 4]))
+    rows = combine_rounds(rounds)
+    assert [(row["strategy"], row["ranks"], row["rounds"]) for row in rows] == [
+        ("one process", 1, 3), ("ddp", 2, 3), ("ddp", 4, 3)]
+    at_2 = rows[1]
+    assert (at_2["measured_speedup"], at_2["measured_speedup_low"], at_2["measured_speedup_high"]) == \
+        pytest.approx((1.6, 1.2, 1.9))
+    predicted = sorted(each[1]["predicted_speedup"] for each in rounds)
+    assert predicted[0] < predicted[2]  # a slower lone step leaves the exchange a smaller share
+    assert at_2["predicted_speedup"] == pytest.approx(predicted[1])
+    assert at_2["prediction_error"] == pytest.approx(predicted[1] / 1.6 - 1)
+    assert rows[2].get("prediction_error") is None and rows[2]["predicted_speedup"] is not None
+    assert "median of 3 rounds, 1.20-1.90x" in format_errors(rows)
+    assert write_map_figure(rows, tmp_path / "map.png").stat().st_size > 0
+
+
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores for one thread per rank")
 def test_one_process_profile_measures_its_step_beside_a_neighbour_and_leaves_none_behind(tmp_path):
     result = run_subprocess([sys.executable, "profiler.py", *TINY_DATA, "--device", "cpu", "--warmup-steps", "2",
