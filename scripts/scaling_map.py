@@ -6,9 +6,9 @@ profile alone (its step, and the neighbour, straggler and DDP costs it measured)
 collectives the 2-rank run measured as microbenchmarks, never from the 2-rank step itself, so
 the 2-rank column checks the prediction. Writes <out>/scaling_map.csv and scaling_map.png.
 
-A shared machine drifts between minutes, so --rounds K sweeps everything K times, each round pairing
-its own 1-process and 2-rank profiles (A B A B): a round's speedup divides figures taken minutes
-apart, never hours. The map gives the median over the rounds and, beside it, the lowest and highest.
+The load of a shared machine drifts over minutes, so --rounds K sweeps everything K times, each round
+pairing its own 1-process and 2-rank profiles (A B A B): a round's speedup divides figures taken
+minutes apart, never hours. The map gives the median over the rounds and the lowest and highest.
 
 Run from the repository root: python -m scripts.scaling_map --out DIR (the same command on a GPU node
 gives the GPU map).
