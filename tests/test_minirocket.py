@@ -7,7 +7,7 @@ import torch
 
 from conftest import TINY_DATA, load_checkpoint, run_in_process
 from models import build_model, count_parameters
-from models.minirocket import KERNEL_LENGTH
+from models.minirocket import KERNEL_LENGTH, QUANTILE_SEED, row_quantiles
 
 
 @pytest.fixture
@@ -83,3 +83,50 @@ def test_features_stay_fp32_under_autocast(fitted):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         fitted(windows)
     assert seen[1].dtype == torch.float32 and torch.equal(seen[0], seen[1])  # not one comparison flipped
+
+
+def reference_transform(model, windows):
+    """The straightforward transform: every kernel's output compared with every bias as booleans."""
+    features = []
+    for d, (dilation, padding) in enumerate(zip(model.dilations, model.paddings, strict=True)):
+        output = torch.nn.functional.conv1d(windows, model.weights[d], padding=padding, dilation=dilation)
+        features.append((output[:, :, None, :] + model.biases[d][None, :, :, None] > 0).float().mean(dim=3).flatten(1))
+    return torch.cat(features, dim=1)
+
+
+def reference_biases(model, signals, max_windows=1024):
+    """The fit's biases one kernel at a time with torch.quantile, drawing in the same order."""
+    generator = torch.Generator().manual_seed(QUANTILE_SEED)
+    sample = signals[torch.randperm(len(signals), generator=generator)[:max_windows]]
+    quantiles = torch.rand(model.biases.shape, generator=generator)
+    biases = torch.empty(model.biases.shape)
+    for d, (dilation, padding) in enumerate(zip(model.dilations, model.paddings, strict=True)):
+        for k in range(model.biases.shape[1]):
+            window = sample[int(torch.randint(len(sample), (1,), generator=generator))][None]
+            output = torch.nn.functional.conv1d(window, model.weights[d, k:k + 1], padding=padding,
+                                                dilation=dilation).flatten()
+            biases[d, k] = -torch.quantile(output, quantiles[d, k])
+    return biases
+
+
+def test_the_fast_transform_and_fit_equal_the_straightforward_ones_bit_for_bit():
+    torch.manual_seed(3)
+    model = build_model("minirocket", 9, 6, width=2520)
+    signals = torch.randn(300, 9, 128).cumsum(dim=2) * 0.1
+    model.fit(signals, max_windows=200)
+    assert torch.equal(model.biases, reference_biases(model, signals, max_windows=200))
+    # 37 windows: two whole chunks of the CPU's transform and a part of one.
+    windows = torch.randn(37, 9, 128).cumsum(dim=2) * 0.1
+    # Outputs that meet a bias exactly count as not positive: tie the first bias of every kernel at
+    # the first dilation to one output of the first window.
+    tied = torch.nn.functional.conv1d(windows[:1], model.weights[0], padding=model.paddings[0])[0, :, 5]
+    model.biases[0, :, 0] = -tied
+    assert torch.equal(model.transform(windows), reference_transform(model, windows))
+    assert model.transform(windows[:0]).shape == (0, model.feature_mean.numel())
+
+
+def test_row_quantiles_equal_torch_quantile_row_by_row():
+    rows, quantiles = torch.randn(20, 57), torch.rand(20, 5)
+    quantiles[0] = torch.tensor([0.0, 1.0, 0.5, 0.25, 1e-7])  # the ends and exact order statistics
+    expected = torch.stack([torch.quantile(row, q) for row, q in zip(rows, quantiles, strict=True)])
+    assert torch.equal(row_quantiles(rows, quantiles), expected)
