@@ -57,11 +57,14 @@ class ShardedSampler(Sampler):
     Not torchdata's StatefulDataLoader: its state counts what each rank's loader has yielded, which
     cannot be resumed with another number of ranks, and it does not cover the device-resident path;
     here the whole state is (seed, epoch, start), kept in the train state.
+
+    `views` > 1: the split holds that many views of the same num_samples windows one after the
+    other (a feature pool), and epoch e draws from view e mod views, in the same order.
     """
 
-    def __init__(self, num_samples, world_size=1, rank=0, shuffle=True, seed=0, pad=True):
+    def __init__(self, num_samples, world_size=1, rank=0, shuffle=True, seed=0, pad=True, views=1):
         self.num_samples, self.world_size, self.rank = num_samples, world_size, rank
-        self.shuffle, self.seed, self.pad = shuffle, seed, pad
+        self.shuffle, self.seed, self.pad, self.views = shuffle, seed, pad, views
         self.epoch, self.start = 0, 0
 
     def set_epoch(self, epoch, start=0):
@@ -82,7 +85,7 @@ class ShardedSampler(Sampler):
             padding = len(self) * self.world_size - len(remaining)
             wrap = order.repeat(math.ceil(padding / self.num_samples) if padding else 0)[:padding]
             remaining = torch.cat([remaining, wrap])
-        return remaining[self.rank::self.world_size]
+        return remaining[self.rank::self.world_size] + (self.epoch % self.views) * self.num_samples
 
     def __iter__(self):
         # In chunks: a list of every index of a large split would hold gigabytes of Python ints.
@@ -222,10 +225,12 @@ def make_loader(split, batch_size, sampler, num_workers=0, pin_memory=False):
                       drop_last=False, generator=torch.Generator(), **workers)
 
 
-def split_loaders(splits, train_batch, eval_batch, device, world_size, rank, seed, data_path="auto", num_workers=0):
+def split_loaders(splits, train_batch, eval_batch, device, world_size, rank, seed, data_path="auto", num_workers=0,
+                  train_views=1):
     """This rank's batches of each split (name -> split): cut on the device when --data-path keeps
     the splits there, else from a DataLoader (a window store's, streamed from disk, always).
-    Training shuffles and pads so ranks step together; evaluation does neither. Returns (loaders,
+    Training shuffles and pads so ranks step together; evaluation does neither. `train_views`: the
+    training split holds that many views of its windows, one per epoch in turn. Returns (loaders,
     a line saying which path the batches take)."""
     streaming = any(isinstance(split, StoreSplit) for split in splits.values())
     on_device = not streaming and keep_on_device(data_path, num_workers, device, split_bytes(*splits.values()))
@@ -233,7 +238,8 @@ def split_loaders(splits, train_batch, eval_batch, device, world_size, rank, see
     for name, split in splits.items():
         training = name == "train"
         kind = BlockShuffledSampler if streaming and training else ShardedSampler
-        sampler = kind(len(split), world_size, rank, shuffle=training, seed=seed, pad=training)
+        views = train_views if training else 1
+        sampler = kind(len(split) // views, world_size, rank, shuffle=training, seed=seed, pad=training, views=views)
         batch = train_batch if training else eval_batch
         loaders[name] = (DeviceResidentLoader(split, batch, sampler, device) if on_device else
                          make_loader(split, batch, sampler, num_workers, pin_memory=device.type == "cuda"))

@@ -29,6 +29,7 @@ TRANSFORM_CHUNK_ELSEWHERE = 1024
 class MiniRocket(nn.Module):
     SIZES = ("width",)  # about this many features (rounded down to a multiple of 84)
     TAKES_WINDOW_STEPS = True  # the dilations reach across the window
+    FIXED_FEATURES = True  # forward takes windows or features(windows): a pool of them can be computed once
 
     @staticmethod
     def resolve_size(width=10_000):
@@ -85,12 +86,16 @@ class MiniRocket(nn.Module):
             features.append(positive.sign_().clamp_min_(0).mean(dim=3).flatten(1))
         return torch.cat(features, dim=1)
 
-    def forward(self, x):
-        # The features in fp32 whatever AMP is on: a bias fitted in fp32 sits within a rounding step
-        # of many bf16 outputs, and a flipped comparison is a changed feature.
+    def features(self, x):
+        """[B, C, T] windows -> the head's input [B, F]: PPV features standardised, in fp32 whatever
+        AMP is on (a bias fitted in fp32 sits within a rounding step of many bf16 outputs, and a
+        flipped comparison is a changed feature), with no gradient."""
         with torch.no_grad(), torch.autocast(x.device.type, enabled=False):
-            features = (self.transform(x.float()) - self.feature_mean) / self.feature_std
-        return self.head(features)
+            return (self.transform(x.float()) - self.feature_mean) / self.feature_std
+
+    def forward(self, x):
+        # Windows [B, C, T], or their features [B, F] computed once by `features` (a feature pool).
+        return self.head(x if x.dim() == 2 else self.features(x))
 
     @torch.no_grad()
     def fit(self, signals, max_windows=1024):

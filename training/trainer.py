@@ -36,6 +36,7 @@ from training.distributed.lost_rank import explain_lost_rank
 from training.distributed.preflight import check_before_training
 from training.distributed.strategy import make_strategy
 from training.errors import EXIT_PREEMPTED, RankLost, TrainingDiverged, UsageError
+from training.feature_pool import build_feature_pool, wants_feature_pool
 from training.loop import epoch as epoch_pass
 from training.loop.precision import Precision, skipped_steps
 from training.loop.preemption import StopSignals
@@ -115,10 +116,15 @@ class Trainer:
         global_batch = global_batch_size(optim.batch_size, strategy.data_parallel_size, optim.grad_accum_steps)
         # DataParallel splits one loader batch over its GPUs; DDP ranks each load their own.
         loader_batch = optim.batch_size * strategy.data_parallel_size // strategy.world_size
-        loaders, data_path = split_loaders({"train": data.train, "val": data.val, "test": data.test}, loader_batch,
-                                           max(EVAL_BATCH_MIN, loader_batch), strategy.device, strategy.world_size,
-                                           strategy.rank, optim.seed, config.hardware.data_path,
-                                           config.hardware.num_workers)
+        splits, train_views = {"train": data.train, "val": data.val, "test": data.test}, 1
+        if wants_feature_pool(model, config.recipe.feature_views, splits):
+            # The views carry the augmentation, so the step adds none.
+            splits, train_views = build_feature_pool(model, splits, config.recipe.feature_views, augment,
+                                                     optim.seed, strategy.device, log)
+            augment = None
+        loaders, data_path = split_loaders(splits, loader_batch, max(EVAL_BATCH_MIN, loader_batch), strategy.device,
+                                           strategy.world_size, strategy.rank, optim.seed, config.hardware.data_path,
+                                           config.hardware.num_workers, train_views)
         log.info(f"data path: {data_path}")
 
         peak_lr = scaled_lr(optim.lr, optim.lr_scaling, global_batch, optim.batch_size)

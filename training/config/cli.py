@@ -24,6 +24,9 @@ DEFAULT_FLIP_CLASSES = "LAYING"
 DEFAULT_ROTATE_WIDE_CLASSES = "WALKING,WALKING_UPSTAIRS,WALKING_DOWNSTAIRS"
 DEFAULT_EMA_DECAY = 0.998
 DEFAULT_LABEL_SMOOTHING = 0.1
+# Views of the training windows MiniRocket transforms once (training.feature_pool), chosen on the
+# nested subject-wise estimate (docs/training.md).
+DEFAULT_FEATURE_VIEWS = 4
 
 
 MULTI_GPU_MODES = ("none", "dp", "ddp", "fsdp")
@@ -152,6 +155,11 @@ def build_parser(multi_gpu):
                             "best.pt and the test; 0 turns it off")
     group.add_argument("--label-smoothing", type=float, default=DEFAULT_LABEL_SMOOTHING,
                        help="cross-entropy label smoothing")
+    group.add_argument("--feature-views", type=int, default=DEFAULT_FEATURE_VIEWS,
+                       help="minirocket: transform the training windows once, as this many views (the first "
+                            "as they are, the others through --augment), each epoch training the head on the "
+                            "next view; the validation and test windows once too. 0: transform every batch "
+                            "of every epoch afresh, with new augmentations")
     group.add_argument("--cv-folds", type=int, default=0,
                        help="K > 1: subject-wise cross-validation, K models each validated on one fold of "
                             "whole training subjects (in <save-dir>/fold-k/), summary in cv_report.json; "
@@ -253,6 +261,8 @@ def check_args(args):
     args.aug_rotate_wide_classes = ",".join(class_list(args.aug_rotate_wide_classes, "none")) or "none"
     if not 0 <= args.ema_decay < 1:
         raise UsageError(f"--ema-decay must be in [0, 1), got {args.ema_decay}")
+    if args.feature_views < 0:
+        raise UsageError(f"--feature-views must be 0 (off) or more, got {args.feature_views}")
     if not 0 <= args.label_smoothing < 1:
         raise UsageError(f"--label-smoothing must be in [0, 1), got {args.label_smoothing}")
     if not 0 <= args.aug_rotate_deg <= 180 or not 0 <= args.aug_rotate_wide_deg <= 180 \

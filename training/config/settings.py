@@ -68,6 +68,7 @@ class Recipe:
     aug_rotate_wide_deg: float
     ema_decay: float
     label_smoothing: float
+    feature_views: int  # minirocket: views of the training windows transformed once; 0 transforms every batch
     cv_folds: int
     refit: bool  # after the folds, one model on every training subject
     ensemble: bool  # after the folds, their models (and the refit) as one checkpoint

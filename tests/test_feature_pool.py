@@ -1,0 +1,111 @@
+"""MiniRocket's features computed once (training.feature_pool): what the pool holds, which view each
+epoch trains on, and runs through main.py that prove it against transforming every batch."""
+import signal
+import sys
+
+import numpy as np
+import torch
+
+from conftest import TINY_DATA, load_checkpoint, run_in_process, run_subprocess
+from data.augment import AugmentConfig, BatchAugmenter
+from data.loaders import ShardedSampler, epoch_order
+from data.splits import Split
+from models import build_model
+from training.feature_pool import VIEW_SEED_STRIDE, build_feature_pool
+
+MINIROCKET = [*TINY_DATA, "--model", "minirocket", "--width", "840", "--synthetic-windows-per-subject", "8",
+              "--batch-size", "16"]
+
+
+class QuietLog:
+    def progress(self, total, description):
+        class Bar:
+            def update(self, count):
+                pass
+
+            def close(self):
+                pass
+        return Bar()
+
+    def info(self, line):
+        self.line = line
+
+
+def fitted_model():
+    torch.manual_seed(0)
+    model = build_model("minirocket", 3, 4, width=840, window_steps=64)
+    model.fit(torch.randn(40, 3, 64).cumsum(dim=2) * 0.1)
+    return model
+
+
+def split(count, seed):
+    rng = np.random.default_rng(seed)
+    return Split(rng.normal(size=(count, 3, 64)).cumsum(axis=2).astype(np.float32) * 0.1,
+                 rng.integers(0, 4, count), np.arange(count) % 5)
+
+
+def test_the_pool_holds_the_features_of_each_view_and_of_the_other_splits():
+    model, splits = fitted_model(), {"train": split(30, 1), "val": split(7, 2), "test": split(0, 3)}
+    augment = BatchAugmenter(AugmentConfig(kinds=("scale", "jitter")), torch.zeros(3), torch.ones(3),
+                             ("acc_x", "acc_y", "acc_z"), ("a", "b", "c", "d"))
+    pool, views = build_feature_pool(model, splits, 3, augment, seed=5, device=torch.device("cpu"), log=QuietLog())
+    assert views == 3
+    train = torch.from_numpy(splits["train"].signals)
+    features = torch.from_numpy(pool["train"].signals)
+    assert features.shape == (90, model.feature_mean.numel())
+    assert torch.equal(features[:30], model.features(train))  # view 0: the windows as they are
+    torch.manual_seed(5 * VIEW_SEED_STRIDE + 2)
+    augmented = augment(train, torch.from_numpy(splits["train"].labels))
+    assert torch.equal(features[60:], model.features(augmented))  # view 2: its own seeded augmentation
+    assert not torch.equal(features[30:60], features[:30])
+    assert np.array_equal(pool["train"].labels, np.tile(splits["train"].labels, 3))
+    assert np.array_equal(pool["train"].subjects, np.tile(splits["train"].subjects, 3))
+    assert torch.equal(torch.from_numpy(pool["val"].signals), model.features(torch.from_numpy(splits["val"].signals)))
+    assert pool["test"].signals.shape == (0, model.feature_mean.numel())
+    # Without an augmenter every view would be the same: one is kept.
+    assert build_feature_pool(model, splits, 3, None, 5, torch.device("cpu"), QuietLog())[1] == 1
+
+
+def test_the_model_takes_windows_or_their_features_alike():
+    model = fitted_model().eval()
+    windows = torch.randn(6, 3, 64).cumsum(dim=2) * 0.1
+    assert torch.equal(model(windows), model(model.features(windows)))
+
+
+def test_each_epoch_draws_its_view_in_the_order_it_would_have_had():
+    for epoch in range(5):
+        sampler = ShardedSampler(10, world_size=2, rank=1, seed=3, views=3)
+        sampler.set_epoch(epoch, start=4)
+        expected = epoch_order(10, 3, epoch)[4:]
+        expected = torch.cat([expected, epoch_order(10, 3, epoch)[:len(sampler) * 2 - len(expected)]])[1::2]
+        assert torch.equal(sampler.indices(), expected + (epoch % 3) * 10)
+
+
+def test_one_view_without_augmentation_trains_the_weights_that_transforming_every_batch_does(tmp_path):
+    runs = {}
+    for views in (1, 0):
+        code, _, err = run_in_process("main.py", [*MINIROCKET, "--augment", "none", "--epochs", "2",
+                                                  "--feature-views", str(views), "--save-dir", tmp_path / str(views)])
+        assert code == 0, err
+        runs[views] = load_checkpoint(tmp_path / str(views) / "last.pt")
+    for name, tensor in runs[0]["model"].items():
+        assert torch.equal(tensor, runs[1]["model"][name]), name
+    for name, tensor in runs[0]["ema"]["weights"].items():
+        assert torch.equal(tensor, runs[1]["ema"]["weights"][name]), name
+
+
+def test_a_run_killed_while_training_on_the_pool_resumes_bit_for_bit(tmp_path):
+    run = [sys.executable, "main.py", *MINIROCKET, "--epochs", "2", "--feature-views", "2", "--save-every-steps", "1"]
+    whole = run_subprocess([*run, "--save-dir", tmp_path / "whole"])
+    assert whole.returncode == 0, whole.stderr
+    assert "features: 2 view(s)" in whole.stdout
+    # 136 training windows at 16 a batch: 9 batches an epoch; killed in the second, which trains on
+    # the second view.
+    killed = run_subprocess([*run, "--save-dir", tmp_path / "killed"], env={"HAR_FAULT": "kill@11"})
+    assert killed.returncode == -signal.SIGKILL
+    resumed = run_subprocess([*run, "--save-dir", tmp_path / "killed"])
+    assert resumed.returncode == 0 and "RESUMING" in resumed.stdout, resumed.stderr
+    expected, actual = load_checkpoint(tmp_path / "whole" / "last.pt"), load_checkpoint(tmp_path / "killed" / "last.pt")
+    assert actual["step"] == expected["step"]
+    for name, tensor in expected["model"].items():
+        assert torch.equal(tensor, actual["model"][name]), name
