@@ -62,6 +62,7 @@ def train(config):
         # A preempted job's grace time is for saving.
         if outcome != "preempted" and strategy.is_main and config.output.figures:
             write_run_figures(trainer.save_dir, trainer.log.warn, use_test=not config.data.no_test)
+        trainer.log.info(f"{trainer.save_dir} holds: {', '.join(_run_files(trainer.save_dir))}")
         trainer.log.close()
         return EXIT_PREEMPTED if outcome == "preempted" else 0
     except (TrainingDiverged, RankLost):
@@ -239,7 +240,10 @@ class Trainer:
         splits = [split for split in ("val", "test") if (split != "val" or self.has_validation)
                   and (split != "test" or not no_test)]
         for split in splits:
+            started = time.perf_counter()
             labels, predictions, loss = self.evaluate(split, self.strategy.eval_model(self.model))
+            self.log.info(f"evaluated the {split} split ({len(labels)} windows) in "
+                          f"{time.perf_counter() - started:.1f} s")
             split_subjects = getattr(self.data, split).subjects
             subjects = sorted(int(subject) for subject in set(split_subjects))
             people, worst = per_subject_accuracy(
@@ -306,6 +310,12 @@ class Trainer:
                       f"{self.checkpoints.last_path}; run the same command again to resume")
 
 
+def _run_files(save_dir):
+    """What a run leaves in its folder, folders marked with a slash; hidden files left out."""
+    return [path.name + ("/" if path.is_dir() else "") for path in sorted(save_dir.iterdir())
+            if not path.name.startswith(".")]
+
+
 def _load_data(config, checkpoint, resume_from, log):
     """The splits, normalised with the training split's statistics (a resumed run keeps its own)."""
     data = load_har_data(**data_options(config))
@@ -342,7 +352,10 @@ def _build_model(config, data, strategy, log):
         # Fixed parts that depend on the data (MiniRocket's biases), set once from the training
         # windows (in memory or a store's), before the weight average copies the model; a resumed
         # run then loads its own.
+        started = time.perf_counter()
         model.fit(data.train.signals)
+        log.info(f"fitted {settings.name}'s fixed parts to the training windows in "
+                 f"{time.perf_counter() - started:.1f} s")
     gradient_mb = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad) / 2**20
     size = ", ".join(f"{knob} {value}" for knob, value in resolve_size(settings.name, **settings.size()).items())
     ema = build_weight_average(config.recipe, model)
