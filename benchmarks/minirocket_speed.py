@@ -1,0 +1,135 @@
+"""MiniRocket beside aeon's, on one machine: the transform's windows/s on the same windows and
+threads, timed in turn (A B, B A, ...), the fit's seconds, and with --data-dir the time to a model:
+`python main.py --data-dir D` with its defaults against aeon's MiniRocket + ridge
+(`benchmarks.minirocket_baseline`) on the same UCI HAR layout and cores, each as its own process,
+wall time and test accuracy. main.py takes torch's default threads (every core), so the
+time-to-model rounds give aeon --threads jobs: pass the machine's core count there.
+aeon is a benchmark-only dependency (pip install aeon).
+
+  python -m benchmarks.minirocket_speed --threads 1 --rounds 4
+  python -m benchmarks.minirocket_speed --threads 2 --data-dir ~/data --model-rounds 2
+"""
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from benchmarks.common import format_rates, interleave, paired_ratio
+from models import build_model
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.minirocket_speed", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=1, help="torch's intra-op threads and aeon's n_jobs")
+    parser.add_argument("--windows", type=int, default=2048, help="windows transformed per round by each side")
+    parser.add_argument("--batch", type=int, default=256, help="windows per call of our transform")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--data-dir", default=None, help="a UCI HAR layout: also time main.py against aeon")
+    parser.add_argument("--model-rounds", type=int, default=1, help="rounds of the time-to-model comparison")
+    parser.add_argument("--json", default=None, help="also write the figures here")
+    opts = parser.parse_args(argv)
+    if min(opts.threads, opts.windows, opts.batch, opts.rounds, opts.model_rounds) < 1:
+        parser.exit(2, "error: --threads, --windows, --batch, --rounds and --model-rounds must be at least 1\n")
+    try:
+        from aeon.transformations.collection.convolution_based import MiniRocket as AeonMiniRocket
+    except ImportError:
+        parser.exit(2, "error: this benchmark needs aeon: pip install aeon\n")
+    torch.set_num_threads(opts.threads)
+    print(f"machine: {torch.get_num_threads()} torch threads, aeon n_jobs {opts.threads}, torch {torch.__version__}")
+    figures = {"threads": opts.threads, **transform_figures(opts, AeonMiniRocket)}
+    if opts.data_dir:
+        figures["time_to_model"] = time_to_model(opts)
+    if opts.json:
+        Path(opts.json).write_text(json.dumps(figures, indent=2))
+    return 0
+
+
+def transform_figures(opts, aeon_class):
+    """Both transforms on the same random-walk windows of UCI HAR's shape, and both fits."""
+    windows = np.random.default_rng(0).normal(size=(opts.windows, 9, 128)).cumsum(axis=2).astype(np.float32)
+    ours = build_model("minirocket", 9, 6).eval()
+    aeon = aeon_class(n_kernels=10_000, n_jobs=opts.threads, random_state=0)
+    aeon.fit(windows[:64])  # numba compiles on the first call; that stays out of the figures
+    fits = {"ours": [], "aeon": []}
+    for _ in range(3):
+        fits["ours"].append(_seconds(lambda: ours.fit(windows)))
+        fits["aeon"].append(_seconds(lambda: aeon.fit(windows)))
+    tensor = torch.from_numpy(windows)
+
+    def ours_side(epoch):
+        with torch.no_grad():
+            for chunk in tensor.split(opts.batch):
+                ours.transform(chunk)
+        return len(windows)
+
+    def aeon_side(epoch):
+        aeon.transform(windows)
+        return len(windows)
+
+    rates, others = interleave({"ours": ours_side, "aeon": aeon_side}, opts.rounds, 1, lambda: None)
+    print(f"transform, {len(windows)} windows of 9 x 128 a round, ours {ours.feature_mean.numel()} features "
+          f"in calls of {opts.batch}, aeon {aeon.n_kernels} kernels:")
+    print(format_rates(rates, "windows/s", [("ours", "aeon")], others))
+    print(f"fit seconds (3 tries, median): ours {statistics.median(fits['ours']):.2f}, "
+          f"aeon {statistics.median(fits['aeon']):.2f} (after numba's compile)")
+    return {"transform_windows_per_s": rates, "transform_ratio": paired_ratio(rates, "ours", "aeon"),
+            "other_process_cores": others, "fit_s": fits}
+
+
+def time_to_model(opts):
+    """`python main.py --data-dir D` against aeon's MiniRocket + ridge, each a fresh process, in turn."""
+    rows = {"main.py": [], "aeon": []}
+    with tempfile.TemporaryDirectory(prefix="har-minirocket-speed-") as scratch:
+        for round_index in range(opts.model_rounds):
+            sides = [("main.py", _run_main), ("aeon", _run_aeon)]
+            for name, run in sides if round_index % 2 == 0 else reversed(sides):
+                row = run(opts, Path(scratch) / f"{name}-{round_index}")
+                rows[name].append(row)
+                print(f"round {round_index + 1}: {name}: {row['wall_s']:.1f} s, test accuracy {row['accuracy']:.4f}",
+                      flush=True)
+    for name, runs in rows.items():
+        accuracies = ", ".join(f"{row['accuracy']:.4f}" for row in runs)
+        print(f"{name}: median {statistics.median(row['wall_s'] for row in runs):.1f} s, test accuracy {accuracies}")
+    return rows
+
+
+def _run_main(opts, folder):
+    command = [sys.executable, "main.py", "--data-dir", opts.data_dir, "--save-dir", str(folder)]
+    wall_s = _run(command)
+    report = json.loads((folder / "test_report.json").read_text())
+    return {"wall_s": wall_s, "accuracy": report["accuracy"], "worst_subject": report["worst_subject"]}
+
+
+def _run_aeon(opts, folder):
+    folder.mkdir(parents=True)
+    command = [sys.executable, "-m", "benchmarks.minirocket_baseline", "--data-dir", opts.data_dir,
+               "--n-jobs", str(opts.threads), "--json", str(folder / "baseline.json")]
+    wall_s = _run(command)
+    test = json.loads((folder / "baseline.json").read_text())["runs"][-1]
+    return {"wall_s": wall_s, "accuracy": test["accuracy"], "worst_subject": test["worst_subject"]}
+
+
+def _run(command):
+    start = time.perf_counter()
+    result = subprocess.run(command, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+    if result.returncode != 0:
+        sys.exit(f"error: {' '.join(command)} failed: {result.stderr.strip().splitlines()[-1:]}")
+    return time.perf_counter() - start
+
+
+def _seconds(work):
+    start = time.perf_counter()
+    work()
+    return time.perf_counter() - start
+
+
+if __name__ == "__main__":
+    sys.exit(main())
