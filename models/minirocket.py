@@ -11,6 +11,7 @@ and export carry them like any weights; fit(signals) sets the data-dependent one
 training, from (normalised) training windows.
 """
 import itertools
+import math
 
 import numpy as np
 import torch
@@ -77,13 +78,17 @@ class MiniRocket(nn.Module):
 
     def _ppv(self, x):
         features = []
+        # One scratch tensor for every dilation's comparisons: a fresh one each time would cost page
+        # faults on a CPU.
+        scratch = x.new_empty(len(x) * len(KERNEL_TWOS) * self.biases_per_kernel * x.shape[2])  # T' <= T
         for d, (dilation, padding) in enumerate(zip(self.dilations, self.paddings, strict=True)):
             output = nn.functional.conv1d(x, self.weights[d], padding=padding, dilation=dilation)  # [B, 84, T']
-            # Counted in float arithmetic, which vectorises, where a comparison writes bools, which
-            # does not: sign() is 1 exactly where output + bias > 0, else 0 or -1, and clamping at 0
-            # leaves 1 for a positive value and 0 otherwise, as `> 0` would.
-            positive = output[:, :, None, :] + self.biases[d][None, :, :, None]  # [B, 84, biases, T']
-            features.append(positive.sign_().clamp_min_(0).mean(dim=3).flatten(1))
+            # output > -bias written as floats, which vectorises where booleans do not; in IEEE
+            # arithmetic it is exactly output + bias > 0, the definition.
+            shape = (len(x), len(KERNEL_TWOS), self.biases_per_kernel, output.shape[2])
+            positive = scratch[:math.prod(shape)].view(shape)
+            torch.gt(output[:, :, None, :], -self.biases[d][None, :, :, None], out=positive)
+            features.append(positive.mean(dim=3).flatten(1))
         return torch.cat(features, dim=1)
 
     def features(self, x):
