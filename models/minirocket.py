@@ -73,21 +73,31 @@ class MiniRocket(nn.Module):
 
     def transform(self, x):
         """[B, C, T] -> PPV features [B, D x 84 x biases] (no gradient flows into them)."""
+        if torch.jit.is_tracing() or torch.compiler.is_compiling():
+            # A graph being recorded (export, compile): one pass over the batch, whose size the
+            # graph must leave free, and no writes into a scratch tensor of a recorded size.
+            return self._ppv(x, scratch=None)
         chunk = TRANSFORM_CHUNK.get(x.device.type, TRANSFORM_CHUNK_ELSEWHERE)
-        return torch.cat([self._ppv(part) for part in x.split(chunk)]) if len(x) else self._ppv(x)
+        return torch.cat([self._ppv(part, self._scratch(part)) for part in x.split(chunk)]) if len(x) \
+            else self._ppv(x, None)
 
-    def _ppv(self, x):
-        features = []
+    def _scratch(self, x):
         # One scratch tensor for every dilation's comparisons: a fresh one each time would cost page
         # faults on a CPU.
-        scratch = x.new_empty(len(x) * len(KERNEL_TWOS) * self.biases_per_kernel * x.shape[2])  # T' <= T
+        return x.new_empty(len(x) * len(KERNEL_TWOS) * self.biases_per_kernel * x.shape[2])  # T' <= T
+
+    def _ppv(self, x, scratch):
+        features = []
         for d, (dilation, padding) in enumerate(zip(self.dilations, self.paddings, strict=True)):
             output = nn.functional.conv1d(x, self.weights[d], padding=padding, dilation=dilation)  # [B, 84, T']
             # output > -bias written as floats, which vectorises where booleans do not; in IEEE
             # arithmetic it is exactly output + bias > 0, the definition.
-            shape = (len(x), len(KERNEL_TWOS), self.biases_per_kernel, output.shape[2])
-            positive = scratch[:math.prod(shape)].view(shape)
-            torch.gt(output[:, :, None, :], -self.biases[d][None, :, :, None], out=positive)
+            above = (output[:, :, None, :], -self.biases[d][None, :, :, None])
+            if scratch is None:
+                positive = torch.gt(*above).to(x.dtype)
+            else:
+                shape = (len(x), len(KERNEL_TWOS), self.biases_per_kernel, output.shape[2])
+                positive = torch.gt(*above, out=scratch[:math.prod(shape)].view(shape))
             features.append(positive.mean(dim=3).flatten(1))
         return torch.cat(features, dim=1)
 

@@ -327,7 +327,8 @@ def test_a_dry_run_prints_the_plan_without_a_gpu(monkeypatch, capsys):
 
 def test_the_shell_wrapper_runs_the_package_from_any_folder(tmp_path):
     result = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh"), "--dry-run", "--only", "profile"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=60)
+                            cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHON": sys.executable})
     assert result.returncode == 0, result.stderr
     (line,) = result.stdout.splitlines()
     assert " -m benchmarks.gpu_check.throughput --device cuda --out " in line

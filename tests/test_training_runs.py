@@ -161,8 +161,11 @@ def test_accumulation_2x16_equals_batch_32(tmp_path):
         assert code == 0, err
         runs[name] = load_checkpoint(tmp_path / name / "last.pt")
     assert runs["accum"]["step"] == runs["batch"]["step"] == 34
-    assert max_abs_difference(runs["accum"]["model"], runs["batch"]["model"]) < WEIGHT_TOLERANCE
-    assert max_abs_difference(runs["no-accum"]["model"], runs["batch"]["model"]) > 100 * WEIGHT_TOLERANCE
+    # 34 steps of float32 sums in another order drift the deepest layer by a few 1e-5; a real
+    # difference (batch 16 without accumulation) moves it hundreds of times further.
+    drift = max_abs_difference(runs["accum"]["model"], runs["batch"]["model"])
+    real = max_abs_difference(runs["no-accum"]["model"], runs["batch"]["model"])
+    assert drift < 1e-4 and real > 100 * drift, (drift, real)
 
 
 def test_resume_after_two_epochs_matches_four_straight_epochs(tmp_path):
