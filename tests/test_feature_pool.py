@@ -95,10 +95,10 @@ def test_one_view_without_augmentation_trains_the_weights_that_transforming_ever
 
 
 def test_a_run_killed_while_training_on_the_pool_resumes_bit_for_bit(tmp_path):
-    run = [sys.executable, "main.py", *MINIROCKET, "--epochs", "2", "--feature-views", "2", "--save-every-steps", "1"]
+    run = [sys.executable, "main.py", *MINIROCKET, "--epochs", "2", "--feature-views", "4", "--save-every-steps", "1"]
     whole = run_subprocess([*run, "--save-dir", tmp_path / "whole"])
     assert whole.returncode == 0, whole.stderr
-    assert "features: 2 view(s)" in whole.stdout
+    assert "features: 2 view(s)" in whole.stdout  # two epochs reach two of the four views
     # 136 training windows at 16 a batch: 9 batches an epoch; killed in the second, which trains on
     # the second view.
     killed = run_subprocess([*run, "--save-dir", tmp_path / "killed"], env={"HAR_FAULT": "kill@11"})

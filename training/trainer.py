@@ -119,8 +119,10 @@ class Trainer:
         loader_batch = optim.batch_size * strategy.data_parallel_size // strategy.world_size
         splits, train_views = {"train": data.train, "val": data.val, "test": data.test}, 1
         if wants_feature_pool(model, config.recipe.feature_views, splits):
-            # The views carry the augmentation, so the step adds none.
-            splits, train_views = build_feature_pool(model, splits, config.recipe.feature_views, augment,
+            # The views carry the augmentation, so the step adds none. Epoch e trains on view e mod V,
+            # so a run of fewer epochs than views never reaches the last ones: they are not built.
+            views = min(config.recipe.feature_views, optim.epochs)
+            splits, train_views = build_feature_pool(model, splits, views, augment,
                                                      optim.seed, strategy.device, log)
             augment = None
         loaders, data_path = split_loaders(splits, loader_batch, max(EVAL_BATCH_MIN, loader_batch), strategy.device,
