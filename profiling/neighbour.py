@@ -4,6 +4,7 @@
 it up, prints READY and then takes optimizer steps until it is terminated. It joins no process
 group: it only occupies the cores (and memory bandwidth) another rank would.
 """
+import signal
 import sys
 
 from profiling.cli import parse_profiler_args
@@ -15,6 +16,8 @@ READY = "READY"
 
 
 def main(argv):
+    # Neighbours are stopped by SIGTERM; leaving through Python removes the workload's scratch --save-dir.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     args = parse_profiler_args(argv)
     work = build_workload(args, make_strategy(args.run))
     for _ in range(args.warmup_steps):
