@@ -23,6 +23,7 @@ import urllib.request
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
@@ -52,6 +53,7 @@ class Dataset:
     url: str
     known: tuple[KnownArchive, ...]
     citation: str
+    reader: ModuleType  # find_root(dir) and load_split(root, split), as training reads the dataset
 
 
 # Checksums as published by several unrelated projects that pin these archives (docs/data.md says
@@ -66,7 +68,8 @@ DATASETS = {
             KnownArchive("2045e435c955214b38145fb5fa00776c72814f01b203fec405152dac7d5bfeb0", 60_999_314,
                          "'UCI HAR Dataset.zip', the archive inside the official one"),
         ),
-        citation="Anguita, Ghio, Oneto, Parra, Reyes-Ortiz, ESANN 2013; doi:10.24432/C54S4K, CC BY 4.0"),
+        citation="Anguita, Ghio, Oneto, Parra, Reyes-Ortiz, ESANN 2013; doi:10.24432/C54S4K; CC BY 4.0",
+        reader=uci_har),
 }
 
 
@@ -74,14 +77,17 @@ def main(argv=None):
     options = parse(argv)
     dataset = DATASETS[options.name]
     dest = Path(options.dest).expanduser()
-    if (root := uci_har.find_root(dest)) is not None:
+    if (root := dataset.reader.find_root(dest)) is not None:
         print(f"{root} is already there: nothing downloaded. Train on it: python main.py --data-dir {dest}")
         return 0
     target = dest / dataset.folder
     if target.exists():
         raise DataError(f"{target} exists but does not hold the dataset (no train/Inertial Signals or test/); "
                         "move it away or choose another --dest")
-    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DataError(f"--dest {dest} cannot be created ({exc.strerror}); choose another folder") from None
     if options.archive:
         archive = Path(options.archive).expanduser()
         if not archive.is_file():
@@ -96,10 +102,11 @@ def main(argv=None):
         if not options.archive:
             archive.unlink()
         raise
-    summary = unpack(archive, dest, dataset.folder)
+    summary = unpack(archive, dest, dataset)
     if not options.archive and not options.keep_archive:
         archive.unlink()
     print(f"{target}: {summary}")
+    print(f"cite it: {dataset.citation}")
     print(f"train on it: python main.py --data-dir {dest}")
     return 0
 
@@ -243,9 +250,10 @@ def describe_checksum(archive, dataset, expected, consequence):
                     f"recorded checksum; {consequence}; pass --sha256 {actual} only if you trust its source")
 
 
-def unpack(archive, dest, folder):
-    """Unpack `folder` from the archive (or from the zip of that name inside it) into a temporary
-    folder in dest, load it with the project's reader, then rename it into place."""
+def unpack(archive, dest, dataset):
+    """Unpack the dataset's folder from the archive (or from the zip of that name inside it) into a
+    temporary folder in dest, load it with the project's reader, then rename it into place."""
+    folder = dataset.folder
     scratch = Path(tempfile.mkdtemp(prefix=f".{folder}.unpacking-", dir=dest))
     try:
         source = _open_zip(archive)
@@ -257,7 +265,7 @@ def unpack(archive, dest, folder):
                     _extract_folder(inner, folder, scratch, archive)
             else:
                 _extract_folder(source, folder, scratch, archive)
-        summary = _check_layout(scratch / folder, archive)
+        summary = _check_layout(dataset.reader, scratch / folder, archive)
         if (dest / folder).exists():  # another run finished first: keep its copy
             raise DataError(f"{dest / folder} appeared while unpacking; nothing was replaced")
         (scratch / folder).rename(dest / folder)
@@ -290,15 +298,15 @@ def _extract_folder(source, folder, scratch, archive):
         raise DataError(f"{archive} cannot be unpacked ({exc}); nothing was unpacked") from None
 
 
-def _check_layout(root, archive):
+def _check_layout(reader, root, archive):
     """Read both splits as training will (which also fills the loader's cache); a summary line."""
-    if uci_har.find_root(root) != root:
+    if reader.find_root(root) != root:
         raise DataError(f"{archive} holds '{root.name}/' without train/Inertial Signals and test/; "
                         "nothing was unpacked")
     counts = []
     for split in ("train", "test"):
         try:
-            _, labels, subjects = uci_har.load_split(root, split)
+            _, labels, subjects = reader.load_split(root, split)
         except DataError as exc:
             raise DataError(f"{archive}: {exc}; nothing was unpacked") from None
         counts.append(f"{len(labels):,} {split} windows of {len(set(subjects.tolist()))} subjects")

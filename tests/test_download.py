@@ -297,3 +297,10 @@ def test_an_archive_with_the_right_checksum_but_no_dataset_is_refused_with_nothi
     assert "nothing was unpacked" in line
     assert list(dest.iterdir()) == []  # no dataset, no scratch folder
     assert archive.read_bytes() == body
+
+
+def test_a_dest_that_cannot_be_created_is_refused(source, tmp_path):
+    (tmp_path / "a-file").write_text("not a folder")
+    archive = tmp_path / "by-hand.zip"
+    archive.write_bytes(source["outer"])
+    assert_refused(run_download("--dest", tmp_path / "a-file" / "data", "--archive", archive), "cannot be created")
