@@ -3,12 +3,15 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
+from torch._inductor.runtime.cache_dir_utils import cache_dir as inductor_cache_dir
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -18,6 +21,27 @@ sys.path.insert(0, str(REPO))
 # The model is pinned to cnn1d, the fastest on CPU: these runs test the trainer, not the default model.
 # No PNGs (about a second a run, most of it matplotlib): the tests of the figures ask for them.
 TINY_DATA = ["--dataset", "synthetic", "--synthetic-windows-per-subject", "32", "--model", "cnn1d", "--no-figures"]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def session_temp_dir(tmp_path_factory):
+    """The temporary directory of this process and of every child, removed when the session ends.
+
+    torchrun's agent makes a torchelastic_* log folder for each launch and never removes it; one
+    folder here catches those of every launch (in this process or a child's) without each test
+    passing a --log-dir."""
+    tmp_path_factory.getbasetemp()  # pytest's tmp_path folders stay where pytest keeps and rotates them
+    inductor_cache_dir()  # pins the compile cache (and its env variable) where it was: warm across sessions
+    previous = os.environ.get("TMPDIR"), tempfile.tempdir
+    folder = tempfile.mkdtemp(prefix="har-tests-")
+    os.environ["TMPDIR"] = tempfile.tempdir = folder
+    yield Path(folder)
+    tempfile.tempdir = previous[1]
+    if previous[0] is None:
+        os.environ.pop("TMPDIR")
+    else:
+        os.environ["TMPDIR"] = previous[0]
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def run_in_process(script, argv):
