@@ -15,13 +15,20 @@ SRC is one of:
 
 Window labels (recordings): a window takes the label most of its samples carry; windows whose
 most common label is no class (unlabelled stretches, postural transitions) are left out.
-Each subject's windows go into shards of their own, written by --workers processes in parallel.
-A build that was stopped continues where it stopped (finished files are kept), and the manifest,
-written last, makes the store usable: `python main.py --dataset store --data-dir DIR`.
+Each subject's windows (or each recording's, in a job named after its file) go into shards of
+their own, written by --workers processes in parallel. Each finished job leaves a record beside
+its shards (data/provenance.py): what it was made from (the recording's path, size and mtime and
+the options that cut it, or the checksum of the subject's windows; the dtype) and each shard file's
+size and checksum. The same command again reuses a job only when its record matches: a stopped
+build continues, a recording added converts only that one, another --stride, --dtype or
+preprocessing converts every job again, a damaged shard converts its job again, and the files of
+recordings no longer there are removed. The manifest, written last, makes the store usable:
+`python main.py --dataset store --data-dir DIR`.
 """
 import argparse
 import json
 import os
+import re
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -36,11 +43,13 @@ from data import uci_har  # noqa: E402
 from data.errors import DataError  # noqa: E402
 from data.npz_windows import load_npz_windows  # noqa: E402
 from data.preprocess import RAW_CHANNELS, cut_windows, stream_channels, window_starts  # noqa: E402
+from data.provenance import array_identity, check, file_identity, make_record  # noqa: E402
 from data.recordings import read_recording  # noqa: E402
 from data.resample import on_model_clock  # noqa: E402
 from data.splits import NPZ_TEST_FRACTION, NPZ_TEST_SEED, hold_out_subjects  # noqa: E402
-from data.store import SHARD_DIR, finish_store, shard_paths, write_atomic  # noqa: E402
+from data.store import PARTS, SHARD_DIR, VERSION, finish_store, shard_paths, write_atomic  # noqa: E402
 
+MAX_NAME_CHARACTERS = 120  # of a recording's file name in its job's name
 SHARD_WINDOWS = 8_192  # windows per shard file at most (19 MB of float16 9 x 128 windows)
 LABEL_RULE = ("a window takes the label most of its samples carry; windows whose most common label is no "
               "class (unlabelled, postural transitions) are left out")
@@ -52,10 +61,23 @@ def main(argv=None):
     out = Path(options.out)
     (out / SHARD_DIR).mkdir(parents=True, exist_ok=True)
     jobs, layout = plan(source, options)
-    done = {job["name"]: _record(out, job["name"]) for job in jobs}
+    done, redo = {}, []
+    for job in jobs:
+        job["inputs"] = job_inputs(job, options.dtype)
+        record = _record(out, job["name"])
+        verdict = check(record and record.get("identity"), job["inputs"], out / SHARD_DIR)
+        done[job["name"]] = record if verdict.matches else None
+        if record is not None and not verdict.matches:
+            redo.append(f"{job['name']} ({verdict.describe(limit=1)})")
     todo = [job for job in jobs if done[job["name"]] is None]
+    removed = remove_stale_files(out, jobs)
     print(f"{source}: {len(jobs)} job(s), {len(jobs) - len(todo)} already done; writing {out} with "
           f"{options.workers} process(es)", flush=True)
+    if redo:  # finished once, but made from other inputs or damaged since: converted again
+        print(f"converting again {len(redo)} job(s) whose source, settings or files changed: "
+              f"{', '.join(redo[:3])}{' ...' if len(redo) > 3 else ''}", flush=True)
+    if removed:
+        print(f"removed {removed} file(s) of jobs this source no longer has", flush=True)
     from tqdm import tqdm
     with ProcessPoolExecutor(max_workers=options.workers) as pool, tqdm(total=len(todo), unit="job") as bar:
         for record in pool.map(run_job, [(job, str(out), options.dtype) for job in todo]):
@@ -68,6 +90,39 @@ def main(argv=None):
           f"{manifest['window_steps']} ({manifest['dtype']}) in {len(manifest['shards'])} shards, "
           f"{len(manifest['subjects'])} subjects, test subjects {manifest['test_subjects']}")
     return 0
+
+
+def job_inputs(job, dtype):
+    """What decides a job's shards, compared before its finished shards are reused: a recording's
+    file (path, size, mtime: hashing a corpus on every run would cost a pass over it) and the
+    options that cut it, or the checksum of a subject's windows already in memory; and the dtype."""
+    if "recording" in job:
+        return {"recording": file_identity(job["recording"]), "options": job["options"], "dtype": dtype,
+                "version": VERSION}
+    return {"windows": array_identity(job["signals"], job["labels"]), "subject": job["subject"], "dtype": dtype,
+            "version": VERSION}
+
+
+def remove_stale_files(out, jobs):
+    """Delete the shards and records of jobs the plan no longer has (a recording removed or renamed,
+    another layout), so the folder holds only what its manifest lists."""
+    names = {job["name"] for job in jobs}
+    stale = [path for path in (out / SHARD_DIR).iterdir()
+             if path.is_file() and _job_of(path.name) is not None and _job_of(path.name) not in names]
+    for path in stale:
+        path.unlink()
+    return len(stale)
+
+
+def _job_of(file_name):
+    """The job a file under shards/ belongs to: '<job>.json', '<job>-<part>.signals.npy' or '.labels.npy'."""
+    if file_name.endswith(".json"):
+        return file_name[:-len(".json")]
+    for part in PARTS:
+        suffix = f".{part}.npy"
+        if file_name.endswith(suffix) and "-" in file_name[:-len(suffix)]:
+            return file_name[:-len(suffix)].rsplit("-", 1)[0]
+    return None
 
 
 def parse(argv):
@@ -115,13 +170,21 @@ def plan(source, options):
         files = sorted(p for p in source.iterdir() if p.suffix.lower() in (".csv", ".npz"))
         if not files:
             raise DataError(f"{source} holds no .csv or .npz recordings (nor is it a UCI HAR layout)")
-        jobs = [{"name": f"rec-{index:05d}", "recording": str(path), "options": _recording_options(options)}
-                for index, path in enumerate(files)]
+        jobs = [{"name": name, "recording": str(path), "options": _recording_options(options)}
+                for name, path in zip(_recording_job_names(files), files, strict=True)]
         channels = _recording_channels(options.preprocessing)
         return jobs, _layout(channels, tuple(options.class_names.split(",")), options.sample_rate,
                              options.window_steps, options.stride or options.window_steps // 2, options.preprocessing,
                              None, f"recordings in {source}")
     raise DataError(f"{source} is neither a folder of recordings, a UCI HAR layout nor an .npz file")
+
+
+def _recording_job_names(files):
+    """A job per recording, named after its file so that adding or removing a recording leaves the
+    other jobs' names, and so their finished shards, as they are."""
+    names = [f"rec-{re.sub(r'[^A-Za-z0-9._]', '_', path.name)[:MAX_NAME_CHARACTERS]}" for path in files]
+    taken = {name: names.count(name) for name in names}
+    return [name if taken[name] == 1 else f"{name}_{index:05d}" for index, name in enumerate(names)]
 
 
 def _window_jobs(signals, labels, subjects):
@@ -146,13 +209,15 @@ def _layout(channels, class_names, rate, window_steps, stride, preprocessing, te
 
 
 def run_job(arguments):
-    """One job in a worker process: its windows into shard files, then a record of them."""
+    """One job in a worker process: its windows into shard files, then a record of them and of what
+    they were made from."""
     job, out, dtype = arguments
     if "recording" in job:
         signals, labels, subject = recording_windows(job["recording"], **job["options"])
     else:
         signals, labels, subject = job["signals"], job["labels"], job["subject"]
     shards, stored = [], signals.astype(dtype)
+    _check_finite(signals, stored, job.get("recording") or f"subject {subject}", dtype)
     total, total_sq = np.zeros(stored.shape[1]), np.zeros(stored.shape[1])
     for part, first in enumerate(range(0, len(labels), SHARD_WINDOWS)):
         name = f"{job['name']}-{part:03d}"
@@ -162,11 +227,29 @@ def run_job(arguments):
         exact = stored[chunk].astype(np.float64)  # the statistics of what the store holds, a shard at a time
         total += exact.sum(axis=(0, 2))
         total_sq += (exact ** 2).sum(axis=(0, 2))
+    files = [shard_paths("", shard["name"])[part].name for shard in shards for part in PARTS]
+    identity = make_record(job["inputs"], Path(out) / SHARD_DIR, files)
+    for shard in shards:  # the manifest carries each signal file's checksum
+        shard["sha256"] = identity["outputs"][shard_paths("", shard["name"])["signals"].name]["sha256"]
     record = {"name": job["name"], "subject": subject, "shards": shards, "windows": len(labels),
               "sum": total.tolist(), "sum_sq": total_sq.tolist(),
-              "steps": int(stored.shape[0] * stored.shape[2]) if len(stored) else 0}
+              "steps": int(stored.shape[0] * stored.shape[2]) if len(stored) else 0, "identity": identity}
     _write_json(Path(out) / SHARD_DIR / f"{job['name']}.json", record)
     return record
+
+
+def _check_finite(signals, stored, where, dtype):
+    """Refuse windows that are not finite as stored (NaN in the source, or beyond float16's range),
+    naming the first one: training on them would give a NaN loss much later."""
+    bad = ~np.isfinite(stored)
+    if not bad.any():
+        return
+    window, channel, step = (int(i) for i in np.argwhere(bad)[0])
+    raw = float(signals[window, channel, step])
+    why = (f"{raw:g} is beyond {dtype}'s range; use --dtype float32" if np.isfinite(raw)
+           else "fix or drop those samples in the source")
+    raise DataError(f"{where}: {int(bad.any(axis=(1, 2)).sum())} window(s) hold values that are not finite as "
+                    f"{dtype}, the first window {window} (channel {channel}, step {step}); {why}")
 
 
 def recording_windows(path, sample_rate, window_steps, stride, preprocessing, classes):

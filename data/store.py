@@ -11,9 +11,12 @@ Layout of a store folder:
 The manifest names the channels, sample rate, window length and stride, preprocessing, class
 names, the label rule, every shard with its window count and its one subject, the test subjects,
 the windows of each subject, and the per-channel mean and std of the training subjects' windows
-(gathered while the store was built). Each shard holds windows of one subject only, so a
-subject-wise split is a choice of shards, made from the manifest without reading a signal.
-Opening a store reads the manifest and labels.npy and checks each signal file's size; signals are
+(gathered while the store was built), and each signal file's SHA-256. Each shard holds windows of
+one subject only, so a subject-wise split is a choice of shards, made from the manifest without
+reading a signal. Opening a store checks every field of the manifest (shard names stay inside
+shards/, the test subjects are the store's own, the subjects' counts add up), each signal file's
+.npy header and size against it, and labels.npy's labels against the class names; a read refuses a
+window that is not finite, naming it. Signals are
 read with positioned reads (os.pread), never memory-mapped, so what a process keeps resident is
 the batches it is working on, not the pages of the files it went through.
 """
@@ -21,6 +24,7 @@ import functools
 import io
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +38,7 @@ MANIFEST = "manifest.json"
 LABELS = "labels.npy"
 SHARD_DIR = "shards"
 PARTS = ("signals", "labels")
+SHARD_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")  # a file name in shards/: no separator, no '..' escape
 SPAN_BYTES = 2 ** 20  # windows of one shard this close together are fetched in one read
 
 
@@ -68,6 +73,7 @@ class Shard:
     first: int  # global index of its first window in the store
     signals_path: Path
     data_offset: int  # bytes before the first window in the .npy file
+    name: str
 
 
 class WindowStore:
@@ -88,37 +94,61 @@ class WindowStore:
                                                                                      strict=True)]
         self.subjects = np.repeat(np.array([entry["subject"] for entry in manifest["shards"]], dtype=np.int32), counts)
         self.labels = self._read_labels(int(counts.sum()))
+        self._check_classes()
 
     def _check_shard(self, entry, first):
-        """A shard's signal file against the manifest: present, and exactly the size its windows take."""
+        """A shard's signal file against the manifest: present, an .npy of the manifest's dtype and
+        shape in C order (its header read), and exactly the size its windows take."""
         path = shard_paths(self.root, entry["name"])["signals"]
         shape = (entry["windows"], len(self.channels), self.window_steps)
         offset = _npy_data_offset(shape, self.dtype.str)
-        try:
-            size = path.stat().st_size
-        except OSError:
+        expected = offset + int(np.prod(shape)) * self.dtype.itemsize
+        if not path.is_file():
             raise DataError(f"store {self.root}: shard file {path} is missing; rebuild the store (python -m "
-                            "data.build_store ... --out DIR continues an interrupted build)") from None
-        if size != offset + int(np.prod(shape)) * self.dtype.itemsize:
-            held_shape, held_dtype, _ = _npy_header(path)
-            if (held_shape, held_dtype) == (shape, self.dtype):
-                raise DataError(f"store {self.root}: {path} is truncated ({size:,} of "
-                                f"{offset + int(np.prod(shape)) * self.dtype.itemsize:,} bytes); rebuild the store")
-            raise DataError(f"store {self.root}: {path} holds {held_dtype} {list(held_shape)} but the manifest says "
-                            f"{self.dtype} {list(shape)}; the manifest and its shards disagree: rebuild the store")
-        return Shard(first, path, offset)
+                            "data.build_store ... --out DIR continues an interrupted build)")
+        held_shape, held_dtype, held_offset, fortran, size = _npy_header(path)
+        if (held_shape, held_dtype, fortran) != (shape, self.dtype, False):
+            layout = " in Fortran order" if fortran else ""
+            raise DataError(f"store {self.root}: {path} holds {held_dtype} {list(held_shape)}{layout} but the manifest "
+                            f"says {self.dtype} {list(shape)}; the manifest and its shards disagree: rebuild the store")
+        if size != expected or held_offset != offset:
+            raise DataError(f"store {self.root}: {path} is truncated ({size:,} of {expected:,} bytes); rebuild the "
+                            "store (python -m data.build_store ... --out DIR converts that shard again)")
+        return Shard(first, path, offset, entry["name"])
 
     def _read_labels(self, windows):
         path = self.root / LABELS
         try:
             labels = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, EOFError) as exc:
             raise DataError(f"store {self.root}: {path} is not readable ({type(exc).__name__}); rebuild the store "
                             "(python -m data.build_store ... --out DIR finishes it)") from None
         if labels.shape != (windows,) or labels.dtype != np.int8:
             raise DataError(f"store {self.root}: {path} holds {labels.dtype} {list(labels.shape)} but the manifest's "
                             f"shards hold {windows:,} windows; the manifest and its files disagree: rebuild the store")
+        classes = len(self.manifest["class_names"])
+        outside = np.flatnonzero((labels < 0) | (labels >= classes))
+        if len(outside):
+            shard, position = self.locate(int(outside[0]))
+            raise DataError(f"store {self.root}: {path} holds {len(outside):,} label(s) outside 0..{classes - 1} (the "
+                            f"{classes} class names), the first {int(labels[outside[0]])} for window {position} of "
+                            f"shard {shard}; rebuild the store")
         return labels
+
+    def _check_classes(self):
+        """A classifier learns nothing from one class: refuse a store whose training subjects hold fewer."""
+        training = ~np.isin(self.subjects, self.manifest["test_subjects"])
+        found = np.unique(self.labels[training])
+        if len(found) < 2:
+            names = [self.manifest["class_names"][int(label)] for label in found]
+            raise DataError(f"store {self.root}: its training subjects' windows hold {len(found)} class(es) "
+                            f"({', '.join(names) or 'no window'}); a classifier needs at least two: rebuild it from "
+                            "data with more classes, or with other --test-subjects")
+
+    def locate(self, index):
+        """(shard name, position in it) of the window at a global index: where to look at it."""
+        shard = self.shards[int(np.searchsorted(self.starts, index, side="right")) - 1]
+        return shard.name, int(index - shard.first)
 
     def __len__(self):
         return len(self.labels)
@@ -140,10 +170,18 @@ class WindowStore:
                 else:
                     for slot, position in zip(picked, local, strict=True):
                         out[slot] = self._pread(handle, shard, int(position), 1)[0]
+        if not np.isfinite(out).all():  # a check far cheaper than the step that would turn NaN
+            window = int(np.flatnonzero(~np.isfinite(out).all(axis=(1, 2)))[0])
+            name, position = self.locate(int(indices[window]))
+            raise DataError(f"store {self.root}: window {position} of shard {name} holds values that are not "
+                            "finite; its build did not write that (the file changed since): rebuild the store")
         return out
 
     def _pread(self, handle, shard, first, count):
         raw = os.pread(handle.fileno(), count * self.window_bytes, shard.data_offset + first * self.window_bytes)
+        if len(raw) != count * self.window_bytes:
+            raise DataError(f"store {self.root}: {shard.signals_path} was cut short while training read it; "
+                            "rebuild the store")
         return np.frombuffer(raw, dtype=self.dtype).reshape(count, len(self.channels), self.window_steps)
 
 
@@ -172,20 +210,80 @@ def _read_manifest(root):
     if manifest.get("version") != VERSION:
         raise DataError(f"store {root} is version {manifest.get('version')}, this trainer reads {VERSION}; "
                         "rebuild it with this version's python -m data.build_store")
+    _check_manifest(root, manifest)
     return manifest
 
 
+def _check_manifest(root, manifest):
+    """Every field the trainer reads, of the type it reads, and consistent with the others: a
+    malformed manifest is refused in one line that names the field, never met as a KeyError later."""
+    def need(ok, field, what):
+        if not ok:
+            raise DataError(f"store {root}: {MANIFEST}'s {field} must be {what}; the manifest is damaged or was not "
+                            "written by python -m data.build_store: rebuild the store")
+
+    def is_int(value):
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    def is_number(value):
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value)
+
+    channels = manifest.get("channels")
+    need(isinstance(channels, list) and channels and all(isinstance(c, str) for c in channels), "channels",
+         "a list of channel names")
+    need(is_int(manifest.get("window_steps")) and manifest["window_steps"] >= 1, "window_steps", "a positive integer")
+    need(manifest.get("dtype") in ("float16", "float32"), "dtype", "float16 or float32")
+    names = manifest.get("class_names")
+    need(isinstance(names, list) and len(names) >= 2 and all(isinstance(n, str) for n in names), "class_names",
+         "a list of at least two class names")
+    need(is_number(manifest.get("sample_rate_hz")) and manifest["sample_rate_hz"] > 0, "sample_rate_hz",
+         "a positive number")
+    need(isinstance(manifest.get("preprocessing"), str), "preprocessing", "a name")
+    shards = manifest.get("shards")
+    need(isinstance(shards, list) and shards, "shards", "a list of shards")
+    for entry in shards:
+        need(isinstance(entry, dict) and is_int(entry.get("windows")) and entry["windows"] >= 0 and
+             is_int(entry.get("subject")), "shards", "entries with a window count and a subject")
+        need(isinstance(entry.get("name"), str) and SHARD_NAME.fullmatch(entry["name"]) is not None, "shards",
+             f"entries named with letters, digits, '.', '_' and '-' only, inside {SHARD_DIR}/ (found "
+             f"{str(entry.get('name'))[:40]!r})")
+    need(len({entry["name"] for entry in shards}) == len(shards), "shards", "entries with distinct names")
+    windows = {}
+    for entry in shards:
+        windows[str(entry["subject"])] = windows.get(str(entry["subject"]), 0) + entry["windows"]
+    if manifest.get("subjects") != windows:
+        raise DataError(f"store {root}: {MANIFEST}'s subjects and its shards disagree on the windows of each subject; "
+                        "the manifest is damaged: rebuild the store")
+    test = manifest.get("test_subjects")
+    need(isinstance(test, list) and all(is_int(s) for s in test), "test_subjects", "a list of subjects")
+    unknown = sorted(set(map(str, test)) - set(windows))
+    if unknown:
+        raise DataError(f"store {root}: test subject(s) {', '.join(unknown)} of {MANIFEST} have no shard (its "
+                        f"subjects: {', '.join(sorted(windows, key=int)[:10])}...); rebuild the store with "
+                        "--test-subjects among its subjects")
+    statistics = manifest.get("normalization")
+    for key in ("mean", "std"):
+        values = statistics.get(key) if isinstance(statistics, dict) else None
+        need(isinstance(values, list) and len(values) == len(channels) and all(map(is_number, values)) and
+             (key == "mean" or min(values) > 0), f"normalization {key}",
+             f"{len(channels)} finite numbers" + (", each above 0" if key == "std" else ""))
+
+
 def _npy_header(path):
-    """(shape, dtype, offset of the data) of an .npy file, read from its header alone."""
+    """(shape, dtype, offset of the data, Fortran order, file size) of an .npy file, from its header alone."""
     try:
         with open(path, "rb") as handle:
             version = np.lib.format.read_magic(handle)
             read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
                 np.lib.format.read_array_header_2_0
-            shape, _, dtype = read_header(handle)
-            return tuple(shape), np.dtype(dtype), handle.tell()
-    except (OSError, ValueError) as exc:
-        raise DataError(f"{path} is not a readable .npy file ({exc}); rebuild the store") from None
+            shape, fortran, dtype = read_header(handle)
+            return tuple(shape), np.dtype(dtype), handle.tell(), bool(fortran), os.fstat(handle.fileno()).st_size
+    except (OSError, ValueError, TypeError) as exc:
+        raise DataError(f"{path} is not a readable .npy file ({_first_line(exc)}); rebuild the store") from None
+
+
+def _first_line(exc):
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 class StoreSignals:

@@ -224,3 +224,162 @@ def test_every_loader_of_a_store_knows_its_window_shape(store, workers):
     loaders, _ = split_loaders({"train": data.train, "test": data.test}, 16, 16, torch.device("cpu"), 1, 0, 0,
                                num_workers=workers)
     assert {window_shape(loader) for loader in loaders.values()} == {(9, 128)}
+
+
+# --- Reuse by identity, and contents checked at load ---------------------------------------------
+
+def build_here(source, out, *flags):
+    """data.build_store in this process (one worker): its output lines."""
+    import contextlib
+    import io
+
+    from data import build_store
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(io.StringIO()):
+        assert build_store.main([str(source), "--out", str(out), "--workers", "1", "--dtype", "float32", *flags]) == 0
+    return printed.getvalue()
+
+
+def store_bytes(folder):
+    """Everything a store's reader sees, file by file: the manifest, labels.npy and every shard's .npy."""
+    files = [folder / "manifest.json", folder / "labels.npy", *sorted((folder / "shards").glob("*.npy"))]
+    return {str(path.relative_to(folder)): path.read_bytes() for path in files}
+
+
+def write_recording(folder, name, subject, seed):
+    time_s, acc, gyro = synthetic_stream(30.0, rate_hz=50.0, seed=seed)
+    labels = 1 + (time_s // 6).astype(int) % 6
+    np.savez(folder / name, acc=acc, gyro=gyro, time_s=time_s, label=labels, subject=np.full(len(time_s), subject))
+
+
+def test_a_rebuild_converts_only_what_changed_and_equals_a_fresh_build(tmp_path):
+    source = tmp_path / "recordings"
+    source.mkdir()
+    for subject in (1, 2):
+        write_recording(source, f"s{subject}.npz", subject, seed=subject)
+    build_here(source, tmp_path / "store", "--test-subjects", "2")
+    write_recording(source, "s3.npz", 3, seed=3)  # a subject added: the others' shards are kept
+    printed = build_here(source, tmp_path / "store", "--test-subjects", "2")
+    assert "3 job(s), 2 already done" in printed and "converting again" not in printed
+    build_here(source, tmp_path / "fresh", "--test-subjects", "2")
+    assert store_bytes(tmp_path / "store") == store_bytes(tmp_path / "fresh")
+    # Another stride changes every job: each is converted again, none reported done.
+    printed = build_here(source, tmp_path / "store", "--test-subjects", "2", "--stride", "32")
+    assert "0 already done" in printed and "converting again 3 job(s)" in printed and "stride" in printed
+    build_here(source, tmp_path / "strided", "--test-subjects", "2", "--stride", "32")
+    assert store_bytes(tmp_path / "store") == store_bytes(tmp_path / "strided")
+    assert store_bytes(tmp_path / "store") != store_bytes(tmp_path / "fresh")
+    (source / "s3.npz").unlink()  # a recording removed: its shards go with it
+    printed = build_here(source, tmp_path / "store", "--test-subjects", "2", "--stride", "32")
+    assert "2 already done" in printed and "removed 3 file(s)" in printed
+    assert WindowStore(tmp_path / "store").manifest["subjects"].keys() == {"1", "2"}
+    assert not list((tmp_path / "store" / "shards").glob("rec-s3*"))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "same size, other bytes"])
+def test_a_damaged_shard_is_converted_again_alone(store, tmp_path, damage):
+    import shutil
+    copy = tmp_path / "store"
+    shutil.copytree(store, copy)
+    shard = sorted((copy / "shards").glob("*.signals.npy"))[3]
+    data = bytearray(shard.read_bytes())
+    if damage == "truncated":
+        shard.write_bytes(data[:-1000])
+    else:
+        data[-4:] = bytes(4)
+        shard.write_bytes(data)
+    printed = build_here(store.parent / "windows.npz", copy)
+    assert "already done" in printed and "converting again 1 job(s)" in printed
+    assert shard.name.rsplit("-", 1)[0] in printed and "not what was written" in printed
+    assert store_bytes(copy) == store_bytes(store)
+
+
+def damaged_copy(store, folder, change):
+    """A copy of the store with `change(copy)` applied."""
+    import shutil
+    copy = folder / "store"
+    shutil.copytree(store, copy)
+    change(copy)
+    return copy
+
+
+def edit_manifest(edit):
+    def change(copy):
+        manifest = json.loads((copy / "manifest.json").read_text())
+        edit(manifest)
+        (copy / "manifest.json").write_text(json.dumps(manifest))
+    return change
+
+
+def rewrite_shard(transform):
+    def change(copy):
+        shard = sorted((copy / "shards").glob("*.signals.npy"))[3]
+        np.save(shard, transform(np.load(shard)))
+    return change
+
+
+def rewrite_labels(transform):
+    def change(copy):
+        np.save(copy / "labels.npy", transform(np.load(copy / "labels.npy")))
+    return change
+
+
+@pytest.mark.parametrize("change, names", [
+    # The same byte count as the manifest's float32 [n, 9, 128], another meaning.
+    (rewrite_shard(lambda a: a.view(np.float16)), ["float16 [32, 9, 256]", "disagree"]),
+    (rewrite_shard(np.asfortranarray), ["Fortran order"]),
+    (rewrite_shard(lambda a: a.reshape(len(a), 128, 9)), ["[32, 128, 9]", "disagree"]),
+    (edit_manifest(lambda m: m["shards"][0].update(name="../../elsewhere")), ["shards", "inside shards/"]),
+    (edit_manifest(lambda m: m["test_subjects"].append(99)), ["test subject(s) 99", "--test-subjects"]),
+    (edit_manifest(lambda m: m["shards"][2].pop("windows")), ["shards", "window count"]),
+    (edit_manifest(lambda m: m.update(channels="acc")), ["channels"]),
+    (edit_manifest(lambda m: m["normalization"]["std"].pop()), ["normalization std", "9 finite numbers"]),
+    (rewrite_labels(np.zeros_like), ["1 class(es) (WALKING)"]),
+    (rewrite_labels(lambda a: np.where(np.arange(len(a)) == 40, 9, a).astype(np.int8)),
+     ["outside 0..5", "window 8 of shard sub-000002-000"]),
+    (rewrite_labels(lambda a: a.astype(np.float32)), ["float32"]),
+])
+def test_store_contents_are_checked_when_it_is_opened(store, tmp_path, change, names):
+    from data.errors import DataError
+    copy = damaged_copy(store, tmp_path, change)
+    with pytest.raises(DataError) as refused:
+        WindowStore(copy)
+    message = str(refused.value)
+    assert "\n" not in message and str(copy) in message and all(name in message for name in names), message
+
+
+def test_an_unknown_test_subject_is_refused_before_training(store, tmp_path):
+    copy = damaged_copy(store, tmp_path, edit_manifest(lambda m: m["test_subjects"].append(99)))
+    assert_refused(run_in_process("main.py", ["--dataset", "store", "--data-dir", copy, "--model", "cnn1d",
+                                              "--epochs", "1", "--save-dir", tmp_path / "run"]), "99")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_window_that_is_not_finite_is_refused_where_it_lies(store, tmp_path):
+    from data.errors import DataError
+
+    def poison(copy):
+        shard = sorted((copy / "shards").glob("*.signals.npy"))[3]
+        windows = np.load(shard)
+        windows[5, 2, 7] = np.nan
+        np.save(shard, windows)
+    copy = damaged_copy(store, tmp_path, poison)
+    opened = WindowStore(copy)
+    name = opened.shards[3].name
+    opened.read(np.arange(opened.shards[3].first))  # the windows before it read as before
+    with pytest.raises(DataError, match=f"window 5 of shard {name} holds values that are not finite"):
+        opened.read(np.arange(len(opened)))
+
+
+def test_a_build_refuses_windows_that_are_not_finite_as_stored(tmp_path):
+    from data import build_store
+    from data.errors import DataError
+    arrays = dict(np.load(synthetic_npz(tmp_path / "windows.npz")))
+    arrays["signals"][np.flatnonzero(arrays["subjects"] == 2)[3], 4, 10] = 1e6  # finite, but not as float16
+    np.savez(tmp_path / "bad.npz", **arrays)
+    with pytest.raises(DataError) as refused:
+        build_store.main([str(tmp_path / "bad.npz"), "--out", str(tmp_path / "store"), "--workers", "1",
+                          "--dtype", "float16"])
+    names = ["subject 2", "window 3 (channel 4, step 10)", "1e+06 is beyond float16's range", "--dtype float32"]
+    assert all(name in str(refused.value) for name in names), refused.value
+    assert not (tmp_path / "store" / "manifest.json").exists()
