@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh Linux machine with Python 3.10+ and make:
 #   make train [ARGS="--epochs 5"]    train the default model on the built-in data
-#   make test  [ARGS="-k resume"]     lint, then the whole test suite
+#   make test  [ARGS="-k resume"]     lint, then the whole test suite, with failing stand-ins for
+#                                     python, python3 and torchrun on PATH (.ci/without_path_python)
 # The first call creates .venv/ and installs the pinned dependencies (docs/install.md);
 # later calls find the stamp of the requirements' hash and start at once.
 PYTHON ?= python3
@@ -19,7 +20,7 @@ train: $(STAMP)
 	$(BIN)/python main.py $(ARGS)
 
 test: lint
-	$(BIN)/python -m pytest -q $(ARGS)
+	.ci/without_path_python $(BIN)/python -m pytest -q $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/python -m ruff check .
