@@ -10,16 +10,21 @@ the refit) are independent jobs: under torchrun each process takes every
 world_size-th job on its own GPU, which is how several GPUs help a model this small; rank 0 then
 writes cv_report.json, prints the table and draws the pooled confusion.
 """
+import dataclasses
 import datetime
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from data import uci_har
+from data.provenance import check, file_identity, make_record, read_record, write_record
 from data.splits import load_har_data
+from data.store import LABELS, MANIFEST
 from evaluation.figures import plot_confusion_matrix
 from evaluation.metrics import best_record, format_cv_table, format_people, format_report
 from inference.bundle import load_bundle
@@ -29,10 +34,13 @@ from training.checkpoint.atomic import write_atomic
 from training.checkpoint.files import BEST
 from training.config.cli import data_options, save_dir_of
 from training.config.environment import distributed_env, resolve_device_type
+from training.config.settings import Hardware, Output, Parallel
 from training.errors import SAME_ON_EVERY_RANK, UsageError
 from training.trainer import train
 
 REPORT = "cv_report.json"
+IDENTITY = "cv_identity.json"  # in each job's folder once it finished: what trained it, what it wrote
+RUN_OUTPUTS = (BEST, "val_report.json", "test_report.json", "metrics.jsonl")  # what the summary and ensemble read
 REFIT_DIR = "refit"
 FOLDS_FILE = "cv_folds.json"  # the folds this folder's runs were trained with
 FOLD_REPORT = "val_report.json"  # what a finished fold run leaves: its best weights on its fold
@@ -63,12 +71,30 @@ def cross_validate(config):
     folds = fold_subjects(training_subjects, config.recipe.cv_folds, config.optim.seed)
     rank, local_rank, world_size = distributed_env()
     _claim_folder(save_dir, folds, fresh=config.output.resume is None, writer=rank == 0)
+    resume = config.output.resume is not None
+    jobs = [_job(config, save_dir, folds, job, local_rank) for job in range(len(folds) + int(config.recipe.refit))]
+    # Every rank checks every job, so a refusal reads the same on all of them before any trains.
+    sources = data_sources(config)
+    verdicts = [_verdict(job_config, sources) if resume else None for _, _, job_config, _ in jobs]
+    for (label, _, job_config, _), verdict in zip(jobs, verdicts, strict=True):
+        if verdict is not None and verdict.changed:
+            raise UsageError(f"{job_config.output.save_dir} holds a finished {label} trained with other settings or "
+                             f"data: {verdict.describe()}; use another --save-dir, or pass --no-resume to train every "
+                             "fold again")
     code, finished = 0, True
-    for job in range(rank, len(folds) + int(config.recipe.refit), world_size):
-        label, about, job_config, done = _job(config, save_dir, folds, job, local_rank)
-        if config.output.resume is not None and done(job_config):
+    for job in range(rank, len(jobs), world_size):
+        (label, about, job_config, done), verdict = jobs[job], verdicts[job]
+        run_dir = Path(job_config.output.save_dir)
+        if verdict is not None and verdict.matches:
             print(f"{label} already finished ({about}); skipping", flush=True)
             continue
+        if verdict is None or verdict.damaged:
+            # --no-resume, or a finished job whose files changed since: that job alone starts over.
+            if verdict is not None:
+                print(f"{label}: {verdict.describe()} (damaged since it finished?); training it again from the "
+                      "start", flush=True)
+            shutil.rmtree(run_dir, ignore_errors=True)
+        (run_dir / IDENTITY).unlink(missing_ok=True)  # counts as finished again only once it is
         print(f"\n=== {label}: {about} -> {job_config.output.save_dir}", flush=True)
         try:
             code = train(job_config)
@@ -80,6 +106,8 @@ def cross_validate(config):
             print(f"{label} is not finished; run the same command again to continue it", flush=True)
             finished = False
             break
+        write_record(run_dir / IDENTITY, make_record(run_inputs(job_config, sources), run_dir,
+                                                     [name for name in RUN_OUTPUTS if (run_dir / name).is_file()]))
     if world_size > 1:
         # Every rank gets here, finished or not, so none waits for a rank that has already left.
         finished = _all_ranks_finished(rank, world_size, finished)
@@ -87,6 +115,42 @@ def cross_validate(config):
         ensemble = _write_ensemble(config, save_dir, folds, data) if config.recipe.ensemble else None
         _write_summary(save_dir, folds, data.class_names, config, ensemble)
     return code
+
+
+# Settings that change where and how fast a job runs, not the model it trains: a finished fold
+# stays finished when only these differ. --no-test too: a fold's test report is an extra.
+NOT_THE_MODEL = (*(f.metadata.get("flag", f.name) for group in (Parallel, Hardware, Output)
+                   for f in dataclasses.fields(group)), "no_test")
+
+
+def run_inputs(job_config, sources):
+    """What decides a job's model: every setting but NOT_THE_MODEL (--data-dir as a real path) and the
+    data files' identity."""
+    settings = {flag: value for flag, value in job_config.flags().items() if flag not in NOT_THE_MODEL}
+    if settings["data_dir"] is not None:
+        settings["data_dir"] = os.path.realpath(os.path.expanduser(settings["data_dir"]))
+    return {**{f"--{flag.replace('_', '-')}": value for flag, value in settings.items()}, **sources}
+
+
+def data_sources(config):
+    """The files the run's data is read from, each by its size and checksum (cheap next to training;
+    a store by its manifest, which holds its shards' checksums, and its labels)."""
+    data_dir = config.data.data_dir
+    if config.data.dataset == "npz":
+        paths = [Path(data_dir)]
+    elif config.data.dataset == "store":
+        paths = [Path(data_dir) / MANIFEST, Path(data_dir) / LABELS]
+    elif config.data.dataset == "uci-har" and (root := uci_har.find_root(data_dir)) is not None:
+        paths = [path for split in ("train", "test") for group in uci_har.source_files(root, split)
+                 for path in (group if isinstance(group, list) else [group])]
+    else:
+        paths = []  # synthetic: its settings are the whole of it
+    return {f"data file {path.name}": file_identity(path, checksum=True) for path in paths}
+
+
+def _verdict(job_config, sources):
+    run_dir = Path(job_config.output.save_dir)
+    return check(read_record(run_dir / IDENTITY), run_inputs(job_config, sources), run_dir)
 
 
 def _write_ensemble(config, save_dir, folds, data):

@@ -112,6 +112,53 @@ def test_killed_cv_run_resumes_at_its_fold_and_step(uninterrupted, tmp_path):
         assert all(torch.equal(mine["model"][name], theirs["model"][name]) for name in theirs["model"])
 
 
+def run_files(folder):
+    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+def test_a_finished_cv_run_again_with_another_model_or_schedule_is_refused(uninterrupted, tmp_path):
+    import shutil
+
+    from test_bad_input import assert_refused
+    expected_dir, _ = uninterrupted
+    copy = tmp_path / "cv"
+    shutil.copytree(expected_dir, copy)  # copied files still match what each fold recorded
+    code, out, err = run_in_process("main.py", [*CV, "--save-dir", copy])
+    assert code == 0, err
+    assert "fold 1/2 already finished" in out and "fold 2/2 already finished" in out and "=== fold" not in out
+    before = run_files(copy)
+    for flags, named in ((["--model", "transformer"], "--model: cnn1d (now: transformer)"),
+                         (["--epochs", "3"], "--epochs: 2 (now: 3)"),
+                         (["--augment", "none"], "--augment")):
+        line = assert_refused(run_in_process("main.py", [*CV, *flags, "--save-dir", copy]), "fold 1/2", named,
+                              "--no-resume")
+        assert "finished fold 1/2 trained with other settings" in line
+    assert run_files(copy) == before  # nothing trained, nothing written
+
+
+def test_a_damaged_finished_fold_is_trained_again_alone_and_equals_the_undamaged_fold(uninterrupted, tmp_path):
+    import shutil
+    expected_dir, _ = uninterrupted
+    copy = tmp_path / "cv"
+    shutil.copytree(expected_dir, copy)
+    best = copy / "fold-1" / "best.pt"
+    best.write_bytes(best.read_bytes()[:-100])  # truncated after the fold finished
+    result = run_subprocess([sys.executable, "main.py", *CV, "--save-dir", copy], env=ONE_THREAD)
+    assert result.returncode == 0, result.stderr
+    assert "fold 1/2 already finished" in result.stdout and result.stdout.count("=== fold") == 1
+    assert "fold 2/2: best.pt is not what was written" in result.stdout
+    for name in ("best.pt", "last.pt"):
+        expected, actual = (load_checkpoint(folder / "fold-1" / name) for folder in (expected_dir, copy))
+        assert expected["step"] == actual["step"]
+        assert all(torch.equal(expected["model"][key], actual["model"][key]) for key in expected["model"])
+    assert (copy / "fold-1" / "metrics.jsonl").read_text().count("\n") == 2  # two epochs, not four
+    assert json.loads((copy / "cv_report.json").read_text())["folds"] == \
+        json.loads((expected_dir / "cv_report.json").read_text())["folds"]
+    expected, actual = (load_checkpoint(folder / "ensemble.pt")["members"] for folder in (expected_dir, copy))
+    for mine, theirs in zip(actual, expected, strict=True):
+        assert all(torch.equal(mine["model"][name], theirs["model"][name]) for name in theirs["model"])
+
+
 def test_folds_and_the_refit_run_concurrently_under_torchrun_with_the_same_results(uninterrupted, tmp_path):
     result = run_subprocess([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                              "main_multi_gpu.py", "--multi-gpu", "ddp", "--device", "cpu", *CV, "--refit",
