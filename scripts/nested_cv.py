@@ -17,12 +17,19 @@ results of a sequential run, on N GPUs or N CPU cores. --outer-only 5,2 trains o
 folds (one job each on a cluster, say); the report covers every outer fold finished so far and
 says how many of all those are.
 
+A re-run reuses what matches (data/provenance.py): an outer fold's windows are rewritten when
+--data-dir's files, --seed or --outer-folds changed; a finished outer fold is kept only when its
+flags and the making of its windows are those of now, else the command is refused (--name names
+one configuration: give another --name); a finished outer fold whose report changed since is
+trained again, alone.
+
 Each configuration's nested_report.json holds per outer fold its subjects, accuracy and macro-F1,
 every person's accuracy, the mean, the worst fold and the worst person. The same command again
 continues where a killed one stopped (finished outer folds are kept).
 """
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -36,53 +43,50 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from crossval.folds import fold_subjects  # noqa: E402
+from data import uci_har  # noqa: E402
+from data.errors import DataError  # noqa: E402
+from data.provenance import check, file_identity, make_record, read_record, write_record  # noqa: E402
 from data.splits import load_har_data  # noqa: E402
+from training.config.cli import parse_config  # noqa: E402
+from training.config.files import usage_error  # noqa: E402
+from training.errors import UsageError, run_entry_point  # noqa: E402
 
 REPORT = "nested_report.json"
+IDENTITY = "nested_identity.json"  # in each outer fold's folder once it reported: its flags and windows
+OWN_FLAGS = ("--dataset", "--data-dir", "--save-dir", "--resume")
 
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     flags = argv[argv.index("--") + 1:] if "--" in argv else []
-    argv = argv[:argv.index("--")] if "--" in argv else argv
-    parser = argparse.ArgumentParser(prog="python -m scripts.nested_cv", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data-dir", help="a UCI HAR layout; its training subjects are dealt into outer folds")
-    parser.add_argument("--out", required=True, help="windows/ (the outer folds' .npz files) and one folder per --name")
-    parser.add_argument("--name", help="this configuration's folder under --out")
-    parser.add_argument("--outer-folds", type=int, default=7)
-    parser.add_argument("--seed", type=int, default=42, help="deals the outer folds")
-    parser.add_argument("--nproc-per-node", type=int, default=1,
-                        help="ranks per outer fold's run (torchrun); inner folds train one per rank")
-    parser.add_argument("--outer-only", type=_fold_list, default=None,
-                        help="comma-separated outer folds (from 0) to train now; the others are left as they are")
-    parser.add_argument("--summary", action="store_true", help="print every configuration's figures and stop")
-    opts = parser.parse_args(argv)
+    opts = parse(argv[:argv.index("--")] if "--" in argv else argv, flags)
     out = Path(opts.out)
     if opts.summary:
         print(format_summary(out))
         return 0
-    if not (opts.data_dir and opts.name):
-        parser.error("--data-dir and --name are needed to run a configuration")
     files = write_outer_folds(opts.data_dir, out / "windows", opts.outer_folds, opts.seed)
     config_dir = out / opts.name
+    runs = [(fold, path, subjects, config_dir / f"outer-{fold}") for fold, (path, subjects) in enumerate(files)]
+    inputs = {fold: outer_inputs(path, subjects, flags) for fold, path, subjects, _ in runs}
+    verdicts = {fold: check(read_record(run_dir / IDENTITY), inputs[fold], run_dir) for fold, _, _, run_dir in runs}
+    for fold, verdict in verdicts.items():  # every outer fold checked before any trains
+        if verdict.changed:
+            raise UsageError(f"{config_dir / f'outer-{fold}'} was trained with other flags or windows "
+                             f"({verdict.describe(limit=2)}); --name {opts.name} names that configuration: give "
+                             f"this one another --name, or remove {config_dir} to start it over")
     config_dir.mkdir(parents=True, exist_ok=True)
     rows = []
-    for fold, (path, subjects) in enumerate(files):
-        run_dir = config_dir / f"outer-{fold}"
-        report_path = run_dir / "test_report.json"
-        if not report_path.is_file():
+    for fold, path, subjects, run_dir in runs:
+        report_path, verdict = run_dir / "test_report.json", verdicts[fold]
+        if not verdict.matches:
             if opts.outer_only is not None and fold not in opts.outer_only:
                 continue
-            started = time.perf_counter()
-            command = outer_command(path, run_dir, flags, opts.nproc_per_node)
-            print(f"outer fold {fold + 1}/{len(files)} (people {subjects}): {' '.join(command[1:])}", flush=True)
-            with open(config_dir / f"outer-{fold}.log", "w") as log:
-                code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
-            if code != 0 or not report_path.is_file():
-                print(f"outer fold {fold + 1} failed (exit {code}); see {config_dir / f'outer-{fold}.log'}")
+            if verdict.damaged:  # finished once, its report changed since: that outer fold alone again
+                print(f"outer fold {fold + 1}: {verdict.describe()}; training it again from the start", flush=True)
+                shutil.rmtree(run_dir)
+            if not train_outer_fold(fold, len(files), path, subjects, run_dir, flags, opts.nproc_per_node):
                 return 1
-            (run_dir / "wall_s.txt").write_text(f"{time.perf_counter() - started:.0f}\n")
+            write_record(run_dir / IDENTITY, make_record(inputs[fold], run_dir, [report_path.name]))
         report = json.loads(report_path.read_text())
         rows.append({"fold": fold, "subjects": subjects, "accuracy": report["accuracy"],
                      "macro_f1": report["macro_f1"], "per_subject": report["per_subject"],
@@ -97,6 +101,78 @@ def main(argv=None):
     return 0
 
 
+def parse(argv, flags):
+    """The script's own options, each checked; a bad one is a UsageError (one line, exit 2)."""
+    parser = argparse.ArgumentParser(prog="python -m scripts.nested_cv", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-dir", help="a UCI HAR layout; its training subjects are dealt into outer folds")
+    parser.add_argument("--out", required=True, help="windows/ (the outer folds' .npz files) and one folder per --name")
+    parser.add_argument("--name", help="this configuration's folder under --out")
+    parser.add_argument("--outer-folds", type=int, default=7)
+    parser.add_argument("--seed", type=int, default=42, help="deals the outer folds")
+    parser.add_argument("--nproc-per-node", type=int, default=1,
+                        help="ranks per outer fold's run (torchrun); inner folds train one per rank")
+    parser.add_argument("--outer-only", type=_fold_list, default=None,
+                        help="comma-separated outer folds (from 0) to train now; the others are left as they are")
+    parser.add_argument("--summary", action="store_true", help="print every configuration's figures and stop")
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks instead of one-line errors")
+    parser.error = usage_error(parser.prog)
+    opts = parser.parse_args(argv)
+    if Path(opts.out).exists() and not Path(opts.out).is_dir():
+        raise UsageError(f"--out {opts.out} is a file; give a folder")
+    if opts.summary:
+        return opts
+    if not (opts.data_dir and opts.name):
+        raise UsageError("--data-dir and --name are needed to run a configuration (or --summary to print them)")
+    if opts.name in (".", "..") or Path(opts.name).name != opts.name:
+        raise UsageError(f"--name {opts.name!r} must be a plain folder name under --out, without '/'")
+    if opts.outer_folds < 2:
+        raise UsageError(f"--outer-folds {opts.outer_folds}: give at least 2")
+    if opts.nproc_per_node < 1:
+        raise UsageError(f"--nproc-per-node {opts.nproc_per_node}: give 1 or more")
+    outside = sorted(fold for fold in opts.outer_only or () if not 0 <= fold < opts.outer_folds)
+    if outside:
+        raise UsageError(f"--outer-only {outside[0]} is not an outer fold: they are 0..{opts.outer_folds - 1}")
+    _check_training_flags(flags, opts.nproc_per_node)
+    return opts
+
+
+def _check_training_flags(flags, nproc_per_node):
+    """The flags after `--` as main.py would take them, checked before any window is written."""
+    taken = [flag for flag in flags for own in OWN_FLAGS if flag == own or flag.startswith(own + "=")]
+    if taken:
+        raise UsageError(f"{taken[0]} after -- would replace what each outer fold sets itself "
+                         f"({', '.join(OWN_FLAGS)}); drop it")
+    command = outer_command(Path("outer.npz"), Path("outer"), flags, nproc_per_node)
+    script = next(index for index, part in enumerate(command) if part.endswith(".py"))
+    try:
+        parse_config(command[script + 1:], multi_gpu=nproc_per_node > 1)
+    except UsageError as exc:
+        raise UsageError(f"the training flags after --: {exc}") from None
+
+
+def train_outer_fold(fold, folds, path, subjects, run_dir, flags, nproc_per_node):
+    """One outer fold's training command, its output in <name>/outer-k.log; True once it reported."""
+    started = time.perf_counter()
+    command = outer_command(path, run_dir, flags, nproc_per_node)
+    print(f"outer fold {fold + 1}/{folds} (people {subjects}): {' '.join(command[1:])}", flush=True)
+    log_path = run_dir.parent / f"outer-{fold}.log"
+    with open(log_path, "w") as log:
+        code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    if code != 0 or not (run_dir / "test_report.json").is_file():
+        print(f"outer fold {fold + 1} failed (exit {code}); see {log_path}")
+        return False
+    (run_dir / "wall_s.txt").write_text(f"{time.perf_counter() - started:.0f}\n")
+    return True
+
+
+def outer_inputs(path, subjects, flags):
+    """What decides an outer fold's score: its training flags and its windows (what they were made
+    from, as their record says: a rewrite of the same windows still matches)."""
+    windows = read_record(windows_record(path))
+    return {"flags": flags, "subjects": subjects, "windows": windows["inputs"] if windows else None}
+
+
 def outer_command(path, run_dir, flags, nproc_per_node=1):
     """The training command of one outer fold: main.py, or N ranks of main_multi_gpu.py under torchrun."""
     launch = [sys.executable, str(REPO / "main.py")]
@@ -108,21 +184,39 @@ def outer_command(path, run_dir, flags, nproc_per_node=1):
 
 def write_outer_folds(data_dir, folder, folds, seed):
     """One .npz per outer fold (its people as the test split, everyone else's windows as training),
-    written once; returns [(path, subjects)]."""
+    written once and rewritten only when what it was made from changed (--data-dir's files, checked
+    by checksum, the seed or the number of folds; data/provenance.py); returns [(path, subjects)]."""
+    root = uci_har.find_root(data_dir)
+    if root is None:
+        raise DataError(f"--data-dir {data_dir} is not a UCI HAR layout (train/Inertial Signals and test/ inside)")
     data = load_har_data("uci-har", data_dir, val_fraction=0.0)
     train = data.train  # the dataset's own test split is not used: the outer folds are the test
+    unique = np.unique(train.subjects)
+    if folds > len(unique):
+        raise UsageError(f"--outer-folds {folds} is more than the {len(unique)} training subjects of {data_dir}; "
+                         f"use at most {len(unique)}")
     groups = fold_subjects(train.subjects, folds, seed)
+    sources = {f"data file {path.name}": file_identity(path, checksum=True)
+               for group in uci_har.source_files(root, "train") for path in (group if isinstance(group, list)
+                                                                               else [group])}
     folder.mkdir(parents=True, exist_ok=True)
     files = []
     for fold, subjects in enumerate(groups):
         path = folder / f"outer-{fold}-seed-{seed}-of-{folds}.npz"
-        if not path.is_file():
+        inputs = {**sources, "seed": seed, "outer folds": folds, "fold": fold, "subjects": subjects}
+        if not check(read_record(windows_record(path)), inputs, folder).matches:
             split = np.where(np.isin(train.subjects, subjects), "test", "train")
-            np.savez(path, signals=train.signals, labels=train.labels, subjects=train.subjects, split=split,
-                     class_names=np.array(data.class_names), channel_names=np.array(data.channel_names),
-                     sample_rate_hz=data.sample_rate_hz)
+            with open(path, "wb") as handle:
+                np.savez(handle, signals=train.signals, labels=train.labels, subjects=train.subjects, split=split,
+                         class_names=np.array(data.class_names), channel_names=np.array(data.channel_names),
+                         sample_rate_hz=data.sample_rate_hz)
+            write_record(windows_record(path), make_record(inputs, folder, [path.name]))
         files.append((path, subjects))
     return files
+
+
+def windows_record(path):
+    return path.with_name(path.name[:-len(".npz")] + ".identity.json")
 
 
 def _fold_list(text):
@@ -163,4 +257,4 @@ def format_summary(out, only=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_entry_point(main))
