@@ -1,10 +1,128 @@
-"""The project's own files agree with each other: requirement files with pyproject.toml."""
+"""The project's own files agree with each other: requirement files with pyproject.toml, and the
+commands the documentation shows with the flags and modules the code has."""
+import importlib.util
+import re
+
 import pytest
+
+from training.config.cli import build_parser, parse_config
+from training.config.environment import check_parallel_args
+from training.config.files import REPO
+from training.errors import UsageError
+
+DOCS = ["README.md", "QUICK_REFERENCE.md", *sorted(f"docs/{page.name}" for page in (REPO / "docs").glob("*.md"))]
+ENTRY_POINTS = {"main.py": False, "main_multi_gpu.py": True}  # script -> build_parser's multi_gpu
+FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
+CODE_SPAN = re.compile(r"`([^`]+)`")
+FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+SCRIPT = re.compile(r"(?<![\w/.-])(main_multi_gpu\.py|main\.py)(?![\w.])")
+MODULE = re.compile(r"\bpython3? -m ([A-Za-z_][\w.]*)")
+YAML_BLOCK = re.compile(r"^```yaml\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 
 def test_requirement_files_are_written_from_pyproject():
     pytest.importorskip("tomllib")  # Python 3.11+
     from scripts.requirements import expected_files, load_pyproject
-    from training.config.files import REPO
     for name, text in expected_files(load_pyproject()["project"]).items():
         assert (REPO / name).read_text() == text, f"{name} is stale: run python -m scripts.requirements"
+
+
+def commands(text):
+    """(line number, command) for each line of a fenced block (continuations joined, comments cut)
+    and each inline code span."""
+    found, outside = [], text
+    for block in FENCE.finditer(text):
+        first_line, pending = text.count("\n", 0, block.start(1)) + 1, None
+        for offset, line in enumerate(block.group(1).split("\n")):
+            code = re.split(r"(?:^|\s)#", line, maxsplit=1)[0].rstrip()
+            start, before = pending or (first_line + offset, "")
+            pending = (start, before + code[:-1] + " ") if code.endswith("\\") else None
+            if pending is None:
+                found.append((start, before + code))
+        outside = outside.replace(block.group(0), "\n" * block.group(0).count("\n"), 1)
+    for span in CODE_SPAN.finditer(outside):
+        found.append((outside.count("\n", 0, span.start()) + 1, span.group(1).replace("\n", " ")))
+    return found
+
+
+def entry_point_flags(command):
+    """(script, flags) for each main.py / main_multi_gpu.py in a command: the flags after it, up to
+    the next command (&&, ;, |) or the next script; `make train ARGS="..."` runs main.py."""
+    found = []
+    for part in re.split(r"&&|\|\||;|\|(?!\w)", command):
+        make = re.search(r"\bmake train\b.*?ARGS=\"([^\"]*)\"", part)
+        if make:
+            found.append(("main.py", FLAG.findall(make.group(1))))
+        scripts = list(SCRIPT.finditer(part))
+        for n, script in enumerate(scripts):
+            end = scripts[n + 1].start() if n + 1 < len(scripts) else len(part)
+            found.append((script.group(1), FLAG.findall(part[script.end():end])))
+    return found
+
+
+def flags_table_rows(text):
+    """(line number, row) of QUICK_REFERENCE's flag table: every flag there belongs to the trainers."""
+    section = re.search(r"^## Flags\n(.*?)(?=^## )", text, re.MULTILINE | re.DOTALL)
+    first_line = text.count("\n", 0, section.start(1)) + 1
+    return [(first_line + n, line) for n, line in enumerate(section.group(1).split("\n")) if line.startswith("|")]
+
+
+def unknown_flags(docs):
+    """'file:line: flag (script)' for every trainer flag the documents show that the parser lacks."""
+    known = {script: set(build_parser(multi_gpu)._option_string_actions) for script, multi_gpu in ENTRY_POINTS.items()}
+    problems = []
+    for name, text in docs.items():
+        for line, command in commands(text):
+            for script, flags in entry_point_flags(command):
+                problems += [f"{name}:{line}: {flag} ({script})" for flag in flags if flag not in known[script]]
+        if name == "QUICK_REFERENCE.md":
+            for line, row in flags_table_rows(text):
+                problems += [f"{name}:{line}: {flag} (flag table)" for flag in FLAG.findall(row)
+                             if flag not in known["main_multi_gpu.py"]]
+    return problems
+
+
+def read_docs():
+    return {name: (REPO / name).read_text() for name in DOCS}
+
+
+def test_every_trainer_flag_in_the_documentation_is_one_the_parser_knows():
+    docs = read_docs()
+    assert sum(len(entry_point_flags(c)) for text in docs.values() for _, c in commands(text)) > 50  # it reads them
+    assert unknown_flags(docs) == []
+
+
+def test_a_made_up_flag_in_a_command_or_the_flag_table_is_reported():
+    made_up = {"docs/x.md": "Run:\n\n```bash\ntorchrun --nproc_per_node=2 main_multi_gpu.py \\\n"
+                            "    --multi-gpu ddp --save-evry 5   # or --also-wrong in a comment\n```\n\n"
+                            "or `python main.py --nproc-per-node 2 --epochs 3 && python predict.py --out x`.\n",
+               "QUICK_REFERENCE.md": "## Flags\n\n| `--epochs N` | 20 | with `--warmup-epoch` |\n\n## Next\n"}
+    assert unknown_flags(made_up) == ["docs/x.md:4: --save-evry (main_multi_gpu.py)",
+                                      "docs/x.md:8: --nproc-per-node (main.py)",
+                                      "QUICK_REFERENCE.md:3: --warmup-epoch (flag table)"]
+
+
+def test_every_python_m_module_in_the_documentation_can_be_found():
+    missing = sorted({f"{name}: python -m {module}" for name, text in read_docs().items()
+                      for _, command in commands(text) for module in MODULE.findall(command)
+                      if not findable(module)})
+    assert missing == []
+
+
+def findable(module):
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
+
+
+def test_every_sample_config_file_in_the_documentation_runs_on_cpu(tmp_path):
+    samples = [(name, block) for name, text in read_docs().items() for block in YAML_BLOCK.findall(text)]
+    assert samples
+    for n, (name, sample) in enumerate(samples):
+        path = tmp_path / f"sample-{n}.yaml"
+        path.write_text(sample)
+        try:
+            check_parallel_args(parse_config(["--config", str(path), "--device", "cpu"]))
+        except UsageError as exc:
+            pytest.fail(f"{name}'s sample config is refused on CPU: {exc}")
