@@ -29,6 +29,7 @@ if str(REPO) not in sys.path:  # run as a file rather than with -m
 from profiling.comm_model import STRATEGIES, Link, predict_strategy  # noqa: E402
 from profiling.report import PROFILE_JSON  # noqa: E402
 from scripts.scaling_report import _counts, _names, run_profiler  # noqa: E402
+from training.config.files import usage_error  # noqa: E402
 from training.errors import UsageError, run_entry_point  # noqa: E402
 
 # Transformer sizes from the default (~0.09M parameters) past 10M; the 3M one is the studies' second
@@ -60,7 +61,20 @@ def build_parser():
     parser.add_argument("--repeats", type=int, default=2, help="timed blocks of --steps within each profile")
     parser.add_argument("--rounds", type=int, default=1, help="sweeps of the whole map, each with its own profiles")
     parser.add_argument("--reuse", action="store_true", help="keep profiles already under <out>/runs")
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks instead of one-line errors")
+    parser.error = usage_error(parser.prog)  # one line and exit 2, as main.py's flags
     return parser
+
+
+def check_counts(args):
+    """Every count the sweep multiplies or divides by, checked before the first profile runs."""
+    for flag, values, lowest in (("--batch-sizes", args.batch_sizes, 1), ("--predict-gpus", args.predict_gpus, 1),
+                                 ("--threads-per-rank", [args.threads_per_rank], 1), ("--steps", [args.steps], 1),
+                                 ("--repeats", [args.repeats], 1), ("--rounds", [args.rounds], 1),
+                                 ("--warmup-steps", [args.warmup_steps], 0)):
+        low = [value for value in values if value < lowest]
+        if low:
+            raise UsageError(f"{flag} {low[0]}: give {lowest} or more")
 
 
 def main(argv):
@@ -70,8 +84,7 @@ def main(argv):
     if unknown:
         raise UsageError(f"unknown size or strategy {unknown[0]!r}; sizes: {', '.join(SIZES)}; strategies: "
                          f"{', '.join(STRATEGIES)}")
-    if args.rounds < 1:
-        raise UsageError(f"--rounds {args.rounds}: give 1 or more")
+    check_counts(args)
     # What run_profiler reads besides these: the steps of each run (no phase pass) and no extra flags.
     args.phase_steps, args.profiler_args = 0, "--predict-gpus 1,2,4,8"
     out, started, rounds = Path(args.out), time.perf_counter(), []
@@ -126,8 +139,10 @@ def map_rows(size, baseline, measured, predict_gpus):
                    "bytes_sent_per_rank_mb": predicted["bytes_sent_per_rank"] / 2**20,
                    "model_state_mb_per_rank": predicted["model_state_bytes_per_rank"] / 2**20}
             if n == profile["config"]["world_size"]:
-                row.update(measured_samples_per_s=measured_samples, measured_speedup=measured_samples / samples_1,
-                           prediction_error=predicted["speedup"] / (measured_samples / samples_1) - 1)
+                measured_speedup = _ratio(measured_samples, samples_1)
+                error = _ratio(predicted["speedup"], measured_speedup)
+                row.update(measured_samples_per_s=measured_samples, measured_speedup=measured_speedup,
+                           prediction_error=None if error is None else error - 1)
             rows.append(row)
     return rows
 
@@ -146,9 +161,17 @@ def combine_rounds(rounds):
         if speedups:
             row.update(measured_speedup_low=min(speedups), measured_speedup_high=max(speedups))
         if row.get("prediction_error") is not None:
-            row["prediction_error"] = row["predicted_speedup"] / row["measured_speedup"] - 1
+            error = _ratio(row["predicted_speedup"], row["measured_speedup"])
+            row["prediction_error"] = None if error is None else error - 1
         combined.append(row)
     return combined
+
+
+def _ratio(numerator, denominator):
+    """numerator / denominator, or None where a profile measured nothing (no samples per second)."""
+    if numerator is None or not denominator:
+        return None
+    return numerator / denominator
 
 
 def _link(entry):
