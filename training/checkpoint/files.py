@@ -41,8 +41,10 @@ def save_checkpoint(state, path):
 def save_run_checkpoint(state, save_dir, keep_last, is_best):
     """last.pt, plus step-XXXXXXXX.pt (the newest `keep_last` kept) and best.pt when `is_best`.
 
-    The extra names are hard links to last.pt where the filesystem allows (no second write),
-    each put in place by an atomic rename like last.pt itself."""
+    Each extra name is a whole copy of last.pt, not a hard link: a link shares one inode, so a
+    tool that truncates or overwrites one name in place would damage every fallback with it. Each
+    copy is written to a temporary name, fsynced and renamed into place like last.pt itself
+    (docs/resuming.md weighs the disk and time this costs)."""
     save_dir = Path(save_dir)
     last = save_dir / LAST
     save_checkpoint(state, last)
@@ -52,6 +54,7 @@ def save_run_checkpoint(state, save_dir, keep_last, is_best):
             old.unlink(missing_ok=True)
     if is_best:
         _place_copy(last, save_dir / BEST)
+    _fsync_folder(save_dir)  # the renames themselves survive a power cut
 
 
 def inference_weights(checkpoint):
@@ -68,19 +71,28 @@ def numbered_checkpoints(save_dir):
 
 
 def _place_copy(source, target):
+    """A copy of `source` under `target`'s name, whole or not at all (temporary file, fsync, rename)."""
     partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    partial.unlink(missing_ok=True)
     try:
-        try:
-            os.link(source, partial)
-        except OSError:  # no hard links here (some network filesystems): copy the bytes
-            with open(source, "rb") as reader, open(partial, "wb") as writer:
-                shutil.copyfileobj(reader, writer)
-                writer.flush()
-                os.fsync(writer.fileno())
+        shutil.copyfile(source, partial)  # in the kernel where it can (sendfile), no pass through Python
+        with open(partial, "rb+") as handle:
+            os.fsync(handle.fileno())
         os.replace(partial, target)
     finally:
         partial.unlink(missing_ok=True)
+
+
+def _fsync_folder(folder):
+    try:
+        descriptor = os.open(folder, os.O_RDONLY)
+    except OSError:  # a filesystem that cannot open folders: the renames are still atomic
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)
 
 
 def check_save_dir(save_dir):
@@ -136,29 +148,78 @@ def _first_line(exc):
     return str(exc).splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
+class NonFiniteCheckpoint(UnreadableCheckpoint):
+    """Weights or optimizer state with NaN/inf: training on from them would only spread them."""
+
+
+def load_resumable(path):
+    """load_checkpoint, and refuse a trainer checkpoint whose weights, weight average or optimizer
+    moments hold NaN or inf (a file of another kind is left for check_compatible to name)."""
+    checkpoint = load_checkpoint(path)
+    if isinstance(checkpoint, dict):
+        bad = next((name for name, tensor in _trained_tensors(checkpoint)
+                    if tensor.is_floating_point() and not torch.isfinite(tensor).all()), None)
+        if bad is not None:
+            raise NonFiniteCheckpoint(f"checkpoint {path} holds NaN/inf values ({bad})")
+    return checkpoint
+
+
+def _trained_tensors(checkpoint):
+    """(name, tensor) of the weights, the weight average and the optimizer moments."""
+    for name, tensor in (checkpoint.get("model") or {}).items():
+        yield f"model.{name}", tensor
+    for name, tensor in ((checkpoint.get("ema") or {}).get("weights") or {}).items():
+        yield f"ema.{name}", tensor
+    for index, moments in ((checkpoint.get("optimizer") or {}).get("state") or {}).items():
+        for key, tensor in moments.items():
+            if isinstance(tensor, torch.Tensor):
+                yield f"optimizer.state.{index}.{key}", tensor
+
+
 def load_resume_checkpoint(resume, save_dir, warn):
     """(path, checkpoint) to resume from, or (None, None) for a fresh run.
 
-    --resume PATH must load. With --resume auto the newest readable of last.pt, the numbered
-    checkpoints and best.pt is used, and each unreadable one is reported in one line: a file
-    cut short by a kill never stops a requeued job from continuing."""
+    --resume PATH must load and be finite. With --resume auto the newest usable checkpoint is
+    taken: last.pt, else the newest numbered one or best.pt, whichever is further on; each file
+    passed over is reported in one line, and so is the fallback: a file cut short by a kill, or
+    truncated afterwards, never stops a requeued job from continuing."""
     if resume is None:
         return None, None
     if resume != "auto":
-        return Path(resume), load_checkpoint(resume)
-    save_dir = Path(save_dir)
-    candidates = [save_dir / LAST, *numbered_checkpoints(save_dir), save_dir / BEST]
-    candidates = [path for path in candidates if path.is_file()]
-    for index, path in enumerate(candidates):
         try:
-            return path, load_checkpoint(path)
+            return Path(resume), load_resumable(resume)
+        except NonFiniteCheckpoint as exc:
+            raise UsageError(f"{exc}; point --resume at an earlier checkpoint, or use --no-resume") from None
+    save_dir = Path(save_dir)
+    candidates = [path for path in (save_dir / LAST, *numbered_checkpoints(save_dir), save_dir / BEST)
+                  if path.is_file()]
+    if not candidates:
+        return None, None
+    skipped, found = [], None
+    for path in candidates:
+        # Past last.pt, look on only to compare the first usable numbered file with best.pt,
+        # which may have been saved later than every numbered file that is left.
+        if found is not None and (found[0].name == LAST or path.name != BEST):
+            continue
+        try:
+            checkpoint = load_resumable(path)
         except UnreadableCheckpoint as exc:
-            fallback = f"trying {candidates[index + 1].name}" if index + 1 < len(candidates) else "none left"
-            warn(f"{exc}; {fallback}")
-    if candidates:
-        raise UsageError(f"no readable checkpoint in {save_dir} (tried {', '.join(p.name for p in candidates)}); "
+            warn(str(exc))
+            skipped.append(path.name)
+            continue
+        if found is None or _progress(checkpoint) > _progress(found[1]):
+            found = (path, checkpoint)
+    if found is None:
+        raise UsageError(f"no readable checkpoint with finite weights in {save_dir} (tried {', '.join(skipped)}); "
                          "use --no-resume to start over, or --resume PATH")
-    return None, None
+    if skipped:
+        warn(f"falling back to {found[0].name} (step {_progress(found[1])}), the newest checkpoint in {save_dir} "
+             "that loads with finite weights")
+    return found
+
+
+def _progress(checkpoint):
+    return checkpoint.get("step", -1) if isinstance(checkpoint, dict) else -1
 
 
 def check_compatible(checkpoint, wanted, path):
