@@ -88,12 +88,12 @@ def test_corrupt_last_checkpoint_falls_back_to_newest_valid(tmp_path):
     first = run_subprocess([*RUN, "--save-dir", tmp_path], env={"HAR_FAULT": "kill@20"})
     assert first.returncode == -signal.SIGKILL
     newest_numbered = load_checkpoint(tmp_path / "step-00000010.pt")
-    # New files, as a partial copy would leave: the numbered names are hard links to last.pt.
+    # New files, as a partial copy would leave.
     truncated = (tmp_path / "last.pt").read_bytes()[:1000]
     for name, content in (("last.pt", truncated), ("step-00000010.pt", b"not a checkpoint")):
         (tmp_path / name).unlink()
         (tmp_path / name).write_bytes(content)
-    resumed = run_subprocess([*RUN, "--save-dir", tmp_path, "--epochs", "1"])
+    resumed = run_subprocess([*RUN, "--save-dir", tmp_path, "--stop-after-epochs", "1"])
     assert resumed.returncode == 0, resumed.stderr
     assert "last.pt is unreadable or truncated" in resumed.stderr
     assert "step-00000010.pt is unreadable or truncated" in resumed.stderr
@@ -165,10 +165,10 @@ def test_ddp_run_resumed_on_one_process_continues_at_the_same_sample(tmp_path):
 def test_a_size_flag_given_at_its_default_resumes_a_run_that_did_not_give_it(tmp_path):
     flags = ["--dataset", "synthetic", "--synthetic-windows-per-subject", "8", "--model", "transformer",
              "--save-dir", tmp_path]
-    code, _, err = run_in_process("main.py", [*flags, "--epochs", "1"])
+    code, _, err = run_in_process("main.py", [*flags, "--epochs", "2", "--stop-after-epochs", "1"])
     assert code == 0, err
     code, out, err = run_in_process("main.py", [*flags, "--epochs", "2", "--width", "64", "--ffn", "128"])
     assert code == 0, err
     assert "RESUMING" in out
-    code, _, err = run_in_process("main.py", [*flags, "--epochs", "3", "--width", "32"])
+    code, _, err = run_in_process("main.py", [*flags, "--epochs", "2", "--width", "32"])
     assert code == 2 and "width 64 (this run: 32)" in err

@@ -143,14 +143,17 @@ def test_resume_names_each_changed_flag(config_run, tmp_path):
     code, _, err = run_in_process("main.py", ["--config", path, "--save-dir", save_dir, "--stop-after-epochs", "1"])
     assert code == 0, err
     assert (save_dir / "curves.png").is_file() and not (save_dir / "confusion_matrix.png").exists()
-    code, out, err = run_in_process("main.py", ["--config", path, "--save-dir", save_dir, "--lr", "1e-3",
+    # Flags that leave the data, the model and the LR schedule alone may change on resume (those
+    # that do not are refused: tests/test_resume_refusal.py).
+    code, out, err = run_in_process("main.py", ["--config", path, "--save-dir", save_dir, "--weight-decay", "0.01",
                                                 "--max-grad-norm", "2"])
     assert code == 0, err
     changed = [line for line in err.splitlines() if "changed flag" in line]
-    assert changed == ["warning: resumed with a changed flag: --lr: 0.002 in the checkpoint's run, 0.001 now",
-                       "warning: resumed with a changed flag: --max-grad-norm: 0.5 in the checkpoint's run, 2.0 now"]
+    assert changed == [
+        "warning: resumed with a changed flag: --weight-decay: 0.0001 in the checkpoint's run, 0.01 now",
+        "warning: resumed with a changed flag: --max-grad-norm: 0.5 in the checkpoint's run, 2.0 now"]
     assert out.index("RESUMING") < out.index("epoch 2/2")  # said before training went on
-    assert resolved(save_dir)["lr"] == 0.001  # config.yaml now describes the resumed run
+    assert resolved(save_dir)["weight_decay"] == 0.01  # config.yaml now describes the resumed run
 
 
 # ---------------------------------------------------------------------------

@@ -29,8 +29,9 @@ from training.checkpoint import files as ckpt
 from training.checkpoint.manager import CheckpointManager, restore_parts
 from training.checkpoint.rng_state import RandomStreams
 from training.checkpoint.train_state import TrainState
-from training.config.cli import data_options, save_dir_of, warmup_epochs
+from training.config.cli import DEFAULT_LR, data_options, save_dir_of, warmup_epochs
 from training.config.files import record_run_config
+from training.config.same_run import check_same_run
 from training.config.settings import RunConfig
 from training.distributed.lost_rank import explain_lost_rank
 from training.distributed.preflight import check_before_training
@@ -41,7 +42,13 @@ from training.loop import epoch as epoch_pass
 from training.loop.precision import Precision, skipped_steps
 from training.loop.preemption import StopSignals
 from training.loop.recipe import build_augmenter, build_weight_average
-from training.loop.schedule import build_scheduler, global_batch_size, scaled_lr, steps_per_epoch
+from training.loop.schedule import (
+    build_scheduler,
+    global_batch_size,
+    scaled_lr,
+    scaling_warning,
+    steps_per_epoch,
+)
 from training.loop.step import TrainStep, build_adamw, compile_for_training, predict
 from training.reporting.logger import RunLogger
 
@@ -109,6 +116,8 @@ class Trainer:
             ckpt.prepare_save_dir(save_dir)
         log = RunLogger(save_dir, strategy.is_main and not quiet)
         resume_from, checkpoint = ckpt.load_resume_checkpoint(config.output.resume, save_dir, log.warn)
+        if config.output.resume == "auto":  # a checkpoint named with --resume PATH is resumed on purpose
+            check_same_run(config, checkpoint, save_dir)
         data, normalization = _load_data(config, checkpoint, resume_from, log)
         # Built before config.yaml and checkpoints are written, so that a flag it refuses changes neither.
         augment = build_augmenter(config.recipe, normalization, data.channel_names, data.class_names, strategy.device,
@@ -131,6 +140,9 @@ class Trainer:
         log.info(f"data path: {data_path}")
 
         peak_lr = scaled_lr(optim.lr, optim.lr_scaling, global_batch, optim.batch_size)
+        lr_warning = scaling_warning(optim.lr, optim.lr_scaling, global_batch, optim.batch_size, DEFAULT_LR)
+        if lr_warning:
+            log.warn(lr_warning)
         optimizer = build_adamw(model, peak_lr, optim.weight_decay, strategy.device)
         grad_scaler = precision.make_grad_scaler()
         state, rng = TrainState(), RandomStreams(strategy)

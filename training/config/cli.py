@@ -1,6 +1,7 @@
 """The one command-line parser both entry points share, grouped as --help shows it."""
 import argparse
 import math
+import sys
 from pathlib import Path
 
 from data.augment import AUGMENTATIONS, AugmentConfig, parse_kinds
@@ -12,6 +13,7 @@ from training.config.settings import RunConfig
 from training.errors import UsageError
 
 DEFAULT_WARMUP_EPOCHS = 2.0
+DEFAULT_LR = 1e-3  # the reference LR of one device at the default --batch-size
 # The default recipe, chosen by 7-fold subject-wise cross-validation on real recordings
 # (docs/training.md, "Models that work on new people").
 DEFAULT_MODEL = "minirocket"  # chosen by nested subject-wise evaluation (docs/training.md)
@@ -32,6 +34,9 @@ DEFAULT_FEATURE_VIEWS = 4
 MULTI_GPU_MODES = ("none", "dp", "ddp", "fsdp")
 SHARDED_OR_DDP = ("ddp", "fsdp")  # one process per device, started by torchrun
 GRAD_COMPRESSIONS = ("none", "fp16", "bf16", "powersgd")
+# The flags only main_multi_gpu.py's parser has.
+MULTI_GPU_ONLY_FLAGS = ("--multi-gpu", "--nproc-per-node", "--grad-compression", "--reshard-after-forward",
+                        "--no-reshard-after-forward")
 
 # torch.compile's modes; the last two capture CUDA graphs.
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
@@ -174,7 +179,7 @@ def build_parser(multi_gpu):
     group = parser.add_argument_group("optimisation")
     group.add_argument("--epochs", type=int, default=20)
     group.add_argument("--batch-size", type=int, default=32, help="per GPU (per process on CPU)")
-    group.add_argument("--lr", type=float, default=1e-3,
+    group.add_argument("--lr", type=float, default=DEFAULT_LR,
                        help="reference learning rate for ONE device with no accumulation")
     group.add_argument("--lr-scaling", choices=("linear", "sqrt", "none"), default="linear",
                        help="peak lr = lr x (global batch / batch size), its square root, or lr")
@@ -230,11 +235,27 @@ def parse_config(argv=None, multi_gpu=False):
 
 def parse_args(argv=None, multi_gpu=False):
     """The checked flags of a command line (after its --config file's flags), as argparse gives them."""
-    args = parse_with_config(build_parser(multi_gpu), argv)
+    try:
+        args = parse_with_config(build_parser(multi_gpu), argv)
+    except UsageError:
+        if not multi_gpu:
+            _point_to_multi_gpu_entry(sys.argv[1:] if argv is None else argv)
+        raise
     if not multi_gpu:
         vars(args).update(IMPLIED_BY_MAIN)
     check_args(args)
     return args
+
+
+def _point_to_multi_gpu_entry(argv):
+    """A flag of main_multi_gpu.py given to main.py: say which command takes it, rather than argparse's
+    'unrecognized arguments'."""
+    for token in map(str, argv):
+        flag = token.split("=", 1)[0]
+        if flag in MULTI_GPU_ONLY_FLAGS:
+            raise UsageError(f"main.py trains on one device and has no {flag}; for several GPUs run "
+                             "python main_multi_gpu.py --multi-gpu dp [flags] (DataParallel, one process), or "
+                             "torchrun --nproc_per_node=N main_multi_gpu.py --multi-gpu ddp (or fsdp) [flags]")
 
 
 def check_args(args):

@@ -22,6 +22,26 @@ def scaled_lr(reference_lr, rule, global_batch, batch_size):
     raise ValueError(f"unknown lr scaling rule {rule!r}")
 
 
+# A peak LR this many times the default's is far enough above what the models were tuned with
+# to say so: with linear scaling, more than 4 GPUs (or 4 accumulated micro-batches) at the default
+# --lr, or an --lr already multiplied for the layout and then scaled again.
+FAR_ABOVE_DEFAULT = 4.0
+
+
+def scaling_warning(reference_lr, rule, global_batch, batch_size, default_lr):
+    """One line when scaling lifts the peak LR far above the default's (None otherwise): the
+    reference --lr is meant for one device, and a value already multiplied for several is
+    multiplied again unless scaling is off."""
+    peak_lr = scaled_lr(reference_lr, rule, global_batch, batch_size)
+    if rule == "none" or global_batch <= batch_size or peak_lr <= FAR_ABOVE_DEFAULT * default_lr:
+        return None
+    return (f"peak LR {peak_lr:.2e} is {peak_lr / default_lr:.0f}x the default's {default_lr:.0e}: --lr "
+            f"{reference_lr:.2e} is the LR of one device, and {rule} scaling multiplies it by "
+            f"{peak_lr / reference_lr:.3g} for a global batch of {global_batch} ({global_batch / batch_size:g}x "
+            f"--batch-size {batch_size}); "
+            "if --lr is already meant for this global batch, pass --lr-scaling none")
+
+
 def steps_per_epoch(micro_batches_per_epoch, grad_accum_steps):
     """Optimizer steps in one epoch: a last partial accumulation window still steps."""
     return math.ceil(micro_batches_per_epoch / grad_accum_steps)
