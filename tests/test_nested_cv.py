@@ -58,7 +58,7 @@ def test_cached_windows_are_rewritten_when_their_data_changed(root, tmp_path):
     assert nested_cv.write_outer_folds(root, tmp_path / "windows", folds=3, seed=0) == files
     assert {path: path.stat().st_mtime_ns for path, _ in files} == written  # the same data: kept as they are
     signals = root / "train" / "Inertial Signals" / "body_acc_x_train.txt"
-    edit_line(signals, 2, lambda line: line.replace("e", "5e", 1))  # another recording under the same path
+    edit_line(signals, 2, lambda line: " ".join(f"{float(value) + 1:.7e}" for value in line.split()))  # new data
     nested_cv.write_outer_folds(root, tmp_path / "windows", folds=3, seed=0)
     nested_cv.write_outer_folds(root, tmp_path / "fresh", folds=3, seed=0)
     for path, _ in files:
