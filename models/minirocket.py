@@ -12,6 +12,7 @@ training, from (normalised) training windows.
 """
 import itertools
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -77,14 +78,17 @@ class MiniRocket(nn.Module):
             # A graph being recorded (export, compile): one pass over the batch, whose size the
             # graph must leave free, and no writes into a scratch tensor of a recorded size.
             return self._ppv(x, scratch=None)
-        chunk = TRANSFORM_CHUNK.get(x.device.type, TRANSFORM_CHUNK_ELSEWHERE)
-        return torch.cat([self._ppv(part, self._scratch(part)) for part in x.split(chunk)]) if len(x) \
-            else self._ppv(x, None)
+        if not len(x):
+            return self._ppv(x, None)
+        parts = x.split(TRANSFORM_CHUNK.get(x.device.type, TRANSFORM_CHUNK_ELSEWHERE))
+        if x.device.type == "cpu" and len(parts) > 1 and torch.get_num_threads() > 1:
+            return torch.cat(one_chunk_per_core(self._chunk_ppv, parts))
+        return torch.cat([self._chunk_ppv(part) for part in parts])
 
-    def _scratch(self, x):
+    def _chunk_ppv(self, x):
         # One scratch tensor for every dilation's comparisons: a fresh one each time would cost page
         # faults on a CPU.
-        return x.new_empty(len(x) * len(KERNEL_TWOS) * self.biases_per_kernel * x.shape[2])  # T' <= T
+        return self._ppv(x, x.new_empty(len(x) * len(KERNEL_TWOS) * self.biases_per_kernel * x.shape[2]))  # T' <= T
 
     def _ppv(self, x, scratch):
         features = []
@@ -134,6 +138,20 @@ class MiniRocket(nn.Module):
         features = self.transform(sample)
         self.feature_mean.copy_(features.mean(dim=0))
         self.feature_std.copy_(features.std(dim=0).clamp_min(1e-3))
+
+
+def one_chunk_per_core(function, chunks):
+    """[function(chunk) for chunk in chunks], a chunk per core at a time, each on one thread. A
+    chunk's operations are too small to share out between threads: spread inside each operation,
+    they scaled poorly on two cores and fell far below one thread whenever another process wanted
+    a core (every operation waits for its slowest thread)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # for every thread of the process; put back below
+    try:
+        with ThreadPoolExecutor(threads) as pool:  # the operations release the GIL
+            return list(pool.map(function, chunks))
+    finally:
+        torch.set_num_threads(threads)
 
 
 def row_quantiles(rows, quantiles):

@@ -121,7 +121,14 @@ def test_the_fast_transform_and_fit_equal_the_straightforward_ones_bit_for_bit()
     # the first dilation to one output of the first window.
     tied = torch.nn.functional.conv1d(windows[:1], model.weights[0], padding=model.paddings[0])[0, :, 5]
     model.biases[0, :, 0] = -tied
-    assert torch.equal(model.transform(windows), reference_transform(model, windows))
+    expected, threads = reference_transform(model, windows), torch.get_num_threads()
+    try:
+        for count in (1, 2):  # one thread, and a chunk per thread at a time
+            torch.set_num_threads(count)
+            assert torch.equal(model.transform(windows), expected)
+            assert torch.get_num_threads() == count
+    finally:
+        torch.set_num_threads(threads)
     assert model.transform(windows[:0]).shape == (0, model.feature_mean.numel())
 
 
