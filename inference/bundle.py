@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from inference.checkpoint_checks import check_declared_shapes, check_model_part
 from models import SIZE_KNOBS, build_model
 from training.checkpoint.files import inference_weights, load_checkpoint
 from training.config.environment import resolve_device_type
@@ -70,11 +71,14 @@ def load_bundle(path):
     if missing:
         raise UsageError(f"checkpoint {path} lacks {', '.join(missing)}, which predicting needs (it was written "
                          "by an older version, or is not a checkpoint of this trainer); retrain to get them")
+    check_declared_shapes(checkpoint, path)
     if kind == ENSEMBLE_KIND:
         from inference.ensemble import ensemble_model  # which builds its members with raw_unit_model below
         model, mean, std = ensemble_model(checkpoint, path)
     else:
-        model = raw_unit_model(checkpoint, inference_weights(checkpoint), checkpoint["window_steps"], path)
+        weights = inference_weights(checkpoint)
+        check_model_part(checkpoint, path, weights)
+        model = raw_unit_model(checkpoint, weights, checkpoint["window_steps"], path)
         mean, std = model.mean.flatten().numpy(), model.std.flatten().numpy()
     return ModelBundle(model.eval(), mean, std, tuple(checkpoint["class_names"]),
                        tuple(checkpoint["channel_names"]), float(checkpoint["sample_rate_hz"]),
@@ -111,11 +115,13 @@ def pick_device(name):
 
 @torch.no_grad()
 def probabilities(bundle, windows, device, batch_size=512):
-    """Softmax class probabilities [N, classes] (float64) of raw-unit windows [N, C, T]."""
+    """Softmax class probabilities [N, classes] (float64) of raw-unit windows [N, C, T]: an array, or
+    anything indexed by an array of positions that gives one (a window store's signals)."""
     model = bundle.model.to(device)
     chunks = []
     for first in range(0, len(windows), batch_size):
-        batch = torch.from_numpy(windows[first:first + batch_size]).to(device)
+        positions = np.arange(first, min(first + batch_size, len(windows)))
+        batch = torch.from_numpy(np.ascontiguousarray(windows[positions], dtype=np.float32)).to(device)
         chunks.append(torch.softmax(model(batch).double(), dim=1).cpu())
     if not chunks:
         return np.zeros((0, len(bundle.class_names)))

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from inference.bundle import ENSEMBLE_KIND, raw_unit_model
+from inference.checkpoint_checks import REWRITE_ENSEMBLE, check_members, check_model_part
 from training.checkpoint.files import inference_weights, load_checkpoint, save_checkpoint
 from training.errors import UsageError
 
@@ -54,8 +55,11 @@ def write_ensemble(member_paths, path, config):
 def ensemble_model(checkpoint, path):
     """(model, mean, std) of an ensemble checkpoint: the averaging model, and the members' mean scale
     of the raw windows (what example inputs are drawn at)."""
-    models = [raw_unit_model(member, member["model"], checkpoint["window_steps"], path)
-              for member in checkpoint["members"]]
+    check_members(checkpoint, path, (*MEMBER_KEYS, "model"))
+    models = []
+    for number, member in enumerate(checkpoint["members"], start=1):
+        check_model_part(member, path, member["model"], what=f"member {number}'s ", fix=REWRITE_ENSEMBLE)
+        models.append(raw_unit_model(member, member["model"], checkpoint["window_steps"], f"{path} (member {number})"))
     mean = torch.stack([model.mean.flatten() for model in models]).mean(dim=0)
     std = torch.stack([model.std.flatten() for model in models]).mean(dim=0)
     return ProbabilityAverage(models), mean.numpy(), std.numpy()

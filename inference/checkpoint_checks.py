@@ -1,0 +1,93 @@
+"""What a checkpoint must hold before its model is trusted to predict: the shapes it declares, finite
+weights and normalisation, and in a fold ensemble members that are one model on the same windows.
+Each problem is refused in one line naming the file, before a model is built from it."""
+import torch
+
+from models import MODELS
+from training.errors import UsageError
+
+REWRITE = "train it again (python main.py), or point --checkpoint at another of the run's checkpoints"
+REWRITE_ENSEMBLE = "write it again with python main.py --cv-folds K --ensemble"
+
+
+def check_declared_shapes(checkpoint, path):
+    """in_channels and num_classes are positive counts that the channel and class names match."""
+    if not isinstance(checkpoint["config"], dict):
+        raise UsageError(f"checkpoint {path}: config is not a mapping of settings; {REWRITE}")
+    for key, names in (("in_channels", "channel_names"), ("num_classes", "class_names")):
+        count, listed = checkpoint[key], checkpoint[names]
+        if not _is_count(count) or not isinstance(listed, (list, tuple)) or len(listed) != count \
+                or not all(isinstance(name, str) for name in listed):
+            raise UsageError(f"checkpoint {path}: {key} ({count!r}) and {names} ({_brief(listed)}) disagree; "
+                             f"the file is damaged or not written by this trainer: {REWRITE}")
+    if not _is_count(checkpoint["window_steps"]):
+        raise UsageError(f"checkpoint {path}: window_steps must be a positive whole number, got "
+                         f"{checkpoint['window_steps']!r}; {REWRITE}")
+
+
+def check_model_part(part, path, weights, what="", fix=REWRITE):
+    """One model's description (`part`: a checkpoint or an ensemble member) and the weights it predicts
+    with: a known model, a state dict of finite tensors, and a finite positive normalisation of the
+    right length. `what` names the member in messages."""
+    config = part["config"]
+    name = config.get("model") if isinstance(config, dict) else None
+    if name not in MODELS:
+        raise UsageError(f"checkpoint {path}: {what}model {name!r} is not one of {', '.join(MODELS)}; {fix}")
+    if not isinstance(weights, dict) or not weights:
+        raise UsageError(f"checkpoint {path}: {what}weights are not a state dict of tensors; {fix}")
+    for key, tensor in weights.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise UsageError(f"checkpoint {path}: {what}weight {key!r} is not a tensor; {fix}")
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise UsageError(f"checkpoint {path}: {what}weight {key!r} holds NaN or infinity (a run that diverged, "
+                             f"or a damaged file); {fix}")
+    _check_normalization(part["normalization"], part["in_channels"], path, what, fix)
+
+
+def _check_normalization(normalization, channels, path, what, fix):
+    if not isinstance(normalization, dict) or not all(isinstance(normalization.get(key), torch.Tensor)
+                                                      for key in ("mean", "std")):
+        raise UsageError(f"checkpoint {path}: {what}normalization must hold tensors mean and std; {fix}")
+    for key in ("mean", "std"):
+        values = normalization[key]
+        if tuple(values.shape) != (channels,):
+            raise UsageError(f"checkpoint {path}: {what}normalization {key} has shape {list(values.shape)}, not "
+                             f"[{channels}] (one per channel); {fix}")
+        if not bool(torch.isfinite(values).all()):
+            raise UsageError(f"checkpoint {path}: {what}normalization {key} holds NaN or infinity; {fix}")
+    if not bool((normalization["std"] > 0).all()):
+        raise UsageError(f"checkpoint {path}: {what}normalization std holds a value that is not positive; {fix}")
+
+
+def check_members(checkpoint, path, member_keys):
+    """An ensemble's members: a non-empty list of dicts with `member_keys`, one model on the ensemble's
+    channels and classes. Their weights are checked by check_model_part."""
+    members = checkpoint["members"]
+    if not isinstance(members, list) or not members or not all(isinstance(member, dict) for member in members):
+        raise UsageError(f"checkpoint {path}: members must be a non-empty list of models, got {_brief(members)}; "
+                         f"{REWRITE_ENSEMBLE}")
+    first_model = None
+    for number, member in enumerate(members, start=1):
+        missing = [key for key in member_keys if key not in member]
+        if missing:
+            raise UsageError(f"checkpoint {path}: member {number} lacks {', '.join(missing)}; {REWRITE_ENSEMBLE}")
+        for key in ("in_channels", "num_classes"):
+            if member[key] != checkpoint[key]:
+                raise UsageError(f"checkpoint {path}: member {number} has {key} {member[key]!r}, the ensemble "
+                                 f"{checkpoint[key]!r}; an ensemble's members must share their windows and classes: "
+                                 f"{REWRITE_ENSEMBLE}")
+        model = member["config"].get("model") if isinstance(member["config"], dict) else None
+        first_model = first_model or model
+        if model != first_model:
+            raise UsageError(f"checkpoint {path}: member {number} is a {model} model, member 1 a {first_model}; an "
+                             f"ensemble's members must be one model: {REWRITE_ENSEMBLE}")
+
+
+def _is_count(value):
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _brief(value):
+    text = repr(value)
+    return text if len(text) <= 60 else f"{type(value).__name__} of {len(value)}" if hasattr(value, "__len__") \
+        else type(value).__name__
