@@ -62,10 +62,15 @@ def _validate(path, arrays):
     if steps < MIN_WINDOW_STEPS:
         raise DataError(f"{path}: windows of {steps} steps are too short for the models; at least "
                         f"{MIN_WINDOW_STEPS}")
-    if not np.all(np.isfinite(signals)):
-        window, channel, step = (int(i) for i in np.argwhere(~np.isfinite(signals))[0])
-        raise DataError(f"{path}: signals hold NaN or infinity (first at window {window}, channel {channel}, "
-                        f"step {step})")
+    # The models see float32: finite is judged after that cast, where a float64 value beyond float32's
+    # range (about 3.4e38) has become infinity.
+    with np.errstate(over="ignore"):
+        as_float32 = signals.astype(np.float32)
+    if not np.all(np.isfinite(as_float32)):
+        window, channel, step = (int(i) for i in np.argwhere(~np.isfinite(as_float32))[0])
+        raise DataError(f"{path}: signals hold NaN or infinity as float32, the models' type (first at window "
+                        f"{window}, channel {channel}, step {step}: {signals[window, channel, step]:g}, beyond about "
+                        "3.4e38 or not a number)")
     labels = _integers(path, arrays, "labels", count)
     subjects = _integers(path, arrays, "subjects", count)
     class_names = _names(path, arrays, "class_names", None)
@@ -77,7 +82,7 @@ def _validate(path, arrays):
     if num_classes < 2:
         raise DataError(f"{path}: labels hold a single class; classification needs at least two")
     channel_names = _names(path, arrays, "channel_names", channels)
-    return NpzWindows(signals.astype(np.float32), labels, subjects,
+    return NpzWindows(as_float32, labels, subjects,
                       class_names or tuple(f"class_{i}" for i in range(num_classes)),
                       channel_names or tuple(f"channel_{i}" for i in range(channels)),
                       _sample_rate(path, arrays), _split(path, arrays, count))

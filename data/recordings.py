@@ -40,16 +40,34 @@ def read_recording(path, acc_unit="g", gyro_unit="rad/s", extra=()):
     acc = columns["acc"] * ACC_UNITS[acc_unit]
     gyro = columns["gyro"] * GYRO_UNITS[gyro_unit] if columns.get("gyro") is not None else None
     time_s = columns.get("time_s")
-    for name, values in (("acc", acc), ("gyro", gyro), (TIME_COLUMN, time_s)):
-        if values is not None and not np.all(np.isfinite(values)):
-            row = int(np.argwhere(~np.isfinite(values))[0][0])
-            raise DataError(f"{path}: {name} holds NaN or infinity (first at sample {row + 1}); fill or cut "
-                            "that stretch before classifying")
+    for axes, values in ((ACC_AXES, acc), (GYRO_AXES, gyro)):
+        _check_finite_as_model_input(path, axes, values)
+    if time_s is not None and not np.all(np.isfinite(time_s)):
+        row = int(np.argmax(~np.isfinite(time_s)))
+        raise DataError(f"{path}: {TIME_COLUMN} holds NaN or infinity (first at sample {row + 1}); fill or cut "
+                        "that stretch before classifying")
     if time_s is not None and len(time_s) > 1 and np.any(np.diff(time_s) <= 0):
         row = int(np.argmax(np.diff(time_s) <= 0))
         raise DataError(f"{path}: {TIME_COLUMN} does not increase at sample {row + 2} ({time_s[row]:g} then "
                         f"{time_s[row + 1]:g} s); time stamps must be strictly increasing")
     return Recording(acc, gyro, time_s, str(path), {name: columns["extra"][name] for name in extra})
+
+
+def _check_finite_as_model_input(path, axes, values):
+    """Signals reach the models as float32: a value finite as float64 but beyond float32's range
+    (about 3.4e38) would become infinity there, so finite is judged after that cast."""
+    if values is None:
+        return
+    with np.errstate(over="ignore"):  # the overflow is what is looked for
+        bad = ~np.isfinite(values.astype(np.float32))
+    if not bad.any():
+        return
+    row, column = (int(i) for i in np.argwhere(bad)[0])
+    where = f"array {axes[column].split('_')[0]} row {row}" if path.suffix.lower() == ".npz" else \
+        f"line {row + 2}"  # the header is line 1
+    raise DataError(f"{path}: {axes[column]} is {values[row, column]:g} at sample {row + 1} ({where}), which is NaN "
+                    "or infinity as float32, the models' type (beyond about 3.4e38); fix or cut that stretch "
+                    "before classifying")
 
 
 def _read_csv(path, extra=()):

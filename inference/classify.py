@@ -78,9 +78,24 @@ def recording_windows(bundle, recording, stride_steps=None, sample_rate_hz=None)
     if len(acc) < window:
         raise DataError(f"{recording.path} lasts {len(acc) / bundle.sample_rate_hz:.2f} s, shorter than one "
                         f"window of the model ({window} samples = {window / bundle.sample_rate_hz:g} s)")
-    stream = model_channels(bundle, acc, gyro)
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow to float32's infinity: refused below
+        stream = model_channels(bundle, acc, gyro)
     starts = window_starts(stream.shape[1], window, stride_steps or window // 2)
-    return RecordingWindows(cut_windows(stream, starts, window), starts, acc, start_s, source_hz)
+    windows = cut_windows(stream, starts, window)
+    _check_finite(windows, starts, bundle, recording, start_s)
+    return RecordingWindows(windows, starts, acc, start_s, source_hz)
+
+
+def _check_finite(windows, starts, bundle, recording, start_s):
+    """The windows as the model sees them (float32): values the recording's check let through can
+    still leave float32's range in the filters, and a model fed infinity answers with NaN."""
+    if np.isfinite(windows).all():
+        return
+    window, channel, _ = (int(i) for i in np.argwhere(~np.isfinite(windows))[0])
+    at_s = start_s + starts[window] / bundle.sample_rate_hz
+    raise DataError(f"{recording.path}: window {window + 1} (from {at_s:.2f} s) holds NaN or infinity in channel "
+                    f"{bundle.channel_names[channel]} once filtered and cast to float32, the models' type: the "
+                    "recording's values there are too large for it; fix or cut that stretch before classifying")
 
 
 def classify_recording(bundle, recording, device, stride_steps=None, sample_rate_hz=None):
