@@ -9,8 +9,8 @@ def main(argv):
     from inference.cli import export_parser
     from inference.export import check_out_file, export
     args = export_parser().parse_args(argv)
-    bundle = load_bundle(args.checkpoint)
     out = check_out_file(args.out, args.overwrite)
+    bundle = load_bundle(args.checkpoint)
     difference = export(bundle, args.format, out)
     print(bundle.describe())
     print(f"wrote {out} ({args.format}): input 'signals' float32 [batch, {len(bundle.channel_names)}, "

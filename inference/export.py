@@ -3,17 +3,24 @@ normalisation inside, as TorchScript or ONNX (dynamic batch size). A fold ensemb
 its logits are the log of its members' mean probabilities."""
 import contextlib
 import logging
+import math
+import os
 import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from inference.outputs import check_writable
 from training.checkpoint.atomic import write_atomic
 from training.errors import UsageError
 
 ONNX_OPSET = 18  # the lowest the exporter built on torch.export writes without converting
 PARITY_BATCH = 3  # traced with one batch size, checked with another: the batch must stay dynamic
+# Largest |logit difference| from the PyTorch model an export may show, per unit of the logits' scale
+# (at least 1): float32 kernels that differ in order stay near 1e-5, a wrong graph far above.
+PARITY_TOLERANCE = 1e-3
+EXPORT_FORMATS = ("torchscript", "onnx")
 
 
 def example_windows(bundle, batch_size, seed=0):
@@ -90,16 +97,44 @@ def reference_logits(bundle, windows):
 
 
 def export(bundle, fmt, path):
-    """Write `path`, then check it against the PyTorch model; returns the largest |difference|."""
-    {"torchscript": export_torchscript, "onnx": export_onnx}[fmt](bundle, path)
-    windows = example_windows(bundle, PARITY_BATCH, seed=1).numpy()
-    logits = run_exported(path, fmt, windows)
-    if logits is None:
-        return None
-    return float(np.max(np.abs(logits - reference_logits(bundle, windows))))
+    """Write the file under a temporary name beside `path`, check it against the PyTorch model, and
+    put it in place only if it passes; returns the largest |logit difference|, or None where it could
+    not be checked (no onnxruntime)."""
+    path = Path(path)
+    partial = path.with_name(f".{path.stem}.{os.getpid()}.unchecked{path.suffix}")
+    try:
+        {"torchscript": export_torchscript, "onnx": export_onnx}[fmt](bundle, partial)
+        windows = example_windows(bundle, PARITY_BATCH, seed=1).numpy()
+        logits = run_exported(partial, fmt, windows)
+        difference = None
+        if logits is not None:
+            reference = reference_logits(bundle, windows)
+            with np.errstate(invalid="ignore"):  # infinity - infinity: NaN, which check_parity refuses
+                difference = float(np.max(np.abs(logits - reference)))
+            check_parity(difference, reference, fmt, path)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+    return difference
+
+
+def check_parity(difference, reference, fmt, path):
+    """Refuse an export whose logits differ from the PyTorch model's by NaN or more than the tolerance."""
+    tolerance = PARITY_TOLERANCE * max(1.0, float(np.max(np.abs(reference))))
+    if not math.isfinite(difference):
+        raise UsageError(f"--out {path} not written: the {fmt} model's logits differ from the PyTorch model's by "
+                         f"{difference} on windows at the training data's scale, where the model gives NaN or "
+                         "infinity (weights too large for float32); export another of the run's checkpoints, or "
+                         "train again")
+    if difference > tolerance:
+        other = next(name for name in EXPORT_FORMATS if name != fmt)
+        raise UsageError(f"--out {path} not written: the {fmt} model's logits differ from the PyTorch model's by "
+                         f"{difference:.2e}, above the tolerance {tolerance:.1e}, so it does not compute what the "
+                         f"checkpoint does; try --format {other}")
 
 
 def check_out_file(out, overwrite):
+    """Refuse, before any work, an --out that is a folder, exists (without overwrite), or cannot be written."""
     out = Path(out)
     if out.is_dir():
         raise UsageError(f"--out {out} is a folder; give a file name such as {out / 'model.onnx'}")
@@ -107,4 +142,5 @@ def check_out_file(out, overwrite):
         raise UsageError(f"--out {out} exists; choose another name or pass --overwrite")
     if not out.parent.is_dir():
         raise UsageError(f"--out {out}: folder {out.parent} does not exist")
+    check_writable(out.parent, f"--out {out}: folder {out.parent} is not writable")
     return out

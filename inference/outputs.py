@@ -1,27 +1,51 @@
-"""The output folder: checked before any work, and files put in place whole (temp + rename)."""
+"""The output folder: checked before any work, created just before the first file is written, and
+files put in place whole (temp + rename)."""
 import csv
 import io
 import os
+import tempfile
 from pathlib import Path
 
 from training.checkpoint.atomic import write_atomic
 from training.errors import UsageError
 
 
-def prepare_out_dir(out, names, overwrite=False):
-    """Create `out`, refusing a file there or (without overwrite) any of `names` already in it."""
+def check_out_dir(out, names, overwrite=False):
+    """Refuse, without creating anything, an `out` that is a file, lies under a file, cannot be written
+    or created, or (without overwrite) already holds one of `names`. Returns `out` as a Path."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file; point it at a folder")
-    taken = [name for name in names if (out / name).exists()]
-    if taken and not overwrite:
-        raise UsageError(f"--out {out} already holds {', '.join(taken)}; choose another folder or pass --overwrite")
+    if out.is_dir():
+        taken = [name for name in names if (out / name).exists()]
+        if taken and not overwrite:
+            raise UsageError(f"--out {out} already holds {', '.join(taken)}; choose another folder or pass "
+                             "--overwrite")
+        check_writable(out, f"--out {out} is not writable")
+        return out
+    existing = next(parent for parent in out.absolute().parents if parent.exists())
+    if not existing.is_dir():
+        raise UsageError(f"--out {out} cannot be created: {existing} is a file, not a folder")
+    check_writable(existing, f"--out {out} cannot be created in {existing}")
+    return out
+
+
+def check_writable(folder, problem):
+    """Make and remove a folder in `folder`: the one test that also holds for root, ACLs and read-only
+    mounts; refused as `problem`."""
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".write-test.", dir=folder))
+    except OSError as exc:
+        raise UsageError(f"{problem} ({exc.strerror}); choose another folder") from None
+
+
+def prepare_out_dir(out, names, overwrite=False):
+    """check_out_dir, then create `out`: call it once the work is done and the files are about to be written."""
+    out = check_out_dir(out, names, overwrite)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UsageError(f"--out {out} cannot be created ({exc.strerror})") from None
-    if not os.access(out, os.W_OK):
-        raise UsageError(f"--out {out} is not writable; choose another folder")
+        raise UsageError(f"--out {out} cannot be created ({exc.strerror}); choose another folder") from None
     return out
 
 

@@ -2,7 +2,7 @@
 from data.recordings import read_recording
 from inference.bundle import load_bundle, pick_device
 from inference.classify import check_usable, classify_recording
-from inference.outputs import prepare_out_dir, write_csv
+from inference.outputs import check_out_dir, prepare_out_dir, write_csv
 from inference.plot import plot_timeline
 from inference.timeline import format_summary, merge_segments, smooth_labels
 from training.checkpoint.atomic import write_atomic
@@ -18,17 +18,18 @@ def check_stride(stride_steps, window_steps):
 
 
 def predict_recording(args):
-    """Everything that can be refused is refused before the first file is written."""
+    """Everything that can be refused is refused before the first file is written, --out first of all."""
+    check_out_dir(args.out, OUTPUTS, args.overwrite)
     bundle = load_bundle(args.checkpoint)
     device = pick_device(args.device)
     check_stride(args.stride, bundle.window_steps)
     recording = read_recording(args.recording, args.acc_unit, args.gyro_unit)
     check_usable(bundle, recording)
     predictions = classify_recording(bundle, recording, device, args.stride, args.sample_rate)
-    out = prepare_out_dir(args.out, OUTPUTS, args.overwrite)
     labels = smooth_labels(predictions.probabilities, args.smooth)
     segments = merge_segments(labels, predictions.probabilities, predictions.start_s, predictions.end_s,
                               bundle.class_names)
+    out = prepare_out_dir(args.out, OUTPUTS, args.overwrite)
     names = bundle.class_names
     write_csv(out / "windows.csv", ["start_s", "end_s", "predicted", "confidence", *names],
               [[f"{start:.3f}", f"{end:.3f}", names[row.argmax()], f"{row.max():.4f}", *(f"{p:.4f}" for p in row)]
