@@ -3,11 +3,12 @@ import argparse
 import math
 
 from data.recordings import ACC_UNITS, GYRO_UNITS
+from inference.export import EXPORT_FORMATS
 from inference.timeline import SMOOTHERS
 from training.config.files import usage_error
 from training.errors import UsageError
 
-EXPORT_FORMATS = ("torchscript", "onnx")
+DATASETS = ("auto", "uci-har", "synthetic", "npz", "store")  # main.py's --dataset choices
 
 
 def predict_parser():
@@ -15,9 +16,10 @@ def predict_parser():
         prog="predict.py", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Classify a whole recording with a trained checkpoint, or evaluate it on a dataset split.")
     parser.add_argument("--checkpoint", required=True, help="best.pt or last.pt written by training")
-    source = parser.add_mutually_exclusive_group(required=True)
+    source = parser.add_mutually_exclusive_group()
     source.add_argument("--recording", help="CSV (time_s, acc_x..z, gyro_x..z) or .npz (acc, gyro, time_s)")
-    source.add_argument("--data-dir", help="evaluate instead: a UCI HAR folder, or an .npz with --dataset npz")
+    source.add_argument("--data-dir", help="evaluate instead: a UCI HAR folder, an .npz (--dataset npz) or a "
+                                           "window store (--dataset store); none with --dataset synthetic")
     parser.add_argument("--out", required=True, help="output folder (created if missing)")
     parser.add_argument("--overwrite", action="store_true", help="replace outputs already in --out")
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
@@ -34,7 +36,10 @@ def predict_parser():
                        help="smooth the window sequence: median of the probabilities over 5 windows, hmm (a "
                             "sticky Viterbi path; what --smooth alone picks), or none")
     group = parser.add_argument_group("evaluation")
-    group.add_argument("--dataset", choices=("auto", "uci-har", "npz"), default="auto")
+    group.add_argument("--dataset", choices=DATASETS, default="auto",
+                       help="auto: npz for an .npz file, else uci-har; synthetic: the built-in data, generated "
+                            "as the checkpoint's run generated it (its --synthetic-seed and "
+                            "--synthetic-windows-per-subject)")
     group.add_argument("--split", choices=("train", "val", "test"), default="test",
                        help="val and train are rebuilt with the checkpoint's --val-subjects (or "
                             "--val-fraction) and --seed")
@@ -49,7 +54,21 @@ def parse_predict_args(argv):
         raise UsageError(f"--sample-rate must be a positive number of Hz, got {args.sample_rate}")
     if args.smooth == "none":
         args.smooth = None
+    _check_source(args)
     return args
+
+
+def _check_source(args):
+    """A recording to classify, or a dataset to evaluate on: --data-dir, or the synthetic data without it."""
+    if args.recording is not None:
+        if args.dataset != "auto":
+            raise UsageError(f"--dataset {args.dataset} picks the data to evaluate on; with --recording drop it")
+        return
+    if args.dataset == "synthetic" and args.data_dir is not None:
+        raise UsageError("--data-dir is not read with --dataset synthetic; drop one of them")
+    if args.dataset != "synthetic" and args.data_dir is None:
+        raise UsageError("give --recording FILE to classify a recording, or --data-dir DATA to evaluate on a "
+                         "dataset (--dataset synthetic, without --data-dir, evaluates on the built-in synthetic data)")
 
 
 def export_parser():

@@ -1,75 +1,122 @@
-"""predict.py --data-dir: a checkpoint's test report on a split, without training."""
+"""predict.py --data-dir / --dataset synthetic: a checkpoint's test report on a split, without training."""
 import json
+import shlex
 from pathlib import Path
 
 import numpy as np
 
+from data import uci_har
 from data.splits import load_har_data
 from evaluation.figures import plot_confusion_matrix
 from evaluation.metrics import classification_report, format_people, format_report, per_subject_accuracy
 from inference.bundle import load_bundle, pick_device, probabilities
-from inference.outputs import prepare_out_dir
+from inference.outputs import check_out_dir, prepare_out_dir
 from training.checkpoint.atomic import write_atomic
+from training.config.cli import data_options, parse_config
+from training.config.settings import RunConfig
 from training.errors import UsageError
 
 OUTPUTS = ("test_report.json", "confusion_matrix.png")
 
 
 def evaluate_checkpoint(args):
+    check_out_dir(args.out, OUTPUTS, args.overwrite)
     bundle = load_bundle(args.checkpoint)
     device = pick_device(args.device)
-    config = bundle.config
-    dataset = "npz" if args.dataset == "auto" and str(args.data_dir).endswith(".npz") else args.dataset
-    data = splits_as_trained(config, dataset, args.data_dir)
+    dataset = dataset_of(args)
+    _check_source(bundle, dataset, args)
+    data = splits_as_trained(bundle.config, dataset, args.data_dir)
     split = getattr(data, args.split)
     _check_fits(bundle, data, split, args)
+    report = report_of(bundle, split, device,
+                       {"checkpoint": str(bundle.path), "split": args.split, "data": data.description})
     out = prepare_out_dir(args.out, OUTPUTS, args.overwrite)
-    report = write_report(bundle, split, device, out, f"{args.split} split",
-                          {"checkpoint": str(bundle.path), "split": args.split, "data": data.description})
+    write_report_files(report, bundle.class_names, out, f"{args.split} split")
     print(f"{bundle.describe()}\n{data.description}\n{args.split} split:\n{format_report(report)}")
     print(format_people(report))
     print(f"wrote {out / 'test_report.json'}, {out / 'confusion_matrix.png'}")
     return 0
 
 
+def dataset_of(args):
+    """--dataset, with auto resolved as for a path: an .npz file is npz, anything else UCI HAR."""
+    if args.dataset != "auto":
+        return args.dataset
+    return "npz" if str(args.data_dir).endswith(".npz") else "uci-har"
+
+
 def splits_as_trained(config, dataset, data_dir):
-    """The splits of `data_dir` rebuilt as the run with `config` built them: same mode, validation
-    subjects (or share) and seed."""
-    return load_har_data(dataset, data_dir, config.get("mode", "flatten"), config.get("val_fraction", 0.2),
-                         split_seed=config.get("seed", 0), val_subjects=config.get("val_subjects"))
+    """The splits of `data_dir` (or of the synthetic data) rebuilt as the run with `config` built them:
+    the trainer's own data options (mode, validation subjects or share, seed, the synthetic data's
+    seed and size) read from the checkpoint's flags, the current defaults for flags it lacks."""
+    run = RunConfig.from_flags({**parse_config([]).flags(), **config})
+    return load_har_data(**data_options(run, dataset=dataset, data_dir=data_dir))
+
+
+def report_of(bundle, split, device, about):
+    """The test report (with `about` in it) of the bundle on a split."""
+    labels = np.asarray(split.labels, dtype=np.int64)
+    probs = probabilities(bundle, split.signals, device)
+    predictions = probs.argmax(axis=1)
+    loss = float(-np.log(np.clip(probs[np.arange(len(split)), labels], 1e-12, None)).mean())
+    people, worst = per_subject_accuracy(labels, predictions, np.asarray(split.subjects, dtype=np.int64))
+    return {**classification_report(labels, predictions, bundle.class_names), "loss": loss,
+            "per_subject": people, "worst_subject": worst, **about}
+
+
+def write_report_files(report, class_names, out, title, figure=True):
+    write_atomic(out / "test_report.json",
+                 lambda partial: Path(partial).write_text(json.dumps(report, indent=2)))
+    if figure:
+        write_atomic(out / "confusion_matrix.png", lambda partial: plot_confusion_matrix(
+            report["confusion_matrix"], class_names, partial, title=title))
 
 
 def write_report(bundle, split, device, out, title, about, figure=True):
     """test_report.json (with `about` in it) and, with `figure`, confusion_matrix.png of the bundle on
     a split, in folder `out`; returns the report."""
-    probs = probabilities(bundle, split.signals, device)
-    predictions = probs.argmax(axis=1)
-    loss = float(-np.log(np.clip(probs[np.arange(len(split)), split.labels], 1e-12, None)).mean())
-    people, worst = per_subject_accuracy(split.labels, predictions, split.subjects)
-    report = {**classification_report(split.labels, predictions, bundle.class_names), "loss": loss,
-              "per_subject": people, "worst_subject": worst, **about}
-    write_atomic(out / "test_report.json",
-                 lambda partial: Path(partial).write_text(json.dumps(report, indent=2)))
-    if figure:
-        write_atomic(out / "confusion_matrix.png", lambda partial: plot_confusion_matrix(
-            report["confusion_matrix"], bundle.class_names, partial, title=title))
+    report = report_of(bundle, split, device, about)
+    write_report_files(report, bundle.class_names, out, title, figure)
     return report
 
 
-def _check_fits(bundle, data, split, args):
-    if tuple(data.channel_names) != bundle.channel_names:
-        raise UsageError(f"{args.data_dir} gives channels {', '.join(data.channel_names)}; the checkpoint was "
-                         f"trained on {', '.join(bundle.channel_names)}")
-    if tuple(data.class_names) != bundle.class_names:
-        raise UsageError(f"{args.data_dir} has classes {', '.join(data.class_names)}; the checkpoint knows "
-                         f"{', '.join(bundle.class_names)}")
-    if split.signals.shape[2] != bundle.window_steps:
-        raise UsageError(f"{args.data_dir} has windows of {split.signals.shape[2]} steps; the checkpoint was "
-                         f"trained on {bundle.window_steps}")
+def _check_source(bundle, dataset, args):
+    """What can be said about --data-dir before it is read, with the command that works instead."""
     if bundle.members > 1 and args.split == "val":
         raise UsageError("an ensemble's members trained on every training subject between them, so it has no "
                          "validation split: use --split test")
+    mode = bundle.config.get("mode", "flatten")
+    if dataset in ("npz", "store") and mode != "flatten":
+        raise UsageError(f"checkpoint {bundle.path} was trained with --mode {mode} on UCI HAR channels, while "
+                         f"--dataset {dataset} windows are used as they are; evaluate it on the UCI HAR Dataset "
+                         "(--data-dir) or on --dataset synthetic")
+    if dataset == "uci-har" and uci_har.find_root(args.data_dir) is None:
+        raise UsageError(f"--data-dir {args.data_dir} does not hold the UCI HAR Dataset (train/Inertial Signals and "
+                         f"test/ under it, or under its '{uci_har.DATASET_FOLDER}' folder); for your own windows add "
+                         "--dataset npz (an .npz file) or --dataset store (a folder made by python -m "
+                         f"data.build_store), or evaluate on the built-in synthetic data: {_synthetic_command(args)}")
+
+
+def _synthetic_command(args):
+    """This command line with --dataset synthetic in place of --data-dir, ready to paste."""
+    words = ["python", "predict.py", "--checkpoint", args.checkpoint, "--dataset", "synthetic", "--out", args.out]
+    words += ["--split", args.split] if args.split != "test" else []
+    words += ["--device", args.device] if args.device != "auto" else []
+    return shlex.join(str(word) for word in words + (["--overwrite"] if args.overwrite else []))
+
+
+def _check_fits(bundle, data, split, args):
+    source = args.data_dir if args.data_dir is not None else "the synthetic data"
+    if tuple(data.channel_names) != bundle.channel_names:
+        raise UsageError(f"{source} gives channels {', '.join(data.channel_names)}; the checkpoint was "
+                         f"trained on {', '.join(bundle.channel_names)}")
+    if tuple(data.class_names) != bundle.class_names:
+        raise UsageError(f"{source} has classes {', '.join(data.class_names)}; the checkpoint knows "
+                         f"{', '.join(bundle.class_names)}")
+    if split.signals.shape[2] != bundle.window_steps:
+        raise UsageError(f"{source} has windows of {split.signals.shape[2]} steps; the checkpoint was "
+                         f"trained on {bundle.window_steps}")
     if len(split) == 0:
         why = "; the checkpoint trained on every training subject (--val-fraction 0), so there is no validation " \
               "split: use --split test" if args.split == "val" else ""
-        raise UsageError(f"the {args.split} split of {args.data_dir} is empty{why}")
+        raise UsageError(f"the {args.split} split of {source} is empty{why}")
