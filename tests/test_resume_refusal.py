@@ -139,6 +139,7 @@ def test_ddp_ranks_refuse_together_and_the_scaled_lr_is_named(tmp_path):
     assert again.returncode == EXIT_USAGE, again.stderr[-3000:]
     lines = error_lines(again.stderr)
     assert len(lines) == 1 and "--epochs 1 (this run: 2)" in lines[0], again.stderr[-3000:]
+    assert again.stderr.strip().splitlines() == lines, again.stderr[-3000:]  # refused before any rank starts
     assert folder_bytes(tmp_path) == before
 
 

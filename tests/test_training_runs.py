@@ -300,7 +300,9 @@ def test_resume_with_a_larger_global_batch_follows_the_new_lr_schedule(tmp_path)
     common = [*TINY_DATA, "--epochs", "3", "--save-dir", tmp_path / "run"]
     code, _, err = run_in_process("main.py", [*common, "--stop-after-epochs", "1"])
     assert code == 0, err
-    code, out, err = run_in_process("main.py", [*common, "--grad-accum-steps", "2", "--stop-after-epochs", "1"])
+    # Another global batch is another run: resumed only when named with --resume.
+    code, out, err = run_in_process("main.py", [*common, "--grad-accum-steps", "2", "--stop-after-epochs", "1",
+                                                "--resume", tmp_path / "run" / "last.pt"])
     assert code == 0, err
     assert "global batch changes from 32 to 64" in err
     # 17 batches of 32 -> 9 steps per epoch with accumulation 2; peak LR 2e-3 (linear scaling);

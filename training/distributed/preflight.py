@@ -5,6 +5,7 @@ from training.checkpoint import files as ckpt
 from training.checkpoint.save_dir_lock import NoLock, SaveDirLock
 from training.config.cli import SHARDED_OR_DDP, data_options, save_dir_of
 from training.config.environment import check_parallel_args, distributed_env
+from training.config.same_run import check_same_run
 
 
 def check_before_training(config, keep_lock=True):
@@ -21,7 +22,10 @@ def check_before_training(config, keep_lock=True):
     holder = config.parallel.multi_gpu not in SHARDED_OR_DDP or distributed_env()[0] == 0
     lock = SaveDirLock(save_dir).acquire() if holder else NoLock()
     try:
-        ckpt.load_resume_checkpoint(config.output.resume, save_dir, warn=lambda message: None)  # the run warns later
+        _, checkpoint = ckpt.load_resume_checkpoint(config.output.resume, save_dir,
+                                                    warn=lambda message: None)  # the run warns later
+        if config.output.resume == "auto":  # refused here, the self-launcher prints that line alone
+            check_same_run(config, checkpoint, save_dir)
     except BaseException:
         lock.release()
         raise
