@@ -228,3 +228,12 @@ def test_lock_of_a_killed_run_does_not_stick(tmp_path):
     lock.release()
     assert not (tmp_path / LOCK_NAME).exists()
     SaveDirLock(tmp_path).acquire().release()
+
+
+def test_a_fresh_run_in_a_used_folder_starts_its_own_metrics(tmp_path):
+    run = [*TINY_DATA, "--epochs", "1", "--synthetic-windows-per-subject", "8", "--save-dir", tmp_path]
+    for flags in ([], ["--no-resume"]):
+        code, _, err = run_in_process("main.py", [*run, *flags])
+        assert code == 0, err
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["epoch"] for line in lines] == [1]

@@ -195,8 +195,10 @@ def test_resuming_on_a_store_with_other_channels_is_refused(store, tmp_path):
     code, _, err = run_in_process("main.py", ["--model", "cnn1d", "--epochs", "1", "--dataset", "store",
                                               "--data-dir", store, "--save-dir", tmp_path / "run"])
     assert code == 0, err
+    # Named with --resume, so that the other --data-dir alone does not refuse it first.
     line = assert_refused(run_in_process("main.py", ["--model", "cnn1d", "--epochs", "2", "--dataset", "store",
-                                                     "--data-dir", tmp_path / "other", "--save-dir", tmp_path / "run"]),
+                                                     "--data-dir", tmp_path / "other", "--save-dir", tmp_path / "run",
+                                                     "--resume", tmp_path / "run" / "last.pt"]),
                           "channels", "sensor_0")
     assert str(tmp_path / "other") in line
 

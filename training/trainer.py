@@ -118,6 +118,8 @@ class Trainer:
         resume_from, checkpoint = ckpt.load_resume_checkpoint(config.output.resume, save_dir, log.warn)
         if config.output.resume == "auto":  # a checkpoint named with --resume PATH is resumed on purpose
             check_same_run(config, checkpoint, save_dir)
+        if resume_from is None:
+            log.start_fresh()
         data, normalization = _load_data(config, checkpoint, resume_from, log)
         # Built before config.yaml and checkpoints are written, so that a flag it refuses changes neither.
         augment = build_augmenter(config.recipe, normalization, data.channel_names, data.class_names, strategy.device,
