@@ -204,7 +204,7 @@ def build_parser(multi_gpu):
                        help="YAML or JSON file of flags (batch_size: 64 or batch-size: 64); flags given on "
                             "the command line win. Every run writes its own to <save-dir>/config.yaml")
     group.add_argument("--save-dir", default=None,
-                       help="checkpoints, logs and reports (default: checkpoints/<single|dp|ddp>)")
+                       help="checkpoints, logs and reports (default: checkpoints/<single|dp|ddp|fsdp>)")
     group.add_argument("--resume", default="auto", metavar="{auto,PATH}",
                        help="auto: continue from <save-dir>/last.pt when it exists; PATH: that checkpoint")
     group.add_argument("--no-resume", dest="resume", action="store_const", const=None,
@@ -357,7 +357,7 @@ def data_options(config, **overrides):
 
 
 def save_dir_of(config):
-    """--save-dir, else checkpoints/<single|dp|ddp> after the parallel mode."""
+    """--save-dir, else checkpoints/<single|dp|ddp|fsdp> after the parallel mode."""
     if config.output.save_dir:
         return Path(config.output.save_dir)
     return Path("checkpoints") / {"none": "single"}.get(config.parallel.multi_gpu, config.parallel.multi_gpu)
