@@ -1,6 +1,9 @@
 """What our processes write to the temporary directory is gone once they are stopped."""
+import tempfile
+
 from conftest import TINY_DATA
 from profiling.host_sharing import Neighbours
+from training.distributed.launch import run_torchrun
 
 
 def test_a_neighbour_stopped_while_paused_removes_its_scratch_save_dir(tmp_path, monkeypatch):
@@ -11,3 +14,13 @@ def test_a_neighbour_stopped_while_paused_removes_its_scratch_save_dir(tmp_path,
         assert len(list(temp.glob("har-profile-*"))) == 1  # its workload's --save-dir, made before READY
         running.pause()
     assert list(temp.glob("har-profile-*")) == []
+
+
+def test_the_self_launcher_leaves_no_torchrun_log_folder(tmp_path, monkeypatch):
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # where this process's torchrun would write
+    script = tmp_path / "worker.py"
+    script.write_text("import os\nassert os.environ['WORLD_SIZE'] == '2'\n")
+    assert run_torchrun(["--standalone", "--nproc-per-node=2", str(script)]) == 0
+    assert list(temp.iterdir()) == []

@@ -1,6 +1,7 @@
 """`--multi-gpu ddp` started without torchrun: check once, then run torch.distributed.run here."""
 import shlex
 import sys
+import tempfile
 
 import torch
 from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -52,7 +53,10 @@ def run_torchrun(launcher_args):
     print("launching: " + " ".join(shlex.quote(part) for part in
                                    [sys.executable, "-m", "torch.distributed.run", *launcher_args]), flush=True)
     try:
-        run(get_args_parser().parse_args(launcher_args))
+        # torchrun keeps its workers' error files under --log-dir; left to itself it makes a
+        # torchelastic_* folder in the temp directory on every launch and never removes it.
+        with tempfile.TemporaryDirectory(prefix="har-torchrun-") as log_dir:
+            run(get_args_parser().parse_args(["--log-dir", log_dir, *launcher_args]))
     except ChildFailedError as failure:
         # The worker already printed its own message; torchrun's report would only repeat it.
         first = min(failure.failures.items())[1]
