@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from conftest import TINY_DATA, run_in_process, run_subprocess
+from data.errors import DataError
 from data.uci_har import SIGNAL_NAMES, WINDOW_STEPS
 from training.checkpoint.files import load_checkpoint
-from training.errors import EXIT_USAGE, UsageError
+from training.errors import EXIT_USAGE, UsageError, run_entry_point
 
 TORCHRUN_ENV = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
                 "MASTER_PORT": "29511"}
@@ -429,3 +430,21 @@ def test_load_checkpoint_refuses_a_checkpoint_that_would_run_code(save_dir, tmp_
         load_checkpoint(path)
     assert "\n" not in str(raised.value) and "hostile.pt" in str(raised.value)
     assert not marker.exists()
+
+
+class WindowsWithABadOne(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, index):
+        if index == 2:
+            raise DataError("window 2 of shard-0.npy holds NaN; rebuild the store")
+        return torch.zeros(3)
+
+
+def test_a_data_error_in_a_loader_worker_is_still_one_line(capsys):
+    def read_every_batch(argv):
+        for _ in torch.utils.data.DataLoader(WindowsWithABadOne(), batch_size=1, num_workers=1):
+            pass
+    assert run_entry_point(read_every_batch, []) == EXIT_USAGE
+    assert capsys.readouterr().err == "error: window 2 of shard-0.npy holds NaN; rebuild the store\n"

@@ -57,13 +57,24 @@ def run_entry_point(main, argv=None):
             # torchrun, seeing this rank fail, stops the others.
             time.sleep(QUIET_RANK_EXIT_DELAY_S)
             return code
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         return code
     except KeyboardInterrupt:
         if debug:
             raise
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def one_line(exc):
+    """The message of `exc`. A DataLoader worker's error comes back as "Caught X in DataLoader
+    worker process N. Original Traceback ..." with the worker's traceback, then `module.X: message`
+    on its last line: that message alone."""
+    text = str(exc)
+    if "Original Traceback" not in text:
+        return text
+    last = text.rstrip().splitlines()[-1]
+    return last.split(": ", 1)[1] if last.startswith(f"{type(exc).__module__}.{type(exc).__name__}: ") else last
 
 
 def _record_for_torchrun(exc, delay_s):
