@@ -1,4 +1,6 @@
 """HAR models and the registry that builds them by name."""
+import torch
+
 from models.cnn1d import CNN1D
 from models.cnn_lstm import CNNLSTM
 from models.minirocket import MiniRocket
@@ -39,3 +41,14 @@ def resolve_size(name, **size):
 
 def count_parameters(model):
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def training_bytes(name, in_channels, num_classes, window_steps=128, **size):
+    """Bytes a model of these sizes holds while it trains: its parameters and buffers, and for each
+    trained parameter its gradient and AdamW's two moments. Built on the meta device, so nothing of
+    that size is allocated."""
+    with torch.device("meta"):
+        model = build_model(name, in_channels, num_classes, window_steps=window_steps, **size)
+    held = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    trained = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return held + 3 * trained

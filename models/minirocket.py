@@ -43,7 +43,9 @@ class MiniRocket(nn.Module):
                  max_dilations=32):
         super().__init__()
         generator = torch.Generator().manual_seed(QUANTILE_SEED)
-        kernels = torch.full((len(KERNEL_TWOS), KERNEL_LENGTH), -1.0)
+        # The kernels and their draws on the CPU whatever the default device: on the meta device
+        # (models.training_bytes) the sizes are counted without drawing.
+        kernels = torch.full((len(KERNEL_TWOS), KERNEL_LENGTH), -1.0, device="cpu")
         for index, twos in enumerate(KERNEL_TWOS):
             kernels[index, list(twos)] = 2.0
         # Dilations spread exponentially up to the window (its receptive field then spans it), each
@@ -58,12 +60,12 @@ class MiniRocket(nn.Module):
                          for index, d in enumerate(self.dilations)]
         self.biases_per_kernel = per
         # Each kernel at each dilation sums a random subset of channels (1 to all, a few usually).
-        subsets = torch.zeros(len(self.dilations), len(KERNEL_TWOS), in_channels)
+        subsets = torch.zeros(len(self.dilations), len(KERNEL_TWOS), in_channels, device="cpu")
         for d in range(len(self.dilations)):
             for k in range(len(KERNEL_TWOS)):
-                count = min(in_channels, int(2 ** torch.empty(1).uniform_(0, np.log2(in_channels + 1),
+                count = min(in_channels, int(2 ** torch.empty(1, device="cpu").uniform_(0, np.log2(in_channels + 1),
                                                                            generator=generator)))
-                chosen = torch.randperm(in_channels, generator=generator)[:max(1, count)]
+                chosen = torch.randperm(in_channels, generator=generator, device="cpu")[:max(1, count)]
                 subsets[d, k, chosen] = 1.0
         self.register_buffer("weights", subsets[:, :, :, None] * kernels[None, :, None, :])  # [D, 84, C, 9]
         self.register_buffer("biases", torch.zeros(len(self.dilations), len(KERNEL_TWOS), per))

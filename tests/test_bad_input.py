@@ -448,3 +448,12 @@ def test_a_data_error_in_a_loader_worker_is_still_one_line(capsys):
             pass
     assert run_entry_point(read_every_batch, []) == EXIT_USAGE
     assert capsys.readouterr().err == "error: window 2 of shard-0.npy holds NaN; rebuild the store\n"
+
+
+@pytest.mark.parametrize("model, width", [("cnn1d", "10000000"), ("minirocket", "1000000000")])
+def test_a_model_too_big_for_the_machine_is_refused_before_it_is_built(model, width, tmp_path):
+    code, _, err = run_in_process("main.py", [*TINY_DATA, "--model", model, "--width", width,
+                                              "--save-dir", tmp_path / "run"])
+    assert code == EXIT_USAGE and "Traceback" not in err, err
+    (line,) = err.strip().splitlines()
+    assert f"--model {model} --width {width} needs about" in line and "GiB free" in line

@@ -24,7 +24,7 @@ from evaluation.metrics import (
     per_subject_accuracy,
     summary_metrics,
 )
-from models import build_model, count_parameters, resolve_size
+from models import build_model, count_parameters, resolve_size, training_bytes
 from training.checkpoint import files as ckpt
 from training.checkpoint.manager import CheckpointManager, restore_parts
 from training.checkpoint.rng_state import RandomStreams
@@ -51,6 +51,7 @@ from training.loop.schedule import (
 )
 from training.loop.step import TrainStep, build_adamw, compile_for_training, predict
 from training.reporting.logger import RunLogger
+from training.reporting.memory import GIB, free_bytes
 
 EVAL_BATCH_MIN = 256
 
@@ -360,8 +361,17 @@ def _build_model(config, data, strategy, log):
     calls), the run's precision, and the weight average (None when off), copied before the strategy
     lays the model out and then laid out the same way."""
     settings = config.model
-    torch.manual_seed(config.optim.seed)  # identical initial weights on every rank
     _, channels, window_steps = data.train.signals.shape
+    # Sizes whose model cannot fit are refused before anything that size is allocated.
+    need = training_bytes(settings.name, channels, len(data.class_names), window_steps=window_steps,
+                          **settings.size())
+    free = free_bytes(strategy.device)
+    if free is not None and need > free:
+        sizes = "".join(f" --{knob} {value}" for knob, value in settings.size().items() if value is not None)
+        raise UsageError(f"--model {settings.name}{sizes} needs about {need / GIB:,.1f} GiB to train "
+                         f"(weights, gradients and AdamW's state) and {strategy.device} has {free / GIB:,.1f} GiB "
+                         "free; use smaller size flags")
+    torch.manual_seed(config.optim.seed)  # identical initial weights on every rank
     model = build_model(settings.name, channels, len(data.class_names), dropout=settings.dropout, norm=settings.norm,
                         window_steps=window_steps, **settings.size()).to(strategy.device)
     if hasattr(model, "fit"):
