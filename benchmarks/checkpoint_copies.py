@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from training.checkpoint.files import _place_copy, save_checkpoint
+from training.checkpoint.files import place_copy, save_checkpoint
 
 
 def main(argv=None):
@@ -32,7 +32,7 @@ def main(argv=None):
             started = time.perf_counter()
             save_checkpoint(state, folder / "last.pt")
             saved = time.perf_counter()
-            _place_copy(folder / "last.pt", folder / "step.pt")
+            place_copy(folder / "last.pt", folder / "step.pt")
             copied = time.perf_counter()
             os.link(folder / "last.pt", folder / f"link-{repeat}.pt")
             linked = time.perf_counter()

@@ -10,7 +10,6 @@ a temporary folder beside the target, loaded with the project's own reader, and 
 into place, so a failure never leaves a half-unpacked dataset and never touches one already there.
 """
 import argparse
-import hashlib
 import http.client
 import re
 import shutil
@@ -25,12 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from data import uci_har  # noqa: E402
-from data.errors import DataError  # noqa: E402
+from data import uci_har
+from data.errors import DataError
+from data.provenance import file_sha256
 
 DEFAULT_DEST = "~/data"  # the folder the docs give to --data-dir
 CHUNK_BYTES = 1 << 20
@@ -225,18 +221,10 @@ def _content_range(header):
     return (int(first) if first else None), (int(total) if total != "*" else None)
 
 
-def sha256_of(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(CHUNK_BYTES):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def describe_checksum(archive, dataset, expected, consequence):
     """What the archive is, by its SHA-256; DataError (ending with `consequence`) when it is neither
     the one --sha256 gives nor, without --sha256, one recorded for the dataset."""
-    actual = sha256_of(archive)
+    actual = file_sha256(archive)
     if expected:
         if actual == expected:
             return f"SHA-256 {actual}, as --sha256 gives"

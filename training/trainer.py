@@ -129,18 +129,7 @@ class Trainer:
         global_batch = global_batch_size(optim.batch_size, strategy.data_parallel_size, optim.grad_accum_steps)
         # DataParallel splits one loader batch over its GPUs; DDP ranks each load their own.
         loader_batch = optim.batch_size * strategy.data_parallel_size // strategy.world_size
-        splits, train_views = {"train": data.train, "val": data.val, "test": data.test}, 1
-        if wants_feature_pool(model, config.recipe.feature_views, splits):
-            # The views carry the augmentation, so the step adds none. Epoch e trains on view e mod V,
-            # so a run of fewer epochs than views never reaches the last ones: they are not built.
-            views = min(config.recipe.feature_views, optim.epochs)
-            splits, train_views = build_feature_pool(model, splits, views, augment,
-                                                     optim.seed, strategy.device, log)
-            augment = None
-        loaders, data_path = split_loaders(splits, loader_batch, max(EVAL_BATCH_MIN, loader_batch), strategy.device,
-                                           strategy.world_size, strategy.rank, optim.seed, config.hardware.data_path,
-                                           config.hardware.num_workers, train_views)
-        log.info(f"data path: {data_path}")
+        loaders, augment = _build_loaders(config, data, model, augment, loader_batch, strategy, log)
 
         peak_lr = scaled_lr(optim.lr, optim.lr_scaling, global_batch, optim.batch_size)
         lr_warning = scaling_warning(optim.lr, optim.lr_scaling, global_batch, optim.batch_size, DEFAULT_LR)
@@ -354,6 +343,24 @@ def _load_data(config, checkpoint, resume_from, log):
     data = dataclasses.replace(data, **{name: normalize(getattr(data, name), mean, std)
                                         for name in ("train", "val", "test")})
     return data, {"mean": torch.from_numpy(mean), "std": torch.from_numpy(std)}
+
+
+def _build_loaders(config, data, model, augment, loader_batch, strategy, log):
+    """The splits' loaders, over a feature pool where the model's features are fixed, and the
+    augmenter the step applies (None when the pool's views carry the augmentation)."""
+    optim = config.optim
+    splits, train_views = {"train": data.train, "val": data.val, "test": data.test}, 1
+    if wants_feature_pool(model, config.recipe.feature_views, splits):
+        # Epoch e trains on view e mod V, so a run of fewer epochs than views never reaches the
+        # last ones: they are not built.
+        views = min(config.recipe.feature_views, optim.epochs)
+        splits, train_views = build_feature_pool(model, splits, views, augment, optim.seed, strategy.device, log)
+        augment = None
+    loaders, data_path = split_loaders(splits, loader_batch, max(EVAL_BATCH_MIN, loader_batch), strategy.device,
+                                       strategy.world_size, strategy.rank, optim.seed, config.hardware.data_path,
+                                       config.hardware.num_workers, train_views)
+    log.info(f"data path: {data_path}")
+    return loaders, augment
 
 
 def _build_model(config, data, strategy, log):

@@ -49,11 +49,11 @@ def save_run_checkpoint(state, save_dir, keep_last, is_best):
     last = save_dir / LAST
     save_checkpoint(state, last)
     if keep_last > 0:
-        _place_copy(last, save_dir / f"step-{state['step']:08d}.pt")
+        place_copy(last, save_dir / f"step-{state['step']:08d}.pt")
         for old in numbered_checkpoints(save_dir)[keep_last:]:
             old.unlink(missing_ok=True)
     if is_best:
-        _place_copy(last, save_dir / BEST)
+        place_copy(last, save_dir / BEST)
     _fsync_folder(save_dir)  # the renames themselves survive a power cut
 
 
@@ -70,7 +70,7 @@ def numbered_checkpoints(save_dir):
     return [path for _, path in sorted(found, reverse=True)]
 
 
-def _place_copy(source, target):
+def place_copy(source, target):
     """A copy of `source` under `target`'s name, whole or not at all (temporary file, fsync, rename)."""
     partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
