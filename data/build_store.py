@@ -40,7 +40,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from data import uci_har  # noqa: E402
-from data.errors import DataError  # noqa: E402
+from data.errors import DataError, exit_from_command  # noqa: E402
 from data.npz_windows import load_npz_windows  # noqa: E402
 from data.preprocess import RAW_CHANNELS, cut_windows, stream_channels, window_starts  # noqa: E402
 from data.provenance import array_identity, check, file_identity, make_record  # noqa: E402
@@ -339,8 +339,4 @@ def _record(out, name):
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except DataError as exc:  # one line and exit 2, as the training entry points report bad data
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    exit_from_command(main)

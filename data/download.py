@@ -13,7 +13,6 @@ import argparse
 import http.client
 import re
 import shutil
-import sys
 import tempfile
 import time
 import urllib.error
@@ -25,7 +24,7 @@ from pathlib import Path
 from types import ModuleType
 
 from data import uci_har
-from data.errors import DataError
+from data.errors import DataError, exit_from_command
 from data.provenance import file_sha256
 
 DEFAULT_DEST = "~/data"  # the folder the docs give to --data-dir
@@ -302,12 +301,4 @@ def _check_layout(reader, root, archive):
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except DataError as exc:  # one line and exit 2, as the training entry points report bad data
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
-    except KeyboardInterrupt:
-        print("interrupted: the bytes downloaded so far are kept; run the same command again to resume",
-              file=sys.stderr)
-        sys.exit(130)
+    exit_from_command(main, "interrupted: the bytes downloaded so far are kept; run the same command again to resume")
