@@ -10,6 +10,7 @@ biases and the feature statistics are buffers, so checkpoints, DDP, FSDP, ensemb
 and export carry them like any weights; fit(signals) sets the data-dependent ones once, before
 training, from (normalised) training windows.
 """
+import functools
 import itertools
 import math
 from concurrent.futures import ThreadPoolExecutor
@@ -150,10 +151,16 @@ def one_chunk_per_core(function, chunks):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # for every thread of the process; put back below
     try:
-        with ThreadPoolExecutor(threads) as pool:  # the operations release the GIL
-            return list(pool.map(function, chunks))
+        return list(thread_pool(threads).map(function, chunks))  # the operations release the GIL
     finally:
         torch.set_num_threads(threads)
+
+
+@functools.cache
+def thread_pool(threads):
+    # Kept for the process: a transform per training or evaluation batch (--feature-views 0)
+    # would otherwise start and join its threads every time.
+    return ThreadPoolExecutor(threads, thread_name_prefix="minirocket")
 
 
 def row_quantiles(rows, quantiles):
