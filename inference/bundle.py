@@ -6,31 +6,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import nn
 
 from inference.checkpoint_checks import check_declared_shapes, check_model_part
-from models import SIZE_KNOBS, build_model
+from inference.ensemble import ENSEMBLE_KIND, ensemble_model
+from inference.raw_unit import raw_unit_model
 from training.checkpoint.files import inference_weights, load_checkpoint
 from training.config.environment import resolve_device_type
 from training.errors import UsageError
 
-ENSEMBLE_KIND = "fold-ensemble"  # the "kind" of an ensemble checkpoint; single runs' checkpoints have none
 NEEDED_KEYS = ("config", "class_names", "channel_names", "in_channels", "num_classes", "sample_rate_hz",
                "window_steps", "preprocessing")
 WEIGHT_KEYS = {None: ("model", "normalization"), ENSEMBLE_KIND: ("members",)}
-
-
-class RawUnitModel(nn.Module):
-    """(signals - mean) / std, then the model: raw-unit windows in, logits out."""
-
-    def __init__(self, model, mean, std):
-        super().__init__()
-        self.model = model
-        self.register_buffer("mean", torch.as_tensor(mean, dtype=torch.float32).reshape(1, -1, 1))
-        self.register_buffer("std", torch.as_tensor(std, dtype=torch.float32).reshape(1, -1, 1))
-
-    def forward(self, signals):
-        return self.model((signals - self.mean) / self.std)
 
 
 @dataclass
@@ -73,7 +59,6 @@ def load_bundle(path):
                          "by an older version, or is not a checkpoint of this trainer); retrain to get them")
     check_declared_shapes(checkpoint, path)
     if kind == ENSEMBLE_KIND:
-        from inference.ensemble import ensemble_model  # which builds its members with raw_unit_model below
         model, mean, std = ensemble_model(checkpoint, path)
     else:
         weights = inference_weights(checkpoint)
@@ -84,22 +69,6 @@ def load_bundle(path):
                        tuple(checkpoint["channel_names"]), float(checkpoint["sample_rate_hz"]),
                        int(checkpoint["window_steps"]), str(checkpoint["preprocessing"]), dict(checkpoint["config"]),
                        str(path), len(checkpoint.get("members", [None])))
-
-
-def raw_unit_model(member, weights, window_steps, path):
-    """The network a checkpoint (or an ensemble's member) describes, with its weights and its
-    normalisation in front."""
-    config = member["config"]
-    model = build_model(config["model"], member["in_channels"], member["num_classes"],
-                        dropout=config.get("dropout", 0.0), norm=config.get("norm", "batch"),
-                        window_steps=window_steps, **{knob: config.get(knob) for knob in SIZE_KNOBS})
-    try:
-        model.load_state_dict(weights)
-    except RuntimeError as exc:
-        raise UsageError(f"checkpoint {path}: weights do not fit a {config['model']} model "
-                         f"({str(exc).splitlines()[0]})") from None
-    normalization = member["normalization"]
-    return RawUnitModel(model, normalization["mean"].float(), normalization["std"].float())
 
 
 def require_sample_rate(bundle):

@@ -11,12 +11,13 @@ import math
 import torch
 from torch import nn
 
-from inference.bundle import ENSEMBLE_KIND, raw_unit_model
 from inference.checkpoint_checks import REWRITE_ENSEMBLE, check_members, check_model_part
+from inference.raw_unit import raw_unit_model
 from training.checkpoint.files import inference_weights, load_checkpoint, save_checkpoint
 from training.errors import UsageError
 
 ENSEMBLE_FILE = "ensemble.pt"
+ENSEMBLE_KIND = "fold-ensemble"  # the "kind" of an ensemble checkpoint; single runs' checkpoints have none
 SHARED_KEYS = ("class_names", "channel_names", "in_channels", "num_classes", "sample_rate_hz", "window_steps",
                "preprocessing")  # what every member must agree on: the windows in, the classes out
 MEMBER_KEYS = ("config", "normalization", "in_channels", "num_classes")
