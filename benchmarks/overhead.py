@@ -27,7 +27,7 @@ from benchmarks.common import (
     train_trainer_epoch,
 )
 from models import build_model
-from training.distributed.strategy import ddp_module
+from training.distributed.ddp import ddp_module
 from training.loop.step import compile_for_training
 
 # Below these the trainer costs more than noise explains on CPU.

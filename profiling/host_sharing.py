@@ -26,8 +26,8 @@ from profiling.comm_model import STRATEGIES
 from profiling.neighbour import READY
 from profiling.timing import NullTimer
 from profiling.workload import optimizer_step
+from training.distributed.ddp import compression_hook, ddp_module
 from training.distributed.fsdp import clip_sharded_grad_norm_, shard_model
-from training.distributed.strategy import compression_hook, ddp_module
 from training.loop.ema import WeightAverage
 from training.loop.precision import skipped_steps
 from training.loop.step import build_adamw

@@ -144,7 +144,7 @@ def test_the_busy_time_before_each_benchmarked_collective():
 BENCHMARK_SCRIPT = """
 import json, time
 from profiling.allreduce_bench import benchmark_allreduce
-from training.distributed.strategy import DistributedStrategy
+from training.distributed.ddp import DistributedStrategy
 strategy = DistributedStrategy("cpu", "gloo", None, False, 60)
 started = time.perf_counter()
 result = benchmark_allreduce(strategy, 1000, 4, gap_s=0.05)

@@ -101,7 +101,7 @@ def test_half_precision_gradients_train_close_to_full_precision(runs, tmp_path, 
 
 
 def test_bf16_compression_is_refused_in_one_line_where_the_backend_cannot_sum_bf16(monkeypatch):
-    from training.distributed import strategy
+    from training.distributed import ddp as strategy
     from training.errors import UsageError
 
     def cannot_sum(tensor, *args, **kwargs):
@@ -116,7 +116,7 @@ def test_bf16_compression_is_refused_in_one_line_where_the_backend_cannot_sum_bf
 def test_the_bf16_hook_sends_bf16_and_writes_the_average_back_into_the_gradients():
     import torch.distributed as dist
 
-    from training.distributed.strategy import bfloat16_compress_hook
+    from training.distributed.ddp import bfloat16_compress_hook
 
     class Bucket:
         def __init__(self, tensor):

@@ -20,7 +20,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from training.distributed.strategy import DistributedStrategy
+from training.distributed.ddp import DistributedStrategy
 
 # Gathered to rank 0 in CPU memory: what a checkpoint file holds.
 FULL_TO_RANK0 = StateDictOptions(full_state_dict=True, cpu_offload=True)
