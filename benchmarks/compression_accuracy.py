@@ -15,12 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from crossval.folds import fold_subjects
+from data.splits import load_har_data
 
-from crossval.folds import fold_subjects  # noqa: E402
-from data.splits import load_har_data  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 
 def main(argv=None):

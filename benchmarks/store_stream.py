@@ -24,16 +24,14 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
-STARTED_S = time.time()
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
+STARTED_S = time.time()  # before the imports below: a side's time to first step counts them
 import numpy as np  # noqa: E402
 
 from data import synthetic, uci_har  # noqa: E402
 from data.build_store import assemble_manifest, run_job  # noqa: E402
 from data.store import SHARD_DIR, finish_store  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
 
 GIB = 2 ** 30
 WINDOW_BYTES_FLOAT16 = len(uci_har.SIGNAL_NAMES) * uci_har.WINDOW_STEPS * 2

@@ -29,25 +29,20 @@ import argparse
 import json
 import os
 import re
-import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from data import uci_har  # noqa: E402
-from data.errors import DataError, exit_from_command  # noqa: E402
-from data.npz_windows import load_npz_windows  # noqa: E402
-from data.preprocess import RAW_CHANNELS, cut_windows, stream_channels, window_starts  # noqa: E402
-from data.provenance import array_identity, check, file_identity, make_record  # noqa: E402
-from data.recordings import read_recording  # noqa: E402
-from data.resample import on_model_clock  # noqa: E402
-from data.splits import NPZ_TEST_FRACTION, NPZ_TEST_SEED, hold_out_subjects  # noqa: E402
-from data.store import PARTS, SHARD_DIR, VERSION, finish_store, shard_paths, write_atomic  # noqa: E402
+from data import uci_har
+from data.errors import DataError, exit_from_command
+from data.npz_windows import load_npz_windows
+from data.preprocess import RAW_CHANNELS, cut_windows, stream_channels, window_starts
+from data.provenance import array_identity, check, file_identity, make_record
+from data.recordings import read_recording
+from data.resample import on_model_clock
+from data.splits import NPZ_TEST_FRACTION, NPZ_TEST_SEED, hold_out_subjects
+from data.store import PARTS, SHARD_DIR, VERSION, finish_store, shard_paths, write_atomic
 
 MAX_NAME_CHARACTERS = 120  # of a recording's file name in its job's name
 SHARD_WINDOWS = 8_192  # windows per shard file at most (19 MB of float16 9 x 128 windows)

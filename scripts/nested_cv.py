@@ -38,18 +38,16 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from crossval.folds import fold_subjects
+from data import uci_har
+from data.errors import DataError
+from data.provenance import check, file_identity, make_record, read_record, write_record
+from data.splits import load_har_data
+from training.config.cli import parse_config
+from training.config.files import usage_error
+from training.errors import UsageError, run_entry_point
 
-from crossval.folds import fold_subjects  # noqa: E402
-from data import uci_har  # noqa: E402
-from data.errors import DataError  # noqa: E402
-from data.provenance import check, file_identity, make_record, read_record, write_record  # noqa: E402
-from data.splits import load_har_data  # noqa: E402
-from training.config.cli import parse_config  # noqa: E402
-from training.config.files import usage_error  # noqa: E402
-from training.errors import UsageError, run_entry_point  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 REPORT = "nested_report.json"
 IDENTITY = "nested_identity.json"  # in each outer fold's folder once it reported: its flags and windows

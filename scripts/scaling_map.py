@@ -28,7 +28,7 @@ if str(REPO) not in sys.path:  # run as a file rather than with -m
 
 from profiling.comm_model import STRATEGIES, Link, predict_strategy  # noqa: E402
 from profiling.report import PROFILE_JSON  # noqa: E402
-from scripts.scaling_report import _counts, _names, run_profiler  # noqa: E402
+from scripts.scaling_report import comma_counts, comma_names, run_profiler  # noqa: E402
 from training.config.files import usage_error  # noqa: E402
 from training.errors import UsageError, run_entry_point  # noqa: E402
 
@@ -50,10 +50,11 @@ def build_parser():
     parser = argparse.ArgumentParser(prog="python -m scripts.scaling_map", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="scaling_map.csv, scaling_map.png and the profiles under runs/")
-    parser.add_argument("--sizes", type=_names, default=list(SIZES), help=f"from {', '.join(SIZES)}")
-    parser.add_argument("--batch-sizes", type=_counts, default=[16, 64], help="per GPU / process")
-    parser.add_argument("--strategies", type=_names, default=list(STRATEGIES), help=f"from {', '.join(STRATEGIES)}")
-    parser.add_argument("--predict-gpus", type=_counts, default=[2, 4, 8])
+    parser.add_argument("--sizes", type=comma_names, default=list(SIZES), help=f"from {', '.join(SIZES)}")
+    parser.add_argument("--batch-sizes", type=comma_counts, default=[16, 64], help="per GPU / process")
+    parser.add_argument("--strategies", type=comma_names, default=list(STRATEGIES),
+                        help=f"from {', '.join(STRATEGIES)}")
+    parser.add_argument("--predict-gpus", type=comma_counts, default=[2, 4, 8])
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     parser.add_argument("--threads-per-rank", type=int, default=1, help="CPU: OMP_NUM_THREADS of every run")
     parser.add_argument("--warmup-steps", type=int, default=3)

@@ -28,9 +28,9 @@ def build_parser():
         prog="scripts/scaling_report.py", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Run profiler.py for every model x per-GPU batch x world size and report the scaling.")
     parser.add_argument("--output-dir", default="profiles/scaling", help="report, table, figures and runs/")
-    parser.add_argument("--models", type=_names, default=["cnn1d", "transformer"])
-    parser.add_argument("--batch-sizes", type=_counts, default=[32, 128], help="per GPU / process")
-    parser.add_argument("--world-sizes", type=_counts, default=[1, 2],
+    parser.add_argument("--models", type=comma_names, default=["cnn1d", "transformer"])
+    parser.add_argument("--batch-sizes", type=comma_counts, default=[32, 128], help="per GPU / process")
+    parser.add_argument("--world-sizes", type=comma_counts, default=[1, 2],
                         help="processes (GPUs); above 1 they run under torchrun with --multi-gpu ddp")
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     parser.add_argument("--threads-per-rank", type=int, default=1,
@@ -40,7 +40,7 @@ def build_parser():
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--phase-steps", type=int, default=10)
-    parser.add_argument("--predict-gpus", type=_counts, default=[1, 2, 4, 8],
+    parser.add_argument("--predict-gpus", type=comma_counts, default=[1, 2, 4, 8],
                         help="GPU counts for the extrapolation figure")
     parser.add_argument("--profiler-args", default="",
                         help="more profiler.py flags for every run, as one quoted string, e.g. '--norm group'")
@@ -94,14 +94,16 @@ def run_profiler(args, configuration, world_size, run_dir, parallel=("--multi-gp
         raise UsageError(f"profiler run failed ({' '.join(command)}):\n{tail}")
 
 
-def _names(text):
+def comma_names(text):
+    """'cnn1d, transformer' -> ['cnn1d', 'transformer']: an argparse type for a list of names."""
     names = [part.strip() for part in text.split(",") if part.strip()]
     if not names:
         raise argparse.ArgumentTypeError("expected comma-separated names")
     return names
 
 
-def _counts(text):
+def comma_counts(text):
+    """'4,1,2,2' -> [1, 2, 4]: an argparse type for a set of whole numbers, sorted."""
     try:
         counts = sorted({int(part) for part in text.split(",") if part.strip()})
     except ValueError:
