@@ -25,7 +25,14 @@ class DeviceResidentLoader:
 
     def __iter__(self):
         order = self.sampler.indices().to(self.device, non_blocking=True)
-        # One gather per epoch; each batch is then a view, not a gather of its own.
+        if self.device.type == "cpu":
+            # A gather per batch: the whole epoch's gather would write a fresh copy of the split,
+            # and on a CPU its page faults cost more than the batches' own small copies.
+            for first in range(0, len(order), self.batch_size):
+                rows = order[first:first + self.batch_size]
+                yield self.signals.index_select(0, rows), self.labels.index_select(0, rows)
+            return
+        # One gather per epoch on a GPU; each batch is then a view, not a gather (a launch) of its own.
         signals, labels = self.signals.index_select(0, order), self.labels.index_select(0, order)
         for first in range(0, len(order), self.batch_size):
             yield signals[first:first + self.batch_size], labels[first:first + self.batch_size]
