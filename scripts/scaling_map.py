@@ -22,15 +22,11 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # run as a file rather than with -m
-    sys.path.insert(0, str(REPO))
-
-from profiling.comm_model import STRATEGIES, Link, predict_strategy  # noqa: E402
-from profiling.report import PROFILE_JSON  # noqa: E402
-from scripts.scaling_report import comma_counts, comma_names, run_profiler  # noqa: E402
-from training.config.files import usage_error  # noqa: E402
-from training.errors import UsageError, run_entry_point  # noqa: E402
+from profiling.comm_model import STRATEGIES, Link, predict_strategy
+from profiling.report import PROFILE_JSON
+from scripts.scaling_report import comma_counts, comma_names, run_profiler
+from training.config.files import usage_error
+from training.errors import UsageError, run_entry_point
 
 # Transformer sizes from the default (~0.09M parameters) past 10M; the 3M one is the studies' second
 # configuration (d_model 256, 4 blocks, 8 heads, FFN 1024).

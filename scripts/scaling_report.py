@@ -1,6 +1,6 @@
 """Profile a grid of configurations at 1 and N processes, then write the scaling table, report and figures.
 
-Run from the repository root: python -m scripts.scaling_report (or python scripts/scaling_report.py).
+Run from the repository root: python -m scripts.scaling_report
 """
 import argparse
 import itertools
@@ -12,20 +12,18 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # run as a file rather than with -m
-    sys.path.insert(0, str(REPO))
+from profiling.report import PROFILE_JSON
+from profiling.scaling import scaling_rows
+from scripts.scaling_figures import write_figures
+from scripts.scaling_tables import write_csv, write_latex, write_text_report
+from training.errors import UsageError, run_entry_point
 
-from profiling.report import PROFILE_JSON  # noqa: E402
-from profiling.scaling import scaling_rows  # noqa: E402
-from scripts.scaling_figures import write_figures  # noqa: E402
-from scripts.scaling_tables import write_csv, write_latex, write_text_report  # noqa: E402
-from training.errors import UsageError, run_entry_point  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 
 def build_parser():
     parser = argparse.ArgumentParser(
-        prog="scripts/scaling_report.py", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="python -m scripts.scaling_report", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Run profiler.py for every model x per-GPU batch x world size and report the scaling.")
     parser.add_argument("--output-dir", default="profiles/scaling", help="report, table, figures and runs/")
     parser.add_argument("--models", type=comma_names, default=["cnn1d", "transformer"])
