@@ -8,6 +8,7 @@ from data.preprocess import available_channels, cut_windows, stream_channels, wi
 from data.resample import on_model_clock
 from data.splits import channel_names, select_channels
 from data.uci_har import SIGNAL_NAMES
+from inference.adaptation import adapted_probabilities
 from inference.bundle import probabilities, require_sample_rate
 from training.errors import UsageError
 
@@ -98,10 +99,13 @@ def _check_finite(windows, starts, bundle, recording, start_s):
                     "recording's values there are too large for it; fix or cut that stretch before classifying")
 
 
-def classify_recording(bundle, recording, device, stride_steps=None, sample_rate_hz=None):
+def classify_recording(bundle, recording, device, stride_steps=None, sample_rate_hz=None, adapt=False):
+    """Window probabilities of a recording; with `adapt`, MiniRocket's features standardised with the
+    recording's own statistics (inference/adaptation.py)."""
     cut = recording_windows(bundle, recording, stride_steps, sample_rate_hz)
     rate_hz = bundle.sample_rate_hz
     begin_s = cut.start_s + cut.start_steps / rate_hz
+    classify = adapted_probabilities if adapt else probabilities
     return WindowPredictions(begin_s, begin_s + bundle.window_steps / rate_hz,
-                             probabilities(bundle, cut.windows, device), bundle.class_names,
+                             classify(bundle, cut.windows, device), bundle.class_names,
                              np.linalg.norm(cut.acc_g, axis=1), rate_hz, cut.start_s, cut.source_rate_hz)

@@ -3,6 +3,7 @@ import argparse
 import math
 
 from data.recordings import ACC_UNITS, GYRO_UNITS
+from inference.adaptation import ADAPT_CHOICES
 from inference.export import EXPORT_FORMATS
 from inference.timeline import SMOOTHERS
 from training.config.files import usage_error
@@ -35,6 +36,21 @@ def predict_parser():
     group.add_argument("--smooth", nargs="?", choices=("none", *SMOOTHERS), const="hmm", default="median",
                        help="smooth the window sequence: median of the probabilities over 5 windows, hmm (a "
                             "sticky Viterbi path; what --smooth alone picks), or none")
+    group.add_argument("--transitions", default=None, metavar="FILE",
+                       help="with --smooth hmm: a transition matrix learnt from labelled recordings (python -m "
+                            "inference.transitions) in place of the fixed switch probability")
+    group.add_argument("--uncertain-below", type=float, default=None, metavar="P",
+                       help="windows whose top probability is below P are 'uncertain' in the timeline instead "
+                            "of an activity; off by default")
+    group = parser.add_argument_group("new people")
+    group.add_argument("--temperature", default=None, metavar="T|FILE|fit|none",
+                       help="divide the logits by T before the probabilities are reported: a number, the "
+                            "calibration.json an evaluation wrote, 'fit' (evaluation only: fitted on the run's "
+                            "validation split) or 'none'; default: fit when evaluating, none for a recording")
+    group.add_argument("--adapt", choices=(*ADAPT_CHOICES, "subject"), default="none",
+                       help="minirocket: standardise the features with the statistics of the recording "
+                            "(--adapt recording) or of each person's windows (--adapt subject, evaluation) "
+                            "instead of the training windows'")
     group = parser.add_argument_group("evaluation")
     group.add_argument("--dataset", choices=DATASETS, default="auto",
                        help="auto: npz for an .npz file, else uci-har; synthetic: the built-in data, generated "
@@ -55,7 +71,29 @@ def parse_predict_args(argv):
     if args.smooth == "none":
         args.smooth = None
     _check_source(args)
+    _check_new_people(args)
     return args
+
+
+def _check_new_people(args):
+    """Options that belong to one mode, or to hmm smoothing, refused in the other."""
+    recording = args.recording is not None
+    if args.transitions is not None and args.smooth != "hmm":
+        raise UsageError("--transitions is the matrix of --smooth hmm; add --smooth hmm or drop --transitions")
+    if args.uncertain_below is not None and not (math.isfinite(args.uncertain_below) and
+                                                 0 < args.uncertain_below < 1):
+        raise UsageError(f"--uncertain-below must be a probability between 0 and 1, got {args.uncertain_below}")
+    if not recording and (args.transitions is not None or args.uncertain_below is not None):
+        raise UsageError("--transitions and --uncertain-below shape a recording's timeline; use them with --recording")
+    wanted = "recording" if recording else "subject"
+    if args.adapt not in ("none", wanted):
+        raise UsageError(f"--adapt {args.adapt} is for {'an evaluation' if recording else 'a recording'}; "
+                         f"use --adapt {wanted} here")
+    if args.temperature is None:
+        args.temperature = "none" if recording else "fit"
+    if recording and args.temperature == "fit":
+        raise UsageError("--temperature fit needs the run's validation split, which a recording lacks: give the "
+                         "calibration.json of an evaluation (predict.py --data-dir ...) or a number")
 
 
 def _check_source(args):

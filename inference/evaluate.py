@@ -8,19 +8,30 @@ import numpy as np
 from data import uci_har
 from data.splits import load_har_data
 from evaluation.figures import plot_confusion_matrix
-from evaluation.metrics import classification_report, format_people, format_report, per_subject_accuracy
+from evaluation.metrics import (
+    ECE_BINS,
+    classification_report,
+    expected_calibration_error,
+    format_people,
+    format_report,
+    per_subject_accuracy,
+    per_subject_calibration,
+)
+from inference.adaptation import adapted_per_group
 from inference.bundle import load_bundle, pick_device, probabilities
 from inference.outputs import check_out_dir, prepare_out_dir
+from inference.temperature import CALIBRATION_FILE, fit_temperature, scaled, temperature_choice, write_calibration
 from training.checkpoint.atomic import write_atomic
 from training.config.cli import data_options, parse_config
 from training.config.settings import RunConfig
 from training.errors import UsageError
 
-OUTPUTS = ("test_report.json", "confusion_matrix.png")
+OUTPUTS = ("test_report.json", "confusion_matrix.png", CALIBRATION_FILE)
 
 
 def evaluate_checkpoint(args):
     check_out_dir(args.out, OUTPUTS, args.overwrite)
+    temperature = temperature_choice(args.temperature)
     bundle = load_bundle(args.checkpoint)
     device = pick_device(args.device)
     dataset = dataset_of(args)
@@ -28,14 +39,53 @@ def evaluate_checkpoint(args):
     data = splits_as_trained(bundle.config, dataset, args.data_dir)
     split = getattr(data, args.split)
     _check_fits(bundle, data, split, args)
+    adapt = args.adapt == "subject"
+    fitted = None
+    if temperature == "fit":
+        temperature, fitted = fitted_temperature(bundle, data, device, adapt)
     report = report_of(bundle, split, device,
-                       {"checkpoint": str(bundle.path), "split": args.split, "data": data.description})
+                       {"checkpoint": str(bundle.path), "split": args.split, "data": data.description},
+                       temperature, adapt)
     out = prepare_out_dir(args.out, OUTPUTS, args.overwrite)
     write_report_files(report, bundle.class_names, out, f"{args.split} split")
+    if fitted is not None:
+        write_calibration(out / CALIBRATION_FILE, temperature, {**fitted, "checkpoint": str(bundle.path),
+                                                                "features_per_subject": adapt})
     print(f"{bundle.describe()}\n{data.description}\n{args.split} split:\n{format_report(report)}")
     print(format_people(report))
-    print(f"wrote {out / 'test_report.json'}, {out / 'confusion_matrix.png'}")
+    print(format_calibration(report, fitted))
+    print(f"wrote {', '.join(str(out / name) for name in OUTPUTS if (out / name).exists())}")
     return 0
+
+
+def fitted_temperature(bundle, data, device, adapt):
+    """(temperature, where it was fitted) on the run's own validation split; (1.0, None) where the
+    run held none out (an ensemble, --val-fraction 0): there is nothing unseen to fit it on."""
+    if bundle.members > 1 or len(data.val) == 0:
+        return 1.0, None
+    probs = split_probabilities(bundle, data.val, device, adapt)
+    temperature = fit_temperature(probs, np.asarray(data.val.labels, dtype=np.int64))
+    return temperature, {"fitted_on": "the run's validation split", "windows": len(data.val),
+                         "subjects": sorted(int(s) for s in np.unique(data.val.subjects))}
+
+
+def split_probabilities(bundle, split, device, adapt=False):
+    """[N, classes] probabilities of a split; with `adapt`, MiniRocket's features standardised per subject."""
+    if adapt:
+        return adapted_per_group(bundle, split.signals, np.asarray(split.subjects), device)
+    return probabilities(bundle, split.signals, device)
+
+
+def format_calibration(report, fitted):
+    line = f"expected calibration error ({ECE_BINS} bins): {report['ece']:.4f}"
+    scaled_report = report.get("temperature")
+    if scaled_report is not None:
+        where = f"fitted on {fitted['windows']} validation windows" if fitted else "given"
+        line += f"; at temperature {scaled_report['value']:.3f} ({where}): {scaled_report['ece']:.4f}"
+    elif fitted is None:
+        line += "; no temperature (none given, or no validation split to fit one on)"
+    worst = max(report["ece_per_subject"], key=report["ece_per_subject"].get) if report["ece_per_subject"] else None
+    return line + (f"; worst person: subject {worst} ({report['ece_per_subject'][worst]:.4f})" if worst else "")
 
 
 def dataset_of(args):
@@ -53,15 +103,30 @@ def splits_as_trained(config, dataset, data_dir):
     return load_har_data(**data_options(run, dataset=dataset, data_dir=data_dir))
 
 
-def report_of(bundle, split, device, about):
-    """The test report (with `about` in it) of the bundle on a split."""
+def report_of(bundle, split, device, about, temperature=1.0, adapt=False):
+    """The test report (with `about` in it) of the bundle on a split: the model's own figures, its
+    expected calibration error overall and per person, and under "temperature" the loss and ECE at
+    a temperature other than 1 (the accuracy stays: the argmax does not move)."""
     labels = np.asarray(split.labels, dtype=np.int64)
-    probs = probabilities(bundle, split.signals, device)
+    subjects = np.asarray(split.subjects, dtype=np.int64)
+    probs = split_probabilities(bundle, split, device, adapt)
     predictions = probs.argmax(axis=1)
-    loss = float(-np.log(np.clip(probs[np.arange(len(split)), labels], 1e-12, None)).mean())
-    people, worst = per_subject_accuracy(labels, predictions, np.asarray(split.subjects, dtype=np.int64))
-    return {**classification_report(labels, predictions, bundle.class_names), "loss": loss,
-            "per_subject": people, "worst_subject": worst, **about}
+    people, worst = per_subject_accuracy(labels, predictions, subjects)
+    report = {**classification_report(labels, predictions, bundle.class_names), "loss": _loss(probs, labels),
+              "per_subject": people, "worst_subject": worst, "ece": expected_calibration_error(probs, labels),
+              "ece_per_subject": per_subject_calibration(probs, labels, subjects), "ece_bins": ECE_BINS}
+    if adapt:
+        report["features_standardised"] = "per subject"
+    if temperature != 1.0:
+        tempered = scaled(probs, temperature)
+        report["temperature"] = {"value": temperature, "loss": _loss(tempered, labels),
+                                 "ece": expected_calibration_error(tempered, labels),
+                                 "ece_per_subject": per_subject_calibration(tempered, labels, subjects)}
+    return {**report, **about}
+
+
+def _loss(probs, labels):
+    return float(-np.log(np.clip(probs[np.arange(len(labels)), labels], 1e-12, None)).mean())
 
 
 def write_report_files(report, class_names, out, title, figure=True):

@@ -6,6 +6,7 @@ segments there are, and a curve with more points than the figure has pixels is d
 import numpy as np
 
 from evaluation.figures import pyplot  # the same Agg set-up as the training figures
+from inference.timeline import timeline_names
 
 FIGURE_WIDTH_IN, DPI = 12, 100
 CURVE_COLUMNS = 2 * FIGURE_WIDTH_IN * DPI  # beyond this many points a curve is drawn as its range per column
@@ -13,7 +14,7 @@ CURVE_COLUMNS = 2 * FIGURE_WIDTH_IN * DPI  # beyond this many points a curve is 
 
 def plot_timeline(predictions, segments, path, title):
     plt = pyplot()
-    names = list(predictions.class_names)
+    names = list(timeline_names(predictions.class_names, segments))
     colours = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")
     figure, (activity_ax, confidence_ax, signal_ax) = plt.subplots(
         3, 1, figsize=(FIGURE_WIDTH_IN, 2.2 + 0.3 * len(names) + 3.2), sharex=True,

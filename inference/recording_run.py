@@ -4,7 +4,9 @@ from inference.bundle import load_bundle, pick_device
 from inference.classify import check_usable, classify_recording
 from inference.outputs import check_out_dir, prepare_out_dir, write_csv
 from inference.plot import plot_timeline
-from inference.timeline import format_summary, merge_segments, smooth_labels
+from inference.temperature import scaled, temperature_choice
+from inference.timeline import format_summary, mark_uncertain, merge_segments, smooth_labels, timeline_names
+from inference.transitions import read_transitions
 from training.checkpoint.atomic import write_atomic
 from training.errors import UsageError
 
@@ -23,10 +25,18 @@ def predict_recording(args):
     bundle = load_bundle(args.checkpoint)
     device = pick_device(args.device)
     check_stride(args.stride, bundle.window_steps)
+    temperature = temperature_choice(args.temperature)
+    transitions = None if args.transitions is None else \
+        read_transitions(args.transitions, bundle.class_names, args.stride or bundle.window_steps // 2)
     recording = read_recording(args.recording, args.acc_unit, args.gyro_unit)
     check_usable(bundle, recording)
-    predictions = classify_recording(bundle, recording, device, args.stride, args.sample_rate)
-    labels = smooth_labels(predictions.probabilities, args.smooth)
+    predictions = classify_recording(bundle, recording, device, args.stride, args.sample_rate,
+                                     adapt=args.adapt == "recording")
+    # The smoothers were chosen on the model's own probabilities: they keep reading those, so that a
+    # temperature changes how sure the reported probabilities are and never which activity is reported.
+    labels = smooth_labels(predictions.probabilities, args.smooth, transitions=transitions)
+    predictions.probabilities = scaled(predictions.probabilities, temperature)
+    labels = mark_uncertain(labels, predictions.probabilities, args.uncertain_below)
     segments = merge_segments(labels, predictions.probabilities, predictions.start_s, predictions.end_s,
                               bundle.class_names)
     out = prepare_out_dir(args.out, OUTPUTS, args.overwrite)
@@ -39,9 +49,20 @@ def predict_recording(args):
               [[f"{s.start_s:.3f}", f"{s.end_s:.3f}", s.activity, f"{s.confidence:.4f}"] for s in segments])
     title = f"{recording.path}: {bundle.config.get('model')}" + (f", {args.smooth} smoothing" if args.smooth else "")
     write_atomic(out / "timeline.png", lambda partial: plot_timeline(predictions, segments, partial, title))
-    print(format_summary(segments, names, f"{bundle.describe()}\n{recording.path}: "
+    print(format_summary(segments, timeline_names(names, segments), f"{bundle.describe()}\n{recording.path}: "
                          f"{predictions.duration_s:.1f} s at {predictions.source_rate_hz:.4g} Hz, "
                          f"{len(labels)} windows, {len(segments)} segments"
-                         + (f" ({args.smooth} smoothing)" if args.smooth else "")))
+                         + (f" ({args.smooth} smoothing)" if args.smooth else "")
+                         + _new_people_note(args, temperature, labels, len(names))))
     print(f"wrote {', '.join(str(out / name) for name in OUTPUTS)}")
     return 0
+
+
+def _new_people_note(args, temperature, labels, classes):
+    """What the options for new people did, for the summary's header."""
+    notes = [f"temperature {temperature:.3g}"] if temperature != 1.0 else []
+    notes += ["features standardised on this recording"] if args.adapt == "recording" else []
+    notes += ["learnt transitions"] if args.transitions is not None else []
+    if args.uncertain_below is not None:
+        notes.append(f"{int((labels == classes).sum())} windows uncertain (top probability < {args.uncertain_below:g})")
+    return "".join(f"; {note}" for note in notes)

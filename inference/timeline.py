@@ -9,6 +9,7 @@ MEDIAN_WINDOWS = 5  # at the default half-window stride, about 6.4 s of UCI HAR 
 # Activities last tens of seconds while a window steps on every 1.28 s, so a change of
 # activity between two neighbouring windows is rare: 2% makes the expected stretch ~64 s.
 SWITCH_PROBABILITY = 0.02
+UNCERTAIN = "uncertain"  # the timeline's name for windows the model is too unsure of, when asked for
 
 
 @dataclass
@@ -19,24 +20,35 @@ class Segment:
     confidence: float  # mean probability of `activity` over the segment's windows
 
 
-def smooth_labels(probabilities, method=None, median_windows=MEDIAN_WINDOWS, switch_probability=SWITCH_PROBABILITY):
-    """Class index per window: argmax, argmax of per-class running medians, or the Viterbi path."""
+def smooth_labels(probabilities, method=None, median_windows=MEDIAN_WINDOWS, switch_probability=SWITCH_PROBABILITY,
+                  transitions=None):
+    """Class index per window: argmax, argmax of per-class running medians, or the Viterbi path
+    (through `transitions` [from, to] when given, else the sticky matrix of `switch_probability`)."""
     if method is None or len(probabilities) == 0:
         return np.argmax(probabilities, axis=1)
     if method == "median":
         return np.argmax(median_filter(probabilities, size=(median_windows, 1), mode="nearest"), axis=1)
     if method == "hmm":
-        return viterbi(probabilities, switch_probability)
+        return viterbi(probabilities, switch_probability, transitions)
     raise ValueError(f"unknown smoothing {method!r}; choose one of {', '.join(SMOOTHERS)}")
 
 
-def viterbi(probabilities, switch_probability):
-    """Most likely class path when the class stays with 1 - switch_probability per window and
-    the window probabilities stand in for the likelihoods (a uniform prior over classes)."""
+def sticky_transitions(classes, switch_probability):
+    """[from, to]: stay with 1 - switch_probability, change to each other class alike."""
+    matrix = np.full((classes, classes), switch_probability / max(classes - 1, 1))
+    np.fill_diagonal(matrix, 1.0 - switch_probability)
+    return matrix
+
+
+def viterbi(probabilities, switch_probability=SWITCH_PROBABILITY, transitions=None):
+    """Most likely class path under a row-stochastic transition matrix [from, to] (default the
+    sticky one), with the window probabilities standing in for the likelihoods and a uniform prior
+    over the first window's class. A zero in the matrix is a change the path never makes."""
     count, classes = probabilities.shape
     log_emission = np.log(np.clip(probabilities, 1e-12, None))
-    log_transition = np.full((classes, classes), np.log(switch_probability / max(classes - 1, 1)))
-    np.fill_diagonal(log_transition, np.log1p(-switch_probability))
+    matrix = sticky_transitions(classes, switch_probability) if transitions is None else np.asarray(transitions)
+    with np.errstate(divide="ignore"):  # log 0 = -inf: that change is impossible, not merely unlikely
+        log_transition = np.log(matrix)
     score = log_emission[0] - np.log(classes)
     came_from = np.zeros((count, classes), dtype=np.int64)
     for step in range(1, count):
@@ -48,6 +60,14 @@ def viterbi(probabilities, switch_probability):
     for step in range(count - 1, 0, -1):
         path[step - 1] = came_from[step, path[step]]
     return path
+
+
+def mark_uncertain(labels, probabilities, below):
+    """`labels` with every window whose own top probability is under `below` set to the index one
+    past the classes (UNCERTAIN in the timeline); `below` None marks none."""
+    if below is None:
+        return labels
+    return np.where(probabilities.max(axis=1) < below, probabilities.shape[1], labels)
 
 
 def owned_spans(start_s, end_s):
@@ -65,8 +85,11 @@ def merge_segments(labels, probabilities, start_s, end_s, class_names):
     segments = []
     for first, stop in zip(np.r_[0, edges], np.r_[edges, len(labels)], strict=True):
         label = int(labels[first])
-        segments.append(Segment(float(own_start[first]), float(own_end[stop - 1]), class_names[label],
-                                float(probabilities[first:stop, label].mean())))
+        if label == len(class_names):  # mark_uncertain's label: the confidence it had in its best guess
+            name, confidence = UNCERTAIN, probabilities[first:stop].max(axis=1).mean()
+        else:
+            name, confidence = class_names[label], probabilities[first:stop, label].mean()
+        segments.append(Segment(float(own_start[first]), float(own_end[stop - 1]), name, float(confidence)))
     return segments
 
 
@@ -76,6 +99,11 @@ def labels_at(times_s, labels, start_s, end_s):
     index = np.searchsorted(own_end, times_s, side="right")
     inside = (times_s >= own_start[0]) & (times_s < own_end[-1])
     return np.where(inside, labels[np.minimum(index, len(labels) - 1)], -1)
+
+
+def timeline_names(class_names, segments):
+    """The class names, and UNCERTAIN after them when a segment carries it."""
+    return (*class_names, UNCERTAIN) if any(s.activity == UNCERTAIN for s in segments) else tuple(class_names)
 
 
 def time_per_activity(segments, class_names):

@@ -1,66 +1,242 @@
-"""Per-sample accuracy of predict.py's recording path on labelled continuous recordings.
+"""Per-sample accuracy and calibration of predict.py's recording path on labelled continuous recordings,
+per person, for each option predict.py offers new people.
 
 usage: python -m scripts.recording_accuracy --checkpoint RUN/best.pt
            [--recordings ../shared/data/hapt-dev/hapt_dev_recordings.npz] [--subjects 3,7,15,21,26,29]
-           [--as-rate HZ]
+           [--as-rate HZ] [--json scores.json]
+       python -m scripts.recording_accuracy --nested runs/nested/default [--json scores.json]
 
 Each recording (keys uSS_sK_acc / _gyro / _label, 50 Hz, acc in g) goes through the same
 functions as predict.py; every sample labelled 1..6 is scored against the window that speaks
 for it. Transitions (7..12) and unlabelled samples (0) are left out. --as-rate first resamples
 each recording to another rate, as if the phone had recorded at it, so that predict.py has to
-bring it back to the model's rate. Development data only:
-nothing in the tests needs it.
+bring it back to the model's rate.
+
+The options: MiniRocket's features standardised with the training statistics or the recording's
+own (--adapt recording); temperature 1 or the one fitted on the run's validation split (read from
+the checkpoint's --data-dir when it is there); no smoothing, the running median, the HMM with its
+fixed switch probability, or the HMM through a matrix learnt from the recordings of the people the
+run trained on (every person of the archive not held out); and the median path with the windows
+below a threshold chosen on the validation windows marked uncertain (counted as not right). The
+expected calibration error (15 bins) is over scored samples, each with its window's probabilities.
+
+With --nested, every finished outer fold of a scripts.nested_cv configuration: its best.pt, its
+held-out people (nested_identity.json) and its windows' .npz. Development data only: nothing in
+the tests needs it.
 """
 import argparse
-from collections import defaultdict
+import json
+from pathlib import Path
 
 import numpy as np
 
 from data.recordings import Recording
 from data.resample import resample
-from inference.bundle import load_bundle, pick_device
-from inference.classify import classify_recording
+from evaluation.recording_scores import RecordingTally, uncertain_threshold
+from inference.adaptation import adaptable_members, group_statistics, head_probabilities, raw_features
+from inference.bundle import load_bundle, pick_device, probabilities
+from inference.classify import recording_windows
+from inference.evaluate import splits_as_trained
+from inference.temperature import fit_temperature, scaled
 from inference.timeline import labels_at, smooth_labels
+from inference.transitions import learn_transitions, recording_classes
+from training.errors import UsageError
 
 RECORDING_RATE_HZ = 50.0
-SMOOTHINGS = (None, "median", "hmm")
+SMOOTHINGS = ("none", "median", "hmm", "hmm-learnt")
 
 
-def main():
+class Scorer:
+    """Probabilities of windows under each choice of feature statistics, from one feature pass."""
+
+    def __init__(self, bundle, device):
+        self.bundle, self.device = bundle, device
+        try:
+            self.members = adaptable_members(bundle)
+        except UsageError:  # not MiniRocket: only the training statistics
+            self.members = None
+        self.feature_modes = ("train", "recording") if self.members else ("train",)
+
+    def per_mode(self, windows, groups=None):
+        """{feature mode: probabilities [N, classes]}; "recording" standardises each group on its own."""
+        if self.members is None:
+            return {"train": probabilities(self.bundle, windows, self.device)}
+        features = [raw_features(member, windows, self.device) for member in self.members]
+        groups = np.zeros(len(windows)) if groups is None else np.asarray(groups)
+        result = {"train": _mean_probabilities(self.members, features, own_statistics=False)}
+        adapted = np.zeros_like(result["train"])
+        for group in np.unique(groups):
+            where = np.flatnonzero(groups == group)
+            adapted[where] = _mean_probabilities(self.members, [f[where] for f in features], own_statistics=True)
+        result["recording"] = adapted
+        return result
+
+
+def _mean_probabilities(members, features, own_statistics):
+    total = 0.0
+    for member, these in zip(members, features, strict=True):
+        model = member.model
+        mean, std = group_statistics(these) if own_statistics else (model.feature_mean, model.feature_std)
+        total = total + head_probabilities(member, these, mean, std).numpy()
+    return total / len(members)
+
+
+def run_data(bundle):
+    """The splits the checkpoint's run trained and validated on, when its data is on this machine."""
+    config = bundle.config
+    data_dir = config.get("data_dir")
+    if data_dir is None or not Path(data_dir).exists():
+        return None
+    dataset = config.get("dataset", "auto")
+    if dataset == "auto":
+        dataset = "npz" if str(data_dir).endswith(".npz") else "uci-har"
+    return splits_as_trained(config, dataset, data_dir)
+
+
+def score_fold(bundle, archive, held_out, device, as_rate, tally, windows_tally):
+    """Tally every option on the held-out people's recordings; returns what was learnt or fitted on
+    the run's own people (temperatures, threshold, transition counts)."""
+    scorer = Scorer(bundle, device)
+    stride = bundle.window_steps // 2
+    every = {int(key[1:3]) for key in archive.files if key.endswith("_label")}
+    trained_on = sorted(every - set(held_out))
+    counts, learnt = learn_transitions(recording_classes(archive, set(trained_on)).values(), bundle.window_steps,
+                                       stride, len(bundle.class_names))
+    fitted = {"transitions_from": trained_on, "transition_counts": counts.tolist(), "transitions": learnt.tolist()}
+    temperatures, thresholds = dict.fromkeys(scorer.feature_modes, 1.0), {}
+    data = run_data(bundle)
+    if data is not None and len(data.val):
+        val, labels = scorer.per_mode(data.val.signals, data.val.subjects), np.asarray(data.val.labels)
+        temperatures = {mode: fit_temperature(val[mode], labels) for mode in val}
+        thresholds = {mode: uncertain_threshold(scaled(val[mode], temperatures[mode]), labels) for mode in val}
+        fitted.update(val_subjects=sorted(int(s) for s in np.unique(data.val.subjects)), val_windows=len(data.val))
+        _tally_windows(scorer, data.test, temperatures, windows_tally)
+    fitted.update(temperatures=temperatures, uncertain_below=thresholds)
+    for name in sorted({key.rsplit("_", 1)[0] for key in archive.files if int(key[1:3]) in held_out}):
+        _tally_recording(scorer, archive, name, as_rate, temperatures, learnt, thresholds, tally)
+    return fitted
+
+
+def _tally_windows(scorer, test, temperatures, tally):
+    """The fold's test windows (its held-out people) as predict.py --data-dir scores them."""
+    subjects, labels = np.asarray(test.subjects), np.asarray(test.labels)
+    modes = scorer.per_mode(test.signals, subjects)
+    modes["subject"] = modes.pop("recording", None)  # on windows, a person's windows are the group
+    for mode, probs in modes.items():
+        if probs is None:
+            continue
+        for temperature_name, temperature in (("T=1", 1.0), ("T=fit", temperatures[_recording(mode)])):
+            option = f"{mode} statistics, {temperature_name}"
+            tempered = scaled(probs, temperature)
+            for subject in np.unique(subjects):
+                mine = subjects == subject
+                tally.add(option, int(subject), tempered[mine].argmax(axis=1), labels[mine])
+                tally.add_calibration(option, int(subject), tempered[mine], labels[mine])
+
+
+def _recording(mode):
+    return "recording" if mode == "subject" else mode
+
+
+def _tally_recording(scorer, archive, name, as_rate, temperatures, learnt, thresholds, tally):
+    label = archive[f"{name}_label"].astype(np.int64)
+    acc, gyro = (resample(archive[f"{name}_{sensor}"].astype(np.float64), RECORDING_RATE_HZ, as_rate)
+                 for sensor in ("acc", "gyro"))
+    bundle = scorer.bundle
+    cut = recording_windows(bundle, Recording(acc, gyro, None, name), sample_rate_hz=as_rate)
+    start_s = cut.start_s + cut.start_steps / bundle.sample_rate_hz
+    end_s = start_s + bundle.window_steps / bundle.sample_rate_hz
+    times_s = np.arange(len(label)) / RECORDING_RATE_HZ
+    window_of = labels_at(times_s, np.arange(len(start_s)), start_s, end_s)
+    scored = (label >= 1) & (label <= 6) & (window_of >= 0)
+    truth, person = label[scored] - 1, int(name[1:3])
+    for mode, probs in scorer.per_mode(cut.windows).items():
+        prefix = f"{mode} statistics"
+        # As predict.py: the smoothers read the model's own probabilities; the temperature scales
+        # what is reported (the confidence, and the threshold for uncertain windows).
+        for smoothing in SMOOTHINGS:
+            method = None if smoothing == "none" else "hmm" if smoothing.startswith("hmm") else smoothing
+            path = smooth_labels(probs, method, transitions=learnt if smoothing == "hmm-learnt" else None)
+            tally.add(f"{prefix}, {smoothing}", person, path[window_of[scored]], truth)
+            if smoothing == "median":
+                median_path = path
+        for temperature_name, temperature in (("T=1", 1.0), ("T=fit", temperatures[mode])):
+            tempered = scaled(probs, temperature)
+            tally.add_calibration(f"{prefix}, {temperature_name}", person, tempered[window_of[scored]], truth)
+            if temperature_name == "T=fit":  # a fold whose validation chose no threshold marks nothing
+                threshold = thresholds.get(mode) or 0.0
+                unsure = tempered.max(axis=1)[window_of[scored]] < threshold
+                tally.add(f"{prefix}, median, uncertain below the validation threshold", person,
+                          median_path[window_of[scored]], truth, unsure)
+        # For the record: the HMM on tempered probabilities, which a temperature below 1 makes less sticky.
+        tempered = scaled(probs, temperatures[mode])
+        tally.add(f"{prefix}, hmm on T=fit probabilities", person, smooth_labels(tempered, "hmm")[window_of[scored]],
+                  truth)
+
+
+def folds_of(nested_dir):
+    """[(outer fold folder, held-out people)] of every finished outer fold."""
+    folds = []
+    for run_dir in sorted((p for p in Path(nested_dir).glob("outer-*") if p.is_dir()),
+                          key=lambda p: int(p.name.split("-")[1])):
+        identity = run_dir / "nested_identity.json"
+        if identity.is_file() and (run_dir / "best.pt").is_file():
+            folds.append((run_dir, json.loads(identity.read_text())["inputs"]["subjects"]))
+    if not folds:
+        raise SystemExit(f"error: {nested_dir} holds no finished outer fold (outer-*/nested_identity.json)")
+    return folds
+
+
+def print_table(title, tally):
+    print(title)
+    print(f"{'option':<64} {'mean':>6} {'worst':>10} {'spread':>6} {'ECE':>6} {'marked':>7}")
+    for option in sorted(tally.samples):
+        row = tally.summary(option)
+        ece = f"{row['ece']:6.4f}" if "ece" in row else ""
+        marked = f"{row['uncertain_share']:7.2%} (kept {row['kept_accuracy']:.4f}, uncertain wrong " \
+                 f"{row['wrong_among_uncertain']:.0%})" if "uncertain_share" in row else ""
+        print(f"{option:<64} {row['mean']:6.4f} {row['worst']:.4f} ({row['worst_person']:>2}) {row['spread']:6.4f} "
+              f"{ece:>6} {marked}")
+    for option in sorted(set(tally.calibration) - set(tally.samples)):
+        row = tally.calibration_summary(option)
+        print(f"{option + ' (calibration)':<64} {'':>6} {'':>10} {'':>6} {row['ece']:6.4f}  worst person "
+              f"{row['ece_worst_person']} {row['ece_worst']:.4f}")
+
+
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--checkpoint", required=True)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--checkpoint")
+    source.add_argument("--nested", help="a configuration folder of scripts.nested_cv: every finished outer fold")
     parser.add_argument("--recordings", default="../shared/data/hapt-dev/hapt_dev_recordings.npz")
-    parser.add_argument("--subjects", default="3,7,15,21,26,29", help="held out of training")
+    parser.add_argument("--subjects", default="3,7,15,21,26,29", help="held out of training (with --checkpoint)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--as-rate", type=float, default=RECORDING_RATE_HZ, metavar="HZ")
-    args = parser.parse_args()
-    bundle, device = load_bundle(args.checkpoint), pick_device(args.device)
-    subjects = {int(s) for s in args.subjects.split(",")}
+    parser.add_argument("--json", default=None, help="write every figure here")
+    args = parser.parse_args(argv)
+    device = pick_device(args.device)
     archive = np.load(args.recordings, allow_pickle=False)
-    names = sorted({key.rsplit("_", 1)[0] for key in archive.files if int(key[1:3]) in subjects})
-    # tallies[smoothing][subject] = [correct samples, scored samples]
-    tallies = {smoothing: defaultdict(lambda: [0, 0]) for smoothing in SMOOTHINGS}
-    for name in names:
-        label = archive[f"{name}_label"].astype(np.int64)
-        acc, gyro = (resample(archive[f"{name}_{sensor}"].astype(np.float64), RECORDING_RATE_HZ, args.as_rate)
-                     for sensor in ("acc", "gyro"))
-        predictions = classify_recording(bundle, Recording(acc, gyro, None, name), device, sample_rate_hz=args.as_rate)
-        times_s = np.arange(len(label)) / RECORDING_RATE_HZ
-        scored = (label >= 1) & (label <= 6)
-        for smoothing in SMOOTHINGS:
-            window_labels = smooth_labels(predictions.probabilities, smoothing)
-            predicted = labels_at(times_s, window_labels, predictions.start_s, predictions.end_s)
-            tally = tallies[smoothing][int(name[1:3])]
-            tally[0] += int(np.sum(predicted[scored] == label[scored] - 1))
-            tally[1] += int(np.sum(scored))
-    print(f"{bundle.describe()}\n{len(names)} recordings of subjects {sorted(subjects)} given at "
-          f"{args.as_rate:g} Hz; per-sample accuracy over samples labelled 1..6")
-    print(f"{'subject':>7}  {'samples':>8}  " + "  ".join(f"{str(s or 'none'):>7}" for s in SMOOTHINGS))
-    for subject in sorted(subjects):
-        counts = [tallies[s][subject] for s in SMOOTHINGS]
-        print(f"{subject:>7}  {counts[0][1]:>8}  " + "  ".join(f"{c / max(n, 1):7.4f}" for c, n in counts))
-    totals = [np.sum(list(tallies[s].values()), axis=0) for s in SMOOTHINGS]
-    print(f"{'all':>7}  {totals[0][1]:>8}  " + "  ".join(f"{c / max(n, 1):7.4f}" for c, n in totals))
+    folds = folds_of(args.nested) if args.nested else \
+        [(Path(args.checkpoint).parent, [int(s) for s in args.subjects.split(",")])]
+    tally, windows_tally, fitted = RecordingTally(), RecordingTally(), {}
+    for run_dir, held_out in folds:
+        checkpoint = Path(args.checkpoint) if args.checkpoint else run_dir / "best.pt"
+        bundle = load_bundle(checkpoint)
+        fitted[str(checkpoint)] = {"held_out": held_out, **score_fold(bundle, archive, set(held_out), device,
+                                                                      args.as_rate, tally, windows_tally)}
+        about = fitted[str(checkpoint)]
+        print(f"{checkpoint}: held out {held_out}; temperatures {about['temperatures']}, uncertain below "
+              f"{about['uncertain_below']}", flush=True)
+    print_table(f"recordings given at {args.as_rate:g} Hz, per-sample accuracy over samples labelled 1..6 "
+                "(mean and worst over people)", tally)
+    if windows_tally.samples:
+        print_table("the folds' test windows (predict.py --data-dir)", windows_tally)
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "recordings": {option: tally.summary(option) for option in sorted(tally.samples)},
+            "calibration": {option: tally.calibration_summary(option) for option in sorted(tally.calibration)},
+            "windows": {option: windows_tally.summary(option) for option in sorted(windows_tally.samples)},
+            "fitted": fitted}, indent=1))
 
 
 if __name__ == "__main__":

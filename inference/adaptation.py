@@ -1,0 +1,81 @@
+"""Test-time adaptation without labels for MiniRocket: the PPV features of a group of windows (a
+whole recording, or one person's windows) standardised with that group's own mean and standard
+deviation instead of the training windows'. A new person's posture and gait shift many features at
+once; centring them on the person undoes the part of that shift the head has not learnt.
+
+The training statistics are the buffers `feature_mean` and `feature_std` that MiniRocket.fit sets;
+the group's are computed the same way (std clamped at 1e-3 as there), so a group whose statistics
+equal the training ones gets exactly the model's own probabilities.
+"""
+import numpy as np
+import torch
+
+from training.errors import UsageError
+
+ADAPT_CHOICES = ("none", "recording")
+STD_FLOOR = 1e-3  # MiniRocket.fit's clamp: a feature constant over the group is centred, not blown up
+
+
+def adaptable_members(bundle):
+    """The raw-unit MiniRocket models of a bundle (one, or an ensemble's members), refused in one
+    line for any other model."""
+    model = bundle.model
+    members = list(model.members) if hasattr(model, "members") else [model]
+    for member in members:
+        if not hasattr(member.model, "feature_mean"):
+            raise UsageError(f"checkpoint {bundle.path} is a {bundle.config.get('model')} model: --adapt standardises "
+                             "MiniRocket's features, so it needs a minirocket checkpoint; drop --adapt")
+    return members
+
+
+@torch.no_grad()
+def raw_features(member, windows, device, batch_size=512):
+    """PPV features [N, F] (float32, before standardisation) of raw-unit windows [N, C, T]."""
+    member = member.to(device)
+    chunks = []
+    for first in range(0, len(windows), batch_size):
+        batch = torch.from_numpy(np.ascontiguousarray(windows[first:first + batch_size], dtype=np.float32))
+        batch = (batch.to(device) - member.mean) / member.std
+        chunks.append(member.model.transform(batch).cpu())
+    return torch.cat(chunks) if chunks else torch.zeros(0, member.model.feature_mean.numel())
+
+
+def group_statistics(features):
+    """(mean, std) of a group's features, as MiniRocket.fit computes the training ones."""
+    return features.mean(dim=0), features.std(dim=0).clamp_min(STD_FLOOR)
+
+
+@torch.no_grad()
+def head_probabilities(member, features, mean, std):
+    """Softmax [N, classes] float64 of the member's head on features standardised with (mean, std)."""
+    head = member.model.head.to(features.device)
+    return torch.softmax(head((features - mean.to(features.device)) / std.to(features.device)).double(), dim=1)
+
+
+def member_probabilities(members, features_per_member, adapt):
+    """The members' mean probabilities [N, classes] (numpy float64), each member's features
+    standardised with the training statistics, or with the group's own when `adapt`."""
+    total = None
+    for member, features in zip(members, features_per_member, strict=True):
+        model = member.model
+        mean, std = group_statistics(features) if adapt else (model.feature_mean.cpu(), model.feature_std.cpu())
+        probabilities = head_probabilities(member.cpu(), features, mean, std)
+        total = probabilities if total is None else total + probabilities
+    return (total / len(members)).numpy()
+
+
+def adapted_probabilities(bundle, windows, device):
+    """Class probabilities [N, classes] of one group of windows standardised with its own statistics."""
+    members = adaptable_members(bundle)
+    features = [raw_features(member, windows, device) for member in members]
+    return member_probabilities(members, features, adapt=True)
+
+
+def adapted_per_group(bundle, windows, groups, device):
+    """adapted_probabilities of each group (a subject id per window) on its own, in window order."""
+    groups = np.asarray(groups)
+    result = np.zeros((len(windows), len(bundle.class_names)))
+    for group in np.unique(groups):
+        where = np.flatnonzero(groups == group)
+        result[where] = adapted_probabilities(bundle, windows[where], device)
+    return result

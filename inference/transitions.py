@@ -1,0 +1,120 @@
+"""A transition matrix for the HMM smoothing, learnt from labelled recordings: how often one
+window's activity follows another's at the stride predict.py steps its windows by.
+
+Each window takes the label of its centre sample; windows whose centre is no activity (a postural
+transition or an unlabelled stretch) are dropped, so that the activities on either side of one
+count as neighbours. Counts of consecutive pairs get one added to each cell (no change is ever
+impossible on the strength of a few recordings), and each row is normalised.
+
+  python -m inference.transitions --recordings ../shared/data/hapt-dev/hapt_dev_recordings.npz \\
+      --subjects 1,5,6 --out transitions.json
+"""
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from data.preprocess import window_starts
+from data.uci_har import CLASS_NAMES
+from training.checkpoint.atomic import write_atomic
+from training.errors import UsageError
+
+WINDOW_STEPS = 128  # UCI HAR's windows at 50 Hz
+
+
+def window_labels(sample_classes, window_steps, stride_steps):
+    """Class index at the centre of each window predict.py would cut (-1 where the centre has none)."""
+    starts = window_starts(len(sample_classes), window_steps, stride_steps)
+    return np.asarray(sample_classes)[starts + window_steps // 2]
+
+
+def transition_counts(sequences, classes):
+    """[from, to] counts of consecutive classes over sequences of window classes, -1 entries dropped."""
+    counts = np.zeros((classes, classes), dtype=np.int64)
+    for sequence in sequences:
+        kept = np.asarray(sequence)[np.asarray(sequence) >= 0]
+        np.add.at(counts, (kept[:-1], kept[1:]), 1)
+    return counts
+
+
+def transition_matrix(counts):
+    """Row-stochastic matrix from counts with one added to every cell."""
+    smoothed = np.asarray(counts, dtype=np.float64) + 1.0
+    return smoothed / smoothed.sum(axis=1, keepdims=True)
+
+
+def recording_classes(archive, subjects):
+    """{recording name: per-sample class index (-1 for transitions and unlabelled samples)} of the
+    given subjects in a hapt-dev style archive (keys uSS_sK_label, labels 1..6 the activities)."""
+    names = sorted({key.rsplit("_", 1)[0] for key in archive.files if key.endswith("_label")
+                    and int(key[1:3]) in subjects})
+    result = {}
+    for name in names:
+        label = archive[f"{name}_label"].astype(np.int64)
+        result[name] = np.where((label >= 1) & (label <= len(CLASS_NAMES)), label - 1, -1)
+    return result
+
+
+def learn_transitions(sample_class_sequences, window_steps, stride_steps, classes=None):
+    """(counts, matrix) over recordings given as per-sample class sequences (UCI HAR's six classes
+    unless `classes` says otherwise)."""
+    classes = len(CLASS_NAMES) if classes is None else classes
+    sequences = [window_labels(sequence, window_steps, stride_steps)
+                 for sequence in sample_class_sequences if len(sequence) >= window_steps]
+    counts = transition_counts(sequences, classes)
+    return counts, transition_matrix(counts)
+
+
+def write_transitions(path, counts, class_names, window_steps, stride_steps, about):
+    record = {"class_names": list(class_names), "window_steps": int(window_steps), "stride_steps": int(stride_steps),
+              "counts": np.asarray(counts).tolist(), "matrix": transition_matrix(counts).tolist(), **about}
+    write_atomic(path, lambda partial: Path(partial).write_text(json.dumps(record, indent=2)))
+
+
+def read_transitions(path, class_names, stride_steps):
+    """The matrix of a transitions file, refused in one line unless it is row-stochastic over the
+    checkpoint's classes and learnt at the stride the windows are cut at."""
+    try:
+        record = json.loads(Path(path).read_text())
+        matrix = np.asarray(record["matrix"], dtype=np.float64)
+        names, stride = tuple(record["class_names"]), int(record["stride_steps"])
+    except FileNotFoundError:
+        raise UsageError(f"--transitions {path} does not exist") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"--transitions {path} is not a transitions file ({type(exc).__name__}); write one with "
+                         "python -m inference.transitions") from None
+    if names != tuple(class_names):
+        raise UsageError(f"--transitions {path} is over classes {', '.join(names)}; the checkpoint knows "
+                         f"{', '.join(class_names)}")
+    if matrix.shape != (len(names), len(names)) or not np.isfinite(matrix).all() or (matrix < 0).any() \
+            or not np.allclose(matrix.sum(axis=1), 1.0, atol=1e-6):
+        raise UsageError(f"--transitions {path}: its matrix is not {len(names)} x {len(names)} with rows of "
+                         "non-negative probabilities summing to 1")
+    if stride != stride_steps:
+        raise UsageError(f"--transitions {path} was learnt at a stride of {stride} samples, the windows here are "
+                         f"cut every {stride_steps}: give --stride {stride} or learn it at {stride_steps}")
+    return matrix
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m inference.transitions", description=__doc__.splitlines()[0])
+    parser.add_argument("--recordings", required=True, help="an .npz with uSS_sK_label keys (50 Hz, labels 1..6)")
+    parser.add_argument("--subjects", required=True, help="comma-separated: the training people only")
+    parser.add_argument("--window-steps", type=int, default=WINDOW_STEPS)
+    parser.add_argument("--stride", type=int, default=None, help="default half a window, as predict.py")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    subjects = {int(s) for s in args.subjects.split(",")}
+    stride = args.stride or args.window_steps // 2
+    classes = recording_classes(np.load(args.recordings, allow_pickle=False), subjects)
+    counts, matrix = learn_transitions(classes.values(), args.window_steps, stride)
+    write_transitions(args.out, counts, CLASS_NAMES, args.window_steps, stride,
+                      {"recordings": str(args.recordings), "subjects": sorted(subjects)})
+    print(f"{len(classes)} recordings, {int(counts.sum())} window pairs; wrote {args.out}")
+    print(np.array2string(matrix, precision=4, suppress_small=True))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

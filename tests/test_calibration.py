@@ -1,0 +1,70 @@
+"""Expected calibration error and temperature scaling: the ECE of honest probabilities is near 0 and
+of overconfident ones is not; a temperature fitted on logits scaled by a known factor finds it; the
+argmax never moves."""
+import numpy as np
+import pytest
+import torch
+
+from evaluation.metrics import expected_calibration_error, per_subject_calibration
+from inference.temperature import fit_temperature, read_temperature, scaled, write_calibration
+from training.errors import UsageError
+
+
+def draws(logits, seed=0):
+    """Labels drawn from softmax(logits): probabilities that are calibrated by construction."""
+    probabilities = torch.softmax(torch.as_tensor(logits), dim=1).numpy()
+    rng = np.random.default_rng(seed)
+    cumulative = probabilities.cumsum(axis=1)
+    labels = (rng.random((len(probabilities), 1)) > cumulative).sum(axis=1)
+    return probabilities, np.minimum(labels, probabilities.shape[1] - 1)
+
+
+@pytest.fixture(scope="module")
+def logits():
+    return np.random.default_rng(1).normal(0, 2.0, (20_000, 6))
+
+
+def test_ece_is_near_zero_for_calibrated_and_high_for_overconfident_probabilities(logits):
+    honest, labels = draws(logits)
+    assert expected_calibration_error(honest, labels) < 0.015
+    overconfident = torch.softmax(torch.as_tensor(logits) * 3.0, dim=1).numpy()
+    assert expected_calibration_error(overconfident, labels) > 0.1
+
+
+def test_ece_by_hand():
+    # Two bins used out of 15: confidences 0.9 (both right) and 0.5 (one right of two).
+    probabilities = np.array([[0.9, 0.1], [0.9, 0.1], [0.5, 0.5], [0.5, 0.5]])
+    labels = np.array([0, 0, 0, 1])
+    assert expected_calibration_error(probabilities, labels) == pytest.approx((2 * 0.1 + 2 * 0.0) / 4)
+    people = per_subject_calibration(probabilities, labels, [1, 1, 2, 2])
+    assert people == {"1": pytest.approx(0.1), "2": pytest.approx(0.0)}
+
+
+@pytest.mark.parametrize("factor", [0.4, 2.5])
+def test_temperature_recovers_a_known_scaling(logits, factor):
+    honest, labels = draws(logits, seed=2)
+    distorted = torch.softmax(torch.as_tensor(logits) * factor, dim=1).numpy()
+    temperature = fit_temperature(distorted, labels)
+    assert temperature == pytest.approx(factor, rel=0.05)
+    rescaled = scaled(distorted, temperature)
+    np.testing.assert_allclose(rescaled, honest, atol=0.03)
+    assert np.array_equal(rescaled.argmax(axis=1), distorted.argmax(axis=1))
+    assert expected_calibration_error(rescaled, labels) < expected_calibration_error(distorted, labels)
+
+
+def test_temperature_one_gives_the_probabilities_back(logits):
+    probabilities = torch.softmax(torch.as_tensor(logits[:50]), dim=1).numpy()
+    np.testing.assert_allclose(scaled(probabilities, 1.0), probabilities)
+    np.testing.assert_allclose(scaled(probabilities, 1.0 + 1e-12), probabilities, atol=1e-9)
+
+
+def test_temperature_file_and_bad_values(tmp_path):
+    write_calibration(tmp_path / "calibration.json", 0.42, {"fitted_on": "validation"})
+    assert read_temperature(str(tmp_path / "calibration.json")) == 0.42
+    assert read_temperature("1.5") == 1.5
+    for bad in ("0", "-1", "nan", str(tmp_path / "missing.json")):
+        with pytest.raises(UsageError):
+            read_temperature(bad)
+    (tmp_path / "other.json").write_text('{"something": 1}')
+    with pytest.raises(UsageError, match="not a calibration.json"):
+        read_temperature(str(tmp_path / "other.json"))
