@@ -77,15 +77,21 @@ def split_probabilities(bundle, split, device, adapt=False):
 
 
 def format_calibration(report, fitted):
-    line = f"expected calibration error ({ECE_BINS} bins): {report['ece']:.4f}"
-    scaled_report = report.get("temperature")
-    if scaled_report is not None:
+    """The expected calibration error overall, then per person at the temperature the report applies."""
+    line = f"expected calibration error ({ECE_BINS} equal-width bins): {report['ece']:.4f} at temperature 1"
+    tempered = report.get("temperature")
+    if tempered is not None:
         where = f"fitted on {fitted['windows']} validation windows" if fitted else "given"
-        line += f"; at temperature {scaled_report['value']:.3f} ({where}): {scaled_report['ece']:.4f}"
+        line += f", {tempered['ece']:.4f} at temperature {tempered['value']:.3f} ({where})"
     elif fitted is None:
-        line += "; no temperature (none given, or no validation split to fit one on)"
-    worst = max(report["ece_per_subject"], key=report["ece_per_subject"].get) if report["ece_per_subject"] else None
-    return line + (f"; worst person: subject {worst} ({report['ece_per_subject'][worst]:.4f})" if worst else "")
+        line += " (no temperature: none given, or no validation split to fit one on)"
+    people = (tempered or report)["ece_per_subject"]
+    if not people:
+        return line
+    worst = max(people, key=people.get)
+    return (f"{line}\nper person ECE{'' if tempered is None else ' at that temperature'}: "
+            + ", ".join(f"{subject} {value:.3f}" for subject, value in people.items())
+            + f"; worst: subject {worst} ({people[worst]:.3f})")
 
 
 def dataset_of(args):

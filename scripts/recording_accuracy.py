@@ -43,7 +43,7 @@ from inference.transitions import learn_transitions, recording_classes
 from training.errors import UsageError
 
 RECORDING_RATE_HZ = 50.0
-SMOOTHINGS = ("none", "median", "hmm", "hmm-learnt")
+SMOOTHINGS = ("none", "median", "hmm", "hmm-learnt", "hmm-learnt-stay")
 
 
 class Scorer:
@@ -132,6 +132,22 @@ def _tally_windows(scorer, test, temperatures, tally):
                 mine = subjects == subject
                 tally.add(option, int(subject), tempered[mine].argmax(axis=1), labels[mine])
                 tally.add_calibration(option, int(subject), tempered[mine], labels[mine])
+    if "recording" in scorer.feature_modes:
+        # What standardising on a group of a single activity does (a recording of one activity).
+        alone = scorer.per_mode(test.signals, subjects * 100 + labels)["recording"]
+        for subject in np.unique(subjects):
+            mine = subjects == subject
+            tally.add("subject statistics of one activity's windows at a time", int(subject),
+                      alone[mine].argmax(axis=1), labels[mine])
+
+
+def stay_only(learnt):
+    """The learnt chance of staying in each class, with the changes spread evenly over the others:
+    how sticky each activity is, without the order of activities the recordings followed."""
+    classes = len(learnt)
+    matrix = np.repeat(((1 - np.diag(learnt)) / (classes - 1))[:, None], classes, axis=1)
+    np.fill_diagonal(matrix, np.diag(learnt))
+    return matrix
 
 
 def _recording(mode):
@@ -150,13 +166,14 @@ def _tally_recording(scorer, archive, name, as_rate, temperatures, learnt, thres
     window_of = labels_at(times_s, np.arange(len(start_s)), start_s, end_s)
     scored = (label >= 1) & (label <= 6) & (window_of >= 0)
     truth, person = label[scored] - 1, int(name[1:3])
+    matrices = {"hmm-learnt": learnt, "hmm-learnt-stay": stay_only(learnt)}
     for mode, probs in scorer.per_mode(cut.windows).items():
         prefix = f"{mode} statistics"
         # As predict.py: the smoothers read the model's own probabilities; the temperature scales
         # what is reported (the confidence, and the threshold for uncertain windows).
         for smoothing in SMOOTHINGS:
             method = None if smoothing == "none" else "hmm" if smoothing.startswith("hmm") else smoothing
-            path = smooth_labels(probs, method, transitions=learnt if smoothing == "hmm-learnt" else None)
+            path = smooth_labels(probs, method, transitions=matrices.get(smoothing))
             tally.add(f"{prefix}, {smoothing}", person, path[window_of[scored]], truth)
             if smoothing == "median":
                 median_path = path

@@ -78,7 +78,7 @@ def test_evaluation_reports_calibration_and_fits_a_temperature(checkpoint, minir
     calibration = json.loads((tmp_path / "eval" / "calibration.json").read_text())
     assert calibration["temperature"] > 0 and calibration["windows"] > 0
     assert report["temperature"]["value"] == calibration["temperature"]
-    assert "expected calibration error (15 bins)" in out
+    assert "expected calibration error (15 equal-width bins)" in out and "per person ECE" in out
     # The file an evaluation wrote is what a recording takes.
     code, _, err = run_script("predict", ["--checkpoint", checkpoint, "--data-dir", root, "--out", tmp_path / "none",
                                           "--temperature", "none"])
