@@ -1,11 +1,12 @@
 """The trainer: build() assembles a run, fit() trains it epoch by epoch, evaluate() judges a split.
 
 One batch from the command line to the checkpoint: main.py parses a RunConfig and calls train().
-Trainer.build loads the data, builds the model and lets the strategy wrap it, makes the loaders,
-restores the checkpoint's parts and builds the TrainStep. fit() runs each epoch's pass
-(loop/epoch.py), where every micro-batch goes through TrainStep.accumulate and every
-accumulation window through TrainStep.update (loop/step.py); at the epoch's end it validates,
-and the CheckpointManager (checkpoint/manager.py) writes the train state and every part to last.pt.
+Trainer.build normalises the data read before it (distributed/preflight.py), builds the model and
+lets the strategy wrap it, makes the loaders, restores the checkpoint's parts and builds the
+TrainStep. fit() runs each epoch's pass (loop/epoch.py), where every micro-batch goes through
+TrainStep.accumulate and every accumulation window through TrainStep.update (loop/step.py); at the
+epoch's end it validates, and the CheckpointManager (checkpoint/manager.py) writes the train state
+and every part to last.pt.
 """
 import dataclasses
 import time
@@ -15,7 +16,7 @@ from pathlib import Path
 import torch
 
 from data.loaders import gathered_order, split_loaders
-from data.splits import HarData, fit_normalization, load_har_data, normalize
+from data.splits import HarData, fit_normalization, normalize
 from evaluation.figures import write_run_figures
 from evaluation.metrics import (
     classification_report,
@@ -29,12 +30,12 @@ from training.checkpoint import files as ckpt
 from training.checkpoint.manager import CheckpointManager, restore_parts
 from training.checkpoint.rng_state import RandomStreams
 from training.checkpoint.train_state import TrainState
-from training.config.cli import DEFAULT_LR, data_options, save_dir_of, warmup_epochs
+from training.config.cli import DEFAULT_LR, save_dir_of, warmup_epochs
+from training.config.environment import check_parallel_args
 from training.config.files import record_run_config
-from training.config.same_run import check_same_run
 from training.config.settings import RunConfig
 from training.distributed.lost_rank import explain_lost_rank
-from training.distributed.preflight import check_before_training
+from training.distributed.preflight import read_run_inputs
 from training.distributed.strategy import make_strategy
 from training.errors import EXIT_PREEMPTED, RankLost, TrainingDiverged, UsageError
 from training.feature_pool import build_feature_pool, wants_feature_pool
@@ -58,12 +59,14 @@ EVAL_BATCH_MIN = 256
 
 def train(config):
     """Train as `config` (a RunConfig) says; returns the process exit code."""
-    lock = check_before_training(config)  # before any process group, so bad input fails alike on every rank
+    check_parallel_args(config)
+    inputs = read_run_inputs(config)  # before any process group, so bad input fails alike on every rank
+    lock = inputs.lock
     strategy = make_strategy(config)
     stop_signals = StopSignals().install()
     trainer = None
     try:
-        trainer = Trainer.build(config, strategy, stop_signals)
+        trainer = Trainer.build(config, strategy, stop_signals, inputs=inputs)
         outcome = trainer.fit()
         if outcome == "complete":
             trainer.report_best_weights()
@@ -108,20 +111,24 @@ class Trainer:
     first_epoch: int = 0  # the first epoch this invocation trains
 
     @classmethod
-    def build(cls, config, strategy, stop_signals=None, quiet=False):
+    def build(cls, config, strategy, stop_signals=None, quiet=False, inputs=None):
         """Everything a run needs, resumed from its checkpoint when there is one. Under DDP every rank
-        builds the same, so every rank must call this. `quiet` keeps the run's console lines and
-        TensorBoard off (a tool that only times the step)."""
+        builds the same, so every rank must call this. `inputs` is what train() read before the
+        process group (distributed/preflight.py); a tool that builds a run without it has them read
+        here, holding no lock. `quiet` keeps the run's console lines and TensorBoard off (a tool that
+        only times the step)."""
+        if inputs is None:
+            inputs = read_run_inputs(config, hold_lock=False)
+        data, resume_from, checkpoint, warnings = inputs.take()
         save_dir, optim = save_dir_of(config), config.optim
         if strategy.is_main:
             ckpt.prepare_save_dir(save_dir)
         log = RunLogger(save_dir, strategy.is_main and not quiet)
-        resume_from, checkpoint = ckpt.load_resume_checkpoint(config.output.resume, save_dir, log.warn)
-        if config.output.resume == "auto":  # a checkpoint named with --resume PATH is resumed on purpose
-            check_same_run(config, checkpoint, save_dir)
+        for warning in warnings:
+            log.warn(warning)
         if resume_from is None:
             log.start_fresh()
-        data, normalization = _load_data(config, checkpoint, resume_from, log)
+        data, normalization = _normalize_data(config, data, checkpoint, resume_from, log)
         # Built before config.yaml and checkpoints are written, so that a flag it refuses changes neither.
         augment = build_augmenter(config.recipe, normalization, data.channel_names, data.class_names, strategy.device,
                                   log.warn)
@@ -322,9 +329,8 @@ def _run_files(save_dir):
             if not path.name.startswith(".")]
 
 
-def _load_data(config, checkpoint, resume_from, log):
+def _normalize_data(config, data, checkpoint, resume_from, log):
     """The splits, normalised with the training split's statistics (a resumed run keeps its own)."""
-    data = load_har_data(**data_options(config))
     log.info(data.description)
     if checkpoint is not None:
         ckpt.check_compatible(checkpoint, {"model": config.model.name, "norm": config.model.norm, **config.model.size(),

@@ -9,7 +9,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import get_args_parser, run
 
 from training.config.environment import check_parallel_args
-from training.distributed.preflight import check_before_training
+from training.distributed.preflight import check_run_inputs
 from training.errors import EXIT_PREEMPTED, UsageError
 
 
@@ -33,15 +33,10 @@ def torchrun_arguments(script, argv, nproc):
     return ["--standalone", f"--nproc-per-node={nproc}", script, *argv]
 
 
-def preflight(config):
-    """The user errors every worker would hit, caught once in this process before any starts."""
-    check_before_training(config, keep_lock=False)  # the rank 0 worker takes the lock
-
-
 def launch_under_torchrun(config, script, argv):
     """Run the same command under torchrun; returns the exit code of the first failed worker."""
-    nproc = processes_per_node(config)
-    preflight(config)
+    nproc = processes_per_node(config)  # checks the parallel flags
+    check_run_inputs(config)  # the user errors every worker would hit, caught once before any starts
     if config.hardware.gpu_ids:
         print(f"  (local ranks map onto --gpu-ids {','.join(map(str, config.hardware.gpu_ids))} in order)", flush=True)
     return run_torchrun(torchrun_arguments(script, argv, nproc))
