@@ -18,7 +18,8 @@ import numpy as np
 from data.preprocess import window_starts
 from data.uci_har import CLASS_NAMES
 from training.checkpoint.atomic import write_atomic
-from training.errors import UsageError
+from training.config.files import usage_error
+from training.errors import UsageError, run_entry_point
 
 WINDOW_STEPS = 128  # UCI HAR's windows at 50 Hz
 
@@ -97,17 +98,29 @@ def read_transitions(path, class_names, stride_steps):
     return matrix
 
 
-def main(argv=None):
+def main(argv):
     parser = argparse.ArgumentParser(prog="python -m inference.transitions", description=__doc__.splitlines()[0])
     parser.add_argument("--recordings", required=True, help="an .npz with uSS_sK_label keys (50 Hz, labels 1..6)")
     parser.add_argument("--subjects", required=True, help="comma-separated: the training people only")
     parser.add_argument("--window-steps", type=int, default=WINDOW_STEPS)
     parser.add_argument("--stride", type=int, default=None, help="default half a window, as predict.py")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--debug", action="store_true", help="full tracebacks instead of one-line errors")
+    parser.error = usage_error(parser.prog)  # one line, like every other bad input
     args = parser.parse_args(argv)
-    subjects = {int(s) for s in args.subjects.split(",")}
+    try:
+        subjects = {int(s) for s in args.subjects.split(",")}
+    except ValueError:
+        raise UsageError(f"--subjects must be numbers separated by commas, got {args.subjects!r}") from None
     stride = args.stride or args.window_steps // 2
+    if not 1 <= stride <= args.window_steps:
+        raise UsageError(f"--stride must be between 1 and --window-steps ({args.window_steps}), got {stride}")
+    if not Path(args.recordings).is_file():
+        raise UsageError(f"--recordings {args.recordings} is not a file")
     classes = recording_classes(np.load(args.recordings, allow_pickle=False), subjects)
+    if not classes:
+        raise UsageError(f"{args.recordings} holds no labelled recording (uSS_sK_label) of subjects "
+                         f"{', '.join(map(str, sorted(subjects)))}")
     counts, matrix = learn_transitions(classes.values(), args.window_steps, stride)
     write_transitions(args.out, counts, CLASS_NAMES, args.window_steps, stride,
                       {"recordings": str(args.recordings), "subjects": sorted(subjects)})
@@ -117,4 +130,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_entry_point(main))

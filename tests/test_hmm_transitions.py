@@ -1,5 +1,7 @@
 """Transitions learnt from label sequences at the window stride, the Viterbi path through them, and
 windows marked uncertain in the timeline."""
+import contextlib
+import io
 import json
 
 import numpy as np
@@ -15,7 +17,9 @@ from inference.transitions import (
     window_labels,
     write_transitions,
 )
-from training.errors import UsageError
+from inference.transitions import main as transitions_command
+from test_bad_input import assert_refused
+from training.errors import UsageError, run_entry_point
 
 NAMES = ("A", "B", "C")
 
@@ -104,3 +108,32 @@ def test_the_uncertain_threshold_removes_more_wrong_windows_than_right_ones():
     probabilities = np.stack([top, (1 - top) / 2, (1 - top) / 2], axis=1)
     assert uncertain_threshold(probabilities, labels) == pytest.approx(0.5)  # the first that takes all 40
     assert uncertain_threshold(probabilities, np.zeros(240, int)) is None  # never wrong: mark nothing
+
+
+def learn(*argv):
+    """(exit code, stdout, stderr) of python -m inference.transitions."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = run_entry_point(transitions_command, [str(arg) for arg in argv])
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_the_command_learns_from_the_people_it_is_given(tmp_path):
+    # Two people: one walks then sits (a transition, label 7, between), the other only lies.
+    first = np.r_[np.full(640, 1), np.full(128, 7), np.full(640, 4)].astype(np.int8)
+    second = np.full(1280, 6, dtype=np.int8)
+    archive = tmp_path / "recordings.npz"
+    np.savez(archive, u01_s0_label=first, u02_s0_label=second)
+    out = tmp_path / "transitions.json"
+    code, _, err = learn("--recordings", archive, "--subjects", "1", "--out", out)
+    assert code == 0, err
+    record = json.loads(out.read_text())
+    counts = np.array(record["counts"])
+    assert counts[0, 3] == 1 and counts[5].sum() == 0  # walking to sitting once; person 2 not read
+    centres = window_labels(first, 128, 64)
+    assert counts.sum() == np.sum((centres >= 1) & (centres <= 6)) - 1  # consecutive activity windows
+    assert read_transitions(out, ("WALKING", "WALKING_UPSTAIRS", "WALKING_DOWNSTAIRS", "SITTING", "STANDING",
+                                  "LAYING"), 64).shape == (6, 6)
+    assert_refused(learn("--recordings", archive, "--subjects", "9", "--out", out),
+                   "no labelled recording")
+    assert_refused(learn("--recordings", tmp_path / "none.npz", "--subjects", "1", "--out", out), "not a file")
