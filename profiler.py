@@ -4,8 +4,8 @@ import sys
 from profiling.cli import launch_under_torchrun, needs_launch, parse_profiler_args
 from profiling.measure import PerformanceProfiler
 from profiling.report import format_summary, write_profile
-from training.distributed.preflight import check_data
 from training.errors import run_entry_point
+from training.run_inputs import check_data
 
 __all__ = ["PerformanceProfiler", "main"]
 

@@ -15,9 +15,9 @@ import yaml
 from conftest import REPO, TINY_DATA, load_checkpoint, run_in_process
 from evaluation import figures
 from profiling.cli import parse_profiler_args
-from training.checkpoint.save_dir_lock import LOCK_NAME, SaveDirLock
 from training.config.cli import parse_args
 from training.errors import EXIT_USAGE, UsageError
+from training.run_inputs import LOCK_NAME, SaveDirLock
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # A tiny run whose settings all differ from the defaults somewhere, so a lost key shows.
@@ -217,7 +217,7 @@ def test_second_run_into_a_busy_save_dir_is_refused(tmp_path):
 def test_lock_of_a_killed_run_does_not_stick(tmp_path):
     holder = subprocess.run([sys.executable, "-c", (
         "import os, signal, sys; sys.path.insert(0, '.');"
-        "from training.checkpoint.save_dir_lock import SaveDirLock;"
+        "from training.run_inputs import SaveDirLock;"
         f"lock = SaveDirLock({str(tmp_path)!r}).acquire(); os.kill(os.getpid(), signal.SIGKILL)")], cwd=REPO)
     assert holder.returncode == -signal.SIGKILL
     assert "pid" in (tmp_path / LOCK_NAME).read_text()  # left behind, but no longer locked

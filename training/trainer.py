@@ -1,9 +1,9 @@
 """The trainer: build() assembles a run, fit() trains it epoch by epoch, evaluate() judges a split.
 
 One batch from the command line to the checkpoint: main.py parses a RunConfig and calls train().
-Trainer.build normalises the data read before it (distributed/preflight.py), builds the model and
-lets the strategy wrap it, makes the loaders, restores the checkpoint's parts and builds the
-TrainStep. fit() runs each epoch's pass (loop/epoch.py), where every micro-batch goes through
+Trainer.build normalises the data read before it (run_inputs.py), builds the model and lets the
+strategy wrap it, makes the loaders, restores the checkpoint's parts and builds the TrainStep.
+fit() runs each epoch's pass (loop/epoch.py), where every micro-batch goes through
 TrainStep.accumulate and every accumulation window through TrainStep.update (loop/step.py); at the
 epoch's end it validates, and the CheckpointManager (checkpoint/manager.py) writes the train state
 and every part to last.pt.
@@ -35,7 +35,6 @@ from training.config.environment import check_parallel_args
 from training.config.files import record_run_config
 from training.config.settings import RunConfig
 from training.distributed.lost_rank import explain_lost_rank
-from training.distributed.preflight import read_run_inputs
 from training.distributed.strategy import make_strategy
 from training.errors import EXIT_PREEMPTED, RankLost, TrainingDiverged, UsageError
 from training.feature_pool import build_feature_pool, wants_feature_pool
@@ -53,6 +52,7 @@ from training.loop.schedule import (
 from training.loop.step import TrainStep, build_adamw, compile_for_training, predict
 from training.reporting.logger import RunLogger
 from training.reporting.memory import GIB, free_bytes
+from training.run_inputs import read_run_inputs
 
 EVAL_BATCH_MIN = 256
 
@@ -114,8 +114,8 @@ class Trainer:
     def build(cls, config, strategy, stop_signals=None, quiet=False, inputs=None):
         """Everything a run needs, resumed from its checkpoint when there is one. Under DDP every rank
         builds the same, so every rank must call this. `inputs` is what train() read before the
-        process group (distributed/preflight.py); a tool that builds a run without it has them read
-        here, holding no lock. `quiet` keeps the run's console lines and TensorBoard off (a tool that
+        process group (run_inputs.py); a tool that builds a run without it has them read here,
+        holding no lock. `quiet` keeps the run's console lines and TensorBoard off (a tool that
         only times the step)."""
         if inputs is None:
             inputs = read_run_inputs(config, hold_lock=False)

@@ -9,8 +9,8 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import get_args_parser, run
 
 from training.config.environment import check_parallel_args
-from training.distributed.preflight import check_run_inputs
 from training.errors import EXIT_PREEMPTED, UsageError
+from training.run_inputs import check_run_inputs
 
 
 def processes_per_node(config):

@@ -1,0 +1,227 @@
+"""What a run reads before it builds anything, read once and checked as it is read: the data,
+--save-dir and its lock, and the checkpoint to resume, which a run resumes by itself only when it
+is the run the command describes. It runs before any process group exists, so bad input fails on
+all ranks alike, in one line, instead of in one rank while the others wait in a collective.
+
+The same run: `python main.py --epochs 1`, then `python main.py` in the same --save-dir, used to
+continue the finished one-epoch run with a twenty-epoch command: a schedule whose LR had already
+decayed. An automatic resume (--resume auto) now continues only the run the command describes: the
+same data, model and LR schedule. Any other setting may change on resume with a warning
+(config/files.py).
+
+The lock: one run at a time per --save-dir, an flock on <save-dir>/.lock, which the OS drops when
+the holder dies, so a killed run never leaves the folder locked. Not the `filelock` package,
+although torch installs it: the refusal names the holder from a line the holder writes into the
+lock file (pid, host, start time, command), and filelock releases up to 3.29 truncate that file on
+every attempt, a refused one included (tox-dev/filelock#591), while later ones keep the file after
+release by design. This lock removes its file on release, safely: a taker checks that the file it
+locked is still the one at the path."""
+import contextlib
+import datetime
+import fcntl
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from data.splits import HarData, load_har_data
+from models import SIZE_KNOBS, resolve_size
+from training.checkpoint import files as ckpt
+from training.config.cli import SHARDED_OR_DDP, data_options, save_dir_of, warmup_epochs
+from training.config.environment import distributed_env
+from training.config.settings import RunConfig
+from training.errors import UsageError
+
+
+@dataclass
+class RunInputs:
+    """The data as read (not yet normalised), the checkpoint to resume (None for a fresh run) and
+    --save-dir's lock, released by whoever asked for the inputs."""
+    data: HarData | None
+    resume_from: Path | None
+    checkpoint: dict | None
+    lock: object  # SaveDirLock, or NoLock where another process holds the folder
+    warnings: list  # one line per checkpoint passed over, said once the run's log exists
+
+    def take(self):
+        """(data, resume_from, checkpoint, warnings), handed over once: the run normalises its own
+        copy of the data and keeps the parts it restores, so the raw data and the checkpoint are
+        not held twice for the whole run."""
+        taken = (self.data, self.resume_from, self.checkpoint, self.warnings)
+        self.data = self.checkpoint = None
+        return taken
+
+
+def read_run_inputs(config, hold_lock=True):
+    """The data, then --save-dir (locked by rank 0 when `hold_lock`) and the checkpoint to resume."""
+    data = load_har_data(**data_options(config))  # first: refused data leaves no new --save-dir behind
+    return _read_save_dir(config, data, hold_lock)
+
+
+def check_run_inputs(config):
+    """read_run_inputs's refusals for a launcher whose workers read for themselves: it checks that
+    the folder is free without keeping its lock (the rank 0 worker takes it), and the data with
+    check_data."""
+    check_data(config)
+    _read_save_dir(config, None, hold_lock=True).lock.release()
+
+
+def check_data(config):
+    """Load the data the run will use, as the run will, but only to see that it can: UCI HAR is
+    parsed and cached on the way (so the run starts from the cache); the synthetic data is made
+    with one window per subject, which checks the same flags in a fraction of the time."""
+    windows = min(config.data.synthetic_windows_per_subject, 1)  # below 1 stays, to be refused
+    load_har_data(**data_options(config, synthetic_windows_per_subject=windows))
+
+
+def _read_save_dir(config, data, hold_lock):
+    save_dir = save_dir_of(config)
+    ckpt.check_save_dir(save_dir)
+    # DDP ranks share one folder and rank 0 holds it for all; any other run (a cross-validation
+    # fold under torchrun included) has a folder of its own to hold.
+    holder = hold_lock and (config.parallel.multi_gpu not in SHARDED_OR_DDP or distributed_env()[0] == 0)
+    lock = SaveDirLock(save_dir).acquire() if holder else NoLock()
+    warnings = []
+    try:
+        resume_from, checkpoint = ckpt.load_resume_checkpoint(config.output.resume, save_dir, warnings.append)
+        if config.output.resume == "auto":  # a checkpoint named with --resume PATH is resumed on purpose
+            check_same_run(config, checkpoint, save_dir)
+    except BaseException:
+        lock.release()
+        raise
+    return RunInputs(data, resume_from, checkpoint, lock, warnings)
+
+
+# The flags whose value decides what a run trains on, what it trains, and its LR schedule (the
+# number of steps and the LR of each). docs/resuming.md lists them with the reasons.
+DATA = ("dataset", "data_dir", "mode", "val_fraction", "val_subjects", "synthetic_seed",
+        "synthetic_windows_per_subject")
+MODEL = ("model", "norm", *SIZE_KNOBS)
+SCHEDULE = ("epochs", "batch_size", "grad_accum_steps", "lr", "lr_scaling", "warmup_epochs")
+DEFINES_THE_RUN = (*DATA, *MODEL, *SCHEDULE, "seed")  # the seed: validation subjects, first weights, order
+
+
+def check_same_run(config, checkpoint, save_dir):
+    """Refuse, in one line, to resume by itself a checkpoint whose run differs from `config` in a
+    setting of DEFINES_THE_RUN. A file that is not one of this trainer's is left to check_compatible."""
+    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("config"), dict):
+        return
+    differ = run_differences(checkpoint["config"], config)
+    if not differ:
+        return
+    saved_epochs = checkpoint["config"].get("epochs", config.optim.epochs)
+    done = checkpoint.get("epoch", 0)
+    if _finished(checkpoint):
+        run = f"a finished run ({done} of {saved_epochs} epochs)"
+        go_on = ""
+    else:
+        run = f"an unfinished run ({done} of {saved_epochs} epochs done)"
+        go_on = f"repeat its own flags to continue it (--config {save_dir / 'config.yaml'}), "
+    raise UsageError(f"--save-dir {save_dir} holds {run} with other settings: {', '.join(differ)}; {go_on}"
+                     "pass --no-resume to start afresh there, or use another --save-dir")
+
+
+def run_differences(saved_flags, config):
+    """'--flag saved (this run: now)' for every setting of DEFINES_THE_RUN given another value that
+    means something else: size knobs count with the model's defaults filled in (--width 64 and no
+    --width are one transformer), --data-dir as the folder it names. A key an older checkpoint
+    lacks counts as unchanged. A default that follows another flag (the warmup follows --epochs)
+    is not listed again."""
+    saved = RunConfig.from_flags({**config.flags(), **saved_flags})
+    given_before, given_now = saved.flags(), config.flags()
+    before, now = _meanings(saved), _meanings(config)
+    return [f"--{flag.replace('_', '-')} {_shown(given_before[flag])} (this run: {_shown(given_now[flag])})"
+            for flag in DEFINES_THE_RUN if before[flag] != now[flag] and given_before[flag] != given_now[flag]]
+
+
+def _meanings(config):
+    flags = {flag: config.flags()[flag] for flag in DEFINES_THE_RUN}
+    flags["warmup_epochs"] = warmup_epochs(config.optim)
+    # None stands for the model's default: --width 64 and no --width are one transformer. A model or
+    # knobs that cannot be resolved are compared as given.
+    with contextlib.suppress(ValueError, KeyError):
+        flags.update(resolve_size(config.model.name, **config.model.size()))
+    if flags["data_dir"] is not None:
+        flags["data_dir"] = os.path.realpath(os.path.expanduser(flags["data_dir"]))
+    return flags
+
+
+def _finished(checkpoint):
+    """Trained for all its epochs, or stopped early by its own patience."""
+    saved = checkpoint["config"]
+    if checkpoint.get("epoch", 0) >= saved.get("epochs", float("inf")):
+        return True
+    patience = saved.get("early_stopping_patience") or 0
+    return bool(patience) and checkpoint.get("epochs_since_best", 0) >= patience
+
+
+def _shown(value):
+    return "none" if value is None else value
+
+
+LOCK_NAME = ".lock"
+
+
+class SaveDirLock:
+    """Held from acquire() to release() (or the end of the process)."""
+
+    def __init__(self, save_dir):
+        self.path = Path(save_dir) / LOCK_NAME
+        self._file = None
+
+    def acquire(self):
+        """Take the lock or refuse in one line naming the run that holds it."""
+        while self._file is None:
+            handle = open(self.path, "a+")  # noqa: SIM115 - the open file is the lock, held until release()
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                holder = handle.read().strip() or "a process that has not yet written its name"
+                handle.close()
+                raise UsageError(f"--save-dir {self.path.parent} is in use by another run ({holder}); wait for "
+                                 "it to finish, or start this one with another --save-dir") from None
+            except OSError as exc:
+                handle.close()
+                raise UsageError(f"--save-dir {self.path.parent} cannot be locked ({exc.strerror}); use a "
+                                 "folder on a filesystem with file locks") from None
+            # A holder that just released unlinks the file: a lock on that old file guards nothing.
+            if _same_file(handle, self.path):
+                self._file = handle
+            else:
+                handle.close()
+        self._file.seek(0)
+        self._file.truncate()
+        started = datetime.datetime.now(datetime.timezone.utc)
+        self._file.write(f"pid {os.getpid()} on {socket.gethostname()}, started {started:%Y-%m-%d %H:%M:%S} UTC: "
+                         + " ".join([os.path.basename(sys.argv[0]), *sys.argv[1:]]) + "\n")
+        self._file.flush()
+        return self
+
+    def release(self):
+        """Remove the file while still holding it, so nobody locks a name another run then recreates."""
+        if self._file is None:
+            return
+        try:
+            self.path.unlink(missing_ok=True)
+        finally:
+            self._file.close()
+            self._file = None
+
+    def __del__(self):
+        self.release()
+
+
+class NoLock:
+    """Stands in on ranks other than 0, which write nothing to --save-dir."""
+
+    def release(self):
+        pass
+
+
+def _same_file(handle, path):
+    try:
+        return os.fstat(handle.fileno()).st_ino == os.stat(path).st_ino
+    except FileNotFoundError:
+        return False
