@@ -8,7 +8,7 @@ from torch import nn
 from data.augment import AugmentConfig, BatchAugmenter, parse_kinds, random_rotations, sensor_triples
 from data.splits import channel_names
 from data.uci_har import CLASS_NAMES
-from training.checkpoint.rng_state import seed_epoch
+from training.checkpoint.train_state import seed_epoch
 from training.loop.ema import WeightAverage
 
 NINE = channel_names("flatten")

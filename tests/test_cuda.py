@@ -348,16 +348,16 @@ def test_predict_and_export_take_a_cuda_trained_checkpoint(tmp_path, cuda_traine
 # ---------------------------------------------------------------------------
 
 def test_cuda_random_state_round_trips_through_a_checkpoint(tmp_path):
-    from training.checkpoint import rng_state
+    from training.checkpoint.train_state import capture_random_streams, restore_random_streams
     device = torch.device("cuda", 0)
     torch.manual_seed(3)
     torch.rand(5, device=device)  # somewhere along the stream, not at its seed
-    state = rng_state.capture(device)
+    state = capture_random_streams(device)
     assert state["cuda"].device.type == "cpu" and state["cuda"].dtype == torch.uint8
     expected = torch.rand(1000, device=device), torch.nn.functional.dropout(torch.ones(1000, device=device), 0.5)
     torch.save({"rng": [state]}, tmp_path / "rng.pt")
     torch.rand(7, device=device)
-    rng_state.restore(load_checkpoint(tmp_path / "rng.pt")["rng"][0], device)
+    restore_random_streams(load_checkpoint(tmp_path / "rng.pt")["rng"][0], device)
     again = torch.rand(1000, device=device), torch.nn.functional.dropout(torch.ones(1000, device=device), 0.5)
     assert all(torch.equal(a, b) for a, b in zip(expected, again, strict=True))
 
@@ -485,10 +485,10 @@ def test_both_data_paths_train_the_same_on_cuda(tmp_path):
 def test_data_parallel_keeps_the_random_stream_of_every_replica_gpu():
     # Replicas on GPUs other than the first draw dropout from their own GPU's generator; a
     # mid-epoch resume must bring those streams back too.
-    from training.checkpoint import rng_state
+    from training.checkpoint.train_state import capture_random_streams, restore_random_streams
     torch.manual_seed(0)
-    saved = rng_state.capture(torch.device("cuda", 0), other_gpus=[1])
+    saved = capture_random_streams(torch.device("cuda", 0), other_gpus=[1])
     expected = torch.rand(4, device="cuda:1")
     torch.rand(4, device="cuda:1")  # move the stream on
-    rng_state.restore(saved, torch.device("cuda", 0))
+    restore_random_streams(saved, torch.device("cuda", 0))
     assert torch.equal(torch.rand(4, device="cuda:1"), expected)

@@ -28,8 +28,7 @@ from evaluation.metrics import (
 from models import build_model, count_parameters, resolve_size, training_bytes
 from training.checkpoint import files as ckpt
 from training.checkpoint.manager import CheckpointManager, restore_parts
-from training.checkpoint.rng_state import RandomStreams
-from training.checkpoint.train_state import TrainState
+from training.checkpoint.train_state import RandomStreams, TrainState
 from training.config.cli import DEFAULT_LR, save_dir_of, warmup_epochs
 from training.config.environment import check_parallel_args
 from training.config.files import record_run_config
