@@ -9,7 +9,7 @@ from data.augment import AugmentConfig, BatchAugmenter, parse_kinds, random_rota
 from data.splits import channel_names
 from data.uci_har import CLASS_NAMES
 from training.checkpoint.train_state import seed_epoch
-from training.loop.ema import WeightAverage
+from training.loop.recipe import WeightAverage
 
 NINE = channel_names("flatten")
 MEAN = torch.tensor([0.0, 0.1, -0.2, 0.0, 0.0, 0.0, 0.8, 0.1, 0.3])  # total_acc carries gravity

@@ -39,7 +39,7 @@ class TrainStep:
     max_grad_norm: float
     label_smoothing: float = 0.0
     augment: object = None  # a data.augment.BatchAugmenter, or None
-    ema: object = None  # a training.loop.ema.WeightAverage, or None
+    ema: object = None  # a training.loop.recipe.WeightAverage, or None
     skips: object = None  # a training.loop.precision.SkippedSteps under fp16, or None
     _window_open: bool = False
 
