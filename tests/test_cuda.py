@@ -449,8 +449,7 @@ def test_reset_peaks_starts_a_new_peak_window():
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_dataloader_batches_are_pinned_and_equal_the_device_resident_ones(workers):
-    from data.loaders import ShardedSampler, make_loader
-    from data.resident import DeviceResidentLoader
+    from data.loaders import DeviceResidentLoader, ShardedSampler, make_loader
     rng = np.random.default_rng(0)
     split = SimpleNamespace(signals=rng.standard_normal((40, 9, 16)).astype(np.float32),
                             labels=(np.arange(40) % 6).astype(np.int64))

@@ -4,8 +4,7 @@ import pytest
 import torch
 
 from conftest import TINY_DATA, load_checkpoint, run_in_process
-from data.loaders import ShardedSampler, make_loader
-from data.resident import DeviceResidentLoader, keep_on_device, split_bytes
+from data.loaders import DeviceResidentLoader, ShardedSampler, keep_on_device, make_loader, split_bytes
 from data.splits import Split
 
 
