@@ -11,17 +11,19 @@ NORMS = ("batch", "group", "none")
 SIZE_KNOBS = ("width", "depth", "heads", "ffn")  # each model says which it takes in SIZES
 
 
-def build_model(name, in_channels, num_classes, dropout=0.1, norm="batch", window_steps=128, **size):
+def build_model(name, in_channels, num_classes, dropout=None, norm="batch", window_steps=128, **size):
     """Build a model by registry name; every model maps [B, in_channels, T] to [B, num_classes].
 
     `size` holds width, depth, heads and ffn where given (None or absent: the model's default);
-    `window_steps` reaches the models whose layout depends on T (MiniRocket's dilations)."""
+    `window_steps` reaches the models whose layout depends on T (MiniRocket's dilations); `dropout`
+    None takes the model's own DROPOUT."""
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
     if norm not in NORMS:
         raise ValueError(f"unknown norm {norm!r}; choose one of {', '.join(NORMS)}")
     model = MODELS[name]
     shape = {"window_steps": window_steps} if getattr(model, "TAKES_WINDOW_STEPS", False) else {}
+    dropout = model.DROPOUT if dropout is None else dropout
     return model(in_channels, num_classes, dropout=dropout, norm=norm, **shape, **resolve_size(name, **size))
 
 

@@ -6,6 +6,7 @@ from models.blocks import conv_block
 
 class CNN1D(nn.Module):
     SIZES = ("width",)  # channels of the last two layers; the first two have a quarter and a half of it
+    DROPOUT = 0.1  # when --dropout is not given
 
     @staticmethod
     def resolve_size(width=128):
@@ -13,7 +14,7 @@ class CNN1D(nn.Module):
             raise ValueError(f"--width {width} is too narrow for cnn1d (its first layer has width / 4 channels)")
         return {"width": width}
 
-    def __init__(self, in_channels, num_classes, dropout=0.1, norm="batch", width=128):
+    def __init__(self, in_channels, num_classes, dropout=DROPOUT, norm="batch", width=128):
         super().__init__()
         self.features = nn.Sequential(
             conv_block(in_channels, width // 4, 7, norm),

@@ -6,12 +6,13 @@ from models.blocks import conv_block
 
 class CNNLSTM(nn.Module):
     SIZES = ("width",)  # convolution filters and LSTM hidden units
+    DROPOUT = 0.1  # when --dropout is not given
 
     @staticmethod
     def resolve_size(width=64):
         return {"filters": width, "hidden": width}
 
-    def __init__(self, in_channels, num_classes, dropout=0.1, norm="batch", filters=64, hidden=64):
+    def __init__(self, in_channels, num_classes, dropout=DROPOUT, norm="batch", filters=64, hidden=64):
         super().__init__()
         self.features = nn.Sequential(*[
             conv_block(in_channels if i == 0 else filters, filters, 5, norm) for i in range(4)

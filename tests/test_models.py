@@ -56,3 +56,18 @@ def test_a_100m_parameter_transformer_builds_and_trains_a_step_on_cpu():
     loss.backward()
     optimizer.step()
     assert torch.isfinite(loss) and not torch.equal(before, model.head[-1].weight)
+
+
+
+def dropout_rates(model):
+    return {module.p for module in model.modules() if isinstance(module, torch.nn.Dropout)}
+
+
+def test_without_a_dropout_rate_each_model_takes_its_own_and_a_given_rate_wins():
+    from training.config.cli import parse_config
+
+    assert parse_config([]).model.dropout is None  # the flag's default leaves the choice to the model
+    assert dropout_rates(build_model("minirocket", 9, 6, width=84)) == {0.0}
+    assert dropout_rates(build_model("cnn1d", 9, 6)) == {0.1}
+    assert dropout_rates(build_model("minirocket", 9, 6, dropout=0.3, width=84)) == {0.3}
+    assert dropout_rates(build_model("cnn1d", 9, 6, dropout=0.0)) == {0.0}

@@ -121,7 +121,7 @@ def check_rates(args):
     """The learning rate and the dropout rate."""
     if not args.lr > 0:
         raise UsageError(f"--lr must be positive, got {args.lr}")
-    if not 0 <= args.dropout < 1:
+    if args.dropout is not None and not 0 <= args.dropout < 1:
         raise UsageError(f"--dropout must be in [0, 1), got {args.dropout}")
 
 

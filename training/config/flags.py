@@ -132,7 +132,8 @@ def add_model_flags(parser):
     """The network and its size."""
     group = parser.add_argument_group("model")
     group.add_argument("--model", choices=tuple(MODELS), default=DEFAULT_MODEL)
-    group.add_argument("--dropout", type=float, default=0.1)
+    group.add_argument("--dropout", type=float, default=None,
+                       help="dropout rate (default: the model's own, 0 for minirocket's head, 0.1 for the others)")
     group.add_argument("--norm", choices=NORMS, default="batch",
                        help="normalisation in the convolutional layers; group and none do not "
                             "depend on the batch split")

@@ -43,7 +43,7 @@ class Data:
 @dataclass(frozen=True)
 class Model:
     name: str = field(metadata={"flag": "model"})
-    dropout: float
+    dropout: float | None  # None: the model's own
     norm: str
     width: int | None  # None: the model's own default (models.build_model)
     depth: int | None
