@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from training.distributed.fsdp import sharded_units
 from training.errors import UsageError
-from training.loop.schedule import steps_per_epoch
+from training.loop.step import steps_per_epoch
 from training.loop.tally import EpochTally
 from training.trainer import Trainer
 

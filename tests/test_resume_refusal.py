@@ -11,7 +11,7 @@ from conftest import TINY_DATA, load_checkpoint, read_metrics, run_in_process, r
 from training.checkpoint import files as ckpt
 from training.config.cli import DEFAULT_LR, parse_config
 from training.errors import EXIT_USAGE, UsageError
-from training.loop.schedule import scaling_warning
+from training.loop.step import scaling_warning
 from training.run_inputs import run_differences
 
 # 17 training subjects x 8 windows: 136 windows, 5 steps of 32 per epoch; a run of one epoch takes

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from training.loop.schedule import (
+from training.loop.step import (
     build_scheduler,
     global_batch_size,
     micro_step_plan,

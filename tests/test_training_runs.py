@@ -296,7 +296,7 @@ def test_cuda_graph_compile_modes_are_refused_on_cpu(tmp_path):
 
 
 def test_resume_with_a_larger_global_batch_follows_the_new_lr_schedule(tmp_path):
-    from training.loop.schedule import warmup_cosine
+    from training.loop.step import warmup_cosine
     common = [*TINY_DATA, "--epochs", "3", "--save-dir", tmp_path / "run"]
     code, _, err = run_in_process("main.py", [*common, "--stop-after-epochs", "1"])
     assert code == 0, err

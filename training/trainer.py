@@ -41,14 +41,17 @@ from training.loop import epoch as epoch_pass
 from training.loop.precision import Precision, skipped_steps
 from training.loop.preemption import StopSignals
 from training.loop.recipe import build_augmenter, build_weight_average
-from training.loop.schedule import (
+from training.loop.step import (
+    TrainStep,
+    build_adamw,
     build_scheduler,
+    compile_for_training,
     global_batch_size,
+    predict,
     scaled_lr,
     scaling_warning,
     steps_per_epoch,
 )
-from training.loop.step import TrainStep, build_adamw, compile_for_training, predict
 from training.reporting.logger import RunLogger
 from training.reporting.memory import GIB, free_bytes
 from training.run_inputs import read_run_inputs

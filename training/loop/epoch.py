@@ -9,7 +9,7 @@ import torch
 from training import faults
 from training.errors import TrainingDiverged
 from training.loop.precision import MAX_SKIPPED_STEPS
-from training.loop.schedule import micro_step_plan
+from training.loop.step import micro_step_plan
 from training.loop.tally import NO_NONFINITE_STEP, EpochTally
 
 
