@@ -115,13 +115,10 @@ class Trainer:
     @classmethod
     def build(cls, config, strategy, stop_signals=None, quiet=False, inputs=None):
         """Everything a run needs, resumed from its checkpoint when there is one. Under DDP every rank
-        builds the same, so every rank must call this. `inputs` is what train() read before the
-        process group (run_inputs.py); a tool that builds a run without it has them read here,
-        holding no lock. `quiet` keeps the run's console lines and TensorBoard off (a tool that
-        only times the step)."""
-        if inputs is None:
-            inputs = read_run_inputs(config, hold_lock=False)
-        data, resume_from, checkpoint, warnings = inputs.take()
+        builds the same, so every rank must call this. `inputs`: what train() read before the process
+        group (run_inputs.py); a tool's run reads them here, holding no lock. `quiet` keeps the run's
+        console lines and TensorBoard off (a tool that only times the step)."""
+        data, resume_from, checkpoint, warnings = (inputs or read_run_inputs(config, hold_lock=False)).take()
         save_dir, optim = save_dir_of(config), config.optim
         if strategy.is_main:
             ckpt.prepare_save_dir(save_dir)
