@@ -121,7 +121,7 @@ class Trainer:
         data, resume_from, checkpoint, warnings = (inputs or read_run_inputs(config, hold_lock=False)).take()
         save_dir, optim = save_dir_of(config), config.optim
         if strategy.is_main:
-            ckpt.prepare_save_dir(save_dir)
+            ckpt.remove_partial_saves(save_dir)  # run_inputs.py checked the folder
         log = RunLogger(save_dir, strategy.is_main and not quiet)
         for warning in warnings:
             log.warn(warning)

@@ -108,10 +108,9 @@ def check_save_dir(save_dir):
         raise UsageError(f"--save-dir {save_dir} is not writable ({exc.strerror}); choose another folder") from None
 
 
-def prepare_save_dir(save_dir):
-    """check_save_dir, then remove what a process killed mid-write left; only with the folder's lock
-    held, since a running save's file looks just the same."""
-    check_save_dir(save_dir)
+def remove_partial_saves(save_dir):
+    """Remove what a process killed mid-write left in the folder check_save_dir made; only with the
+    folder's lock held, since a running save's file looks just the same."""
     try:
         for partial in save_dir.glob(".*.pt.*.tmp"):
             partial.unlink()
