@@ -17,9 +17,10 @@ what was written). Each caller decides what a difference means: redo the part, o
 """
 import hashlib
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from data.store import write_atomic
 
 HASH_CHUNK_BYTES = 2 ** 22
 SHOWN_CHARACTERS = 60  # a changed value is shown up to this length in a one-line message
@@ -64,13 +65,7 @@ def make_record(inputs, root, outputs):
 
 def write_record(path, record):
     """The record as JSON, whole or not at all (a temporary file, then one rename)."""
-    path = Path(path)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        partial.write_text(json.dumps(record, indent=1))
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
+    write_atomic(Path(path), lambda handle: handle.write(json.dumps(record, indent=1).encode()))
 
 
 def read_record(path):
