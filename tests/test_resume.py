@@ -175,7 +175,7 @@ def test_a_size_flag_given_at_its_default_resumes_a_run_that_did_not_give_it(tmp
 
 
 def test_a_resumed_run_reads_its_data_and_checkpoint_once(tmp_path, monkeypatch):
-    """One build path: the preflight reads the data and the checkpoint to resume, and the build uses
+    """One build path: run_inputs.py reads the data and the checkpoint to resume, and the build uses
     what it read instead of reading them again."""
     from data import uci_har
     from training.checkpoint import files
