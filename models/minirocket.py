@@ -12,7 +12,6 @@ training, from (normalised) training windows.
 """
 import functools
 import itertools
-import math
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -23,9 +22,9 @@ KERNEL_LENGTH = 9
 # The 84 kernels: every choice of three positions (of nine) that hold 2; the others hold -1.
 KERNEL_TWOS = tuple(itertools.combinations(range(KERNEL_LENGTH), 3))
 QUANTILE_SEED = 0  # the fit's draws (which windows and quantiles set the biases) are fixed
-# Windows transformed together: on a CPU a few, so that the [windows, 84, biases, T'] counts stay in
-# its caches (16 ran fastest on the development machine, 2 to 256 tried); elsewhere (a GPU) many.
-TRANSFORM_CHUNK = {"cpu": 16}
+# Windows transformed together: on a CPU a few, so that a bias's [windows, 84, T'] comparisons stay
+# in its caches (64 ran fastest on the development machine, 16 to 256 tried); elsewhere (a GPU) many.
+TRANSFORM_CHUNK = {"cpu": 64}
 TRANSFORM_CHUNK_ELSEWHERE = 1024
 
 
@@ -92,9 +91,9 @@ class MiniRocket(nn.Module):
         return torch.cat([self._chunk_ppv(part) for part in parts])
 
     def _chunk_ppv(self, x):
-        # One scratch tensor for every dilation's comparisons: a fresh one each time would cost page
+        # One scratch tensor for every comparison of the chunk: a fresh one each time would cost page
         # faults on a CPU.
-        return self._ppv(x, x.new_empty(len(x) * len(KERNEL_TWOS) * self.biases_per_kernel * x.shape[2]))  # T' <= T
+        return self._ppv(x, x.new_empty(len(x) * len(KERNEL_TWOS) * x.shape[2]))  # T' <= T
 
     def _ppv(self, x, scratch):
         features = []
@@ -102,13 +101,16 @@ class MiniRocket(nn.Module):
             output = nn.functional.conv1d(x, self.weights[d], padding=padding, dilation=dilation)  # [B, 84, T']
             # output > -bias written as floats, which vectorises where booleans do not; in IEEE
             # arithmetic it is exactly output + bias > 0, the definition.
-            above = (output[:, :, None, :], -self.biases[d][None, :, :, None])
             if scratch is None:
-                positive = torch.gt(*above).to(x.dtype)
-            else:
-                shape = (len(x), len(KERNEL_TWOS), self.biases_per_kernel, output.shape[2])
-                positive = torch.gt(*above, out=scratch[:math.prod(shape)].view(shape))
-            features.append(positive.mean(dim=3).flatten(1))
+                positive = torch.gt(output[:, :, None, :], -self.biases[d][None, :, :, None]).to(x.dtype)
+                features.append(positive.mean(dim=3).flatten(1))
+                continue
+            # One bias at a time into a [B, 84, T'] scratch: written and read back while it is still in
+            # the caches, where all biases at once ([B, 84, biases, T']) went out to memory and back.
+            positive = scratch[:output.numel()].view(output.shape)
+            shares = [torch.gt(output, -self.biases[d][:, j, None], out=positive).mean(dim=2)
+                      for j in range(self.biases_per_kernel)]
+            features.append(torch.stack(shares, dim=2).flatten(1))
         return torch.cat(features, dim=1)
 
     def features(self, x):

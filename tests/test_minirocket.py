@@ -7,7 +7,7 @@ import torch
 
 from conftest import TINY_DATA, load_checkpoint, run_in_process
 from models import build_model, count_parameters
-from models.minirocket import KERNEL_LENGTH, QUANTILE_SEED, row_quantiles
+from models.minirocket import KERNEL_LENGTH, QUANTILE_SEED, TRANSFORM_CHUNK, row_quantiles
 
 
 @pytest.fixture
@@ -115,8 +115,8 @@ def test_the_fast_transform_and_fit_equal_the_straightforward_ones_bit_for_bit()
     signals = torch.randn(300, 9, 128).cumsum(dim=2) * 0.1
     model.fit(signals, max_windows=200)
     assert torch.equal(model.biases, reference_biases(model, signals, max_windows=200))
-    # 37 windows: two whole chunks of the CPU's transform and a part of one.
-    windows = torch.randn(37, 9, 128).cumsum(dim=2) * 0.1
+    # Two whole chunks of the CPU's transform and a part of one.
+    windows = torch.randn(2 * TRANSFORM_CHUNK["cpu"] + 7, 9, 128).cumsum(dim=2) * 0.1
     # Outputs that meet a bias exactly count as not positive: tie the first bias of every kernel at
     # the first dilation to one output of the first window.
     tied = torch.nn.functional.conv1d(windows[:1], model.weights[0], padding=model.paddings[0])[0, :, 5]
