@@ -47,32 +47,6 @@ def per_subject_accuracy(labels, predictions, subjects):
     return table, worst
 
 
-ECE_BINS = 15  # equal-width confidence bins, the usual choice since Guo et al. (2017)
-
-
-def expected_calibration_error(probabilities, labels, bins=ECE_BINS):
-    """Expected calibration error: over `bins` equal-width bins of the top probability, the
-    window-weighted mean of |accuracy - mean confidence|. 0 for no windows."""
-    probabilities, labels = np.asarray(probabilities, dtype=np.float64), np.asarray(labels, dtype=np.int64)
-    if len(labels) == 0:
-        return 0.0
-    confidence = probabilities.max(axis=1)
-    correct = (probabilities.argmax(axis=1) == labels).astype(np.float64)
-    # Bin b holds confidences in (b/bins, (b+1)/bins]; a confidence of exactly 0 joins the first.
-    which = np.clip(np.ceil(confidence * bins).astype(np.int64) - 1, 0, bins - 1)
-    counts = np.bincount(which, minlength=bins)
-    gaps = np.abs(np.bincount(which, correct, bins) - np.bincount(which, confidence, bins))
-    return float(gaps.sum() / counts.sum())
-
-
-def per_subject_calibration(probabilities, labels, subjects, bins=ECE_BINS):
-    """{subject id (as text): expected calibration error of that person's windows}."""
-    probabilities, labels, subjects = (np.asarray(a) for a in (probabilities, labels, subjects))
-    return {str(int(subject)): expected_calibration_error(probabilities[subjects == subject],
-                                                          labels[subjects == subject], bins)
-            for subject in np.unique(subjects)}
-
-
 def best_record(records):
     """The metrics.jsonl epoch record best.pt holds: the first with the highest validation macro-F1,
     or the last one when no epoch was validated (--val-fraction 0)."""

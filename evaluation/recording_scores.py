@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from evaluation.metrics import expected_calibration_error
+from evaluation.calibration import expected_calibration_error
 
 
 @dataclass

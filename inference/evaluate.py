@@ -7,20 +7,19 @@ import numpy as np
 
 from data import uci_har
 from data.splits import load_har_data
-from evaluation.figures import plot_confusion_matrix
-from evaluation.metrics import (
+from evaluation.calibration import (
     ECE_BINS,
-    classification_report,
     expected_calibration_error,
-    format_people,
-    format_report,
-    per_subject_accuracy,
+    fit_temperature,
     per_subject_calibration,
+    scaled,
 )
+from evaluation.figures import plot_confusion_matrix
+from evaluation.metrics import classification_report, format_people, format_report, per_subject_accuracy
 from inference.adaptation import adapted_per_group
 from inference.bundle import load_bundle, pick_device, probabilities
 from inference.outputs import check_out_dir, prepare_out_dir
-from inference.temperature import CALIBRATION_FILE, fit_temperature, scaled, temperature_choice, write_calibration
+from inference.temperature import CALIBRATION_FILE, temperature_choice, write_calibration
 from training.checkpoint.atomic import write_atomic
 from training.config.cli import data_options, parse_config
 from training.config.settings import RunConfig

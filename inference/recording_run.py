@@ -1,10 +1,11 @@
 """predict.py --recording: classify a whole recording and write windows.csv, timeline.csv, timeline.png."""
 from data.recordings import read_recording
+from evaluation.calibration import scaled
 from inference.bundle import load_bundle, pick_device
 from inference.classify import check_usable, classify_recording
 from inference.outputs import check_out_dir, prepare_out_dir, write_csv
 from inference.plot import plot_timeline
-from inference.temperature import scaled, temperature_choice
+from inference.temperature import temperature_choice
 from inference.timeline import format_summary, mark_uncertain, merge_segments, smooth_labels, timeline_names
 from inference.transitions import read_transitions
 from training.checkpoint.atomic import write_atomic

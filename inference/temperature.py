@@ -1,54 +1,13 @@
-"""Temperature scaling: one number that divides the logits so that the class probabilities are as
-sure of themselves as the model is right (Guo et al., "On Calibration of Modern Neural Networks",
-2017). Fitted on held-out windows by minimising their negative log-likelihood; the argmax of every
-window, and so its accuracy, stays as it was.
-
-The probabilities are enough to scale: log p differs from the logits by one constant per window,
-which softmax removes, so softmax(log p / T) = softmax(logits / T) for a single model and the log of
-an ensemble's averaged probabilities alike.
-"""
+"""Where predict.py takes its temperature from: a number, or the calibration.json an evaluation
+wrote (evaluation/calibration.py fits it)."""
 import json
 import math
 from pathlib import Path
-
-import numpy as np
-import torch
 
 from training.checkpoint.atomic import write_atomic
 from training.errors import UsageError
 
 CALIBRATION_FILE = "calibration.json"
-
-
-def _log_probabilities(probabilities):
-    return torch.log(torch.as_tensor(np.asarray(probabilities), dtype=torch.float64).clamp_min(1e-300))
-
-
-def fit_temperature(probabilities, labels, steps=100):
-    """The temperature T > 0 that minimises the mean NLL of `labels` under softmax(log p / T):
-    L-BFGS on log T (no bound to keep), on the CPU in float64; 1.0 for no windows."""
-    if len(labels) == 0:
-        return 1.0
-    log_p = _log_probabilities(probabilities)
-    targets = torch.as_tensor(np.asarray(labels), dtype=torch.int64)
-    log_temperature = torch.zeros((), dtype=torch.float64, requires_grad=True)
-    optimizer = torch.optim.LBFGS([log_temperature], lr=0.5, max_iter=steps, line_search_fn="strong_wolfe")
-
-    def closure():
-        optimizer.zero_grad()
-        loss = torch.nn.functional.cross_entropy(log_p / log_temperature.exp(), targets)
-        loss.backward()
-        return loss
-
-    optimizer.step(closure)
-    return float(log_temperature.detach().exp())
-
-
-def scaled(probabilities, temperature):
-    """softmax(log p / T) [N, classes] float64: the probabilities at temperature T (1 gives them back)."""
-    if temperature == 1.0 or len(probabilities) == 0:
-        return np.asarray(probabilities, dtype=np.float64)
-    return torch.softmax(_log_probabilities(probabilities) / temperature, dim=1).numpy()
 
 
 def write_calibration(path, temperature, about):

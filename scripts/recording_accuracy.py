@@ -32,12 +32,12 @@ import numpy as np
 
 from data.recordings import Recording
 from data.resample import resample
+from evaluation.calibration import fit_temperature, scaled
 from evaluation.recording_scores import RecordingTally, uncertain_threshold
 from inference.adaptation import adaptable_members, group_statistics, head_probabilities, raw_features
 from inference.bundle import load_bundle, pick_device, probabilities
 from inference.classify import recording_windows
 from inference.evaluate import splits_as_trained
-from inference.temperature import fit_temperature, scaled
 from inference.timeline import labels_at, smooth_labels
 from inference.transitions import learn_transitions, recording_classes
 from training.errors import UsageError

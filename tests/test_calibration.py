@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from evaluation.metrics import expected_calibration_error, per_subject_calibration
-from inference.temperature import fit_temperature, read_temperature, scaled, write_calibration
+from evaluation.calibration import expected_calibration_error, fit_temperature, per_subject_calibration, scaled
+from inference.temperature import read_temperature, write_calibration
 from training.errors import UsageError
 
 
