@@ -124,8 +124,11 @@ class MiniRocket(nn.Module):
         # Windows [B, C, T], or their features [B, F] computed once by `features` (a feature pool).
         return self.head(x if x.dim() == 2 else self.features(x))
 
+    # 512 windows: the feature statistics' transform is most of the fit, and on the 7 nested outer folds
+    # 512 scored as 1,024 did (mean 0.9757 both; worst person 0.917 against 0.911, worst fold 0.957
+    # against 0.961) in half the time.
     @torch.no_grad()
-    def fit(self, signals, max_windows=1024):
+    def fit(self, signals, max_windows=512):
         """Biases from quantiles of each kernel's output on random training windows, then the mean
         and std of the features over those windows. `signals` [N, C, T]: an array, a tensor, or a
         window store's signals; only the max_windows drawn are read."""
