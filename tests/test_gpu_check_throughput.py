@@ -88,8 +88,8 @@ def test_a_tiny_matrix_on_cpu_measures_and_skips_fp16(tmp_path):
 
 
 def test_the_matrix_loads_its_data_once_and_puts_the_loader_back():
-    from training import trainer  # the profiler's workload is the trainer's run, which loads the data
-    original = trainer.load_har_data
+    from training import run_inputs  # the profiler's workload is the trainer's run, which reads its data there
+    original = run_inputs.load_har_data
     with throughput.data_loaded_once():
-        assert trainer.load_har_data is not original
-    assert trainer.load_har_data is original
+        assert run_inputs.load_har_data is not original
+    assert run_inputs.load_har_data is original

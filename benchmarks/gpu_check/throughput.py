@@ -30,7 +30,7 @@ from profiling.cli import parse_profiler_args
 from profiling.measure import timed_steps
 from profiling.report import json_ready
 from profiling.timing import NullTimer
-from training import trainer as trainer_module
+from training import run_inputs
 from training.checkpoint.atomic import write_atomic
 from training.distributed.strategy import make_strategy
 from training.errors import UsageError
@@ -106,12 +106,12 @@ def counted(batches, taken):
 def data_loaded_once():
     """build_workload loads and splits the data on every call (about a second for UCI HAR's size);
     every configuration of the matrix uses the same data, so it is loaded once."""
-    original = trainer_module.load_har_data
-    trainer_module.load_har_data = functools.lru_cache(maxsize=1)(original)
+    original = run_inputs.load_har_data
+    run_inputs.load_har_data = functools.lru_cache(maxsize=1)(original)
     try:
         yield
     finally:
-        trainer_module.load_har_data = original
+        run_inputs.load_har_data = original
 
 
 def release(device):
