@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 ECE_BINS = 15  # equal-width confidence bins, the usual choice since Guo et al. (2017)
+CALIBRATION_FILE = "calibration.json"  # a temperature and where it was fitted, beside a checkpoint or a report
 
 
 def expected_calibration_error(probabilities, labels, bins=ECE_BINS):
@@ -67,3 +68,42 @@ def scaled(probabilities, temperature):
     if temperature == 1.0 or len(probabilities) == 0:
         return np.asarray(probabilities, dtype=np.float64)
     return torch.softmax(_log_probabilities(probabilities) / temperature, dim=1).numpy()
+
+
+
+def calibration_fields(probabilities, labels, subjects, temperature=1.0):
+    """A report's calibration: the expected calibration error overall and per person, and under
+    "temperature" the loss and the same errors at a temperature other than 1."""
+    fields = {"ece": expected_calibration_error(probabilities, labels),
+              "ece_per_subject": per_subject_calibration(probabilities, labels, subjects), "ece_bins": ECE_BINS}
+    if temperature != 1.0:
+        tempered = scaled(probabilities, temperature)
+        fields["temperature"] = {"value": temperature, "loss": mean_nll(tempered, labels),
+                                 "ece": expected_calibration_error(tempered, labels),
+                                 "ece_per_subject": per_subject_calibration(tempered, labels, subjects)}
+    return fields
+
+
+def mean_nll(probabilities, labels):
+    """The mean negative log-likelihood of `labels` [N] under `probabilities` [N, classes]."""
+    labels = np.asarray(labels, dtype=np.int64)
+    return float(-np.log(np.clip(np.asarray(probabilities)[np.arange(len(labels)), labels], 1e-12, None)).mean())
+
+
+def format_calibration(report, fitted):
+    """The expected calibration error overall, then per person at the temperature the report applies;
+    `fitted` says where a fitted temperature came from (its "windows"), None for one given."""
+    line = f"expected calibration error ({ECE_BINS} equal-width bins): {report['ece']:.4f} at temperature 1"
+    tempered = report.get("temperature")
+    if tempered is not None:
+        where = f"fitted on {fitted['windows']} validation windows" if fitted else "given"
+        line += f", {tempered['ece']:.4f} at temperature {tempered['value']:.3f} ({where})"
+    elif fitted is None:
+        line += " (no temperature: none given, or no validation split to fit one on)"
+    people = (tempered or report)["ece_per_subject"]
+    if not people:
+        return line
+    worst = max(people, key=people.get)
+    return (f"{line}\nper person ECE{'' if tempered is None else ' at that temperature'}: "
+            + ", ".join(f"{subject} {value:.3f}" for subject, value in people.items())
+            + f"; worst: subject {worst} ({people[worst]:.3f})")

@@ -43,10 +43,11 @@ def predict_parser():
                        help="windows whose top probability is below P are 'uncertain' in the timeline instead "
                             "of an activity; off by default")
     group = parser.add_argument_group("new people")
-    group.add_argument("--temperature", default=None, metavar="T|FILE|fit|none",
-                       help="divide the logits by T before the probabilities are reported: a number, the "
-                            "calibration.json an evaluation wrote, 'fit' (evaluation only: fitted on the run's "
-                            "validation split) or 'none'; default: fit when evaluating, none for a recording")
+    group.add_argument("--temperature", default=None, metavar="T|FILE|fit|run|none",
+                       help="divide the logits by T before the probabilities are reported: a number, a "
+                            "calibration.json, 'fit' (evaluation only: fitted on the run's validation split), "
+                            "'run' (the calibration.json the training run wrote beside the checkpoint, else 1) "
+                            "or 'none'; default: fit when evaluating, run for a recording")
     group.add_argument("--adapt", choices=(*ADAPT_CHOICES, "subject"), default="none",
                        help="minirocket: standardise the features with the statistics of the recording "
                             "(--adapt recording) or of each person's windows (--adapt subject, evaluation) "
@@ -90,7 +91,7 @@ def _check_new_people(args):
         raise UsageError(f"--adapt {args.adapt} is for {'an evaluation' if recording else 'a recording'}; "
                          f"use --adapt {wanted} here")
     if args.temperature is None:
-        args.temperature = "none" if recording else "fit"
+        args.temperature = "run" if recording else "fit"
     if recording and args.temperature == "fit":
         raise UsageError("--temperature fit needs the run's validation split, which a recording lacks: give the "
                          "calibration.json of an evaluation (predict.py --data-dir ...) or a number")

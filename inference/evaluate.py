@@ -7,19 +7,13 @@ import numpy as np
 
 from data import uci_har
 from data.splits import load_har_data
-from evaluation.calibration import (
-    ECE_BINS,
-    expected_calibration_error,
-    fit_temperature,
-    per_subject_calibration,
-    scaled,
-)
+from evaluation.calibration import CALIBRATION_FILE, calibration_fields, fit_temperature, format_calibration, mean_nll
 from evaluation.figures import plot_confusion_matrix
 from evaluation.metrics import classification_report, format_people, format_report, per_subject_accuracy
 from inference.adaptation import adapted_per_group
 from inference.bundle import load_bundle, pick_device, probabilities
 from inference.outputs import check_out_dir, prepare_out_dir
-from inference.temperature import CALIBRATION_FILE, temperature_choice, write_calibration
+from inference.temperature import temperature_choice, write_calibration
 from training.checkpoint.atomic import write_atomic
 from training.config.cli import data_options, parse_config
 from training.config.settings import RunConfig
@@ -30,7 +24,7 @@ OUTPUTS = ("test_report.json", "confusion_matrix.png", CALIBRATION_FILE)
 
 def evaluate_checkpoint(args):
     check_out_dir(args.out, OUTPUTS, args.overwrite)
-    temperature = temperature_choice(args.temperature)
+    temperature = temperature_choice(args.temperature, args.checkpoint)
     bundle = load_bundle(args.checkpoint)
     device = pick_device(args.device)
     dataset = dataset_of(args)
@@ -75,24 +69,6 @@ def split_probabilities(bundle, split, device, adapt=False):
     return probabilities(bundle, split.signals, device)
 
 
-def format_calibration(report, fitted):
-    """The expected calibration error overall, then per person at the temperature the report applies."""
-    line = f"expected calibration error ({ECE_BINS} equal-width bins): {report['ece']:.4f} at temperature 1"
-    tempered = report.get("temperature")
-    if tempered is not None:
-        where = f"fitted on {fitted['windows']} validation windows" if fitted else "given"
-        line += f", {tempered['ece']:.4f} at temperature {tempered['value']:.3f} ({where})"
-    elif fitted is None:
-        line += " (no temperature: none given, or no validation split to fit one on)"
-    people = (tempered or report)["ece_per_subject"]
-    if not people:
-        return line
-    worst = max(people, key=people.get)
-    return (f"{line}\nper person ECE{'' if tempered is None else ' at that temperature'}: "
-            + ", ".join(f"{subject} {value:.3f}" for subject, value in people.items())
-            + f"; worst: subject {worst} ({people[worst]:.3f})")
-
-
 def dataset_of(args):
     """--dataset, with auto resolved as for a path: an .npz file is npz, anything else UCI HAR."""
     if args.dataset != "auto":
@@ -117,21 +93,12 @@ def report_of(bundle, split, device, about, temperature=1.0, adapt=False):
     probs = split_probabilities(bundle, split, device, adapt)
     predictions = probs.argmax(axis=1)
     people, worst = per_subject_accuracy(labels, predictions, subjects)
-    report = {**classification_report(labels, predictions, bundle.class_names), "loss": _loss(probs, labels),
-              "per_subject": people, "worst_subject": worst, "ece": expected_calibration_error(probs, labels),
-              "ece_per_subject": per_subject_calibration(probs, labels, subjects), "ece_bins": ECE_BINS}
+    report = {**classification_report(labels, predictions, bundle.class_names), "loss": mean_nll(probs, labels),
+              "per_subject": people, "worst_subject": worst,
+              **calibration_fields(probs, labels, subjects, temperature)}
     if adapt:
         report["features_standardised"] = "per subject"
-    if temperature != 1.0:
-        tempered = scaled(probs, temperature)
-        report["temperature"] = {"value": temperature, "loss": _loss(tempered, labels),
-                                 "ece": expected_calibration_error(tempered, labels),
-                                 "ece_per_subject": per_subject_calibration(tempered, labels, subjects)}
     return {**report, **about}
-
-
-def _loss(probs, labels):
-    return float(-np.log(np.clip(probs[np.arange(len(labels)), labels], 1e-12, None)).mean())
 
 
 def write_report_files(report, class_names, out, title, figure=True):

@@ -26,7 +26,7 @@ def predict_recording(args):
     bundle = load_bundle(args.checkpoint)
     device = pick_device(args.device)
     check_stride(args.stride, bundle.window_steps)
-    temperature = temperature_choice(args.temperature)
+    temperature = temperature_choice(args.temperature, args.checkpoint)
     transitions = None if args.transitions is None else \
         read_transitions(args.transitions, bundle.class_names, args.stride or bundle.window_steps // 2)
     recording = read_recording(args.recording, args.acc_unit, args.gyro_unit)

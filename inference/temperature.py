@@ -4,10 +4,9 @@ import json
 import math
 from pathlib import Path
 
+from evaluation.calibration import CALIBRATION_FILE
 from training.checkpoint.atomic import write_atomic
 from training.errors import UsageError
-
-CALIBRATION_FILE = "calibration.json"
 
 
 def write_calibration(path, temperature, about):
@@ -16,9 +15,25 @@ def write_calibration(path, temperature, about):
     write_atomic(path, lambda partial: Path(partial).write_text(text))
 
 
-def temperature_choice(value):
-    """predict.py's --temperature: "fit", or the temperature it names ("none" is 1)."""
+def temperature_choice(value, checkpoint):
+    """predict.py's --temperature: "fit", or the temperature it names ("none" is 1; "run" is the one
+    the checkpoint's training run fitted, else 1)."""
+    if value == "run":
+        return run_temperature(checkpoint)
     return value if value == "fit" else 1.0 if value == "none" else read_temperature(value)
+
+
+def run_temperature(checkpoint):
+    """The temperature in the calibration.json beside `checkpoint` when it was fitted for that file
+    (a training run fits one for best.pt on its validation split); 1 where there is none."""
+    path = Path(checkpoint).parent / CALIBRATION_FILE
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return 1.0
+    if not isinstance(record, dict) or Path(str(record.get("checkpoint"))).name != Path(checkpoint).name:
+        return 1.0
+    return read_temperature(str(path))
 
 
 def read_temperature(value):

@@ -68,3 +68,42 @@ def test_temperature_file_and_bad_values(tmp_path):
     (tmp_path / "other.json").write_text('{"something": 1}')
     with pytest.raises(UsageError, match="not a calibration.json"):
         read_temperature(str(tmp_path / "other.json"))
+
+
+def test_a_training_run_fits_its_temperature_on_validation_as_predict_does_and_predict_takes_it(tmp_path):
+    import json
+
+    from conftest import TINY_DATA, run_in_process
+    from inference.temperature import run_temperature
+    from test_predict import run_script
+
+    code, out, err = run_in_process("main.py", [*TINY_DATA, "--epochs", "1", "--save-dir", tmp_path / "run"])
+    assert code == 0, err
+    written = json.loads((tmp_path / "run" / "calibration.json").read_text())
+    assert written["checkpoint"] == "best.pt" and written["windows"] > 0
+    report = json.loads((tmp_path / "run" / "test_report.json").read_text())
+    assert report["temperature"]["value"] == written["temperature"] and 0 <= report["ece"] <= 1
+    assert f"at temperature {written['temperature']:.3f}" in out
+    # predict.py rebuilds the run's validation split and fits the same temperature on best.pt's probabilities.
+    code, _, err = run_script("predict", ["--checkpoint", tmp_path / "run" / "best.pt", "--dataset", "synthetic",
+                                          "--out", tmp_path / "eval"])
+    assert code == 0, err
+    refitted = json.loads((tmp_path / "eval" / "calibration.json").read_text())["temperature"]
+    assert refitted == pytest.approx(written["temperature"], rel=1e-3)
+    # A recording takes the run's temperature for best.pt only: another checkpoint's weights were not fitted.
+    assert run_temperature(tmp_path / "run" / "best.pt") == written["temperature"]
+    assert run_temperature(tmp_path / "run" / "last.pt") == 1.0
+    assert run_temperature(tmp_path / "elsewhere" / "best.pt") == 1.0
+
+
+def test_a_run_without_a_validation_split_fits_no_temperature(tmp_path):
+    import json
+
+    from conftest import TINY_DATA, run_in_process
+
+    code, out, err = run_in_process("main.py", [*TINY_DATA, "--epochs", "1", "--val-fraction", "0",
+                                                "--save-dir", tmp_path])
+    assert code == 0, err
+    assert not (tmp_path / "calibration.json").exists()
+    assert "temperature" not in json.loads((tmp_path / "test_report.json").read_text())
+    assert "no validation split to fit one on" in out

@@ -17,6 +17,7 @@ import torch
 
 from data.loaders import gathered_order, split_loaders
 from data.splits import HarData, fit_normalization, normalize
+from evaluation.calibration import CALIBRATION_FILE, calibration_fields, fit_temperature, format_calibration
 from evaluation.figures import write_run_figures
 from evaluation.metrics import (
     classification_report,
@@ -211,10 +212,11 @@ class Trainer:
         return epoch_pass.train_epoch(self, epoch)
 
     def evaluate(self, split, model=None):
-        """(labels, predictions, mean loss) of "val" or "test" over every rank, by `model` or else the
+        """(labels, logits, mean loss) of "val" or "test" over every rank, by `model` or else the
         validation weights (the average when kept)."""
         self._sync_buffers()
-        return predict(model or self.validation_model(), self.loaders[split], self.strategy, self.precision)
+        return predict(model or self.validation_model(), self.loaders[split], self.strategy, self.precision,
+                       len(self.data.class_names))
 
     @property
     def has_validation(self):
@@ -251,26 +253,40 @@ class Trainer:
         no_test = self.config.data.no_test
         splits = [split for split in ("val", "test") if (split != "val" or self.has_validation)
                   and (split != "test" or not no_test)]
+        temperature, fitted = 1.0, None  # until the validation split gives one
         for split in splits:
             started = time.perf_counter()
-            labels, predictions, loss = self.evaluate(split, self.strategy.eval_model(self.model))
+            labels, logits, loss = self.evaluate(split, self.strategy.eval_model(self.model))
             self.log.info(f"evaluated the {split} split ({len(labels)} windows) in "
                           f"{time.perf_counter() - started:.1f} s")
+            probabilities = torch.softmax(torch.from_numpy(logits).double(), dim=1).numpy()
+            if split == "val":
+                temperature, fitted = self._fit_temperature(probabilities, labels, best_path), {"windows": len(labels)}
             split_subjects = getattr(self.data, split).subjects
-            subjects = sorted(int(subject) for subject in set(split_subjects))
-            people, worst = per_subject_accuracy(
-                labels, predictions, split_subjects[gathered_order(len(split_subjects), self.strategy.world_size)])
+            in_order = split_subjects[gathered_order(len(split_subjects), self.strategy.world_size)]
+            predictions = logits.argmax(axis=1)
+            people, worst = per_subject_accuracy(labels, predictions, in_order)
             report = {**classification_report(labels, predictions, self.data.class_names), "loss": loss,
-                      "checkpoint": str(best_path), "subjects": subjects, "per_subject": people,
-                      "worst_subject": worst}
+                      "checkpoint": str(best_path), "subjects": sorted(int(subject) for subject in set(split_subjects)),
+                      "per_subject": people, "worst_subject": worst,
+                      **calibration_fields(probabilities, labels, in_order, temperature)}
             self.log.write_json(f"{split}_report.json", report)
         if no_test:
             self.log.info(f"--no-test: the test split was not evaluated; wrote {self.save_dir / 'val_report.json'}")
             return
         chosen = "best checkpoint by validation macro-F1" if self.has_validation else \
             "last epoch's weights: no validation split"
-        self.log.info(f"test split ({chosen}):\n" + format_report(report) + "\n" + format_people(report))
+        self.log.info(f"test split ({chosen}):\n" + format_report(report) + "\n" + format_people(report) + "\n"
+                      + format_calibration(report, fitted))
         self.log.info(f"wrote {self.save_dir / 'test_report.json'}")
+
+    def _fit_temperature(self, probabilities, labels, best_path):
+        """The temperature that calibrates best.pt's probabilities on the validation split, written to
+        calibration.json beside it, where predict.py finds it."""
+        temperature = fit_temperature(probabilities, labels)
+        self.log.write_json(CALIBRATION_FILE, {"temperature": temperature, "checkpoint": best_path.name,
+                                               "fitted_on": "the run's validation split", "windows": len(labels)})
+        return temperature
 
     def close(self):
         self.log.close()
@@ -278,8 +294,8 @@ class Trainer:
     def _end_epoch(self, epoch, result, epoch_start):
         """Validate, update the train state, checkpoint and log the epoch's record."""
         if self.has_validation:
-            labels, predictions, val_loss = self.evaluate("val")
-            metrics = summary_metrics(labels, predictions, len(self.data.class_names))
+            labels, logits, val_loss = self.evaluate("val")
+            metrics = summary_metrics(labels, logits.argmax(axis=1), len(self.data.class_names))
         else:
             val_loss, metrics = None, {"acc": None, "macro_f1": None}
         is_best = self.state.end_epoch(metrics["macro_f1"])
