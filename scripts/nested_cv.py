@@ -235,12 +235,13 @@ def summarise(rows, flags, outer_folds=None):
             "worst_fold": {"fold": worst_fold["fold"], "accuracy": worst_fold["accuracy"],
                            "macro_f1": worst_fold["macro_f1"]},
             "worst_person": {"subject": worst_person, "accuracy": people[worst_person]["accuracy"]},
-            "people": {"median": statistics.median(accuracies), "below_0.9": sum(a < 0.9 for a in accuracies)}}
+            "people": {"mean": statistics.mean(accuracies), "median": statistics.median(accuracies),
+                       "std": person_std(rows), "below_0.9": sum(a < 0.9 for a in accuracies)}}
 
 
 def format_summary(out, only=None):
     lines = [f"{'configuration':<22} {'outer mean':>10} {'macro-F1':>8} {'worst fold':>10} {'worst person':>15} "
-             f"{'median person':>13}  flags"]
+             f"{'median person':>13} {'person std':>10}  flags"]
     for report_path in sorted(Path(out).glob(f"{only or '*'}/{REPORT}")):
         summary = json.loads(report_path.read_text())
         worst = summary["worst_person"]
@@ -249,9 +250,14 @@ def format_summary(out, only=None):
             name += f" ({finished} of {summary['outer_folds']})"
         lines.append(f"{name:<22} {summary['mean']['accuracy']:>10.4f} "
                      f"{summary['mean']['macro_f1']:>8.4f} {summary['worst_fold']['accuracy']:>10.4f} "
-                     f"{worst['accuracy']:>8.4f} ({worst['subject']:>3}) {summary['people']['median']:>13.4f}  "
-                     f"{' '.join(summary['flags']) or '(defaults)'}")
+                     f"{worst['accuracy']:>8.4f} ({worst['subject']:>3}) {summary['people']['median']:>13.4f} "
+                     f"{person_std(summary['folds']):>10.4f}  {' '.join(summary['flags']) or '(defaults)'}")
     return "\n".join(lines)
+
+
+def person_std(rows):
+    """The standard deviation of the accuracy over every outer fold's people."""
+    return statistics.pstdev(figures["accuracy"] for row in rows for figures in row["per_subject"].values())
 
 
 if __name__ == "__main__":
