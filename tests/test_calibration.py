@@ -101,6 +101,7 @@ def test_a_run_without_a_validation_split_fits_no_temperature(tmp_path):
 
     from conftest import TINY_DATA, run_in_process
 
+    (tmp_path / "calibration.json").write_text('{"temperature": 0.5, "checkpoint": "best.pt"}')  # an earlier run's
     code, out, err = run_in_process("main.py", [*TINY_DATA, "--epochs", "1", "--val-fraction", "0",
                                                 "--save-dir", tmp_path])
     assert code == 0, err

@@ -254,6 +254,9 @@ class Trainer:
         splits = [split for split in ("val", "test") if (split != "val" or self.has_validation)
                   and (split != "test" or not no_test)]
         temperature, fitted = 1.0, None  # until the validation split gives one
+        if not self.has_validation and self.strategy.is_main:
+            # An earlier run's temperature in this folder was fitted for other weights.
+            (self.save_dir / CALIBRATION_FILE).unlink(missing_ok=True)
         for split in splits:
             started = time.perf_counter()
             labels, logits, loss = self.evaluate(split, self.strategy.eval_model(self.model))
