@@ -139,6 +139,23 @@ def _tally_windows(scorer, test, temperatures, tally):
             mine = subjects == subject
             tally.add("subject statistics of one activity's windows at a time", int(subject),
                       alone[mine].argmax(axis=1), labels[mine])
+        _tally_dominated(scorer, test, tally)
+
+
+def _tally_dominated(scorer, test, tally):
+    """A day is mostly one activity: each person's windows of one class with a tenth of the others'
+    (drawn with a fixed seed), under both statistics, for every class in turn."""
+    subjects, labels = np.asarray(test.subjects), np.asarray(test.labels)
+    draw = np.random.default_rng(0)
+    for subject in np.unique(subjects):
+        mine = np.flatnonzero(subjects == subject)
+        for activity in np.unique(labels[mine]):
+            others = mine[labels[mine] != activity]
+            group = np.concatenate([mine[labels[mine] == activity],
+                                    draw.choice(others, size=len(others) // 10, replace=False)])
+            for mode, probs in scorer.per_mode(test.signals[group]).items():
+                tally.add(f"{'subject' if mode == 'recording' else mode} statistics, one activity dominant",
+                          int(subject), probs.argmax(axis=1), labels[group])
 
 
 def stay_only(learnt):
