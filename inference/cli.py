@@ -93,8 +93,9 @@ def _check_new_people(args):
     if args.temperature is None:
         args.temperature = "run" if recording else "fit"
     if recording and args.temperature == "fit":
-        raise UsageError("--temperature fit needs the run's validation split, which a recording lacks: give the "
-                         "calibration.json of an evaluation (predict.py --data-dir ...) or a number")
+        raise UsageError("--temperature fit needs the run's validation split, which a recording lacks: leave "
+                         "--temperature out (the training run's calibration.json), or give a calibration.json "
+                         "or a number")
 
 
 def _check_source(args):

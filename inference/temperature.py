@@ -1,5 +1,5 @@
-"""Where predict.py takes its temperature from: a number, or the calibration.json an evaluation
-wrote (evaluation/calibration.py fits it)."""
+"""Where predict.py takes its temperature from: a number, or the calibration.json a training run
+or an evaluation wrote (evaluation/calibration.py fits it)."""
 import json
 import math
 from pathlib import Path
