@@ -34,7 +34,7 @@ from data.recordings import Recording
 from data.resample import resample
 from evaluation.calibration import fit_temperature, scaled
 from evaluation.recording_scores import RecordingTally, uncertain_threshold
-from inference.adaptation import adaptable_members, group_statistics, head_probabilities, raw_features
+from inference.adaptation import adaptable_members, member_probabilities, raw_features
 from inference.bundle import load_bundle, pick_device, probabilities
 from inference.classify import recording_windows
 from inference.evaluate import splits_as_trained
@@ -57,28 +57,24 @@ class Scorer:
             self.members = None
         self.feature_modes = ("train", "recording") if self.members else ("train",)
 
-    def per_mode(self, windows, groups=None):
-        """{feature mode: probabilities [N, classes]}; "recording" standardises each group on its own."""
+    def features(self, windows):
+        """Each member's PPV features [N, F] of MiniRocket windows: the transform the modes share."""
+        return [raw_features(member, windows, self.device) for member in self.members]
+
+    def per_mode(self, windows, groups=None, features=None):
+        """{feature mode: probabilities [N, classes]}; "recording" standardises each group on its own.
+        `features`: the windows' features (self.features) when they were computed already."""
         if self.members is None:
             return {"train": probabilities(self.bundle, windows, self.device)}
-        features = [raw_features(member, windows, self.device) for member in self.members]
-        groups = np.zeros(len(windows)) if groups is None else np.asarray(groups)
-        result = {"train": _mean_probabilities(self.members, features, own_statistics=False)}
+        features = self.features(windows) if features is None else features
+        groups = np.zeros(len(features[0])) if groups is None else np.asarray(groups)
+        result = {"train": member_probabilities(self.members, features, adapt=False)}
         adapted = np.zeros_like(result["train"])
         for group in np.unique(groups):
             where = np.flatnonzero(groups == group)
-            adapted[where] = _mean_probabilities(self.members, [f[where] for f in features], own_statistics=True)
+            adapted[where] = member_probabilities(self.members, [f[where] for f in features], adapt=True)
         result["recording"] = adapted
         return result
-
-
-def _mean_probabilities(members, features, own_statistics):
-    total = 0.0
-    for member, these in zip(members, features, strict=True):
-        model = member.model
-        mean, std = group_statistics(these) if own_statistics else (model.feature_mean, model.feature_std)
-        total = total + head_probabilities(member, these, mean, std).numpy()
-    return total / len(members)
 
 
 def run_data(bundle):
@@ -120,7 +116,8 @@ def score_fold(bundle, archive, held_out, device, as_rate, tally, windows_tally)
 def _tally_windows(scorer, test, temperatures, tally):
     """The fold's test windows (its held-out people) as predict.py --data-dir scores them."""
     subjects, labels = np.asarray(test.subjects), np.asarray(test.labels)
-    modes = scorer.per_mode(test.signals, subjects)
+    features = scorer.features(test.signals) if scorer.members else None  # one transform for every grouping
+    modes = scorer.per_mode(test.signals, subjects, features)
     modes["subject"] = modes.pop("recording", None)  # on windows, a person's windows are the group
     for mode, probs in modes.items():
         if probs is None:
@@ -134,15 +131,15 @@ def _tally_windows(scorer, test, temperatures, tally):
                 tally.add_calibration(option, int(subject), tempered[mine], labels[mine])
     if "recording" in scorer.feature_modes:
         # What standardising on a group of a single activity does (a recording of one activity).
-        alone = scorer.per_mode(test.signals, subjects * 100 + labels)["recording"]
+        alone = scorer.per_mode(test.signals, subjects * 100 + labels, features)["recording"]
         for subject in np.unique(subjects):
             mine = subjects == subject
             tally.add("subject statistics of one activity's windows at a time", int(subject),
                       alone[mine].argmax(axis=1), labels[mine])
-        _tally_dominated(scorer, test, tally)
+        _tally_dominated(scorer, test, features, tally)
 
 
-def _tally_dominated(scorer, test, tally):
+def _tally_dominated(scorer, test, features, tally):
     """A day is mostly one activity: each person's windows of one class with a tenth of the others'
     (drawn with a fixed seed), under both statistics, for every class in turn."""
     subjects, labels = np.asarray(test.subjects), np.asarray(test.labels)
@@ -153,7 +150,7 @@ def _tally_dominated(scorer, test, tally):
             others = mine[labels[mine] != activity]
             group = np.concatenate([mine[labels[mine] == activity],
                                     draw.choice(others, size=len(others) // 10, replace=False)])
-            for mode, probs in scorer.per_mode(test.signals[group]).items():
+            for mode, probs in scorer.per_mode(None, features=[f[group] for f in features]).items():
                 tally.add(f"{'subject' if mode == 'recording' else mode} statistics, one activity dominant",
                           int(subject), probs.argmax(axis=1), labels[group])
 
