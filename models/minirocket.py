@@ -23,7 +23,7 @@ KERNEL_LENGTH = 9
 KERNEL_TWOS = tuple(itertools.combinations(range(KERNEL_LENGTH), 3))
 QUANTILE_SEED = 0  # the fit's draws (which windows and quantiles set the biases) are fixed
 # Windows transformed together: on a CPU a few, so that a bias's [windows, 84, T'] comparisons stay
-# in its caches (64 ran fastest on the development machine, 16 to 256 tried); elsewhere (a GPU) many.
+# in its caches (64 ran fastest of 16 to 256 on the development machine); elsewhere (a GPU) many.
 TRANSFORM_CHUNK = {"cpu": 64}
 TRANSFORM_CHUNK_ELSEWHERE = 1024
 
