@@ -265,7 +265,7 @@ class DeviceResidentLoader:
     HAR splits are a few tens of MB, so they fit on any GPU: keeping them there removes the
     per-batch host-to-device copy and the worker processes. Each epoch the sampler's indices
     (one per-rank slice of the seeded permutation) go to the device in one copy, and the rank's
-    shard is gathered there in that order once.
+    shard is gathered there in that order: once per epoch on a GPU, batch by batch on a CPU.
     """
 
     def __init__(self, split, batch_size, sampler, device):
