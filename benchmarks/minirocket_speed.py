@@ -1,7 +1,7 @@
 """MiniRocket beside aeon's, on one machine: the transform's windows/s on the same windows and
 threads, timed in turn (A B, B A, ...), the fit's seconds, and with --data-dir the time to a model:
 `python main.py --data-dir D` with its defaults against aeon's MiniRocket + ridge
-(`benchmarks.minirocket_baseline`) on the same UCI HAR layout and cores, each as its own process,
+(`studies.minirocket_baseline`) on the same UCI HAR layout and cores, each as its own process,
 wall time and test accuracy. main.py takes torch's default threads (every core), so the
 time-to-model rounds give aeon --threads jobs: pass the machine's core count there.
 aeon is a benchmark-only dependency (pip install aeon).
@@ -110,7 +110,7 @@ def _run_main(opts, folder):
 
 def _run_aeon(opts, folder):
     folder.mkdir(parents=True)
-    command = [sys.executable, "-m", "benchmarks.minirocket_baseline", "--data-dir", opts.data_dir,
+    command = [sys.executable, "-m", "studies.minirocket_baseline", "--data-dir", opts.data_dir,
                "--n-jobs", str(opts.threads), "--json", str(folder / "baseline.json")]
     wall_s = _run(command)
     test = json.loads((folder / "baseline.json").read_text())["runs"][-1]

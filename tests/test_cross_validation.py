@@ -224,7 +224,7 @@ def test_bad_cv_and_recipe_flags_give_one_line(tmp_path, flags, message):
 
 
 def test_nested_outer_folds_hold_each_person_out_of_training_once(tmp_path):
-    from scripts.nested_cv import write_outer_folds
+    from studies.nested_cv import write_outer_folds
     from test_bad_input import write_fake_uci
     root = write_fake_uci(tmp_path / "UCI HAR Dataset")  # training subjects 1, 3, 5
     files = write_outer_folds(root, tmp_path / "windows", folds=3, seed=0)
@@ -239,7 +239,7 @@ def test_nested_outer_folds_hold_each_person_out_of_training_once(tmp_path):
 
 
 def test_nested_summary_names_the_worst_fold_and_person(tmp_path):
-    from scripts.nested_cv import REPORT, format_summary, summarise
+    from studies.nested_cv import REPORT, format_summary, summarise
     rows = [{"fold": 0, "accuracy": 0.9, "macro_f1": 0.8,
              "per_subject": {"1": {"accuracy": 0.95}, "2": {"accuracy": 0.85}}},
             {"fold": 1, "accuracy": 0.8, "macro_f1": 0.7, "per_subject": {"3": {"accuracy": 0.8}}}]
@@ -257,7 +257,7 @@ def test_nested_summary_names_the_worst_fold_and_person(tmp_path):
 
 
 def test_nested_outer_fold_under_torchrun_is_a_ddp_run_of_the_same_flags(tmp_path):
-    from scripts.nested_cv import outer_command
+    from studies.nested_cv import outer_command
     from training.config.cli import parse_config
     flags = ["--cv-folds", "5", "--ensemble", "--refit"]
     alone = outer_command(tmp_path / "outer-0.npz", tmp_path / "run", flags)

@@ -1,4 +1,4 @@
-"""scripts.nested_cv: bad arguments in one line, cached windows and finished outer folds reused only
+"""studies.nested_cv: bad arguments in one line, cached windows and finished outer folds reused only
 when they match what made them."""
 import contextlib
 import io
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import run_subprocess
-from scripts import nested_cv
+from studies import nested_cv
 from test_bad_input import assert_refused, edit_line, write_fake_uci
 from training.errors import run_entry_point
 
@@ -69,7 +69,7 @@ def test_cached_windows_are_rewritten_when_their_data_changed(root, tmp_path):
 
 
 def test_a_finished_outer_fold_is_kept_refused_with_other_flags_and_redone_when_damaged(root, tmp_path):
-    command = [sys.executable, "-m", "scripts.nested_cv", "--data-dir", root, "--out", tmp_path / "out",
+    command = [sys.executable, "-m", "studies.nested_cv", "--data-dir", root, "--out", tmp_path / "out",
                "--name", "cfg", "--outer-folds", "3", "--outer-only", "0", "--", *TRAINING]
     first = run_subprocess(command, env={"OMP_NUM_THREADS": "1"})
     assert first.returncode == 0, first.stderr

@@ -1,4 +1,4 @@
-"""scripts/phone_tilt.py: the per-person posture figures find the person whose tilt changes its own
+"""studies/phone_tilt.py: the per-person posture figures find the person whose tilt changes its own
 way, and the person whose standing lies nearer the others' sitting."""
 import math
 import re
@@ -8,7 +8,7 @@ import pytest
 
 from data.splits import HarData, Split, channel_names
 from data.uci_har import CLASS_NAMES
-from scripts.phone_tilt import print_postures
+from studies.phone_tilt import print_postures
 
 NAMES = channel_names("flatten")
 SITTING, STANDING = CLASS_NAMES.index("SITTING"), CLASS_NAMES.index("STANDING")

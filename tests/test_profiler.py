@@ -270,8 +270,8 @@ def two_rank_copy(single, speedup):
 
 
 def test_scaling_report_writers_on_a_two_process_profile_made_from_the_real_one(tiny_profile, tmp_path):
-    from scripts.scaling_figures import write_figures
-    from scripts.scaling_tables import write_csv, write_latex, write_text_report
+    from benchmarks.scaling.figures import write_figures
+    from benchmarks.scaling.tables import write_csv, write_latex, write_text_report
     _, out = tiny_profile
     single = json.loads((out / "profile.json").read_text())
     double = two_rank_copy(single, 1.8)
@@ -308,7 +308,7 @@ def test_the_profile_compares_ddp_compressed_ddp_and_fsdp(tiny_profile):
 
 
 def test_scaling_map_rows_and_figure_from_a_real_profile(tiny_profile, tmp_path):
-    from scripts.scaling_map import format_errors, map_rows, write_map_figure
+    from benchmarks.scaling.map import format_errors, map_rows, write_map_figure
     _, out = tiny_profile
     single = json.loads((out / "profile.json").read_text())
     double = two_rank_copy(single, 1.6)
@@ -328,7 +328,7 @@ def test_scaling_map_rows_and_figure_from_a_real_profile(tiny_profile, tmp_path)
 
 
 def test_scaling_map_rounds_give_the_median_and_the_range_of_the_measured_speedup(tiny_profile, tmp_path):
-    from scripts.scaling_map import combine_rounds, format_errors, map_rows, write_map_figure
+    from benchmarks.scaling.map import combine_rounds, format_errors, map_rows, write_map_figure
     _, out = tiny_profile
     single = json.loads((out / "profile.json").read_text())
     made_up = {"bandwidth_bytes_per_s": 1e9, "latency_s": 1e-4, "source": "made up"}

@@ -1,11 +1,11 @@
-"""scripts.scaling_map: bad arguments are one line before any profile runs; a profile that measured
+"""benchmarks.scaling.map: bad arguments are one line before any profile runs; a profile that measured
 nothing gives no ratio instead of a division by zero."""
 import contextlib
 import io
 
 import pytest
 
-from scripts import scaling_map
+from benchmarks.scaling import map as scaling_map
 from test_bad_input import assert_refused
 from training.errors import run_entry_point
 

@@ -1,13 +1,13 @@
-"""benchmarks/tta_nested.py: the copies it averages are the transforms they claim to be, and its
+"""studies/tta_nested.py: the copies it averages are the transforms they claim to be, and its
 'none' row is the plain model's accuracy on each outer fold's people."""
 import numpy as np
 import pytest
 
-from benchmarks.tta_nested import axis_rotation, main, transformed
 from data.augment import sensor_triples
 from data.splits import channel_names
 from data.uci_har import CLASS_NAMES
 from inference.bundle import load_bundle, probabilities
+from studies.tta_nested import axis_rotation, main, transformed
 from tests.inference_fixtures import make_checkpoint
 
 NAMES = channel_names("flatten")

@@ -1,6 +1,6 @@
 """How closely data/preprocess.py reproduces a UCI-HAR-layout split cut from the raw recordings.
 
-usage: python -m scripts.preprocess_agreement --data-dir ../hapt-dev-ucihar
+usage: python -m studies.preprocess_agreement --data-dir ../hapt-dev-ucihar
            [--recordings ../shared/data/hapt-dev/hapt_dev_recordings.npz] [--split test]
            [--subjects 3,7,15,21,26,29]
 

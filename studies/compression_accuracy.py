@@ -4,7 +4,7 @@ fold is a DDP run, once per compression, on the same folds (those of --cv-folds 
 Each fold trains with `main_multi_gpu.py --multi-gpu ddp --nproc-per-node N` on the other folds'
 subjects and is judged on its own (`--val-subjects`, `--no-test`); the table gives, per compression,
 the mean and spread over folds and the worst fold, by the best epoch and by the last one.
-Example: python -m benchmarks.compression_accuracy --data-dir ../hapt-all21 --out runs/compression
+Example: python -m studies.compression_accuracy --data-dir ../hapt-all21 --out runs/compression
 """
 import argparse
 import json
@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.compression_accuracy", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m studies.compression_accuracy", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", required=True)
     parser.add_argument("--out", required=True, help="one folder per compression and fold; results.json")

@@ -1,8 +1,8 @@
 """How differently people's phones sit: the direction of gravity per person and activity, and what
 turning one person's windows does to a trained model.
 
-  python -m scripts.phone_tilt --data-dir ../hapt-all21
-  python -m scripts.phone_tilt --data-dir ../hapt-all21 --checkpoint runs/nested/NAME/outer-2/best.pt --person 14
+  python -m studies.phone_tilt --data-dir ../hapt-all21
+  python -m studies.phone_tilt --data-dir ../hapt-all21 --checkpoint runs/nested/NAME/outer-2/best.pt --person 14
 
 Without --checkpoint: for each activity, how far each person's mean gravity direction (total
 acceleration averaged over a window, as a unit vector, then over the person's windows) lies from
@@ -17,11 +17,11 @@ import statistics
 
 import numpy as np
 
-from benchmarks.tta_nested import transformed
 from data.augment import sensor_triples
 from data.splits import load_har_data
 from inference.bundle import load_bundle, pick_device, probabilities
 from inference.evaluate import splits_as_trained
+from studies.tta_nested import transformed
 
 PAIRS = (("WALKING", "WALKING_UPSTAIRS"), ("SITTING", "STANDING"))
 
@@ -108,7 +108,7 @@ def print_turned(checkpoint, person, axis, degrees, device):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m scripts.phone_tilt", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m studies.phone_tilt", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", help="UCI HAR layout (or an .npz with --dataset npz): every person in it")
     parser.add_argument("--dataset", default="auto")

@@ -10,7 +10,7 @@ The load of a shared machine drifts over minutes, so --rounds K sweeps everythin
 pairing its own 1-process and 2-rank profiles (A B A B): a round's speedup divides figures taken
 minutes apart, never hours. The map gives the median over the rounds and the lowest and highest.
 
-Run from the repository root: python -m scripts.scaling_map --out DIR (the same command on a GPU node
+Run from the repository root: python -m benchmarks.scaling.map --out DIR (the same command on a GPU node
 gives the GPU map).
 """
 import argparse
@@ -22,9 +22,9 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.scaling.report import comma_counts, comma_names, run_profiler
 from profiling.comm_model import STRATEGIES, Link, predict_strategy
 from profiling.report import PROFILE_JSON
-from scripts.scaling_report import comma_counts, comma_names, run_profiler
 from training.config.files import usage_error
 from training.errors import UsageError, run_entry_point
 
@@ -43,7 +43,7 @@ ROUND_FIGURES = ("measured_samples_per_s", "measured_speedup", "predicted_sample
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(prog="python -m scripts.scaling_map", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.scaling.map", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="scaling_map.csv, scaling_map.png and the profiles under runs/")
     parser.add_argument("--sizes", type=comma_names, default=list(SIZES), help=f"from {', '.join(SIZES)}")

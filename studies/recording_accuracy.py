@@ -1,10 +1,10 @@
 """Per-sample accuracy and calibration of predict.py's recording path on labelled continuous recordings,
 per person, for each option predict.py offers new people.
 
-usage: python -m scripts.recording_accuracy --checkpoint RUN/best.pt
+usage: python -m studies.recording_accuracy --checkpoint RUN/best.pt
            [--recordings ../shared/data/hapt-dev/hapt_dev_recordings.npz] [--subjects 3,7,15,21,26,29]
            [--as-rate HZ] [--json scores.json]
-       python -m scripts.recording_accuracy --nested runs/nested/default [--json scores.json]
+       python -m studies.recording_accuracy --nested runs/nested/default [--json scores.json]
 
 Each recording (keys uSS_sK_acc / _gyro / _label, 50 Hz, acc in g) goes through the same
 functions as predict.py; every sample labelled 1..6 is scored against the window that speaks
@@ -20,7 +20,7 @@ run trained on (every person of the archive not held out); and the median path w
 below a threshold chosen on the validation windows marked uncertain (counted as not right). The
 expected calibration error (15 bins) is over scored samples, each with its window's probabilities.
 
-With --nested, every finished outer fold of a scripts.nested_cv configuration: its best.pt, its
+With --nested, every finished outer fold of a studies.nested_cv configuration: its best.pt, its
 held-out people (nested_identity.json) and its windows' .npz. Development data only: nothing in
 the tests needs it.
 """
@@ -238,7 +238,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--checkpoint")
-    source.add_argument("--nested", help="a configuration folder of scripts.nested_cv: every finished outer fold")
+    source.add_argument("--nested", help="a configuration folder of studies.nested_cv: every finished outer fold")
     parser.add_argument("--recordings", default="../shared/data/hapt-dev/hapt_dev_recordings.npz")
     parser.add_argument("--subjects", default="3,7,15,21,26,29", help="held out of training (with --checkpoint)")
     parser.add_argument("--device", default="auto")

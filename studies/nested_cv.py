@@ -7,9 +7,9 @@ after `--`: whatever those flags choose inside (a validation split, inner --cv-f
 --ensemble) never sees the outer fold's people. The run's test_report.json is then the outer score:
 a single model's, or the ensemble's with --cv-folds --ensemble.
 
-  python -m scripts.nested_cv --data-dir ../hapt-all21 --out runs/nested --name default
-  python -m scripts.nested_cv --data-dir ../hapt-all21 --out runs/nested --name ensemble -- --cv-folds 5 --ensemble
-  python -m scripts.nested_cv --out runs/nested --summary
+  python -m studies.nested_cv --data-dir ../hapt-all21 --out runs/nested --name default
+  python -m studies.nested_cv --data-dir ../hapt-all21 --out runs/nested --name ensemble -- --cv-folds 5 --ensemble
+  python -m studies.nested_cv --out runs/nested --summary
 
 With --nproc-per-node N each outer fold's command runs under torchrun as N ranks
 (main_multi_gpu.py --multi-gpu ddp): inner folds (and the refit) then train one per rank, with the
@@ -101,7 +101,7 @@ def main(argv=None):
 
 def parse(argv, flags):
     """The script's own options, each checked; a bad one is a UsageError (one line, exit 2)."""
-    parser = argparse.ArgumentParser(prog="python -m scripts.nested_cv", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m studies.nested_cv", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", help="a UCI HAR layout; its training subjects are dealt into outer folds")
     parser.add_argument("--out", required=True, help="windows/ (the outer folds' .npz files) and one folder per --name")

@@ -2,8 +2,8 @@
 with each window's class probabilities averaged over fixed copies of it: circular time shifts, small
 rotations of every sensor's x/y/z, a gain, or a half turn about x, against the plain window.
 
-  python -m scripts.nested_cv --data-dir ../hapt-all21 --out runs/nested --name minirocket
-  python -m benchmarks.tta_nested --run runs/nested/minirocket
+  python -m studies.nested_cv --data-dir ../hapt-all21 --out runs/nested --name minirocket
+  python -m studies.tta_nested --run runs/nested/minirocket
 
 Per set of copies: every outer fold's accuracy, their mean, the worst fold and the worst person, so
 that a choice is made on the outer folds, as the nested estimate asks. Inference only: no training.
@@ -76,15 +76,15 @@ def score_outer_fold(checkpoint, device):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.tta_nested", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m studies.tta_nested", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run", required=True, help="one configuration's folder of scripts.nested_cv")
+    parser.add_argument("--run", required=True, help="one configuration's folder of studies.nested_cv")
     parser.add_argument("--checkpoint", default="best.pt", help="each outer fold's file, e.g. ensemble.pt")
     parser.add_argument("--device", default="auto")
     opts = parser.parse_args(argv)
     folds = sorted(Path(opts.run).glob(f"outer-*/{opts.checkpoint}"), key=lambda p: int(p.parent.name[6:]))
     if not folds:
-        parser.exit(2, f"error: no outer-*/{opts.checkpoint} under {opts.run}; run scripts.nested_cv first\n")
+        parser.exit(2, f"error: no outer-*/{opts.checkpoint} under {opts.run}; run studies.nested_cv first\n")
     device = pick_device(opts.device)
     by_fold = {path.parent.name: score_outer_fold(path, device) for path in folds}
     print(f"{len(folds)} outer folds of {opts.run} ({opts.checkpoint}); accuracy on each fold's held-out people")

@@ -1,6 +1,6 @@
 """Profile a grid of configurations at 1 and N processes, then write the scaling table, report and figures.
 
-Run from the repository root: python -m scripts.scaling_report
+Run from the repository root: python -m benchmarks.scaling.report
 """
 import argparse
 import itertools
@@ -12,18 +12,18 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.scaling.figures import write_figures
+from benchmarks.scaling.tables import write_csv, write_latex, write_text_report
 from profiling.report import PROFILE_JSON
 from profiling.scaling import scaling_rows
-from scripts.scaling_figures import write_figures
-from scripts.scaling_tables import write_csv, write_latex, write_text_report
 from training.errors import UsageError, run_entry_point
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def build_parser():
     parser = argparse.ArgumentParser(
-        prog="python -m scripts.scaling_report", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="python -m benchmarks.scaling.report", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Run profiler.py for every model x per-GPU batch x world size and report the scaling.")
     parser.add_argument("--output-dir", default="profiles/scaling", help="report, table, figures and runs/")
     parser.add_argument("--models", type=comma_names, default=["cnn1d", "transformer"])

@@ -5,7 +5,7 @@ With --folds K it fits on every other fold's subjects and scores each fold's peo
 those of `main.py --cv-folds K --seed S` on the same data; unless --no-test it also fits on every
 training subject and scores the test split. Per person, per fold, the worst person. aeon is a
 benchmark-only dependency (pip install aeon), never the trainer's.
-Example: python -m benchmarks.minirocket_baseline --data-dir ../hapt-dev-ucihar --folds 7 --json out.json
+Example: python -m studies.minirocket_baseline --data-dir ../hapt-dev-ucihar --folds 7 --json out.json
 """
 import argparse
 import json
@@ -22,7 +22,7 @@ from evaluation.metrics import classification_report, per_subject_accuracy
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.minirocket_baseline", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m studies.minirocket_baseline", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", required=True, help="a UCI HAR layout")
     parser.add_argument("--folds", type=int, default=0, help="K > 1: subject-wise folds of the training subjects")

@@ -1,0 +1,1 @@
+"""Accuracy and agreement studies: nested evaluation, recordings, tilt, test-time augmentation, baselines."""
