@@ -1,4 +1,4 @@
-"""What the benchmarks share: a run built by the trainer, its training epoch, interleaved timing and the table."""
+"""What the benchmarks share: a run built by the trainer, its training epoch, timing in turn and the table."""
 import contextlib
 import io
 import os
@@ -9,7 +9,7 @@ import torch
 
 from data.synthetic import DEFAULT_WINDOWS_PER_SUBJECT
 from models import MODELS
-from profiling.host_load import machine_busy_cpu_s, own_cpu_s
+from profiling.interleave import interleave, per_side
 from training.config.cli import COMPILE_MODES, parse_config
 from training.config.environment import launched_by_torchrun
 from training.distributed.strategy import make_strategy
@@ -67,44 +67,28 @@ def train_trainer_epoch(trainer, epoch):
         return trainer.train_epoch(epoch).samples
 
 
-def interleave(sides, rounds, epochs_per_round, synchronize, watch_other_processes=True):
-    """Warm each side up for one epoch, then time them in turn, the order reversed every other round
-    (A B, B A, A B, ...): a side that always ran first would also carry any drift within a round.
+def epoch_rates(sides, rounds, epochs_per_round, synchronize, watch_other_processes=True):
+    """Warm each side up for one epoch, then time them in turn (profiling.interleave: A B, B A, ...).
 
     `sides` maps a name to train(epoch) -> items done. Returns (name -> items per second, one per
     round; CPU cores other processes kept busy during each round, None where unknown or not
     watched: under torchrun the other ranks are such processes)."""
     for train in sides.values():
         train(0)  # first-call costs (allocator growth, kernel choice, lazy imports) stay out of the figures
-    rates = {name: [] for name in sides}
-    other_cores = []
-    for round_index in range(rounds):
-        first_epoch = 1 + round_index * epochs_per_round
-        meter = _OtherCpuMeter()
-        order = list(sides.items())
-        for name, train in order if round_index % 2 == 0 else reversed(order):
+
+    def timed(train):
+        def one_round(round_index):
+            first_epoch = 1 + round_index * epochs_per_round
             synchronize()
             start_s = time.perf_counter()
             items = sum(train(epoch) for epoch in range(first_epoch, first_epoch + epochs_per_round))
             synchronize()
-            rates[name].append(items / (time.perf_counter() - start_s))
-        other_cores.append(meter.cores_busy() if watch_other_processes else None)
-    return rates, other_cores
+            return items / (time.perf_counter() - start_s)
+        return one_round
 
-
-class _OtherCpuMeter:
-    """Cores other processes kept busy since creation: machine busy time (/proc/stat) minus ours.
-    On a shared machine this tells a round skewed by someone else's job from a real difference."""
-
-    def __init__(self):
-        self.start = (machine_busy_cpu_s(), own_cpu_s(), time.perf_counter())
-
-    def cores_busy(self):
-        now = (machine_busy_cpu_s(), own_cpu_s(), time.perf_counter())
-        machine_s, own_s, wall_s = (later - then for later, then in zip(now, self.start, strict=True))
-        if machine_s is None or self.start[0] is None:
-            return None
-        return max(machine_s - own_s, 0.0) / wall_s
+    rounds_results = list(interleave({name: timed(train) for name, train in sides.items()}, rounds))
+    other_cores = [others if watch_other_processes else None for _, others in rounds_results]
+    return per_side(rounds_results), other_cores
 
 
 def format_rates(rates, unit, ratios, other_cores):

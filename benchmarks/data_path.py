@@ -12,8 +12,8 @@ from benchmarks.common import (
     TRAINER_SIDE,
     add_run_flags,
     build_run,
+    epoch_rates,
     format_rates,
-    interleave,
     machine_line,
     median_ratio,
     paired_ratio,
@@ -46,11 +46,11 @@ def parse(argv):
 
 
 def measure(opts, runs):
-    """interleave's results for bare iteration (batches/s), then for training epochs (samples/s)."""
+    """epoch_rates' results for bare iteration (batches/s), then for training epochs (samples/s)."""
     synchronize = next(iter(runs.values())).strategy.synchronize
-    iteration = interleave({path: functools.partial(iterate_loader, run) for path, run in runs.items()},
+    iteration = epoch_rates({path: functools.partial(iterate_loader, run) for path, run in runs.items()},
                            opts.rounds, opts.iteration_passes, synchronize)
-    training = interleave({path: functools.partial(train_trainer_epoch, run) for path, run in runs.items()},
+    training = epoch_rates({path: functools.partial(train_trainer_epoch, run) for path, run in runs.items()},
                           opts.rounds, opts.epochs_per_round, synchronize)
     return iteration, training
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.common import format_rates, interleave, paired_ratio
+from benchmarks.common import epoch_rates, format_rates, paired_ratio
 from models import build_model
 
 
@@ -74,7 +74,7 @@ def transform_figures(opts, aeon_class):
         aeon.transform(windows)
         return len(windows)
 
-    rates, others = interleave({"ours": ours_side, "aeon": aeon_side}, opts.rounds, 1, lambda: None)
+    rates, others = epoch_rates({"ours": ours_side, "aeon": aeon_side}, opts.rounds, 1, lambda: None)
     print(f"transform, {len(windows)} windows of 9 x 128 a round, ours {ours.feature_mean.numel()} features "
           f"in calls of {opts.batch}, aeon {aeon.n_kernels} kernels:")
     print(format_rates(rates, "windows/s", [("ours", "aeon")], others))

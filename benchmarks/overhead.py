@@ -18,8 +18,8 @@ from benchmarks.common import (
     TRAINER_SIDE,
     add_run_flags,
     build_run,
+    epoch_rates,
     format_rates,
-    interleave,
     machine_line,
     median_ratio,
     paired_ratio,
@@ -130,7 +130,7 @@ def main(argv=None):
             speak(describe_sides(run, opts.bare_minimal), flush=True)
             speak(machine_line(run.strategy.device), flush=True)
             distributed = run.strategy.world_size > 1
-            rates, other_cores = interleave(sides, opts.rounds, opts.epochs_per_round, run.strategy.synchronize,
+            rates, other_cores = epoch_rates(sides, opts.rounds, opts.epochs_per_round, run.strategy.synchronize,
                                             watch_other_processes=not distributed)
         finally:
             sides, run.step = None, None  # every DDP model goes before the process group

@@ -13,22 +13,26 @@ import sys
 import tempfile
 from pathlib import Path
 
+from profiling.interleave import interleave
+
 REPO = Path(__file__).resolve().parent.parent
 
 
-def train_samples_per_s(flags, epochs, scratch):
-    save_dir = scratch / "train"
-    subprocess.run([sys.executable, "main.py", *flags, "--epochs", str(epochs), "--save-dir", str(save_dir),
-                    "--no-resume", "--no-test"], cwd=REPO, check=True, capture_output=True)
-    records = [json.loads(line) for line in (save_dir / "metrics.jsonl").read_text().splitlines() if line]
+def train_samples_per_s(flags, epochs):
+    with tempfile.TemporaryDirectory(prefix="har-agreement-") as scratch:
+        save_dir = Path(scratch) / "train"
+        subprocess.run([sys.executable, "main.py", *flags, "--epochs", str(epochs), "--save-dir", str(save_dir),
+                        "--no-resume", "--no-test"], cwd=REPO, check=True, capture_output=True)
+        records = [json.loads(line) for line in (save_dir / "metrics.jsonl").read_text().splitlines() if line]
     return statistics.median(record["samples_per_s"] for record in records[1:])
 
 
-def profiler_samples_per_s(flags, scratch):
-    out = scratch / "profile"
-    subprocess.run([sys.executable, "profiler.py", *flags, "--predict-gpus", "1", "--phase-steps", "0",
-                    "--output-dir", str(out)], cwd=REPO, check=True, capture_output=True)
-    return json.loads((out / "profile.json").read_text())["timing"]["samples_per_s"]["mean"]
+def profiler_samples_per_s(flags):
+    with tempfile.TemporaryDirectory(prefix="har-agreement-") as scratch:
+        out = Path(scratch) / "profile"
+        subprocess.run([sys.executable, "profiler.py", *flags, "--predict-gpus", "1", "--phase-steps", "0",
+                        "--output-dir", str(out)], cwd=REPO, check=True, capture_output=True)
+        return json.loads((out / "profile.json").read_text())["timing"]["samples_per_s"]["mean"]
 
 
 def main(argv=None):
@@ -38,18 +42,16 @@ def main(argv=None):
     parser.add_argument("--epochs", type=int, default=4, help="main.py epochs per round (the first is not counted)")
     parser.add_argument("flags", nargs="*", help="training flags for both, after --")
     opts = parser.parse_args(argv)
-    sides = {"main.py": lambda scratch: train_samples_per_s(opts.flags, opts.epochs, scratch),
-             "profiler.py": lambda scratch: profiler_samples_per_s(opts.flags, scratch)}
+    sides = {"main.py": lambda _: train_samples_per_s(opts.flags, opts.epochs),
+             "profiler.py": lambda _: profiler_samples_per_s(opts.flags)}
     rates = {name: [] for name in sides}
     print(f"flags: {' '.join(opts.flags) or '(defaults)'}", flush=True)
-    for round_index in range(opts.rounds):
-        order = list(sides) if round_index % 2 == 0 else list(reversed(sides))
-        for name in order:
-            with tempfile.TemporaryDirectory(prefix="har-agreement-") as scratch:
-                rates[name].append(sides[name](Path(scratch)))
-        ratio = rates["profiler.py"][-1] / rates["main.py"][-1]
-        print(f"round {round_index + 1}: main.py {rates['main.py'][-1]:,.0f} samples/s, profiler.py "
-              f"{rates['profiler.py'][-1]:,.0f} samples/s, profiler/main {ratio:.3f}", flush=True)
+    for round_index, (results, _) in enumerate(interleave(sides, opts.rounds)):
+        for name, rate in results.items():
+            rates[name].append(rate)
+        main_rate, profiler_rate = results["main.py"], results["profiler.py"]
+        print(f"round {round_index + 1}: main.py {main_rate:,.0f} samples/s, profiler.py {profiler_rate:,.0f} "
+              f"samples/s, profiler/main {profiler_rate / main_rate:.3f}", flush=True)
     ratios = [p / m for p, m in zip(rates["profiler.py"], rates["main.py"], strict=True)]
     print(f"median: main.py {statistics.median(rates['main.py']):,.0f}, profiler.py "
           f"{statistics.median(rates['profiler.py']):,.0f} samples/s; profiler/main median of per-round ratios "

@@ -12,8 +12,8 @@ from benchmarks.common import (
     RECIPE_OFF,
     add_run_flags,
     build_run,
+    epoch_rates,
     format_rates,
-    interleave,
     machine_line,
     paired_ratio,
     planned_epochs,
@@ -43,7 +43,7 @@ def main(argv=None):
                   "(decay 0.998) and label smoothing 0.1", flush=True)
             print(machine_line(device), flush=True)
             sides = {name: functools.partial(train_trainer_epoch, run) for name, run in runs.items()}
-            rates, other_cores = interleave(sides, opts.rounds, opts.epochs_per_round,
+            rates, other_cores = epoch_rates(sides, opts.rounds, opts.epochs_per_round,
                                             runs["plain"].strategy.synchronize)
         finally:
             for run in runs.values():

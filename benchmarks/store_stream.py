@@ -2,7 +2,7 @@
 time to the first step, and the converter's speed.
 
   python -m benchmarks.store_stream make --out DIR --gigabytes 48   # a synthetic store of that size
-  python -m benchmarks.store_stream measure --store DIR --rounds 3  # store vs in-memory, A B A B
+  python -m benchmarks.store_stream measure --store DIR --rounds 3  # store vs in-memory, A B, B A
   python -m benchmarks.store_stream convert --src RECORDINGS        # build_store with 1 and 2 processes
 
 `measure` runs each side in a process of its own: the run the trainer builds from the flags, its
@@ -30,6 +30,7 @@ import numpy as np  # noqa: E402
 from data import synthetic, uci_har  # noqa: E402
 from data.build_store import assemble_manifest, run_job  # noqa: E402
 from data.store import SHARD_DIR, finish_store  # noqa: E402
+from profiling.interleave import interleave, per_side  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -107,20 +108,22 @@ def measure_sides(options):
     """The store against the same windows' shape in memory (the synthetic data set), A B, B A, ..."""
     sides = {"store": ["--dataset", "store", "--data-dir", options.store],
              "in memory": ["--dataset", "synthetic"]}
-    results = {name: [] for name in sides}
-    for round_index in range(options.rounds):
-        order = list(sides) if round_index % 2 == 0 else list(reversed(sides))
-        for name in order:
+
+    def run(name):
+        def one_round(round_index):
             command = [sys.executable, "-m", "benchmarks.store_stream", "side", "--steps", str(options.steps),
                        "--warmup", str(options.warmup), "--", *sides[name]]
             done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
             if done.returncode != 0:
                 raise SystemExit(f"{name} side failed:\n{done.stderr[-3000:]}")
-            results[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
-            figures = results[name][-1]
+            figures = json.loads(done.stdout.strip().splitlines()[-1])
             print(f"round {round_index + 1} {name:>9}: {figures['samples_per_s']:,.0f} samples/s, peak memory "
                   f"{figures['peak_pss_gib']:.2f} GiB PSS ({figures['peak_rss_gib']:.2f} GiB summing resident sets), "
                   f"first step after {figures['first_step_s']:.1f} s", flush=True)
+            return figures
+        return one_round
+
+    results = per_side(interleave({name: run(name) for name in sides}, options.rounds))
     ratios = [store["samples_per_s"] / memory["samples_per_s"]
               for store, memory in zip(results["store"], results["in memory"], strict=True)]
     peak_gib = max(r["peak_pss_gib"] for r in results["store"])

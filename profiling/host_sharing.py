@@ -2,7 +2,7 @@
 
 - Neighbours: N-1 processes training the same step on the same CPU cores slow every rank's
   compute (shared cores, caches, memory bandwidth), and make its step time vary more. The
-  slowdown is a ratio of runs taken in turn, neighbours paused and running (A B A B), so a
+  slowdown is a ratio of runs taken in turn, neighbours paused and running (A B, B A, ...), so a
   machine that drifts between two measurements does not enter it.
 - Stragglers: a synchronous DDP step lasts as long as the slowest rank's compute, the expected
   maximum of N draws from the per-step times, not their mean.
@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch.optim.lr_scheduler import LambdaLR
 
 from profiling.comm_model import STRATEGIES
+from profiling.interleave import interleave, per_side
 from profiling.neighbour import READY
 from profiling.timing import NullTimer
 from profiling.workload import optimizer_step
@@ -89,15 +90,14 @@ def measure_host_effects(work, args, timed_steps, lone_step_samples_s):
     threads = torch.get_num_threads()
     slowdown, shared, samples_by_n = {}, {}, {}
     for n in host_rank_counts(args.predict_gpus, work.strategy.device, threads):
-        ratios, shared_runs = [], []
         with Neighbours(args.command_line, n - 1, threads) as neighbours:
-            for _ in range(args.repeats):
-                neighbours.pause()
-                alone = timed_steps(work, args.steps, sync_gradients=True)
-                neighbours.resume()
-                shared_runs.append(timed_steps(work, args.steps, sync_gradients=True))
-                ratios.append(shared_runs[-1]["step_time_s"] / alone["step_time_s"])
-        slowdown[n] = statistics.median(ratios)
+            def steps_after(switch):
+                return lambda _: (switch(), timed_steps(work, args.steps, sync_gradients=True))[1]
+            runs = per_side(interleave({"alone": steps_after(neighbours.pause),
+                                        "shared": steps_after(neighbours.resume)}, args.repeats))
+        shared_runs = runs["shared"]
+        slowdown[n] = statistics.median(with_them["step_time_s"] / alone["step_time_s"]
+                                        for alone, with_them in zip(runs["alone"], shared_runs, strict=True))
         shared[n] = statistics.fmean(run["step_time_s"] for run in shared_runs)
         samples_by_n[n] = [value for run in shared_runs for value in run["step_samples_s"]]
     stragglers = {}

@@ -58,7 +58,6 @@ class PerformanceProfiler:
             if work.strategy.world_size > 1:
                 optimizer_step(work, sync_gradients=False, timer=NullTimer())
         meter = HostCpuMeter()
-        meter.start()
         runs = [measured_run(work, args.steps) for _ in range(args.repeats)]
         host_load = meter.stop(work.strategy)
         memory = peak_memory(work)  # before the host-effects pass copies the model

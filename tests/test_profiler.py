@@ -390,6 +390,18 @@ def test_paused_neighbours_are_stopped_and_a_paused_one_still_ends_with_the_bloc
     assert process.returncode is not None
 
 
+def test_interleave_reverses_the_order_every_other_round_and_keeps_each_sides_results():
+    from profiling.interleave import interleave, per_side
+    ran = []
+
+    def side(name):
+        return lambda round_index: ran.append(name) or f"{name}{round_index}"
+    rounds = list(interleave({"a": side("a"), "b": side("b")}, 3))
+    assert ran == ["a", "b", "b", "a", "a", "b"]
+    assert per_side(rounds) == {"a": ["a0", "a1", "a2"], "b": ["b0", "b1", "b2"]}
+    assert all(others is None or others >= 0.0 for _, others in rounds)
+
+
 def test_bad_input_is_one_line_and_exit_2():
     result = run_subprocess([sys.executable, "profiler.py", "--steps", "0", "--device", "cpu"], timeout=60)
     assert result.returncode == 2
