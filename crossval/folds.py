@@ -32,7 +32,6 @@ from inference.ensemble import ENSEMBLE_FILE, write_ensemble
 from inference.evaluate import write_report
 from training.checkpoint.atomic import write_atomic
 from training.checkpoint.files import BEST
-from training.config.cli import data_options, save_dir_of
 from training.config.environment import distributed_env, resolve_device_type
 from training.config.settings import Hardware, Output, Parallel
 from training.errors import SAME_ON_EVERY_RANK, UsageError
@@ -65,8 +64,8 @@ def cross_validate(config):
     if config.parallel.multi_gpu == "dp":
         raise UsageError("--cv-folds runs each fold on one device; use --multi-gpu ddp under torchrun to "
                          "run folds on several GPUs at once")
-    save_dir = save_dir_of(config)
-    data = load_har_data(**data_options(config))
+    save_dir = config.save_dir
+    data = load_har_data(**config.data_options())
     training_subjects = np.concatenate([data.train.subjects, data.val.subjects])
     folds = fold_subjects(training_subjects, config.recipe.cv_folds, config.optim.seed)
     rank, local_rank, world_size = distributed_env()

@@ -15,7 +15,6 @@ from inference.bundle import load_bundle, pick_device, probabilities
 from inference.outputs import check_out_dir, prepare_out_dir
 from inference.temperature import temperature_choice, write_calibration
 from training.checkpoint.atomic import write_atomic
-from training.config.cli import data_options, parse_config
 from training.config.settings import RunConfig
 from training.errors import UsageError
 
@@ -80,8 +79,7 @@ def splits_as_trained(config, dataset, data_dir):
     """The splits of `data_dir` (or of the synthetic data) rebuilt as the run with `config` built them:
     the trainer's own data options (mode, validation subjects or share, seed, the synthetic data's
     seed and size) read from the checkpoint's flags, the current defaults for flags it lacks."""
-    run = RunConfig.from_flags({**parse_config([]).flags(), **config})
-    return load_har_data(**data_options(run, dataset=dataset, data_dir=data_dir))
+    return load_har_data(**RunConfig.from_flags(config).data_options(dataset=dataset, data_dir=data_dir))
 
 
 def report_of(bundle, split, device, about, temperature=1.0, adapt=False):

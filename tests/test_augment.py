@@ -134,16 +134,16 @@ def test_flip_classes_must_be_classes_of_the_data():
 
 
 def test_a_flip_class_the_data_lacks_is_refused_in_one_line():
-    from types import SimpleNamespace
+    from dataclasses import replace
 
+    from training.config.settings import Recipe
     from training.errors import UsageError
     from training.loop.recipe import build_augmenter
-    recipe = SimpleNamespace(augment="flip", aug_rotate_deg=10.0, aug_scale=0.1, aug_jitter=0.02, aug_shift_steps=8,
-                             aug_flip_classes="LYING", aug_rotate_wide_classes="none", aug_rotate_wide_deg=25.0)
+    recipe = Recipe(augment="flip", aug_flip_classes="LYING", aug_rotate_wide_classes="none", aug_rotate_wide_deg=25.0)
     normalization = {"mean": MEAN, "std": STD}
     with pytest.raises(UsageError, match="^--aug-flip-classes: no class 'LYING' in this data"):
         build_augmenter(recipe, normalization, NINE, CLASS_NAMES, "cpu", warn=print)
-    recipe.aug_flip_classes = "laying"
+    recipe = replace(recipe, aug_flip_classes="laying")
     assert build_augmenter(recipe, normalization, NINE, CLASS_NAMES, "cpu", warn=print).flippable.tolist() == \
         [False] * 5 + [True]
 

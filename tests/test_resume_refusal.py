@@ -9,7 +9,8 @@ import torch
 
 from conftest import TINY_DATA, load_checkpoint, read_metrics, run_in_process, run_subprocess
 from training.checkpoint import files as ckpt
-from training.config.cli import DEFAULT_LR, parse_config
+from training.config.cli import parse_config
+from training.config.settings import DEFAULT_LR
 from training.errors import EXIT_USAGE, UsageError
 from training.loop.step import scaling_warning
 from training.run_inputs import run_differences

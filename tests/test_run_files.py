@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import matplotlib.image
 import pytest
@@ -15,7 +16,7 @@ import yaml
 from conftest import REPO, TINY_DATA, load_checkpoint, run_in_process
 from evaluation import figures
 from profiling.cli import parse_profiler_args
-from training.config.cli import parse_args
+from training.config.cli import parse_config
 from training.errors import EXIT_USAGE, UsageError
 from training.run_inputs import LOCK_NAME, SaveDirLock
 
@@ -23,6 +24,11 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # A tiny run whose settings all differ from the defaults somewhere, so a lost key shows.
 CONFIG = {"dataset": "synthetic", "synthetic-windows-per-subject": 8, "epochs": 2, "batch_size": 16,
           "lr": "2e-3", "norm": "group", "dropout": 0.0, "seed": 7, "max_grad_norm": 0.5, "amp": False}
+
+
+def parse_args(argv):
+    """The settings of a main.py command line by flag name."""
+    return SimpleNamespace(**parse_config(argv).flags())
 
 
 def write_yaml(path, values):

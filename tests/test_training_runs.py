@@ -122,9 +122,9 @@ def test_ddp_validates_every_shard_with_rank_0s_batchnorm_statistics(tmp_path):
     logged = read_metrics(tmp_path / "ddp")[-1]["val_loss"]
     from data.splits import load_har_data, normalize
     from models import build_model
-    from training.config.cli import data_options, parse_config
+    from training.config.cli import parse_config
     checkpoint = load_checkpoint(tmp_path / "ddp" / "last.pt")
-    data = load_har_data(**data_options(parse_config([*flags, "--save-dir", str(tmp_path / "x")])))
+    data = load_har_data(**parse_config([*flags, "--save-dir", str(tmp_path / "x")]).data_options())
     val = normalize(data.val, checkpoint["normalization"]["mean"].numpy(), checkpoint["normalization"]["std"].numpy())
     model = build_model("cnn1d", 9, 6, dropout=0.0, norm="batch")
     model.load_state_dict(checkpoint["model"])

@@ -28,9 +28,8 @@ from pathlib import Path
 from data.splits import HarData, load_har_data
 from models import SIZE_KNOBS, resolve_size
 from training.checkpoint import files as ckpt
-from training.config.cli import SHARDED_OR_DDP, data_options, save_dir_of, warmup_epochs
 from training.config.environment import distributed_env
-from training.config.settings import RunConfig
+from training.config.settings import SHARDED_OR_DDP, RunConfig
 from training.errors import UsageError
 
 
@@ -55,7 +54,7 @@ class RunInputs:
 
 def read_run_inputs(config, hold_lock=True):
     """The data, then --save-dir (locked by rank 0 when `hold_lock`) and the checkpoint to resume."""
-    data = load_har_data(**data_options(config))  # first: refused data leaves no new --save-dir behind
+    data = load_har_data(**config.data_options())  # first: refused data leaves no new --save-dir behind
     return _read_save_dir(config, data, hold_lock)
 
 
@@ -72,11 +71,11 @@ def check_data(config):
     parsed and cached on the way (so the run starts from the cache); the synthetic data is made
     with one window per subject, which checks the same flags in a fraction of the time."""
     windows = min(config.data.synthetic_windows_per_subject, 1)  # below 1 stays, to be refused
-    load_har_data(**data_options(config, synthetic_windows_per_subject=windows))
+    load_har_data(**config.data_options(synthetic_windows_per_subject=windows))
 
 
 def _read_save_dir(config, data, hold_lock):
-    save_dir = save_dir_of(config)
+    save_dir = config.save_dir
     ckpt.check_save_dir(save_dir)
     # DDP ranks share one folder and rank 0 holds it for all; any other run (a cross-validation
     # fold under torchrun included) has a folder of its own to hold.
@@ -137,7 +136,7 @@ def run_differences(saved_flags, config):
 
 def _meanings(config):
     flags = {flag: config.flags()[flag] for flag in DEFINES_THE_RUN}
-    flags["warmup_epochs"] = warmup_epochs(config.optim)
+    flags["warmup_epochs"] = config.optim.planned_warmup_epochs
     # None stands for the model's default: --width 64 and no --width are one transformer. A model or
     # knobs that cannot be resolved are compared as given.
     with contextlib.suppress(ValueError, KeyError):

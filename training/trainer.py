@@ -30,10 +30,9 @@ from models import build_model, count_parameters, resolve_size, training_bytes
 from training.checkpoint import files as ckpt
 from training.checkpoint.manager import CheckpointManager, restore_parts
 from training.checkpoint.train_state import RandomStreams, TrainState
-from training.config.cli import DEFAULT_LR, save_dir_of, warmup_epochs
 from training.config.environment import check_parallel_args
 from training.config.files import record_run_config
-from training.config.settings import RunConfig
+from training.config.settings import DEFAULT_LR, RunConfig
 from training.distributed.lost_rank import explain_lost_rank
 from training.distributed.strategy import make_strategy
 from training.errors import EXIT_PREEMPTED, RankLost, TrainingDiverged, UsageError
@@ -120,7 +119,7 @@ class Trainer:
         group (run_inputs.py); a tool's run reads them here, holding no lock. `quiet` keeps the run's
         console lines and TensorBoard off (a tool that only times the step)."""
         data, resume_from, checkpoint, warnings = (inputs or read_run_inputs(config, hold_lock=False)).take()
-        save_dir, optim = save_dir_of(config), config.optim
+        save_dir, optim = config.save_dir, config.optim
         if strategy.is_main:
             ckpt.remove_partial_saves(save_dir)  # run_inputs.py checked the folder
         log = RunLogger(save_dir, strategy.is_main and not quiet)
@@ -431,7 +430,7 @@ def _position_schedule(optimizer, optim, micro_batches_per_epoch, state, global_
     that changed the global batch re-lays it in its own steps."""
     steps_each_epoch = steps_per_epoch(micro_batches_per_epoch, optim.grad_accum_steps)
     total_steps = steps_each_epoch * optim.epochs
-    warmup_steps = round(warmup_epochs(optim) * steps_each_epoch)
+    warmup_steps = round(optim.planned_warmup_epochs * steps_each_epoch)
     log.info(f"lr: reference {optim.lr:.2e}, {optim.lr_scaling} scaling, global batch {global_batch} "
              f"({optim.batch_size} per GPU x {replicas} replicas x {optim.grad_accum_steps} accumulation) -> "
              f"peak {peak_lr:.2e}; warmup {warmup_steps} of {total_steps} steps ({steps_each_epoch} per epoch), "

@@ -1,92 +1,86 @@
-"""The command line both entry points share: parse it (after its --config file), check it, and derive
-from the settings what several parts need. The flags are declared in flags.py, their checks in checks.py."""
+"""The command line both entry points share, generated from the settings' fields (settings.py): one
+flag per field, its type the field's, grouped as RunConfig groups them; then the --config file's flags,
+and validate()."""
+import argparse
 import sys
-from pathlib import Path
+import typing
+from dataclasses import fields
 
-from data.augment import AugmentConfig, parse_kinds
-from training.config.checks import check_args
-from training.config.files import IMPLIED_BY_MAIN, parse_with_config
-from training.config.flags import (
-    COMPILE_MODES,
-    CUDA_GRAPH_MODES,
-    DEFAULT_FLIP_CLASSES,
-    DEFAULT_LR,
-    DEFAULT_ROTATE_WIDE_CLASSES,
-    DEFAULT_WARMUP_EPOCHS,
-    MULTI_GPU_ONLY_FLAGS,
-    SHARDED_OR_DDP,
-    build_parser,
-    class_list,
-)
-from training.config.settings import RunConfig
+from training.config.files import parse_with_config
+from training.config.settings import COMPILE_MODES, SHARDED_OR_DDP, Parallel, RunConfig, flag_of
 from training.errors import UsageError
 
-# What the entry points, the trainer and the tools import from here.
-__all__ = ["COMPILE_MODES", "CUDA_GRAPH_MODES", "DEFAULT_FLIP_CLASSES", "DEFAULT_LR", "DEFAULT_ROTATE_WIDE_CLASSES",
-           "SHARDED_OR_DDP", "augment_config", "build_parser", "check_args", "class_list", "data_options",
-           "parse_args", "parse_config", "save_dir_of", "warmup_epochs"]
+# What the tools that extend the trainer's command line import from here (the constants until they
+# import them from settings.py).
+__all__ = ["COMPILE_MODES", "SHARDED_OR_DDP", "build_parser", "check_args", "parse_config"]
 
 
 def parse_config(argv=None, multi_gpu=False):
-    """The RunConfig of a command line (after its --config file's flags): what an entry point builds."""
-    return RunConfig.from_flags(vars(parse_args(argv, multi_gpu)))
-
-
-def parse_args(argv=None, multi_gpu=False):
-    """The checked flags of a command line (after its --config file's flags), as argparse gives them."""
+    """The validated RunConfig of a command line (after its --config file's flags): what an entry point
+    builds. main.py has no multi-GPU group; its settings keep their defaults (one device)."""
     try:
         args = parse_with_config(build_parser(multi_gpu), argv)
     except UsageError:
         if not multi_gpu:
             _point_to_multi_gpu_entry(sys.argv[1:] if argv is None else argv)
         raise
-    if not multi_gpu:
-        vars(args).update(IMPLIED_BY_MAIN)
-    check_args(args)
-    return args
+    return RunConfig.from_flags(vars(args)).validate()
+
+
+def check_args(args):
+    """Validate the settings among a parser's parsed flags (one that extends build_parser's) and write
+    their canonical values back."""
+    vars(args).update(RunConfig.from_flags(vars(args)).validate().flags())
+
+
+def build_parser(multi_gpu):
+    """multi_gpu=True adds the multi-GPU group used by main_multi_gpu.py."""
+    parser = argparse.ArgumentParser(
+        prog="main_multi_gpu.py" if multi_gpu else "main.py",
+        description="Train a Human Activity Recognition model on UCI HAR or synthetic data.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for group in fields(RunConfig):
+        if group.type is Parallel and not multi_gpu:
+            continue
+        arguments = parser.add_argument_group(group.metadata["title"])
+        if group.name == "output":
+            arguments.add_argument("--config", default=None, metavar="FILE",
+                                   help="YAML or JSON file of flags (batch_size: 64 or batch-size: 64); flags given "
+                                        "on the command line win. Every run writes its own to <save-dir>/config.yaml")
+        for item in fields(group.type):
+            add_flag(arguments, item)
+        if group.name == "output":
+            arguments.add_argument("--debug", action="store_true",
+                                   help="show full tracebacks instead of one-line errors")
+    return parser
+
+
+def add_flag(arguments, item):
+    """The flag of one settings field: a switch for a bool (--x, or --x/--no-x where it defaults to on
+    or to the device's choice), else a value of the field's type."""
+    meta, dest = item.metadata, flag_of(item)
+    option = "--" + dest.replace("_", "-")
+    kind = next((kind for kind in typing.get_args(item.type) if kind is not type(None)), item.type)
+    common = {"dest": dest, "default": item.default, "help": meta["help"]}
+    if kind is bool:
+        arguments.add_argument(option, action="store_true" if item.default is False else argparse.BooleanOptionalAction,
+                               **common)
+    else:
+        arguments.add_argument(option, type=meta.get("parse", kind), choices=meta.get("choices"),
+                               metavar=meta.get("metavar"), **common)
+    if "off" in meta:  # --no-resume
+        off_flag, off_help = meta["off"]
+        arguments.add_argument(off_flag, dest=dest, action="store_const", const=None, help=off_help)
 
 
 def _point_to_multi_gpu_entry(argv):
     """A flag of main_multi_gpu.py given to main.py: say which command takes it, rather than argparse's
     'unrecognized arguments'."""
+    multi_gpu_only = {f"--{prefix}{item.name.replace('_', '-')}" for item in fields(Parallel)
+                      for prefix in ("", "no-")}
     for token in map(str, argv):
         flag = token.split("=", 1)[0]
-        if flag in MULTI_GPU_ONLY_FLAGS:
+        if flag in multi_gpu_only:
             raise UsageError(f"main.py trains on one device and has no {flag}; for several GPUs run "
                              "python main_multi_gpu.py --multi-gpu dp [flags] (DataParallel, one process), or "
                              "torchrun --nproc_per_node=N main_multi_gpu.py --multi-gpu ddp (or fsdp) [flags]")
-
-
-def data_options(config, **overrides):
-    """The keyword arguments of data.splits.load_har_data that the settings describe."""
-    data = config.data
-    options = {"dataset": data.dataset, "data_dir": data.data_dir, "mode": data.mode,
-               "val_fraction": data.val_fraction, "split_seed": config.optim.seed,
-               "synthetic_seed": data.synthetic_seed, "val_subjects": data.val_subjects,
-               "synthetic_windows_per_subject": data.synthetic_windows_per_subject}
-    return {**options, **overrides}
-
-
-def save_dir_of(config):
-    """--save-dir, else checkpoints/<single|dp|ddp|fsdp> after the parallel mode."""
-    if config.output.save_dir:
-        return Path(config.output.save_dir)
-    return Path("checkpoints") / {"none": "single"}.get(config.parallel.multi_gpu, config.parallel.multi_gpu)
-
-
-def warmup_epochs(optim):
-    """The warmup to use: as given, else the default capped at a fifth of the run."""
-    if optim.warmup_epochs is not None:
-        return optim.warmup_epochs
-    return min(DEFAULT_WARMUP_EPOCHS, optim.epochs / 5)
-
-
-def augment_config(recipe):
-    """The AugmentConfig the settings describe, or None when no augmentation is on."""
-    kinds = parse_kinds(recipe.augment)
-    if not kinds:
-        return None
-    return AugmentConfig(kinds, rotate_deg=recipe.aug_rotate_deg, scale=recipe.aug_scale, jitter=recipe.aug_jitter,
-                         shift_steps=recipe.aug_shift_steps, flip_classes=class_list(recipe.aug_flip_classes, "all"),
-                         rotate_wide_classes=class_list(recipe.aug_rotate_wide_classes, "none"),
-                         rotate_wide_deg=recipe.aug_rotate_wide_deg)

@@ -3,7 +3,7 @@ import os
 
 import torch
 
-from training.config.cli import CUDA_GRAPH_MODES, SHARDED_OR_DDP
+from training.config.settings import CUDA_GRAPH_MODES, SHARDED_OR_DDP
 from training.errors import UsageError
 
 

@@ -1,6 +1,7 @@
 """Run configuration files: --config YAML/JSON in, the resolved <save-dir>/config.yaml out, and
 the flags a resumed run changed."""
 import argparse
+import dataclasses
 import datetime
 import difflib
 import json
@@ -11,6 +12,7 @@ from pathlib import Path
 import yaml
 
 from training.checkpoint.atomic import write_atomic
+from training.config.settings import Parallel
 from training.errors import UsageError
 
 CONFIG_NAME = "config.yaml"
@@ -19,8 +21,7 @@ CONFIG_NAME = "config.yaml"
 NOT_IN_FILES = ("config", "debug")
 # The multi-GPU flags of main_multi_gpu.py as main.py implies them; a config.yaml written by main.py
 # holds them.
-IMPLIED_BY_MAIN = {"multi_gpu": "none", "nproc_per_node": None, "grad_compression": "none",
-                   "reshard_after_forward": True}
+IMPLIED_BY_MAIN = dataclasses.asdict(Parallel())
 # Flags whose change on resume is the point of resuming, not a change of the run.
 NOT_COMPARED_ON_RESUME = ("resume", "save_dir", "config", "debug", "stop_after_epochs")
 REPO = Path(__file__).resolve().parents[2]

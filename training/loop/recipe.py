@@ -4,13 +4,13 @@ import copy
 import torch
 
 from data.augment import BatchAugmenter, class_mask, sensor_triples
-from training.config.cli import DEFAULT_FLIP_CLASSES, DEFAULT_ROTATE_WIDE_CLASSES, augment_config
+from training.config.settings import DEFAULT_FLIP_CLASSES, DEFAULT_ROTATE_WIDE_CLASSES
 from training.errors import UsageError
 
 
 def build_augmenter(recipe, normalization, channel_names, class_names, device, warn):
     """The batch augmenter the settings ask for, or None."""
-    kinds = augment_config(recipe)
+    kinds = recipe.augment_config
     if kinds is None:
         return None
     turning = [kind for kind in ("rotate", "flip") if kind in kinds.kinds]
