@@ -28,7 +28,7 @@ STARTED_S = time.time()  # before the imports below: a side's time to first step
 import numpy as np  # noqa: E402
 
 from data import synthetic, uci_har  # noqa: E402
-from data.build_store import assemble_manifest, run_job  # noqa: E402
+from data.build_store import assemble_manifest, job_inputs, run_job  # noqa: E402
 from data.store import SHARD_DIR, finish_store  # noqa: E402
 from profiling.interleave import interleave, per_side  # noqa: E402
 
@@ -97,9 +97,9 @@ def _make_copy(arguments):
     records = []
     for signals, labels, subjects in raw.values():
         for subject in np.unique(subjects):
-            records.append(run_job(({"name": f"copy-{copy:05d}-sub-{int(subject):02d}", "signals":
-                                     signals[subjects == subject], "labels": labels[subjects == subject],
-                                     "subject": copy * 100 + int(subject)}, out, "float16")))
+            job = {"name": f"copy-{copy:05d}-sub-{int(subject):02d}", "signals": signals[subjects == subject],
+                   "labels": labels[subjects == subject], "subject": copy * 100 + int(subject)}
+            records.append(run_job(({**job, "inputs": job_inputs(job, "float16")}, out, "float16")))
     done.write_text(json.dumps(records))
     return records
 
