@@ -5,7 +5,6 @@ rename), and one hard link, for a checkpoint of a given size, in turn, repeated.
 The checkpoint holds four float32 tensors of --mparams million values each: the weights, their
 moving average and AdamW's two moments of a model that size.
 """
-import argparse
 import os
 import shutil
 import tempfile
@@ -14,12 +13,12 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import entry_parser
 from training.checkpoint.files import place_copy, save_checkpoint
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.checkpoint_copies", description=__doc__,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = entry_parser("benchmarks.checkpoint_copies", __doc__)
     parser.add_argument("--mparams", type=float, default=10.6, help="model parameters, in millions")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dir", default=None, help="folder on the filesystem to measure (default: the temp folder)")

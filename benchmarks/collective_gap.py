@@ -7,12 +7,12 @@ as the rank that arrived last saw it) and the share of calls over --slow-ms. The
 collectives after the step's busy time and takes the mean (profiling/allreduce_bench.py); this shows
 why on the machine at hand.
 """
-import argparse
 import statistics
 import sys
 
 import torch
 
+from benchmarks import entry_parser
 from profiling.allreduce_bench import all_reduce_call, timed_calls_s
 from training.config.environment import distributed_env
 from training.distributed.ddp import DistributedStrategy
@@ -20,8 +20,7 @@ from training.errors import UsageError, run_entry_point
 
 
 def parse(argv):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.collective_gap", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = entry_parser("benchmarks.collective_gap", __doc__)
     parser.add_argument("--gaps-ms", default="0,1,5,15,50", help="busy host time before each call")
     parser.add_argument("--elements", default="1,86982",
                         help="fp32 elements per all-reduce; 86,982 is the default transformer's gradients")

@@ -10,6 +10,7 @@ import torch
 from data.synthetic import DEFAULT_WINDOWS_PER_SUBJECT
 from models import MODELS
 from profiling.interleave import interleave, per_side
+from profiling.workload import RECIPE_OFF
 from training.config.cli import COMPILE_MODES, parse_config
 from training.config.environment import launched_by_torchrun
 from training.distributed.strategy import make_strategy
@@ -34,12 +35,17 @@ def add_run_flags(parser):
     parser.add_argument("--json", default=None, help="also write the figures to this JSON file")
 
 
+def recipe_flags(recipe):
+    """A recipe {field: value} (profiling.workload.RECIPE_OFF's fields) as training flags."""
+    return tuple(part for name, value in recipe.items() for part in (f"--{name.replace('_', '-')}", str(value)))
+
+
 # The generalisation recipe (augmentation, weight average, label smoothing) is off unless a
 # benchmark asks for it: the overhead comparisons are about the loop, not about the recipe.
-RECIPE_OFF = ("--augment", "none", "--ema-decay", "0", "--label-smoothing", "0")
+RECIPE_OFF_FLAGS = recipe_flags(RECIPE_OFF)
 
 
-def build_run(opts, save_dir, data_path, epochs, recipe=RECIPE_OFF):
+def build_run(opts, save_dir, data_path, epochs, recipe=RECIPE_OFF_FLAGS):
     """A Trainer built from the same flags `python main.py` would get; under torchrun, the flags of
     `main_multi_gpu.py --multi-gpu ddp`. Its stop signals are left uninstalled, so the benchmark
     keeps the default handlers."""

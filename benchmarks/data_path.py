@@ -1,5 +1,4 @@
 """The device-resident data path against the DataLoader path: whole training epochs and bare loader iteration."""
-import argparse
 import functools
 import json
 import sys
@@ -8,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import entry_parser
 from benchmarks.common import (
     TRAINER_SIDE,
     add_run_flags,
@@ -37,8 +37,7 @@ def iterate_loader(run, epoch):
 
 
 def parse(argv):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.data_path", description=__doc__,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = entry_parser("benchmarks.data_path", __doc__)
     add_run_flags(parser)
     parser.add_argument("--iteration-passes", type=int, default=20,
                         help="passes over the train loader per round of the bare-iteration figure")

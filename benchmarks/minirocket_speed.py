@@ -9,7 +9,6 @@ aeon is a benchmark-only dependency (pip install aeon).
   python -m benchmarks.minirocket_speed --threads 1 --rounds 4
   python -m benchmarks.minirocket_speed --threads 2 --data-dir ~/data --model-rounds 2
 """
-import argparse
 import json
 import statistics
 import subprocess
@@ -21,13 +20,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks import REPO, entry_parser
 from benchmarks.common import epoch_rates, format_rates, paired_ratio
 from models import build_model
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.minirocket_speed", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = entry_parser("benchmarks.minirocket_speed", __doc__)
     parser.add_argument("--threads", type=int, default=1, help="torch's intra-op threads and aeon's n_jobs")
     parser.add_argument("--windows", type=int, default=2048, help="windows transformed per round by each side")
     parser.add_argument("--batch", type=int, default=256, help="windows per call of our transform")
@@ -119,7 +118,7 @@ def _run_aeon(opts, folder):
 
 def _run(command):
     start = time.perf_counter()
-    result = subprocess.run(command, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
     if result.returncode != 0:
         sys.exit(f"error: {' '.join(command)} failed: {result.stderr.strip().splitlines()[-1:]}")
     return time.perf_counter() - start

@@ -3,7 +3,6 @@
 Under torchrun (--nproc_per_node=N) both sides are DDP: the trainer as main_multi_gpu.py runs
 it, the minimal loop as a DistributedDataParallel model fed a per-rank slice of each epoch.
 """
-import argparse
 import functools
 import json
 import sys
@@ -14,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch.optim.lr_scheduler import LambdaLR
 
+from benchmarks import entry_parser
 from benchmarks.common import (
     TRAINER_SIDE,
     add_run_flags,
@@ -90,8 +90,7 @@ class MinimalLoop:
 
 
 def parse(argv):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.overhead", description=__doc__,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = entry_parser("benchmarks.overhead", __doc__)
     add_run_flags(parser)
     parser.add_argument("--data-path", choices=("auto", "device", "dataloader"), default="auto",
                         help="the trainer's data path (the minimal loop always slices tensors)")

@@ -5,7 +5,6 @@ main.py's figure is the median over its epochs after the first (the first pays f
 profiler's is its headline throughput (after its own warm-up steps). Extra arguments are given to
 both, e.g. `python -m benchmarks.profiler_agreement --rounds 4 -- --model cnn1d --batch-size 64`.
 """
-import argparse
 import json
 import statistics
 import subprocess
@@ -13,9 +12,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks import REPO, entry_parser
 from profiling.interleave import interleave
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def train_samples_per_s(flags, epochs):
@@ -36,8 +34,7 @@ def profiler_samples_per_s(flags):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.profiler_agreement", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = entry_parser("benchmarks.profiler_agreement", __doc__)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=4, help="main.py epochs per round (the first is not counted)")
     parser.add_argument("flags", nargs="*", help="training flags for both, after --")

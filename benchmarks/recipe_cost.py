@@ -1,5 +1,4 @@
 """What the generalisation recipe costs per training step: augmentation and the weight average against neither."""
-import argparse
 import functools
 import json
 import sys
@@ -8,8 +7,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import entry_parser
 from benchmarks.common import (
-    RECIPE_OFF,
     add_run_flags,
     build_run,
     epoch_rates,
@@ -17,26 +16,27 @@ from benchmarks.common import (
     machine_line,
     paired_ratio,
     planned_epochs,
+    recipe_flags,
     train_trainer_epoch,
 )
 from data.augment import AUGMENTATIONS
+from profiling.workload import RECIPE_OFF
 
 TARGET_RATIO = 0.9  # the augmentation may cost at most a tenth of a step
-FULL_AUGMENT = ("--augment", ",".join(AUGMENTATIONS), "--ema-decay", "0", "--label-smoothing", "0")
-FULL_RECIPE = ("--augment", ",".join(AUGMENTATIONS), "--ema-decay", "0.998", "--label-smoothing", "0.1")
-SIDES = {"plain": RECIPE_OFF, "augment": FULL_AUGMENT, "recipe": FULL_RECIPE}
+FULL_AUGMENT = {**RECIPE_OFF, "augment": ",".join(AUGMENTATIONS)}
+SIDES = {"plain": RECIPE_OFF, "augment": FULL_AUGMENT,
+         "recipe": {**FULL_AUGMENT, "ema_decay": 0.998, "label_smoothing": 0.1}}
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.recipe_cost", description=__doc__,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = entry_parser("benchmarks.recipe_cost", __doc__)
     add_run_flags(parser)
     opts = parser.parse_args(argv)
     runs = {}
     with tempfile.TemporaryDirectory(prefix="har-recipe-") as scratch:
         try:
-            for name, flags in SIDES.items():
-                runs[name] = build_run(opts, Path(scratch) / name, "auto", planned_epochs(opts), recipe=flags)
+            for name, recipe in SIDES.items():
+                runs[name] = build_run(opts, Path(scratch) / name, "auto", planned_epochs(opts), recipe_flags(recipe))
             device = runs["plain"].strategy.device
             print("plain: the trainer's epoch with no augmentation, no weight average; augment: all of "
                   f"{', '.join(AUGMENTATIONS)} on every batch; recipe: augment plus the weight average "

@@ -4,7 +4,6 @@ Starts a real run (main.py, or main_multi_gpu.py with its own torchrun for --ran
 SIGTERM to it once the first epoch is logged plus a random delay (so the signal lands anywhere
 between two check-ins), and times the exit. Repeats, and prints the figures.
 """
-import argparse
 import random
 import re
 import signal
@@ -15,15 +14,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks import REPO, entry_parser
 from models import MODELS
 
-REPO = Path(__file__).resolve().parent.parent
 STOPPED = re.compile(r"stopped after step (\d+)")
 
 
 def parse(argv):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.stop_latency", description=__doc__,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = entry_parser("benchmarks.stop_latency", __doc__)
     parser.add_argument("--ranks", type=int, default=2, help="1: main.py; more: DDP ranks under torchrun")
     parser.add_argument("--model", choices=tuple(MODELS), default="cnn1d")
     parser.add_argument("--batch-size", type=int, default=32)

@@ -12,7 +12,6 @@ sampled every 0.2 s: pages a forked worker shares with the trainer count once, w
 resident sets would count them twice. Time to first step counts from the process's start to the
 end of its first optimizer step.
 """
-import argparse
 import json
 import os
 import subprocess
@@ -24,6 +23,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
+from benchmarks import REPO, entry_parser
+
 STARTED_S = time.time()  # before the imports below: a side's time to first step counts them
 import numpy as np  # noqa: E402
 
@@ -32,15 +33,12 @@ from data.build_store import assemble_manifest, job_inputs, run_job  # noqa: E40
 from data.store import SHARD_DIR, finish_store  # noqa: E402
 from profiling.interleave import interleave, per_side  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
-
 GIB = 2 ** 30
 WINDOW_BYTES_FLOAT16 = len(uci_har.SIGNAL_NAMES) * uci_har.WINDOW_STEPS * 2
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.store_stream", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = entry_parser("benchmarks.store_stream", __doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     make = commands.add_parser("make")
     make.add_argument("--out", required=True)

@@ -1,6 +1,7 @@
 """The profiler's command line: the training flags plus a profiler group, their checks, and the DDP launch."""
 import argparse
 import math
+import os
 
 from profiling.report import DEFAULT_ROOT
 from training.config.cli import SHARDED_OR_DDP, build_parser, check_args
@@ -16,6 +17,7 @@ from training.errors import UsageError
 # on one machine over loopback TCP; the 2-core development machine measured 0.1 to 1.5 GB/s and
 # 0.5 to 1.4 ms per ring step for 0.35 to 14 MB buffers, each call after 20 ms of busy time as a
 # step makes it (profiling/allreduce_bench.py; back to back the median call gave 65 to 70 us).
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 ASSUMED_LINKS = {"cuda": {"bandwidth_gbps": 20.0, "latency_us": 5.0},
                  "cpu": {"bandwidth_gbps": 0.5, "latency_us": 800.0}}
 
@@ -46,7 +48,7 @@ def build_profiler_parser():
                        help="all-reduce latency per ring step in microseconds; if unset: measured with 2+ "
                             "processes, else "
                             + ", ".join(f"{d} {v['latency_us']:g}" for d, v in ASSUMED_LINKS.items()))
-    group.add_argument("--predict-gpus", type=_count_list, default=[1, 2, 4, 8],
+    group.add_argument("--predict-gpus", type=comma_counts, default=[1, 2, 4, 8],
                        help="comma-separated GPU counts to predict the step time and speedup for")
     group.add_argument("--output-dir", default=None,
                        help=f"where profile.json and the CSV files go; if unset: {DEFAULT_ROOT}/<configuration>")
@@ -71,11 +73,9 @@ def parse_profiler_args(argv):
 
 
 def check_profiler_args(args):
-    for flag, value, lowest in (("--steps", args.steps, 1), ("--repeats", args.repeats, 1),
-                                ("--warmup-steps", args.warmup_steps, 0), ("--phase-steps", args.phase_steps, 0),
-                                ("--allreduce-iters", args.allreduce_iters, 1)):
-        if value < lowest:
-            raise UsageError(f"{flag} must be at least {lowest}, got {value}")
+    check_at_least(("--steps", args.steps, 1), ("--repeats", args.repeats, 1), ("--warmup-steps", args.warmup_steps, 0),
+                   ("--phase-steps", args.phase_steps, 0), ("--allreduce-iters", args.allreduce_iters, 1),
+                   ("--predict-gpus", args.predict_gpus, 1))
     if args.assumed_bandwidth_gbps is not None and not (args.assumed_bandwidth_gbps > 0
                                                         and math.isfinite(args.assumed_bandwidth_gbps)):
         raise UsageError(f"--assumed-bandwidth-gbps must be a positive number, got {args.assumed_bandwidth_gbps}")
@@ -98,11 +98,33 @@ def launch_under_torchrun(args, script, argv):
     return run_torchrun(torchrun_arguments(script, argv, processes_per_node(args.run)))
 
 
-def _count_list(text):
+def check_at_least(*checks):
+    """Each (flag, value or list of values, lowest): a UsageError for the first value below its lowest."""
+    for flag, values, lowest in checks:
+        for value in values if isinstance(values, list) else [values]:
+            if value < lowest:
+                raise UsageError(f"{flag} must be at least {lowest}, got {value}")
+
+
+def comma_counts(text):
+    """'4,1,2,2' -> [1, 2, 4]: an argparse type for a set of whole numbers, sorted."""
     try:
         counts = sorted({int(part) for part in text.split(",") if part.strip()})
     except ValueError:
         counts = []
-    if not counts or counts[0] < 1:
-        raise argparse.ArgumentTypeError(f"expected comma-separated GPU counts such as 1,2,4,8, got {text!r}")
+    if not counts:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
     return counts
+
+
+def comma_names(text):
+    """'cnn1d, transformer' -> ['cnn1d', 'transformer']: an argparse type for a list of names."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("expected comma-separated names")
+    return names
+
+
+def env_without_torchrun(**extra):
+    """This environment without torchrun's variables, which would make a child think it is a rank, plus `extra`."""
+    return {**{key: value for key, value in os.environ.items() if key not in TORCHRUN_VARIABLES}, **extra}

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.optim.lr_scheduler import LambdaLR
 
+from profiling.cli import env_without_torchrun
 from profiling.comm_model import STRATEGIES
 from profiling.interleave import interleave, per_side
 from profiling.neighbour import READY
@@ -51,9 +52,7 @@ class Neighbours:
         self.processes = []
 
     def __enter__(self):
-        env = {key: value for key, value in os.environ.items()
-               if key not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-        env["OMP_NUM_THREADS"] = str(self.threads)
+        env = env_without_torchrun(OMP_NUM_THREADS=str(self.threads))
         for _ in range(self.count):
             self.processes.append(subprocess.Popen([sys.executable, "-m", "profiling.neighbour", *self.argv],
                                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,

@@ -6,7 +6,6 @@ subjects and is judged on its own (`--val-subjects`, `--no-test`); the table giv
 the mean and spread over folds and the worst fold, by the best epoch and by the last one.
 Example: python -m studies.compression_accuracy --data-dir ../hapt-all21 --out runs/compression
 """
-import argparse
 import json
 import statistics
 import subprocess
@@ -15,15 +14,13 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import REPO, entry_parser
 from crossval.folds import fold_subjects
 from data.splits import load_har_data
 
-REPO = Path(__file__).resolve().parent.parent
-
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m studies.compression_accuracy", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = entry_parser("studies.compression_accuracy", __doc__)
     parser.add_argument("--data-dir", required=True)
     parser.add_argument("--out", required=True, help="one folder per compression and fold; results.json")
     parser.add_argument("--folds", type=int, default=7)

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import entry_parser
 from crossval.folds import fold_subjects
 from data.splits import load_har_data
 from evaluation.metrics import classification_report, per_subject_accuracy
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m studies.minirocket_baseline", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = entry_parser("studies.minirocket_baseline", __doc__)
     parser.add_argument("--data-dir", required=True, help="a UCI HAR layout")
     parser.add_argument("--folds", type=int, default=0, help="K > 1: subject-wise folds of the training subjects")
     parser.add_argument("--seed", type=int, default=42, help="deals the folds, as main.py --seed does")

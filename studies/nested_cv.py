@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import REPO, entry_parser
 from crossval.folds import fold_subjects
 from data import uci_har
 from data.errors import DataError
@@ -46,8 +47,6 @@ from data.splits import load_har_data
 from training.config.cli import parse_config
 from training.config.files import usage_error
 from training.errors import UsageError, run_entry_point
-
-REPO = Path(__file__).resolve().parent.parent
 
 REPORT = "nested_report.json"
 IDENTITY = "nested_identity.json"  # in each outer fold's folder once it reported: its flags and windows
@@ -101,8 +100,7 @@ def main(argv=None):
 
 def parse(argv, flags):
     """The script's own options, each checked; a bad one is a UsageError (one line, exit 2)."""
-    parser = argparse.ArgumentParser(prog="python -m studies.nested_cv", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = entry_parser("studies.nested_cv", __doc__)
     parser.add_argument("--data-dir", help="a UCI HAR layout; its training subjects are dealt into outer folds")
     parser.add_argument("--out", required=True, help="windows/ (the outer folds' .npz files) and one folder per --name")
     parser.add_argument("--name", help="this configuration's folder under --out")

@@ -12,11 +12,11 @@ With --checkpoint: the model's accuracy on --person's windows of its own test sp
 turned by each of --degrees about --axis (every sensor's x/y/z together), inference only.
 Development data only: nothing in the tests needs it.
 """
-import argparse
 import statistics
 
 import numpy as np
 
+from benchmarks import entry_parser
 from data.augment import sensor_triples
 from data.splits import load_har_data
 from inference.bundle import load_bundle, pick_device, probabilities
@@ -108,8 +108,7 @@ def print_turned(checkpoint, person, axis, degrees, device):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m studies.phone_tilt", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = entry_parser("studies.phone_tilt", __doc__)
     parser.add_argument("--data-dir", help="UCI HAR layout (or an .npz with --dataset npz): every person in it")
     parser.add_argument("--dataset", default="auto")
     parser.add_argument("--checkpoint", help="a trained model; its own test split is used")

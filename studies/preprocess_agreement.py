@@ -8,21 +8,21 @@ Cuts every recording of the split's subjects as the layout was cut (128 samples 
 wholly inside one activity 1..6, recordings in name order) and prints the largest difference
 from the windows the loader reads. Development data only: nothing in the tests needs it.
 """
-import argparse
 
 import numpy as np
 
+from benchmarks import entry_parser
 from data.preprocess import cut_windows, uci_har_channels
 from data.uci_har import SAMPLE_RATE_HZ, SIGNAL_NAMES, WINDOW_STEPS, find_root, load_split
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None):
+    parser = entry_parser("studies.preprocess_agreement", __doc__)
     parser.add_argument("--data-dir", required=True)
     parser.add_argument("--recordings", default="../shared/data/hapt-dev/hapt_dev_recordings.npz")
     parser.add_argument("--split", default="test", choices=("train", "test"))
     parser.add_argument("--subjects", default="3,7,15,21,26,29", help="the subjects in --split")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     loaded, labels, _ = load_split(find_root(args.data_dir), args.split)
     subjects = {int(s) for s in args.subjects.split(",")}
     archive = np.load(args.recordings, allow_pickle=False)

@@ -24,12 +24,12 @@ With --nested, every finished outer fold of a studies.nested_cv configuration: i
 held-out people (nested_identity.json) and its windows' .npz. Development data only: nothing in
 the tests needs it.
 """
-import argparse
 import json
 from pathlib import Path
 
 import numpy as np
 
+from benchmarks import entry_parser
 from data.recordings import Recording
 from data.resample import resample
 from evaluation.calibration import fit_temperature, scaled
@@ -235,7 +235,7 @@ def print_table(title, tally):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = entry_parser("studies.recording_accuracy", __doc__)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--checkpoint")
     source.add_argument("--nested", help="a configuration folder of studies.nested_cv: every finished outer fold")

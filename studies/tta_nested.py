@@ -8,13 +8,13 @@ rotations of every sensor's x/y/z, a gain, or a half turn about x, against the p
 Per set of copies: every outer fold's accuracy, their mean, the worst fold and the worst person, so
 that a choice is made on the outer folds, as the nested estimate asks. Inference only: no training.
 """
-import argparse
 import math
 import statistics
 from pathlib import Path
 
 import numpy as np
 
+from benchmarks import entry_parser
 from data.augment import sensor_triples
 from evaluation.metrics import per_subject_accuracy
 from inference.bundle import load_bundle, pick_device, probabilities
@@ -76,8 +76,7 @@ def score_outer_fold(checkpoint, device):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m studies.tta_nested", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = entry_parser("studies.tta_nested", __doc__)
     parser.add_argument("--run", required=True, help="one configuration's folder of studies.nested_cv")
     parser.add_argument("--checkpoint", default="best.pt", help="each outer fold's file, e.g. ensemble.pt")
     parser.add_argument("--device", default="auto")

@@ -51,7 +51,7 @@ def test_the_plan_runs_every_group_in_budget_order_with_the_documented_commands(
     (matrix,) = by_group["profile"]  # the whole matrix in one process
     assert matrix.command[1:3] == ["-m", "benchmarks.gpu_check.throughput"]
     assert flag(matrix.command, "--device") == "cuda" and "--quick" not in matrix.command
-    assert Path(flag(matrix.command, "--out")) == matrix.output and matrix.output.is_relative_to(tmp_path)
+    assert Path(flag(matrix.command, "--json")) == matrix.output and matrix.output.is_relative_to(tmp_path)
     assert matrix.partial and not matrix.cuda_only
     (data_path,) = by_group["data_path"]
     assert data_path.command[1:3] == ["-m", "benchmarks.data_path"] and flag(data_path.command, "--device") == "cuda"
@@ -77,7 +77,7 @@ def test_quick_shrinks_steps_rounds_and_data_but_keeps_the_grid(tmp_path):
     assert [step.name for step in full] == [step.name for step in quick]
     matrix = next(step for step in quick if step.group == "profile")
     assert "--quick" in matrix.command and flag(matrix.command, "--synthetic-windows-per-subject") == "64"
-    opts = throughput.parse(["--out", "unused.json", "--quick"])
+    opts = throughput.parse(["--json", "unused.json", "--quick"])
     assert (opts.warmup_steps, opts.steps, opts.repeats) == QUICK.profile and QUICK.profile < FULL.profile
     assert throughput.matrix() == throughput.matrix(opts.models, opts.batch_sizes, opts.precisions)
     overhead = next(step for step in quick if step.group == "overhead")
@@ -202,12 +202,12 @@ def test_pytest_counts_and_failures():
 
 
 def test_matrix_figures_from_what_the_throughput_module_writes(tmp_path):
-    opts = throughput.parse(["--out", str(tmp_path / "t.json"), "--device", "cpu"])
+    opts = throughput.parse(["--json", str(tmp_path / "t.json"), "--device", "cpu"])
     entries = [{"model": "cnn1d", "batch_size": 32, "precision": "fp32", "status": "ok", "samples_per_s": 1.5e4,
                 "step_time_ms": 2.1, "peak_allocated_gib": float("nan"), "wall_s": 3.0},
                {"model": "cnn1d", "batch_size": 32, "precision": "bf16", "status": "not run"}]
-    throughput.json_writer(opts.out, opts)(entries, False)
-    figures = parse_throughput(Path(opts.out).read_text())
+    throughput.json_writer(opts.json, opts)(entries, False)
+    figures = parse_throughput(Path(opts.json).read_text())
     assert figures["finished"] is False
     first, second = figures["configurations"]
     assert first["samples_per_s"] == 1.5e4 and first["peak_allocated_gib"] is None  # NaN is null in the file
@@ -331,7 +331,7 @@ def test_the_shell_wrapper_runs_the_package_from_any_folder(tmp_path):
                             env={**os.environ, "PYTHON": sys.executable})
     assert result.returncode == 0, result.stderr
     (line,) = result.stdout.splitlines()
-    assert " -m benchmarks.gpu_check.throughput --device cuda --out " in line
+    assert " -m benchmarks.gpu_check.throughput --device cuda --json " in line
 
 
 def test_an_unknown_group_is_refused():

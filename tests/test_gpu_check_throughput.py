@@ -11,8 +11,9 @@ import torch
 from benchmarks.gpu_check import throughput
 from benchmarks.gpu_check.figures import parse_throughput
 from benchmarks.gpu_check.page import markdown_report
-from benchmarks.gpu_check.plan import BATCH_SIZES, FULL, GROUP_BUDGET_S, MODELS, PRECISIONS, QUICK, Step
+from benchmarks.gpu_check.plan import BATCH_SIZES, FULL, GROUP_BUDGET_S, PRECISIONS, QUICK, Step
 from benchmarks.gpu_check.runner import Budget, run_step
+from models import MODELS
 from test_gpu_check import sample_result
 
 TINY_MATRIX = ["--device", "cpu", "--quick", "--models", "cnn1d", "--batch-sizes", "16", "--precisions", "fp32,fp16",
@@ -20,13 +21,11 @@ TINY_MATRIX = ["--device", "cpu", "--quick", "--models", "cnn1d", "--batch-sizes
 
 
 def test_the_matrix_covers_every_model_batch_and_precision_with_the_profilers_flags():
-    from models import MODELS as REGISTRY
-    assert set(MODELS) == set(REGISTRY)  # a model added to the registry is measured too
     configurations = throughput.matrix()
     wanted = set(itertools.product(MODELS, BATCH_SIZES, PRECISIONS))
     assert {(c.model, c.batch_size, c.precision) for c in configurations} == wanted
     assert len(configurations) == len(wanted) == 36
-    opts = throughput.parse(["--out", "unused.json"])
+    opts = throughput.parse(["--json", "unused.json"])
     assert (opts.device, (opts.warmup_steps, opts.steps, opts.repeats)) == ("cuda", FULL.profile)
     for config in configurations:
         args = throughput.profiler_args(config, opts)  # what profiler.py would parse from the same flags
@@ -46,7 +45,7 @@ def test_the_matrix_records_each_failure_in_one_line_writes_as_it_goes_and_goes_
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.\nGPU 0 has ...")
         return {"samples_per_s": 1000.0 * args.batch_size, "step_time_ms": 1.0, "peak_allocated_gib": 0.5}
     monkeypatch.setattr(throughput, "measure", fake_measure)
-    argv = ["--out", str(out), "--device", "cpu", "--models", "cnn1d", "--batch-sizes", "32,64",
+    argv = ["--json", str(out), "--device", "cpu", "--models", "cnn1d", "--batch-sizes", "32,64",
             "--precisions", "fp32,bf16"]
     assert throughput.main(argv) == 1  # a failed configuration fails the step, after the whole matrix
     matrix = json.loads(out.read_text())
@@ -60,10 +59,10 @@ def test_the_matrix_records_each_failure_in_one_line_writes_as_it_goes_and_goes_
 
 def test_bad_matrix_flags_are_refused_in_one_line_before_anything_runs(tmp_path, capsys):
     out = tmp_path / "throughput.json"
-    assert throughput.main(["--out", str(out), "--device", "cpu", "--models", "cnn1d,resnet9000"]) == 2
+    assert throughput.main(["--json", str(out), "--device", "cpu", "--models", "cnn1d,resnet9000"]) == 2
     assert capsys.readouterr().err.count("\n") == 1 and not out.exists()
     with pytest.raises(SystemExit) as refused:
-        throughput.main(["--out", str(out), "--precisions", "fp8"])
+        throughput.main(["--json", str(out), "--precisions", "fp8"])
     assert refused.value.code == 2
 
 
@@ -71,7 +70,7 @@ def test_a_tiny_matrix_on_cpu_measures_and_skips_fp16(tmp_path):
     """The real module in its own process, through the runner: what the check does on a GPU."""
     out = tmp_path / "throughput.json"
     step = Step("throughput matrix", "profile",
-                [sys.executable, "-m", "benchmarks.gpu_check.throughput", *TINY_MATRIX, "--out", str(out)],
+                [sys.executable, "-m", "benchmarks.gpu_check.throughput", *TINY_MATRIX, "--json", str(out)],
                 output=out, partial=True)
     record = run_step(step, Budget(GROUP_BUDGET_S, 120), "cpu")
     assert record["status"] == "ok", record.get("tail")

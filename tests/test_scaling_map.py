@@ -15,14 +15,14 @@ SHORT = ["--sizes", "0.1M", "--batch-sizes", "16", "--strategies", "ddp", "--dev
 
 
 @pytest.mark.parametrize("argv, names", [
-    (["--predict-gpus", "0,2"], ["--predict-gpus 0", "give 1 or more"]),
-    (["--predict-gpus", "-4"], ["--predict-gpus -4"]),
-    (["--batch-sizes", "0"], ["--batch-sizes 0"]),
-    (["--threads-per-rank", "0"], ["--threads-per-rank 0"]),
-    (["--steps", "0"], ["--steps 0"]),
-    (["--repeats", "-1"], ["--repeats -1"]),
-    (["--warmup-steps", "-1"], ["--warmup-steps -1", "give 0 or more"]),
-    (["--rounds", "0"], ["--rounds 0"]),
+    (["--predict-gpus", "0,2"], ["--predict-gpus must be at least 1, got 0"]),
+    (["--predict-gpus", "-4"], ["--predict-gpus must be at least 1, got -4"]),
+    (["--batch-sizes", "0"], ["--batch-sizes must be at least 1, got 0"]),
+    (["--threads-per-rank", "0"], ["--threads-per-rank must be at least 1, got 0"]),
+    (["--steps", "0"], ["--steps must be at least 1, got 0"]),
+    (["--repeats", "-1"], ["--repeats must be at least 1, got -1"]),
+    (["--warmup-steps", "-1"], ["--warmup-steps must be at least 0, got -1"]),
+    (["--rounds", "0"], ["--rounds must be at least 1, got 0"]),
     (["--sizes", "99M"], ["unknown size or strategy '99M'"]),
     (["--predict-gpus", "two"], ["expected comma-separated integers"]),
     (["--device", "tpu"], ["invalid choice: 'tpu'"]),

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import entry_parser
 from benchmarks import gpu_check as package
 from benchmarks.gpu_check.machine import probe_machine, slug
 from benchmarks.gpu_check.page import markdown_report
@@ -18,8 +19,7 @@ from profiling.report import json_ready
 
 
 def parse(argv):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description=package.__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = entry_parser("benchmarks.gpu_check", package.__doc__)
     parser.add_argument("--out", default=None, help="output folder (default gpu_check/<gpu>-<date>)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: few steps and rounds, smaller epochs")
     parser.add_argument("--only", default=None, help=f"comma-separated groups from {','.join(GROUP_BUDGET_S)}")

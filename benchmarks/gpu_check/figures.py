@@ -33,7 +33,7 @@ def parse_pytest(stdout):
 
 
 def parse_throughput(text):
-    """benchmarks.gpu_check.throughput --out: one entry per configuration, measured or not."""
+    """benchmarks.gpu_check.throughput --json: one entry per configuration, measured or not."""
     matrix = json.loads(text)
     return {"finished": matrix["finished"],
             "configurations": [{key: entry.get(key) for key in CONFIGURATION_KEYS}

@@ -7,7 +7,8 @@ import sys
 
 import torch
 
-from benchmarks.gpu_check.runner import child_env, run_command
+from benchmarks.gpu_check.runner import run_command
+from profiling.cli import env_without_torchrun
 
 
 def machine_info():
@@ -28,7 +29,7 @@ def machine_info():
 
 def probe_machine():
     probe = "import json; from benchmarks.gpu_check.machine import machine_info; print(json.dumps(machine_info()))"
-    outcome, stdout = run_command([sys.executable, "-c", probe], 60, child_env())
+    outcome, stdout = run_command([sys.executable, "-c", probe], 60, env_without_torchrun())
     info = json.loads(stdout) if outcome["status"] == "ok" else {"error": outcome.get("tail", outcome["status"])}
     outcome, commit = run_command(["git", "rev-parse", "--short", "HEAD"], 10)
     info["commit"] = commit.strip() if outcome["status"] == "ok" else None

@@ -4,7 +4,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # The throughput matrix, measured in one process by benchmarks.gpu_check.throughput.
-MODELS = ("cnn1d", "cnn_lstm", "transformer", "minirocket")
 BATCH_SIZES = (32, 256, 1024)
 PRECISIONS = {"fp32": ["--no-amp"], "bf16": ["--amp", "--amp-dtype", "bf16"], "fp16": ["--amp", "--amp-dtype", "fp16"]}
 OVERHEAD_BATCHES = (32, 8)
@@ -50,7 +49,7 @@ def build_plan(scratch, device="cuda", quick=False):
     matrix = scratch / "throughput.json"
     steps.append(Step("throughput matrix", "profile", [
         python, "-m", "benchmarks.gpu_check.throughput", "--device", device, *(["--quick"] if quick else []),
-        *effort.windows, "--out", str(matrix)], output=matrix, partial=True))
+        *effort.windows, "--json", str(matrix)], output=matrix, partial=True))
     steps.append(Step("data path", "data_path", [
         python, "-m", "benchmarks.data_path", "--device", device, "--rounds", str(effort.rounds),
         "--iteration-passes", str(effort.passes), *effort.windows, "--json", str(scratch / "data_path.json")],

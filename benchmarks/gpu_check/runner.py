@@ -7,13 +7,13 @@ import subprocess
 import time
 from pathlib import Path
 
+from benchmarks import REPO
 from benchmarks.gpu_check.figures import read_figures, tail
 from benchmarks.gpu_check.plan import STEP_LIMIT_S
+from profiling.cli import env_without_torchrun
 
-REPO = Path(__file__).resolve().parents[2]
 MIN_STEP_S = 5.0  # less than this left: the step is skipped, not started to be killed
 GRACE_S = 10.0  # after SIGTERM, for torchrun to pass it on and a trainer to save, before SIGKILL
-TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 FIGURE_ERRORS = (OSError, ValueError, KeyError, TypeError, IndexError)
 
 
@@ -95,11 +95,6 @@ def descendants(pid):
     return found
 
 
-def child_env():
-    """This environment without torchrun's variables, which would make a child think it is a rank."""
-    return {key: value for key, value in os.environ.items() if key not in TORCHRUN_VARIABLES}
-
-
 def step_record(step, **outcome):
     return {"name": step.name, "group": step.group, "params": step.params, "command": shlex.join(step.command),
             **outcome}
@@ -113,7 +108,7 @@ def run_step(step, budget, device, env=None):
     limit_s = min(budget.limit_for(step.group), STEP_LIMIT_S.get(step.group, float("inf")))
     if limit_s < MIN_STEP_S:
         return {**record, "status": "skipped", "why": "time budget spent"}
-    outcome, stdout = run_command(step.command, limit_s, env if env is not None else child_env())
+    outcome, stdout = run_command(step.command, limit_s, env if env is not None else env_without_torchrun())
     record.update(outcome)
     if outcome["status"] == "ok" or (step.group == "tests" and stdout):  # failed tests still have counts
         try:

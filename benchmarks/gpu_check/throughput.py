@@ -1,7 +1,7 @@
 """The training-step throughput of every model x per-GPU batch x precision, measured in one process (one
 import of torch, one CUDA context) with the profiler's own workload and timed steps.
 
-    python -m benchmarks.gpu_check.throughput --out FILE.json [--device cuda|cpu] [--quick]
+    python -m benchmarks.gpu_check.throughput --json FILE.json [--device cuda|cpu] [--quick]
         [--models M,..] [--batch-sizes B,..] [--precisions P,..] [--synthetic-windows-per-subject N]
         [--warmup-steps N] [--steps N] [--repeats N]
 
@@ -10,7 +10,6 @@ A configuration that fails (out of memory, an unsupported kernel) is recorded wi
 and the next one runs; one the project refuses on this device (fp16 on CPU) is recorded as skipped.
 Exit code: 0 none failed, 1 some failed, 2 bad flags.
 """
-import argparse
 import contextlib
 import functools
 import gc
@@ -23,10 +22,12 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.gpu_check.plan import BATCH_SIZES, FULL, MODELS, PRECISIONS, QUICK
+from benchmarks import entry_parser
+from benchmarks.gpu_check.plan import BATCH_SIZES, FULL, PRECISIONS, QUICK
 from data.synthetic import DEFAULT_WINDOWS_PER_SUBJECT
+from models import MODELS  # every model of the registry is measured
 from profiling import workload
-from profiling.cli import parse_profiler_args
+from profiling.cli import comma_counts, comma_names, parse_profiler_args
 from profiling.measure import timed_steps
 from profiling.report import json_ready
 from profiling.timing import NullTimer
@@ -166,18 +167,13 @@ def json_writer(path, opts):
 
 
 def parse(argv):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check.throughput", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    names = functools.partial(str.split, sep=",")
-
-    def sizes(text):
-        return [int(size) for size in text.split(",")]
-    parser.add_argument("--out", required=True, help="the JSON file to write")
+    parser = entry_parser("benchmarks.gpu_check.throughput", __doc__)
+    parser.add_argument("--json", required=True, help="the JSON file to write")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--quick", action="store_true", help="few steps: a smoke run")
-    parser.add_argument("--models", type=names, default=list(MODELS))
-    parser.add_argument("--batch-sizes", type=sizes, default=list(BATCH_SIZES), help="per GPU")
-    parser.add_argument("--precisions", type=names, default=list(PRECISIONS))
+    parser.add_argument("--models", type=comma_names, default=list(MODELS))
+    parser.add_argument("--batch-sizes", type=comma_counts, default=list(BATCH_SIZES), help="per GPU")
+    parser.add_argument("--precisions", type=comma_names, default=list(PRECISIONS))
     parser.add_argument("--synthetic-windows-per-subject", type=int, default=DEFAULT_WINDOWS_PER_SUBJECT)
     parser.add_argument("--warmup-steps", type=int, default=None, help="default: 10, 2 with --quick")
     parser.add_argument("--steps", type=int, default=None, help="steps timed per repeat; default: 30, 5 with --quick")
@@ -208,9 +204,9 @@ def main(argv=None):
     if not configurations:
         print("throughput: nothing to measure", file=sys.stderr)
         return 2
-    Path(opts.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(opts.json).parent.mkdir(parents=True, exist_ok=True)
     with data_loaded_once():
-        entries = run_matrix(configurations, opts, json_writer(opts.out, opts))
+        entries = run_matrix(configurations, opts, json_writer(opts.json, opts))
     return 1 if any(entry["status"] == "failed" for entry in entries) else 0
 
 

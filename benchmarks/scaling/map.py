@@ -13,7 +13,6 @@ minutes apart, never hours. The map gives the median over the rounds and the low
 Run from the repository root: python -m benchmarks.scaling.map --out DIR (the same command on a GPU node
 gives the GPU map).
 """
-import argparse
 import csv
 import json
 import math
@@ -22,7 +21,9 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.scaling.report import comma_counts, comma_names, run_profiler
+from benchmarks import entry_parser
+from benchmarks.scaling.report import run_profiler
+from profiling.cli import check_at_least, comma_counts, comma_names
 from profiling.comm_model import STRATEGIES, Link, predict_strategy
 from profiling.report import PROFILE_JSON
 from training.config.files import usage_error
@@ -43,8 +44,7 @@ ROUND_FIGURES = ("measured_samples_per_s", "measured_speedup", "predicted_sample
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.scaling.map", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = entry_parser("benchmarks.scaling.map", __doc__)
     parser.add_argument("--out", required=True, help="scaling_map.csv, scaling_map.png and the profiles under runs/")
     parser.add_argument("--sizes", type=comma_names, default=list(SIZES), help=f"from {', '.join(SIZES)}")
     parser.add_argument("--batch-sizes", type=comma_counts, default=[16, 64], help="per GPU / process")
@@ -63,17 +63,6 @@ def build_parser():
     return parser
 
 
-def check_counts(args):
-    """Every count the sweep multiplies or divides by, checked before the first profile runs."""
-    for flag, values, lowest in (("--batch-sizes", args.batch_sizes, 1), ("--predict-gpus", args.predict_gpus, 1),
-                                 ("--threads-per-rank", [args.threads_per_rank], 1), ("--steps", [args.steps], 1),
-                                 ("--repeats", [args.repeats], 1), ("--rounds", [args.rounds], 1),
-                                 ("--warmup-steps", [args.warmup_steps], 0)):
-        low = [value for value in values if value < lowest]
-        if low:
-            raise UsageError(f"{flag} {low[0]}: give {lowest} or more")
-
-
 def main(argv):
     args = build_parser().parse_args(argv)
     unknown = [name for name in args.sizes if name not in SIZES] + \
@@ -81,7 +70,11 @@ def main(argv):
     if unknown:
         raise UsageError(f"unknown size or strategy {unknown[0]!r}; sizes: {', '.join(SIZES)}; strategies: "
                          f"{', '.join(STRATEGIES)}")
-    check_counts(args)
+    # Every count the sweep multiplies or divides by, checked before the first profile runs.
+    check_at_least(("--batch-sizes", args.batch_sizes, 1), ("--predict-gpus", args.predict_gpus, 1),
+                   ("--threads-per-rank", args.threads_per_rank, 1), ("--steps", args.steps, 1),
+                   ("--repeats", args.repeats, 1), ("--rounds", args.rounds, 1),
+                   ("--warmup-steps", args.warmup_steps, 0))
     # What run_profiler reads besides these: the steps of each run (no phase pass) and no extra flags.
     args.phase_steps, args.profiler_args = 0, "--predict-gpus 1,2,4,8"
     out, started, rounds = Path(args.out), time.perf_counter(), []

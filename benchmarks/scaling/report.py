@@ -1,31 +1,27 @@
-"""Profile a grid of configurations at 1 and N processes, then write the scaling table, report and figures.
+"""Run profiler.py for every model x per-GPU batch x world size, then write the scaling table, report and figures.
 
 Run from the repository root: python -m benchmarks.scaling.report
 """
-import argparse
 import itertools
 import json
-import os
 import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from benchmarks import REPO, entry_parser
 from benchmarks.scaling.figures import write_figures
 from benchmarks.scaling.tables import write_csv, write_latex, write_text_report
+from profiling.cli import check_at_least, comma_counts, comma_names, env_without_torchrun
 from profiling.report import PROFILE_JSON
 from profiling.scaling import scaling_rows
 from training.errors import UsageError, run_entry_point
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 def build_parser():
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.scaling.report", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        description="Run profiler.py for every model x per-GPU batch x world size and report the scaling.")
-    parser.add_argument("--output-dir", default="profiles/scaling", help="report, table, figures and runs/")
+    parser = entry_parser("benchmarks.scaling.report", __doc__)
+    parser.add_argument("--out", default="profiles/scaling", help="report, table, figures and runs/")
     parser.add_argument("--models", type=comma_names, default=["cnn1d", "transformer"])
     parser.add_argument("--batch-sizes", type=comma_counts, default=[32, 128], help="per GPU / process")
     parser.add_argument("--world-sizes", type=comma_counts, default=[1, 2],
@@ -43,15 +39,16 @@ def build_parser():
     parser.add_argument("--profiler-args", default="",
                         help="more profiler.py flags for every run, as one quoted string, e.g. '--norm group'")
     parser.add_argument("--reuse", action="store_true",
-                        help="keep the profile.json of configurations already under <output-dir>/runs")
+                        help="keep the profile.json of configurations already under <out>/runs")
     return parser
 
 
 def main(argv):
     args = build_parser().parse_args(argv)
-    if min(args.batch_sizes + args.world_sizes) < 1 or min(args.steps, args.repeats, args.threads_per_rank) < 1:
-        raise UsageError("--batch-sizes, --world-sizes, --steps, --repeats and --threads-per-rank must be at least 1")
-    output_dir = Path(args.output_dir)
+    check_at_least(("--batch-sizes", args.batch_sizes, 1), ("--world-sizes", args.world_sizes, 1),
+                   ("--steps", args.steps, 1), ("--repeats", args.repeats, 1),
+                   ("--threads-per-rank", args.threads_per_rank, 1))
+    output_dir = Path(args.out)
     configurations = list(itertools.product(args.models, args.batch_sizes, args.world_sizes))
     profiles, started = [], time.perf_counter()
     for index, (model, batch_size, world_size) in enumerate(configurations, start=1):
@@ -83,32 +80,11 @@ def run_profiler(args, configuration, world_size, run_dir, parallel=("--multi-gp
     else:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}",
                    "profiler.py", *parallel, *flags]
-    env = {key: value for key, value in os.environ.items()
-           if key not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    env["OMP_NUM_THREADS"] = str(args.threads_per_rank)  # ignored by CUDA kernels, decisive on CPU
+    env = env_without_torchrun(OMP_NUM_THREADS=str(args.threads_per_rank))  # ignored by CUDA kernels, decisive on CPU
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
     if result.returncode != 0:
         tail = "\n".join(result.stderr.strip().splitlines()[-5:])
         raise UsageError(f"profiler run failed ({' '.join(command)}):\n{tail}")
-
-
-def comma_names(text):
-    """'cnn1d, transformer' -> ['cnn1d', 'transformer']: an argparse type for a list of names."""
-    names = [part.strip() for part in text.split(",") if part.strip()]
-    if not names:
-        raise argparse.ArgumentTypeError("expected comma-separated names")
-    return names
-
-
-def comma_counts(text):
-    """'4,1,2,2' -> [1, 2, 4]: an argparse type for a set of whole numbers, sorted."""
-    try:
-        counts = sorted({int(part) for part in text.split(",") if part.strip()})
-    except ValueError:
-        counts = []
-    if not counts:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
-    return counts
 
 
 if __name__ == "__main__":
