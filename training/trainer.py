@@ -9,6 +9,8 @@ epoch's end it validates, and the CheckpointManager (checkpoint/manager.py) writ
 and every part to last.pt.
 """
 import dataclasses
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +41,6 @@ from training.errors import EXIT_PREEMPTED, RankLost, TrainingDiverged, UsageErr
 from training.feature_pool import build_feature_pool, wants_feature_pool
 from training.loop import epoch as epoch_pass
 from training.loop.precision import Precision, skipped_steps
-from training.loop.preemption import StopSignals
 from training.loop.recipe import build_augmenter, build_weight_average
 from training.loop.step import (
     TrainStep,
@@ -57,6 +58,32 @@ from training.reporting.memory import GIB, free_bytes
 from training.run_inputs import read_run_inputs
 
 EVAL_BATCH_MIN = 256
+# Stop requests from the outside: SLURM and torchrun send SIGTERM/SIGUSR1 before they kill a job.
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGUSR1") if hasattr(signal, name))
+
+
+class StopSignals:
+    """While installed, a stop signal only sets `received`; the run finishes its optimizer step,
+    saves, and exits with EXIT_PREEMPTED instead of dying mid-write."""
+
+    def __init__(self):
+        self.received = None  # the signal's name once one arrived
+        self._previous = {}
+
+    def install(self):
+        if threading.current_thread() is not threading.main_thread():
+            return self  # Python only lets the main thread set handlers (e.g. under a test runner)
+        for number in STOP_SIGNALS:
+            self._previous[number] = signal.signal(number, self._handle)
+        return self
+
+    def restore(self):
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+        self._previous.clear()
+
+    def _handle(self, number, frame):
+        self.received = signal.Signals(number).name
 
 
 def train(config):
