@@ -1,4 +1,4 @@
-"""MiniRocket's features computed once (training.feature_pool): what the pool holds, which view each
+"""MiniRocket's features computed once (training.loop.recipe): what the pool holds, which view each
 epoch trains on, and runs through main.py that prove it against transforming every batch."""
 import signal
 import sys
@@ -11,7 +11,7 @@ from data.augment import AugmentConfig, BatchAugmenter
 from data.loaders import ShardedSampler, epoch_order
 from data.splits import Split
 from models import build_model
-from training.feature_pool import VIEW_SEED_STRIDE, build_feature_pool
+from training.loop.recipe import VIEW_SEED_STRIDE, build_feature_pool
 
 MINIROCKET = [*TINY_DATA, "--model", "minirocket", "--width", "840", "--synthetic-windows-per-subject", "8",
               "--batch-size", "16"]

@@ -38,10 +38,9 @@ from training.config.settings import DEFAULT_LR, RunConfig
 from training.distributed.lost_rank import explain_lost_rank
 from training.distributed.strategy import make_strategy
 from training.errors import EXIT_PREEMPTED, RankLost, TrainingDiverged, UsageError
-from training.feature_pool import build_feature_pool, wants_feature_pool
 from training.loop import epoch as epoch_pass
 from training.loop.precision import Precision, skipped_steps
-from training.loop.recipe import build_augmenter, build_weight_average
+from training.loop.recipe import build_augmenter, build_feature_pool, build_weight_average, wants_feature_pool
 from training.loop.step import (
     TrainStep,
     build_adamw,
