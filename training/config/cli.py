@@ -7,7 +7,7 @@ import typing
 from dataclasses import fields
 
 from training.config.files import parse_with_config
-from training.config.settings import COMPILE_MODES, SHARDED_OR_DDP, Parallel, RunConfig, flag_of
+from training.config.settings import COMPILE_MODES, SHARDED_OR_DDP, Parallel, RunConfig, flag_groups
 from training.errors import UsageError
 
 # What the tools that extend the trainer's command line import from here (the constants until they
@@ -39,7 +39,7 @@ def build_parser(multi_gpu):
         prog="main_multi_gpu.py" if multi_gpu else "main.py",
         description="Train a Human Activity Recognition model on UCI HAR or synthetic data.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    for group in fields(RunConfig):
+    for group, items in flag_groups():
         if group.type is Parallel and not multi_gpu:
             continue
         arguments = parser.add_argument_group(group.metadata["title"])
@@ -47,18 +47,18 @@ def build_parser(multi_gpu):
             arguments.add_argument("--config", default=None, metavar="FILE",
                                    help="YAML or JSON file of flags (batch_size: 64 or batch-size: 64); flags given "
                                         "on the command line win. Every run writes its own to <save-dir>/config.yaml")
-        for item in fields(group.type):
-            add_flag(arguments, item)
+        for dest, item in items:
+            add_flag(arguments, dest, item)
         if group.name == "output":
             arguments.add_argument("--debug", action="store_true",
                                    help="show full tracebacks instead of one-line errors")
     return parser
 
 
-def add_flag(arguments, item):
+def add_flag(arguments, dest, item):
     """The flag of one settings field: a switch for a bool (--x, or --x/--no-x where it defaults to on
     or to the device's choice), else a value of the field's type."""
-    meta, dest = item.metadata, flag_of(item)
+    meta = item.metadata
     option = "--" + dest.replace("_", "-")
     kind = next((kind for kind in typing.get_args(item.type) if kind is not type(None)), item.type)
     common = {"dest": dest, "default": item.default, "help": meta["help"]}

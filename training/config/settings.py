@@ -261,14 +261,13 @@ class RunConfig:
     def from_flags(cls, flags):
         """From a mapping of flag names (dests) to values; keys that are not settings are ignored and
         settings it lacks (a run saved before they existed) take their defaults."""
-        return cls(**{group.name: group.type(**{item.name: flags[flag_of(item)] for item in fields(group.type)
-                                                 if flag_of(item) in flags})
-                      for group in fields(cls)})
+        return cls(**{group.name: group.type(**{item.name: flags[flag] for flag, item in items if flag in flags})
+                      for group, items in flag_groups()})
 
     def flags(self):
         """The flat `flag: value` mapping (plain data: config.yaml, checkpoints)."""
-        return {flag_of(item): getattr(getattr(self, group.name), item.name)
-                for group in fields(self) for item in fields(group.type)}
+        return {flag: getattr(getattr(self, group.name), item.name) for group, items in flag_groups()
+                for flag, item in items}
 
     def replace(self, **flags):
         """A copy with some flags changed, named as on the command line (with underscores)."""
@@ -305,9 +304,11 @@ class RunConfig:
         return {**options, **overrides}
 
 
-def flag_of(item):
-    """The flag (dest) a field stands for."""
-    return item.metadata.get("flag", item.name)
+def flag_groups():
+    """[(group field, [(flag, field), ...]), ...] in --help's order: what the command line and the
+    flat mapping are made of. A field's flag (its dest) is its name unless its metadata names another."""
+    return [(group, [(item.metadata.get("flag", item.name), item) for item in fields(group.type)])
+            for group in fields(RunConfig)]
 
 
 # The checks validate() runs, on the flat flags, one function per concern. A few write a flag back in
