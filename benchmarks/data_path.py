@@ -1,13 +1,12 @@
 """The device-resident data path against the DataLoader path: whole training epochs and bare loader iteration."""
 import functools
-import json
 import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
-from benchmarks import entry_parser
+from benchmarks import entry_parser, write_json
 from benchmarks.common import (
     TRAINER_SIDE,
     add_run_flags,
@@ -81,9 +80,7 @@ def main(argv=None):
           f"{paired_ratio(training, 'device', 'dataloader'):.3f}), "
           f"{median_ratio(iteration, 'device', 'dataloader'):.3f} bare iteration (medians of {opts.rounds} "
           f"rounds, {opts.model}, batch {opts.batch_size}, {device}, {torch.get_num_threads()} threads)")
-    if opts.json:  # --json comes with the shared run flags
-        Path(opts.json).write_text(json.dumps(figures(opts, device, iteration, training), indent=2) + "\n")
-        print(f"wrote {opts.json}")
+    write_json(opts.json, figures(opts, device, iteration, training))
     return 0
 
 

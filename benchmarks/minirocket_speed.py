@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks import REPO, entry_parser
+from benchmarks import REPO, entry_parser, write_json
 from benchmarks.common import epoch_rates, format_rates, paired_ratio
 from models import build_model
 
@@ -46,8 +46,7 @@ def main(argv=None):
     figures = {"threads": opts.threads, **transform_figures(opts, AeonMiniRocket)}
     if opts.data_dir:
         figures["time_to_model"] = time_to_model(opts)
-    if opts.json:
-        Path(opts.json).write_text(json.dumps(figures, indent=2))
+    write_json(opts.json, figures)
     return 0
 
 

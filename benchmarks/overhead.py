@@ -4,7 +4,6 @@ Under torchrun (--nproc_per_node=N) both sides are DDP: the trainer as main_mult
 it, the minimal loop as a DistributedDataParallel model fed a per-rank slice of each epoch.
 """
 import functools
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -13,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch.optim.lr_scheduler import LambdaLR
 
-from benchmarks import entry_parser
+from benchmarks import entry_parser, write_json
 from benchmarks.common import (
     TRAINER_SIDE,
     add_run_flags,
@@ -159,9 +158,7 @@ def report(opts, run, rates, other_cores):
     if opts.bare_minimal:
         print(f"trainer/bare = {median_ratio(rates, 'trainer', 'bare'):.3f} (the overhead plus what clipping and "
               "the schedule cost)")
-    if opts.json:
-        Path(opts.json).write_text(json.dumps(figures, indent=2) + "\n")
-        print(f"wrote {opts.json}")
+    write_json(opts.json, figures)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,12 @@
 """What the generalisation recipe costs per training step: augmentation and the weight average against neither."""
 import functools
-import json
 import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
-from benchmarks import entry_parser
+from benchmarks import entry_parser, write_json
 from benchmarks.common import (
     add_run_flags,
     build_run,
@@ -53,12 +52,9 @@ def main(argv=None):
           f"{paired_ratio(rates, 'recipe', 'plain'):.3f} (median of per-round ratios over {opts.rounds} rounds; "
           f"{opts.model}, batch {opts.batch_size}, {device}, {torch.get_num_threads()} threads; "
           f"target: augmentation >= {TARGET_RATIO})")
-    if opts.json:  # --json comes with the shared run flags
-        Path(opts.json).write_text(json.dumps({
-            "samples_per_s": rates, "augment_over_plain": paired_ratio(rates, "augment", "plain"),
-            "recipe_over_plain": paired_ratio(rates, "recipe", "plain"), "model": opts.model,
-            "batch_size": opts.batch_size, "device": str(device), "rounds": opts.rounds}, indent=2) + "\n")
-        print(f"wrote {opts.json}")
+    write_json(opts.json, {"samples_per_s": rates, "augment_over_plain": paired_ratio(rates, "augment", "plain"),
+                           "recipe_over_plain": paired_ratio(rates, "recipe", "plain"), "model": opts.model,
+                           "batch_size": opts.batch_size, "device": str(device), "rounds": opts.rounds})
     return 0
 
 

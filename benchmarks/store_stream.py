@@ -23,7 +23,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
-from benchmarks import REPO, entry_parser
+from benchmarks import REPO, descendants, entry_parser, write_json
 
 STARTED_S = time.time()  # before the imports below: a side's time to first step counts them
 import numpy as np  # noqa: E402
@@ -127,8 +127,7 @@ def measure_sides(options):
     peak_gib = max(r["peak_pss_gib"] for r in results["store"])
     print(f"store / in memory samples/s, per round: {', '.join(f'{r:.3f}' for r in ratios)}; median "
           f"{float(np.median(ratios)):.3f}; peak memory (PSS) of the store runs {peak_gib:.2f} GiB")
-    if options.json:
-        Path(options.json).write_text(json.dumps({"results": results, "ratios": ratios}, indent=2))
+    write_json(options.json, {"results": results, "ratios": ratios})
     return 0
 
 
@@ -183,18 +182,13 @@ class _PeakMemory:
 
 
 def _tree_memory(pid):
-    """(PSS, RSS) of the process and its children, summed, in bytes."""
+    """(PSS, RSS) of the process and every process below it, summed, in bytes."""
     pss = rss = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for member in [pid, *descendants(pid)]:
         try:
-            parent = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            if int(entry) != pid and parent != pid:
-                continue
-            rollup = Path(f"/proc/{entry}/smaps_rollup").read_text()
-        except (OSError, ValueError, IndexError):
-            continue
+            rollup = Path(f"/proc/{member}/smaps_rollup").read_text()
+        except OSError:
+            continue  # gone meanwhile
         fields = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in rollup.splitlines()[1:]}
         pss, rss = pss + fields.get("Pss", 0), rss + fields.get("Rss", 0)
     return pss, rss

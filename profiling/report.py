@@ -38,7 +38,7 @@ def write_profile(profile, output_dir):
         writer = csv.DictWriter(handle, fieldnames=["run", *profile["runs"][0]])
         writer.writeheader()
         for index, run in enumerate(profile["runs"], start=1):
-            writer.writerow({"run": index, **{key: _cell(value) for key, value in run.items()}})
+            writer.writerow({"run": index, **{key: csv_cell(value) for key, value in run.items()}})
     return paths
 
 
@@ -60,28 +60,29 @@ def summary_rows(profile):
              "samples_per_s": "samples/s",
              "data_wait_share": "fraction", "compute_step_time_s": "s", "comm_time_s": "s",
              "compute_to_comm_ratio": "ratio"}
-    rows = [[name, _cell(stat["mean"]), _cell(stat["std"]), units[name]] for name, stat in profile["timing"].items()]
-    rows.append(["epoch_time_s", _cell(profile["epoch_time_s"]), "", "s"])
+    rows = [[name, csv_cell(stat["mean"]), csv_cell(stat["std"]), units[name]]
+            for name, stat in profile["timing"].items()]
+    rows.append(["epoch_time_s", csv_cell(profile["epoch_time_s"]), "", "s"])
     for name, value in (profile["phases"] or {}).items():
         if name != "steps":
-            rows.append([f"phase_{name}", _cell(value), "", "s"])
+            rows.append([f"phase_{name}", csv_cell(value), "", "s"])
     for entry in profile["memory"]["per_rank"]:
         for name, value in entry.items():
             if name != "rank":
-                rows.append([f"rank{entry['rank']}_{name}", _cell(value), "", "GiB"])
+                rows.append([f"rank{entry['rank']}_{name}", csv_cell(value), "", "GiB"])
     rows += [["parameters", profile["model"]["parameters"], "", "count"],
              ["gradient_bytes", profile["model"]["gradient_bytes"], "", "bytes"],
-             ["link_bandwidth_gb_per_s", _cell(profile["link"]["bandwidth_gb_per_s"]), "", "GB/s"],
-             ["link_latency_us", _cell(profile["link"]["latency_us"]), "", "us per ring step"]]
+             ["link_bandwidth_gb_per_s", csv_cell(profile["link"]["bandwidth_gb_per_s"]), "", "GB/s"],
+             ["link_latency_us", csv_cell(profile["link"]["latency_us"]), "", "us per ring step"]]
     benchmark = profile["allreduce_benchmark"]
     if benchmark["measured"]:
-        rows += [["allreduce_time_s", _cell(benchmark["time_s"]), "", "s"],
-                 ["allreduce_bus_bandwidth_gb_per_s", _cell(benchmark["bus_bandwidth_gb_per_s"]), "", "GB/s"]]
+        rows += [["allreduce_time_s", csv_cell(benchmark["time_s"]), "", "s"],
+                 ["allreduce_bus_bandwidth_gb_per_s", csv_cell(benchmark["bus_bandwidth_gb_per_s"]), "", "GB/s"]]
     for prediction in profile["predictions"]:
         n = prediction["world_size"]
-        rows += [[f"predicted_step_time_s_{n}gpu", _cell(prediction["step_s"]), "", "s"],
-                 [f"predicted_speedup_{n}gpu", _cell(prediction["speedup"]), "", "x"],
-                 [f"predicted_efficiency_{n}gpu", _cell(prediction["efficiency"]), "", "fraction"]]
+        rows += [[f"predicted_step_time_s_{n}gpu", csv_cell(prediction["step_s"]), "", "s"],
+                 [f"predicted_speedup_{n}gpu", csv_cell(prediction["speedup"]), "", "x"],
+                 [f"predicted_efficiency_{n}gpu", csv_cell(prediction["efficiency"]), "", "fraction"]]
     return rows
 
 
@@ -100,7 +101,7 @@ def format_summary(profile):
         f"  throughput      {samples['mean']:,.0f} +- {samples['std']:,.0f} samples/s (global)",
         f"  data wait       {timing['data_wait_share']['mean']:.1%} of the step",
         f"  T_compute       {_ms(timing['compute_step_time_s']['mean'])} | T_comm {_ms(timing['comm_time_s']['mean'])} "
-        f"| R = {_number(timing['compute_to_comm_ratio']['mean'])}",
+        f"| R = {number(timing['compute_to_comm_ratio']['mean'])}",
         *_own_scaling(config, timing),
         f"  epoch time      {profile['epoch_time_s']:.2f} s ({config['steps_per_epoch']} steps x mean step time)",
     ]
@@ -120,7 +121,7 @@ def format_summary(profile):
     lines.append("      GPUs  all-reduce     step   speedup  efficiency        R")
     for p in profile["predictions"]:
         lines.append(f"      {p['world_size']:>4}  {_ms(p['allreduce_s']):>10} {_ms(p['step_s']):>8} "
-                     f"{p['speedup']:>8.2f}x {p['efficiency']:>10.0%} {_number(p['compute_to_comm_ratio']):>8}")
+                     f"{p['speedup']:>8.2f}x {p['efficiency']:>10.0%} {number(p['compute_to_comm_ratio']):>8}")
     if profile.get("strategies"):
         lines.append("  strategies      predicted per strategy (communication / step / speedup / MB of model "
                      "state per GPU)")
@@ -169,11 +170,11 @@ def _ms(seconds):
     return "inf" if math.isinf(seconds) else f"{seconds * 1e3:.3g} ms"
 
 
-def _number(value):
+def number(value):
     return "inf" if value is None or math.isinf(value) else f"{value:.3g}"
 
 
-def _cell(value):
+def csv_cell(value):
     if isinstance(value, float):
         return "" if math.isnan(value) else f"{value:.6g}"  # inf is written as inf
     return "" if value is None else value

@@ -7,8 +7,12 @@ from profiling.comm_model import BYTES_PER_GB, Link, ddp_bucket_count, predict_w
 
 def group_key(profile):
     """Profiles that differ only in world size compare with each other."""
-    config = profile["config"]
-    return (config["model"], config["batch_size"], config["precision"], config["grad_accum_steps"])
+    return row_key(profile["config"])
+
+
+def row_key(row):
+    """A scaling row's (or a profile config's) configuration but for its world size."""
+    return (row["model"], row["batch_size"], row["precision"], row["grad_accum_steps"])
 
 
 def scaling_rows(profiles):
@@ -28,11 +32,13 @@ def scaling_rows(profiles):
 def measured_link(profile):
     """The link fitted from a multi-process profile's all-reduce benchmark, or None."""
     benchmark = profile["allreduce_benchmark"]
-    if not benchmark["measured"]:
-        return None
-    fitted = benchmark["fitted_link"]
-    bandwidth = fitted["bandwidth_bytes_per_s"]
-    return Link(math.inf if bandwidth is None else bandwidth, fitted["latency_s"], fitted["source"])
+    return link_from(benchmark["fitted_link"]) if benchmark["measured"] else None
+
+
+def link_from(entry):
+    """The Link of a profile's JSON entry (null bandwidth: infinite)."""
+    bandwidth = entry["bandwidth_bytes_per_s"]
+    return Link(math.inf if bandwidth is None else bandwidth, entry["latency_s"], entry["source"])
 
 
 def extrapolate(baseline, link, world_sizes, host_aware=True):

@@ -8,15 +8,13 @@ benchmark-only dependency (pip install aeon), never the trainer's.
 Example: python -m studies.minirocket_baseline --data-dir ../hapt-dev-ucihar --folds 7 --json out.json
 """
 import argparse
-import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-from benchmarks import entry_parser
+from benchmarks import entry_parser, write_json
 from crossval.folds import fold_subjects
 from data.splits import load_har_data
 from evaluation.metrics import classification_report, per_subject_accuracy
@@ -67,8 +65,7 @@ def main(argv=None):
                   f"{worst} ({people[worst]['accuracy']:.4f})", flush=True)
         if not opts.no_test:
             score(np.ones(len(train), dtype=bool), test, {"split": "test"})
-    if opts.json:
-        Path(opts.json).write_text(json.dumps(results, indent=2))
+    write_json(opts.json, results)
     return 0
 
 

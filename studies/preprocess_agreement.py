@@ -1,9 +1,5 @@
 """How closely data/preprocess.py reproduces a UCI-HAR-layout split cut from the raw recordings.
 
-usage: python -m studies.preprocess_agreement --data-dir ../hapt-dev-ucihar
-           [--recordings ../shared/data/hapt-dev/hapt_dev_recordings.npz] [--split test]
-           [--subjects 3,7,15,21,26,29]
-
 Cuts every recording of the split's subjects as the layout was cut (128 samples every 64,
 wholly inside one activity 1..6, recordings in name order) and prints the largest difference
 from the windows the loader reads. Development data only: nothing in the tests needs it.

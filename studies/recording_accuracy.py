@@ -1,11 +1,6 @@
 """Per-sample accuracy and calibration of predict.py's recording path on labelled continuous recordings,
 per person, for each option predict.py offers new people.
 
-usage: python -m studies.recording_accuracy --checkpoint RUN/best.pt
-           [--recordings ../shared/data/hapt-dev/hapt_dev_recordings.npz] [--subjects 3,7,15,21,26,29]
-           [--as-rate HZ] [--json scores.json]
-       python -m studies.recording_accuracy --nested runs/nested/default [--json scores.json]
-
 Each recording (keys uSS_sK_acc / _gyro / _label, 50 Hz, acc in g) goes through the same
 functions as predict.py; every sample labelled 1..6 is scored against the window that speaks
 for it. Transitions (7..12) and unlabelled samples (0) are left out. --as-rate first resamples
@@ -29,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks import entry_parser
+from benchmarks import entry_parser, write_json
 from data.recordings import Recording
 from data.resample import resample
 from evaluation.calibration import fit_temperature, scaled
@@ -262,12 +257,11 @@ def main(argv=None):
                 "(mean and worst over people)", tally)
     if windows_tally.samples:
         print_table("the folds' test windows (predict.py --data-dir)", windows_tally)
-    if args.json:
-        Path(args.json).write_text(json.dumps({
-            "recordings": {option: tally.summary(option) for option in sorted(tally.samples)},
-            "calibration": {option: tally.calibration_summary(option) for option in sorted(tally.calibration)},
-            "windows": {option: windows_tally.summary(option) for option in sorted(windows_tally.samples)},
-            "fitted": fitted}, indent=1))
+    write_json(args.json, {
+        "recordings": {option: tally.summary(option) for option in sorted(tally.samples)},
+        "calibration": {option: tally.calibration_summary(option) for option in sorted(tally.calibration)},
+        "windows": {option: windows_tally.summary(option) for option in sorted(windows_tally.samples)},
+        "fitted": fitted})
 
 
 if __name__ == "__main__":

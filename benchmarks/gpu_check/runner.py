@@ -7,7 +7,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from benchmarks import REPO
+from benchmarks import REPO, descendants
 from benchmarks.gpu_check.figures import read_figures, tail
 from benchmarks.gpu_check.plan import STEP_LIMIT_S
 from profiling.cli import env_without_torchrun
@@ -76,23 +76,6 @@ def stop(process):
     for pid in family:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
-
-
-def descendants(pid):
-    """Every process below `pid`, from the parent links in /proc (Linux; elsewhere none)."""
-    children = {}
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue  # gone meanwhile, or not a process entry
-        children.setdefault(parent, []).append(int(entry.name))
-    found, pending = [], [pid]
-    while pending:
-        below = children.get(pending.pop(), [])
-        found += below
-        pending += below
-    return found
 
 
 def step_record(step, **outcome):

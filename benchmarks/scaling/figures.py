@@ -5,7 +5,7 @@ matplotlib.use("Agg")  # files only: no display on servers and CI
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from profiling.scaling import extrapolate, group_key, measured_link  # noqa: E402
+from profiling.scaling import extrapolate, group_key, measured_link, row_key  # noqa: E402
 
 DPI = 130
 MEASURED, PREDICTED, IDEAL = "#1f77b4", "#ff7f0e", "black"
@@ -32,7 +32,7 @@ def _speedup_efficiency(rows, labels, path):
     fig, axes = plt.subplots(len(worlds), 2, figsize=(11, 4 * len(worlds)), squeeze=False)
     x = np.arange(len(labels))
     for (ax_speed, ax_eff), n in zip(axes, worlds, strict=True):
-        by_config = {_key(r): r for r in rows if r["world_size"] == n}
+        by_config = {row_key(r): r for r in rows if r["world_size"] == n}
         picked = [by_config.get(key) for key in labels]
         for ax, measured, predicted, ideal, unit in (
                 (ax_speed, "measured_speedup", "predicted_speedup", n, "x"),
@@ -63,7 +63,7 @@ def _per_world_bars(rows, labels, key, std_key, ylabel, title, path):
     x = np.arange(len(labels))
     width = 0.8 / len(worlds)
     for i, n in enumerate(worlds):
-        by_config = {_key(r): r for r in rows if r["world_size"] == n}
+        by_config = {row_key(r): r for r in rows if r["world_size"] == n}
         values = [_value(by_config.get(k), key) for k in labels]
         errors = [_value(by_config.get(k), std_key) for k in labels] if std_key else None
         offset = (i - (len(worlds) - 1) / 2) * width
@@ -115,12 +115,8 @@ def _config_labels(rows):
     """Ordered {(model, batch, precision, accumulation): tick label}."""
     labels = {}
     for row in rows:
-        labels.setdefault(_key(row), f"{row['model']}\nbatch {row['batch_size']}")
+        labels.setdefault(row_key(row), f"{row['model']}\nbatch {row['batch_size']}")
     return labels
-
-
-def _key(row):
-    return (row["model"], row["batch_size"], row["precision"], row["grad_accum_steps"])
 
 
 def _value(row, key):

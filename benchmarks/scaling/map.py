@@ -24,8 +24,9 @@ from pathlib import Path
 from benchmarks import entry_parser
 from benchmarks.scaling.report import run_profiler
 from profiling.cli import check_at_least, comma_counts, comma_names
-from profiling.comm_model import STRATEGIES, Link, predict_strategy
+from profiling.comm_model import STRATEGIES, predict_strategy
 from profiling.report import PROFILE_JSON
+from profiling.scaling import link_from
 from training.config.files import usage_error
 from training.errors import UsageError, run_entry_point
 
@@ -119,7 +120,7 @@ def map_rows(size, baseline, measured, predict_gpus):
              "measured_speedup": 1.0, "model_state_mb_per_rank": 4 * model["gradient_bytes"] / 2**20}]
     units = model["fsdp_unit_bytes"]
     for name, profile in measured.items():
-        links = {kind: _link(entry) for kind, entry in profile["collective_links"].items()}
+        links = {kind: link_from(entry) for kind, entry in profile["collective_links"].items()}
         measured_samples = profile["timing"]["samples_per_s"]["mean"]
         for n in predict_gpus:
             predicted = predict_strategy(name, step_1_s, model["gradient_bytes"], n, links, len(units), max(units),
@@ -162,11 +163,6 @@ def _ratio(numerator, denominator):
     if numerator is None or not denominator:
         return None
     return numerator / denominator
-
-
-def _link(entry):
-    bandwidth = entry["bandwidth_bytes_per_s"]
-    return Link(math.inf if bandwidth is None else bandwidth, entry["latency_s"], entry["source"])
 
 
 def format_errors(rows):

@@ -6,7 +6,8 @@ import platform
 from collections import defaultdict
 
 from profiling.assemble import OTHER_CPU_WORRY
-from profiling.scaling import extrapolate, group_key, link_summary, measured_link
+from profiling.report import csv_cell, number
+from profiling.scaling import extrapolate, group_key, link_summary, measured_link, row_key
 
 LATEX_COLUMNS = (("model", "Model"), ("batch_size", "Batch/GPU"), ("world_size", "Procs"),
                  ("step_time_ms", "Step (ms)"), ("samples_per_s", "Samples/s"), ("compute_to_comm_ratio", "$R$"),
@@ -20,7 +21,7 @@ def write_csv(rows, path):
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         for row in rows:
-            writer.writerow({key: _csv_cell(value) for key, value in row.items()})
+            writer.writerow({key: csv_cell(value) for key, value in row.items()})
     return path
 
 
@@ -48,7 +49,7 @@ def write_text_report(rows, profiles, args, path):
         by_key[group_key(profile)][profile["config"]["world_size"]] = profile
     lines = _header(profiles, args)
     for key in sorted(by_key):
-        lines += _section(key, by_key[key], [r for r in rows if _row_key(r) == key], args.predict_gpus)
+        lines += _section(key, by_key[key], [r for r in rows if row_key(r) == key], args.predict_gpus)
     lines += _overall(rows, profiles)
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -86,7 +87,7 @@ def _section(key, by_world, rows, predict_gpus):
         lines.append(f"  {row['world_size']} process(es): {row['samples_per_s']:,.0f} +- "
                      f"{row['samples_per_s_std']:,.0f} "
                      f"samples/s | step {row['step_time_ms']:.2f} ms (T_compute {row['compute_ms']:.2f}, T_comm "
-                     f"{row['comm_ms']:.2f} ms) | R = {_fmt(row['compute_to_comm_ratio'])} | data wait "
+                     f"{row['comm_ms']:.2f} ms) | R = {number(row['compute_to_comm_ratio'])} | data wait "
                      f"{row['data_wait_share']:.1%} | epoch {row['epoch_time_s']:.2f} s")
     for row in rows:
         if row["world_size"] == 1 or row["measured_speedup"] is None:
@@ -167,28 +168,14 @@ def _batch_effect(multi):
         members.sort(key=lambda r: r["batch_size"])
         small, large = members[0], members[-1]
         lines.append(f"  {model} at {n}: per-GPU batch {small['batch_size']} -> {large['batch_size']} moves R "
-                     f"{_fmt(small['compute_to_comm_ratio'])} -> {_fmt(large['compute_to_comm_ratio'])} and efficiency "
-                     f"{small['measured_efficiency']:.0%} -> {large['measured_efficiency']:.0%} (same gradient bytes, "
-                     f"T_compute {small['compute_ms']:.1f} -> {large['compute_ms']:.1f} ms)")
+                     f"{number(small['compute_to_comm_ratio'])} -> {number(large['compute_to_comm_ratio'])} and "
+                     f"efficiency {small['measured_efficiency']:.0%} -> {large['measured_efficiency']:.0%} (same "
+                     f"gradient bytes, T_compute {small['compute_ms']:.1f} -> {large['compute_ms']:.1f} ms)")
     return lines
 
 
 def _label(row):
     return f"{row['model']} batch {row['batch_size']} x {row['world_size']}"
-
-
-def _row_key(row):
-    return (row["model"], row["batch_size"], row["precision"], row["grad_accum_steps"])
-
-
-def _fmt(value):
-    return "inf" if value is None or math.isinf(value) else f"{value:.3g}"
-
-
-def _csv_cell(value):
-    if isinstance(value, float):
-        return "inf" if math.isinf(value) else ("" if math.isnan(value) else f"{value:.6g}")
-    return "" if value is None else value
 
 
 def _latex_cell(key, value):
