@@ -69,10 +69,10 @@ def load_har_data(dataset="auto", data_dir=None, mode="flatten", val_fraction=0.
 
 
 def _load_source(dataset, data_dir, synthetic_seed, windows_per_subject):
-    root = uci_har.find_root(data_dir)
     # A --data-dir that was given must hold the data: training on synthetic windows instead
     # would look like a result on real data.
     if dataset == "uci-har" or (dataset == "auto" and data_dir):
+        root = uci_har.find_root(data_dir)
         if root is None:
             where = (f"--data-dir {data_dir} does not hold" if data_dir else
                      "--dataset uci-har needs --data-dir pointing at")
