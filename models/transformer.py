@@ -31,6 +31,11 @@ class HARTransformer(nn.Module):
         self.encoder = nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
         self.head = nn.Sequential(nn.LayerNorm(width), nn.Dropout(dropout), nn.Linear(width, num_classes))
 
+    def fsdp_blocks(self):
+        """The parts FSDP shards as units of their own, each gathered just before it runs: the encoder
+        blocks. The stem, the position table and the head stay in the root's unit."""
+        return list(self.encoder.layers)
+
     def forward(self, x):
         tokens = self.stem(x).transpose(1, 2)  # [B, tokens, width]
         tokens = tokens + self.positions(tokens.shape[1])

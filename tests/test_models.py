@@ -71,3 +71,13 @@ def test_without_a_dropout_rate_each_model_takes_its_own_and_a_given_rate_wins()
     assert dropout_rates(build_model("cnn1d", 9, 6)) == {0.1}
     assert dropout_rates(build_model("minirocket", 9, 6, dropout=0.3, width=84)) == {0.3}
     assert dropout_rates(build_model("cnn1d", 9, 6, dropout=0.0)) == {0.0}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_each_model_declares_its_fsdp_units_and_they_cover_every_parameter_once(name):
+    from training.distributed.fsdp import sharded_units
+    model = build_model(name, 9, 6, **({"depth": 3} if name == "transformer" else {}))
+    units = sharded_units(model)
+    assert len(units) == (3 + 1 if name == "transformer" else 1)  # one per encoder block, then the root's
+    ids = [id(parameter) for unit in units for parameter in unit]
+    assert sorted(ids) == sorted(id(parameter) for parameter in model.parameters())

@@ -101,8 +101,9 @@ def clip_sharded_grad_norm_(parameters, max_norm):
 
 
 def shard_model(module, reshard_after_forward=True, policy=None):
-    """fully_shard each transformer encoder block as a unit of its own (gathered just before it runs),
-    then the rest of the model (stem, head, or a whole convolutional model) as the root's unit."""
+    """fully_shard each block the model declares (fsdp_blocks(): the transformer's encoder blocks) as a
+    unit of its own, gathered just before it runs, then the rest of the model (stem, head, or a whole
+    convolutional model) as the root's unit."""
     policy = policy or MixedPrecisionPolicy()
     for block in _blocks(module):
         fully_shard(block, reshard_after_forward=reshard_after_forward, mp_policy=policy)
@@ -150,8 +151,9 @@ class _FullOptimizerState:
 
 
 def _blocks(module):
-    encoder = getattr(module, "encoder", None)
-    return list(encoder.layers) if isinstance(encoder, torch.nn.TransformerEncoder) else []
+    """The units a model declares for sharding (its fsdp_blocks()); none for a model that declares none."""
+    declared = getattr(module, "fsdp_blocks", None)
+    return declared() if declared is not None else []
 
 
 def sharded_units(module):
