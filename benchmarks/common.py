@@ -1,9 +1,12 @@
 """What the benchmarks share: a run built by the trainer, its training epoch, timing in turn and the table."""
 import contextlib
+import functools
 import io
 import os
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -58,6 +61,27 @@ def build_run(opts, save_dir, data_path, epochs, recipe=RECIPE_OFF_FLAGS):
     distributed = launched_by_torchrun()
     config = parse_config(argv + (["--multi-gpu", "ddp"] if distributed else []), multi_gpu=distributed)
     return Trainer.build(config, make_strategy(config))
+
+
+@contextlib.contextmanager
+def trainer_runs(opts, prefix, sides):
+    """{name: Trainer} of build_run for each side's (data path, recipe flags), in one scratch folder;
+    their logs are closed on the way out."""
+    runs = {}
+    with tempfile.TemporaryDirectory(prefix=prefix) as scratch:
+        try:
+            for name, (data_path, recipe) in sides.items():
+                runs[name] = build_run(opts, Path(scratch) / name, data_path, planned_epochs(opts), recipe)
+            yield runs
+        finally:
+            for run in runs.values():
+                run.log.close()
+
+
+def trainer_rates(runs, opts):
+    """epoch_rates of every run's training epoch (train_trainer_epoch)."""
+    sides = {name: functools.partial(train_trainer_epoch, run) for name, run in runs.items()}
+    return epoch_rates(sides, opts.rounds, opts.epochs_per_round, next(iter(runs.values())).strategy.synchronize)
 
 
 def planned_epochs(opts):

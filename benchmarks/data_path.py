@@ -1,23 +1,21 @@
 """The device-resident data path against the DataLoader path: whole training epochs and bare loader iteration."""
 import functools
 import sys
-import tempfile
-from pathlib import Path
 
 import torch
 
 from benchmarks import entry_parser, write_json
 from benchmarks.common import (
+    RECIPE_OFF_FLAGS,
     TRAINER_SIDE,
     add_run_flags,
-    build_run,
     epoch_rates,
     format_rates,
     machine_line,
     median_ratio,
     paired_ratio,
-    planned_epochs,
-    train_trainer_epoch,
+    trainer_rates,
+    trainer_runs,
 )
 
 PATHS = ("device", "dataloader")
@@ -43,34 +41,20 @@ def parse(argv):
     return parser.parse_args(argv)
 
 
-def measure(opts, runs):
-    """epoch_rates' results for bare iteration (batches/s), then for training epochs (samples/s)."""
-    synchronize = next(iter(runs.values())).strategy.synchronize
-    iteration = epoch_rates({path: functools.partial(iterate_loader, run) for path, run in runs.items()},
-                           opts.rounds, opts.iteration_passes, synchronize)
-    training = epoch_rates({path: functools.partial(train_trainer_epoch, run) for path, run in runs.items()},
-                          opts.rounds, opts.epochs_per_round, synchronize)
-    return iteration, training
-
-
 def main(argv=None):
     opts = parse(argv)
-    with tempfile.TemporaryDirectory(prefix="har-data-path-") as scratch:
-        runs = {}
-        try:
-            for path in PATHS:
-                runs[path] = build_run(opts, Path(scratch) / path, path, planned_epochs(opts))
-            device = runs["device"].strategy.device
-            print(f"both: {TRAINER_SIDE}\n"
-                  f"device: {type(runs['device'].loaders['train']).__name__} (splits on {device}, index_select "
-                  f"per batch); dataloader: {type(runs['dataloader'].loaders['train']).__name__} with "
-                  f"{runs['dataloader'].config.hardware.num_workers} worker(s), copied to {device} per batch",
-                  flush=True)
-            print(machine_line(device), flush=True)
-            (iteration, iteration_others), (training, training_others) = measure(opts, runs)
-        finally:
-            for run in runs.values():
-                run.log.close()
+    with trainer_runs(opts, "har-data-path-", {path: (path, RECIPE_OFF_FLAGS) for path in PATHS}) as runs:
+        device = runs["device"].strategy.device
+        print(f"both: {TRAINER_SIDE}\n"
+              f"device: {type(runs['device'].loaders['train']).__name__} (splits on {device}, index_select "
+              f"per batch); dataloader: {type(runs['dataloader'].loaders['train']).__name__} with "
+              f"{runs['dataloader'].config.hardware.num_workers} worker(s), copied to {device} per batch", flush=True)
+        print(machine_line(device), flush=True)
+        # Bare iteration (batches/s), then training epochs (samples/s).
+        iteration, iteration_others = epoch_rates({path: functools.partial(iterate_loader, run)
+                                                   for path, run in runs.items()}, opts.rounds,
+                                                  opts.iteration_passes, runs["device"].strategy.synchronize)
+        training, training_others = trainer_rates(runs, opts)
     ratio = [("device", "dataloader")]
     print(f"bare loader iteration ({opts.iteration_passes} passes per round, no model):")
     print(format_rates(iteration, "batches/s", ratio, iteration_others))

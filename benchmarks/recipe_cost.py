@@ -1,22 +1,17 @@
 """What the generalisation recipe costs per training step: augmentation and the weight average against neither."""
-import functools
 import sys
-import tempfile
-from pathlib import Path
 
 import torch
 
 from benchmarks import entry_parser, write_json
 from benchmarks.common import (
     add_run_flags,
-    build_run,
-    epoch_rates,
     format_rates,
     machine_line,
     paired_ratio,
-    planned_epochs,
     recipe_flags,
-    train_trainer_epoch,
+    trainer_rates,
+    trainer_runs,
 )
 from data.augment import AUGMENTATIONS
 from profiling.workload import RECIPE_OFF
@@ -31,22 +26,13 @@ def main(argv=None):
     parser = entry_parser("benchmarks.recipe_cost", __doc__)
     add_run_flags(parser)
     opts = parser.parse_args(argv)
-    runs = {}
-    with tempfile.TemporaryDirectory(prefix="har-recipe-") as scratch:
-        try:
-            for name, recipe in SIDES.items():
-                runs[name] = build_run(opts, Path(scratch) / name, "auto", planned_epochs(opts), recipe_flags(recipe))
-            device = runs["plain"].strategy.device
-            print("plain: the trainer's epoch with no augmentation, no weight average; augment: all of "
-                  f"{', '.join(AUGMENTATIONS)} on every batch; recipe: augment plus the weight average "
-                  "(decay 0.998) and label smoothing 0.1", flush=True)
-            print(machine_line(device), flush=True)
-            sides = {name: functools.partial(train_trainer_epoch, run) for name, run in runs.items()}
-            rates, other_cores = epoch_rates(sides, opts.rounds, opts.epochs_per_round,
-                                            runs["plain"].strategy.synchronize)
-        finally:
-            for run in runs.values():
-                run.log.close()
+    with trainer_runs(opts, "har-recipe-", {name: ("auto", recipe_flags(r)) for name, r in SIDES.items()}) as runs:
+        device = runs["plain"].strategy.device
+        print("plain: the trainer's epoch with no augmentation, no weight average; augment: all of "
+              f"{', '.join(AUGMENTATIONS)} on every batch; recipe: augment plus the weight average "
+              "(decay 0.998) and label smoothing 0.1", flush=True)
+        print(machine_line(device), flush=True)
+        rates, other_cores = trainer_rates(runs, opts)
     print(format_rates(rates, "samples/s", [("augment", "plain"), ("recipe", "plain")], other_cores))
     print(f"augment/plain = {paired_ratio(rates, 'augment', 'plain'):.3f}, recipe/plain = "
           f"{paired_ratio(rates, 'recipe', 'plain'):.3f} (median of per-round ratios over {opts.rounds} rounds; "

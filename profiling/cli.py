@@ -125,6 +125,16 @@ def comma_names(text):
     return names
 
 
+def comma_choices(choices):
+    """An argparse type for a comma-separated list of names, each one of `choices`."""
+    def names(text):
+        unknown = [name for name in comma_names(text) if name not in choices]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {unknown[0]!r}; choose from {', '.join(choices)}")
+        return comma_names(text)
+    return names
+
+
 def env_without_torchrun(**extra):
     """This environment without torchrun's variables, which would make a child think it is a rank, plus `extra`."""
     return {**{key: value for key, value in os.environ.items() if key not in TORCHRUN_VARIABLES}, **extra}

@@ -25,10 +25,7 @@ class HostCpuMeter:
     def other_cores(self):
         """Cores other processes kept busy, on average since the start; None off Linux."""
         elapsed = self.elapsed()
-        if elapsed is None:
-            return None
-        machine_s, own_s, wall_s = elapsed
-        return max(machine_s - own_s, 0.0) / wall_s
+        return None if elapsed is None else max(elapsed[0] - elapsed[1], 0.0) / elapsed[2]
 
     def stop(self, strategy):
         """Seconds of CPU the other processes used, summed over this node's ranks; None off Linux."""

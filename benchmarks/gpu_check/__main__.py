@@ -15,6 +15,7 @@ from benchmarks.gpu_check.machine import probe_machine, slug
 from benchmarks.gpu_check.page import markdown_report
 from benchmarks.gpu_check.plan import GROUP_BUDGET_S, build_plan
 from benchmarks.gpu_check.runner import Budget, run_plan
+from profiling.cli import comma_choices
 from profiling.report import json_ready
 
 
@@ -22,17 +23,13 @@ def parse(argv):
     parser = entry_parser("benchmarks.gpu_check", package.__doc__)
     parser.add_argument("--out", default=None, help="output folder (default gpu_check/<gpu>-<date>)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: few steps and rounds, smaller epochs")
-    parser.add_argument("--only", default=None, help=f"comma-separated groups from {','.join(GROUP_BUDGET_S)}")
+    parser.add_argument("--only", type=comma_choices(GROUP_BUDGET_S), default=list(GROUP_BUDGET_S),
+                        help="comma-separated groups")
     parser.add_argument("--budget-s", type=float, default=sum(GROUP_BUDGET_S.values()),
                         help="seconds for all steps together")
     parser.add_argument("--dry-run", action="store_true", help="print the commands and exit")
     parser.add_argument("--allow-cpu", action="store_true", help=argparse.SUPPRESS)  # tests run the plan on CPU
-    opts = parser.parse_args(argv)
-    opts.only = opts.only.split(",") if opts.only else list(GROUP_BUDGET_S)
-    unknown = sorted(set(opts.only) - set(GROUP_BUDGET_S))
-    if unknown:
-        parser.error(f"--only: unknown group {unknown[0]}; choose from {', '.join(GROUP_BUDGET_S)}")
-    return opts
+    return parser.parse_args(argv)
 
 
 def main(argv=None):

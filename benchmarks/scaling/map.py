@@ -23,12 +23,12 @@ from pathlib import Path
 
 from benchmarks import entry_parser
 from benchmarks.scaling.report import run_profiler
-from profiling.cli import check_at_least, comma_counts, comma_names
+from profiling.cli import check_at_least, comma_choices, comma_counts
 from profiling.comm_model import STRATEGIES, predict_strategy
 from profiling.report import PROFILE_JSON
 from profiling.scaling import link_from
 from training.config.files import usage_error
-from training.errors import UsageError, run_entry_point
+from training.errors import run_entry_point
 
 # Transformer sizes from the default (~0.09M parameters) past 10M; the 3M one is the studies' second
 # configuration (d_model 256, 4 blocks, 8 heads, FFN 1024).
@@ -47,9 +47,9 @@ ROUND_FIGURES = ("measured_samples_per_s", "measured_speedup", "predicted_sample
 def build_parser():
     parser = entry_parser("benchmarks.scaling.map", __doc__)
     parser.add_argument("--out", required=True, help="scaling_map.csv, scaling_map.png and the profiles under runs/")
-    parser.add_argument("--sizes", type=comma_names, default=list(SIZES), help=f"from {', '.join(SIZES)}")
+    parser.add_argument("--sizes", type=comma_choices(SIZES), default=list(SIZES), help=f"from {', '.join(SIZES)}")
     parser.add_argument("--batch-sizes", type=comma_counts, default=[16, 64], help="per GPU / process")
-    parser.add_argument("--strategies", type=comma_names, default=list(STRATEGIES),
+    parser.add_argument("--strategies", type=comma_choices(STRATEGIES), default=list(STRATEGIES),
                         help=f"from {', '.join(STRATEGIES)}")
     parser.add_argument("--predict-gpus", type=comma_counts, default=[2, 4, 8])
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
@@ -66,11 +66,6 @@ def build_parser():
 
 def main(argv):
     args = build_parser().parse_args(argv)
-    unknown = [name for name in args.sizes if name not in SIZES] + \
-        [name for name in args.strategies if name not in STRATEGIES]
-    if unknown:
-        raise UsageError(f"unknown size or strategy {unknown[0]!r}; sizes: {', '.join(SIZES)}; strategies: "
-                         f"{', '.join(STRATEGIES)}")
     # Every count the sweep multiplies or divides by, checked before the first profile runs.
     check_at_least(("--batch-sizes", args.batch_sizes, 1), ("--predict-gpus", args.predict_gpus, 1),
                    ("--threads-per-rank", args.threads_per_rank, 1), ("--steps", args.steps, 1),

@@ -13,7 +13,8 @@ from pathlib import Path
 from benchmarks import REPO, entry_parser
 from benchmarks.scaling.figures import write_figures
 from benchmarks.scaling.tables import write_csv, write_latex, write_text_report
-from profiling.cli import check_at_least, comma_counts, comma_names, env_without_torchrun
+from models import MODELS
+from profiling.cli import check_at_least, comma_choices, comma_counts, env_without_torchrun
 from profiling.report import PROFILE_JSON
 from profiling.scaling import scaling_rows
 from training.errors import UsageError, run_entry_point
@@ -22,7 +23,7 @@ from training.errors import UsageError, run_entry_point
 def build_parser():
     parser = entry_parser("benchmarks.scaling.report", __doc__)
     parser.add_argument("--out", default="profiles/scaling", help="report, table, figures and runs/")
-    parser.add_argument("--models", type=comma_names, default=["cnn1d", "transformer"])
+    parser.add_argument("--models", type=comma_choices(MODELS), default=["cnn1d", "transformer"])
     parser.add_argument("--batch-sizes", type=comma_counts, default=[32, 128], help="per GPU / process")
     parser.add_argument("--world-sizes", type=comma_counts, default=[1, 2],
                         help="processes (GPUs); above 1 they run under torchrun with --multi-gpu ddp")
