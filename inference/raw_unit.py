@@ -4,7 +4,7 @@ are built here."""
 import torch
 from torch import nn
 
-from models import SIZE_KNOBS, build_model
+from training.config.settings import RunConfig
 from training.errors import UsageError
 
 
@@ -25,9 +25,7 @@ def raw_unit_model(member, weights, window_steps, path):
     """The network a checkpoint (or an ensemble's member) describes, with its weights and its
     normalisation in front."""
     config = member["config"]
-    model = build_model(config["model"], member["in_channels"], member["num_classes"],
-                        dropout=config.get("dropout", 0.0), norm=config.get("norm", "batch"),
-                        window_steps=window_steps, **{knob: config.get(knob) for knob in SIZE_KNOBS})
+    model = RunConfig.from_flags(config).model.build(member["in_channels"], member["num_classes"], window_steps)
     try:
         model.load_state_dict(weights)
     except RuntimeError as exc:

@@ -76,3 +76,12 @@ def test_derived_values_are_properties_of_the_config():
     assert str(config.save_dir) == "checkpoints/single"
     assert config.replace(multi_gpu="ddp").save_dir.name == "ddp"
     assert config.data_options(dataset="npz")["dataset"] == "npz" and config.data_options()["split_seed"] == 42
+
+
+def test_a_config_builds_its_model_one_way():
+    import torch
+    config = parse_config(["--model", "transformer", "--width", "32", "--depth", "1", "--heads", "2"])
+    torch.manual_seed(0)
+    model = config.model.build(9, 6)
+    assert len(model.encoder.layers) == 1 and model.head[-1].in_features == 32
+    assert RunConfig.from_flags(config.flags()).model.build(9, 6).state_dict().keys() == model.state_dict().keys()

@@ -28,7 +28,7 @@ from evaluation.metrics import (
     per_subject_accuracy,
     summary_metrics,
 )
-from models import build_model, count_parameters, resolve_size, training_bytes
+from models import count_parameters, resolve_size, training_bytes
 from training.checkpoint import files as ckpt
 from training.checkpoint.manager import CheckpointManager, restore_parts
 from training.checkpoint.train_state import RandomStreams, TrainState
@@ -428,8 +428,7 @@ def _build_model(config, data, strategy, log):
                          f"(weights, gradients and AdamW's state) and {strategy.device} has {free / GIB:,.1f} GiB "
                          "free; use smaller size flags")
     torch.manual_seed(config.optim.seed)  # identical initial weights on every rank
-    model = build_model(settings.name, channels, len(data.class_names), dropout=settings.dropout, norm=settings.norm,
-                        window_steps=window_steps, **settings.size()).to(strategy.device)
+    model = settings.build(channels, len(data.class_names), window_steps).to(strategy.device)
     if hasattr(model, "fit"):
         # Fixed parts that depend on the data (MiniRocket's biases), set once from the training
         # windows (in memory or a store's), before the weight average copies the model; a resumed

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 from data.augment import AUGMENTATIONS, AugmentConfig, parse_kinds
 from data.splits import CHANNEL_MODES
 from data.synthetic import DEFAULT_WINDOWS_PER_SUBJECT
-from models import MODELS, NORMS, resolve_size
+from models import MODELS, NORMS, build_model, resolve_size
 from training.errors import UsageError
 
 DEFAULT_WARMUP_EPOCHS = 2.0
@@ -152,6 +152,12 @@ class Model:
     def size(self):
         """The size knobs as build_model takes them."""
         return {"width": self.width, "depth": self.depth, "heads": self.heads, "ffn": self.ffn}
+
+    def build(self, in_channels, num_classes, window_steps=128):
+        """The network these settings describe: the one way a config becomes a model (a run, a
+        checkpoint read back, a benchmark)."""
+        return build_model(self.name, in_channels, num_classes, dropout=self.dropout, norm=self.norm,
+                           window_steps=window_steps, **self.size())
 
 
 @dataclass(frozen=True)
