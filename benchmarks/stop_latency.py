@@ -4,6 +4,7 @@ Starts a real run (main.py, or main_multi_gpu.py with its own torchrun for --ran
 SIGTERM to it once the first epoch is logged plus a random delay (so the signal lands anywhere
 between two check-ins), and times the exit. Repeats, and prints the figures.
 """
+import json
 import random
 import re
 import signal
@@ -54,16 +55,9 @@ def one_stop(opts, save_dir, delay_s):
     out, _ = process.communicate(timeout=300)
     latency_s = time.perf_counter() - signalled
     stopped = STOPPED.search(out)
-    first_epoch = metrics.read_text().splitlines()[0] if metrics.exists() else ""
-    step_ms = _step_ms(first_epoch, opts)
+    samples_per_s = json.loads(metrics.read_text().splitlines()[0]).get("samples_per_s") if metrics.exists() else None
+    step_ms = opts.batch_size * opts.ranks / samples_per_s * 1e3 if samples_per_s else None
     return latency_s, process.returncode, int(stopped.group(1)) if stopped else None, step_ms
-
-
-def _step_ms(record_line, opts):
-    match = re.search(r'"samples_per_s": ([0-9.e+-]+)', record_line)
-    if not match or float(match.group(1)) <= 0:
-        return None
-    return opts.batch_size * opts.ranks / float(match.group(1)) * 1e3
 
 
 def main(argv=None):
