@@ -1,11 +1,10 @@
 """The scaling report's PNG figures: speedup and efficiency, throughput, epoch time, extrapolation."""
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")  # files only: no display on servers and CI
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+from evaluation.figures import pyplot
+from profiling.scaling import extrapolate, group_key, measured_link, row_key
 
-from profiling.scaling import extrapolate, group_key, measured_link, row_key  # noqa: E402
+plt = pyplot()
 
 DPI = 130
 MEASURED, PREDICTED, IDEAL = "#1f77b4", "#ff7f0e", "black"
