@@ -87,10 +87,10 @@ class StopSignals:
 
 def train(config):
     """Train as `config` (a RunConfig) says; returns the process exit code."""
-    check_parallel_args(config)
+    placement = check_parallel_args(config)  # first: a flag the machine cannot serve is named before the data
     inputs = read_run_inputs(config)  # before any process group, so bad input fails alike on every rank
     lock = inputs.lock
-    strategy = make_strategy(config)
+    strategy = make_strategy(config, placement)
     stop_signals = StopSignals().install()
     trainer = None
     try:

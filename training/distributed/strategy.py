@@ -70,9 +70,10 @@ class _AutocastForward(nn.Module):
             return self.model(*inputs)
 
 
-def make_strategy(config):
-    """The strategy for --multi-gpu none, dp, ddp or fsdp, with its device chosen."""
-    device_type, backend = check_parallel_args(config)
+def make_strategy(config, placement=None):
+    """The strategy for --multi-gpu none, dp, ddp or fsdp, with its device chosen. `placement`: the
+    (device type, backend) check_parallel_args already gave for this config, so the checks run once."""
+    device_type, backend = placement or check_parallel_args(config)
     hardware, multi_gpu = config.hardware, config.parallel.multi_gpu
     if device_type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed window shapes: the tuned kernels are reused every step
