@@ -23,6 +23,8 @@ import torch
 from benchmarks import REPO, entry_parser, write_json
 from benchmarks.common import epoch_rates, format_rates, paired_ratio
 from models import build_model
+from profiling.cli import check_at_least
+from training.errors import run_entry_point
 
 
 def main(argv=None):
@@ -35,8 +37,8 @@ def main(argv=None):
     parser.add_argument("--model-rounds", type=int, default=1, help="rounds of the time-to-model comparison")
     parser.add_argument("--json", default=None, help="also write the figures here")
     opts = parser.parse_args(argv)
-    if min(opts.threads, opts.windows, opts.batch, opts.rounds, opts.model_rounds) < 1:
-        parser.exit(2, "error: --threads, --windows, --batch, --rounds and --model-rounds must be at least 1\n")
+    check_at_least(*((f"--{name.replace('_', '-')}", getattr(opts, name), 1)
+                     for name in ("threads", "windows", "batch", "rounds", "model_rounds")))
     try:
         from aeon.transformations.collection.convolution_based import MiniRocket as AeonMiniRocket
     except ImportError:
@@ -130,4 +132,4 @@ def _seconds(work):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_entry_point(main))

@@ -44,6 +44,7 @@ from data import uci_har
 from data.errors import DataError
 from data.provenance import check, file_identity, make_record, read_record, write_record
 from data.splits import load_har_data
+from profiling.cli import check_at_least
 from training.config.cli import parse_config
 from training.config.files import usage_error
 from training.errors import UsageError, run_entry_point
@@ -122,10 +123,7 @@ def parse(argv, flags):
         raise UsageError("--data-dir and --name are needed to run a configuration (or --summary to print them)")
     if opts.name in (".", "..") or Path(opts.name).name != opts.name:
         raise UsageError(f"--name {opts.name!r} must be a plain folder name under --out, without '/'")
-    if opts.outer_folds < 2:
-        raise UsageError(f"--outer-folds {opts.outer_folds}: give at least 2")
-    if opts.nproc_per_node < 1:
-        raise UsageError(f"--nproc-per-node {opts.nproc_per_node}: give 1 or more")
+    check_at_least(("--outer-folds", opts.outer_folds, 2), ("--nproc-per-node", opts.nproc_per_node, 1))
     outside = sorted(fold for fold in opts.outer_only or () if not 0 <= fold < opts.outer_folds)
     if outside:
         raise UsageError(f"--outer-only {outside[0]} is not an outer fold: they are 0..{opts.outer_folds - 1}")

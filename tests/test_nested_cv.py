@@ -29,9 +29,9 @@ def root(tmp_path):
 
 
 @pytest.mark.parametrize("argv, names", [
-    (["--outer-folds", "1"], ["--outer-folds 1", "at least 2"]),
+    (["--outer-folds", "1"], ["--outer-folds must be at least 2, got 1"]),
     (["--outer-folds", "4"], ["--outer-folds 4 is more than the 3 training subjects"]),
-    (["--nproc-per-node", "0"], ["--nproc-per-node 0"]),
+    (["--nproc-per-node", "0"], ["--nproc-per-node must be at least 1, got 0"]),
     (["--outer-only", "3"], ["--outer-only 3 is not an outer fold", "0..2"]),
     (["--outer-only", "a"], ["expected comma-separated outer fold numbers"]),
     (["--name", "../elsewhere"], ["plain folder name"]),
