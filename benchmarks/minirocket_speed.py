@@ -31,14 +31,14 @@ def main(argv=None):
     parser = entry_parser("benchmarks.minirocket_speed", __doc__)
     parser.add_argument("--threads", type=int, default=1, help="torch's intra-op threads and aeon's n_jobs")
     parser.add_argument("--windows", type=int, default=2048, help="windows transformed per round by each side")
-    parser.add_argument("--batch", type=int, default=256, help="windows per call of our transform")
+    parser.add_argument("--batch-size", type=int, default=256, help="windows per call of our transform")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--data-dir", default=None, help="a UCI HAR layout: also time main.py against aeon")
     parser.add_argument("--model-rounds", type=int, default=1, help="rounds of the time-to-model comparison")
     parser.add_argument("--json", default=None, help="also write the figures here")
     opts = parser.parse_args(argv)
     check_at_least(*((f"--{name.replace('_', '-')}", getattr(opts, name), 1)
-                     for name in ("threads", "windows", "batch", "rounds", "model_rounds")))
+                     for name in ("threads", "windows", "batch_size", "rounds", "model_rounds")))
     try:
         from aeon.transformations.collection.convolution_based import MiniRocket as AeonMiniRocket
     except ImportError:
@@ -66,7 +66,7 @@ def transform_figures(opts, aeon_class):
 
     def ours_side(epoch):
         with torch.no_grad():
-            for chunk in tensor.split(opts.batch):
+            for chunk in tensor.split(opts.batch_size):
                 ours.transform(chunk)
         return len(windows)
 
@@ -76,7 +76,7 @@ def transform_figures(opts, aeon_class):
 
     rates, others = epoch_rates({"ours": ours_side, "aeon": aeon_side}, opts.rounds, 1, lambda: None)
     print(f"transform, {len(windows)} windows of 9 x 128 a round, ours {ours.feature_mean.numel()} features "
-          f"in calls of {opts.batch}, aeon {aeon.n_kernels} kernels:")
+          f"in calls of {opts.batch_size}, aeon {aeon.n_kernels} kernels:")
     print(format_rates(rates, "windows/s", [("ours", "aeon")], others))
     print(f"fit seconds (3 tries, median): ours {statistics.median(fits['ours']):.2f}, "
           f"aeon {statistics.median(fits['aeon']):.2f} (after numba's compile)")
@@ -111,7 +111,7 @@ def _run_main(opts, folder):
 def _run_aeon(opts, folder):
     folder.mkdir(parents=True)
     command = [sys.executable, "-m", "studies.minirocket_baseline", "--data-dir", opts.data_dir,
-               "--n-jobs", str(opts.threads), "--json", str(folder / "baseline.json")]
+               "--threads", str(opts.threads), "--json", str(folder / "baseline.json")]
     wall_s = _run(command)
     test = json.loads((folder / "baseline.json").read_text())["runs"][-1]
     return {"wall_s": wall_s, "accuracy": test["accuracy"], "worst_subject": test["worst_subject"]}

@@ -6,7 +6,7 @@ time to the first step, and the converter's speed.
   python -m benchmarks.store_stream convert --src RECORDINGS        # build_store with 1 and 2 processes
 
 `measure` runs each side in a process of its own: the run the trainer builds from the flags, its
-TrainStep over the run's own loader for --steps steps (the first --warmup uncounted). Peak memory
+TrainStep over the run's own loader for --steps steps (the first --warmup-steps uncounted). Peak memory
 is the largest proportional set size (PSS) of the process and its DataLoader workers together,
 sampled every 0.2 s: pages a forked worker shares with the trainer count once, where a sum of
 resident sets would count them twice. Time to first step counts from the process's start to the
@@ -48,11 +48,11 @@ def main(argv=None):
     measure.add_argument("--store", required=True)
     measure.add_argument("--rounds", type=int, default=3)
     measure.add_argument("--steps", type=int, default=300)
-    measure.add_argument("--warmup", type=int, default=30)
+    measure.add_argument("--warmup-steps", type=int, default=30)
     measure.add_argument("--json", default=None)
     side = commands.add_parser("side")  # one side of `measure`, in a process of its own
     side.add_argument("--steps", type=int, required=True)
-    side.add_argument("--warmup", type=int, required=True)
+    side.add_argument("--warmup-steps", type=int, required=True)
     side.add_argument("flags", nargs="*")
     convert = commands.add_parser("convert")
     convert.add_argument("--src", required=True)
@@ -110,7 +110,7 @@ def measure_sides(options):
     def run(name):
         def one_round(round_index):
             command = [sys.executable, "-m", "benchmarks.store_stream", "side", "--steps", str(options.steps),
-                       "--warmup", str(options.warmup), "--", *sides[name]]
+                       "--warmup-steps", str(options.warmup_steps), "--", *sides[name]]
             done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
             if done.returncode != 0:
                 raise SystemExit(f"{name} side failed:\n{done.stderr[-3000:]}")
@@ -143,7 +143,7 @@ def run_side(options):
     work = build_workload(SimpleNamespace(run=config, bare_step=False), strategy)
     optimizer_step(work, sync_gradients=True, timer=NullTimer())
     first_step_s = time.time() - STARTED_S
-    for _ in range(options.warmup - 1):
+    for _ in range(options.warmup_steps - 1):
         optimizer_step(work, sync_gradients=True, timer=NullTimer())
     started = time.perf_counter()
     for _ in range(options.steps):

@@ -27,7 +27,7 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=42, help="deals the folds, as main.py --seed does")
     parser.add_argument("--kernel-seeds", default="0", help="comma-separated random_state of the kernels")
     parser.add_argument("--mode", default="flatten", help="the channels, as main.py --mode")
-    parser.add_argument("--n-jobs", type=int, default=1, help="aeon's n_jobs (-1: every core)")
+    parser.add_argument("--threads", type=int, default=1, help="aeon's n_jobs (-1: every core)")
     parser.add_argument("--no-test", action="store_true")
     parser.add_argument("--json", help="write the figures here")
     opts = parser.parse_args(argv)
@@ -41,7 +41,7 @@ def main(argv=None):
     results = {"data": data.description, "runs": []}
     for kernel_seed in (int(seed) for seed in opts.kernel_seeds.split(",")):
         def score(train_mask, scored, about, kernel_seed=kernel_seed):
-            classifier = MiniRocketClassifier(random_state=kernel_seed, n_jobs=opts.n_jobs)
+            classifier = MiniRocketClassifier(random_state=kernel_seed, n_jobs=opts.threads)
             row = fit_and_score(classifier, data, train_mask, scored)
             row = {"kernel_seed": kernel_seed, **about, **row}
             worst = row["worst_subject"]
