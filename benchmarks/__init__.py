@@ -1,4 +1,5 @@
-"""Timing benchmarks, the GPU check and the scaling report and map; what their entry points share."""
+"""Timing benchmarks, the GPU check and the scaling report and map; here, what every measurement entry
+point (these and studies/) shares: the repository root, the parser, the --json file, the process tree."""
 import argparse
 import json
 from pathlib import Path

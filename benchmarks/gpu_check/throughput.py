@@ -30,7 +30,7 @@ from profiling import workload
 from profiling.cli import comma_choices, comma_counts, comma_names, parse_profiler_args
 from profiling.measure import timed_steps
 from profiling.report import json_ready
-from profiling.timing import NullTimer
+from profiling.timing import NullTimer, mean_std
 from training import run_inputs
 from training.checkpoint.atomic import write_atomic
 from training.distributed.strategy import make_strategy
@@ -84,8 +84,8 @@ def measure(args):
             run = timed_steps(work, args.steps, sync_gradients=True)
             runs.append(run)
             rates.append(taken[0] / (run["step_time_s"] * run["steps"]))
-        figures = {"samples_per_s": statistics.mean(rates),
-                   "samples_per_s_std": statistics.stdev(rates) if len(rates) > 1 else 0.0,
+        samples_per_s, samples_per_s_std = mean_std(rates)
+        figures = {"samples_per_s": samples_per_s, "samples_per_s_std": samples_per_s_std,
                    "step_time_ms": statistics.mean(run["step_time_s"] for run in runs) * 1e3,
                    "data_wait_share": statistics.mean(run["data_wait_share"] for run in runs)}
         cuda = device.type == "cuda"
