@@ -121,12 +121,11 @@ def model_state_bytes(strategy, parameter_bytes, world_size, largest_unit_bytes=
     return 4 * parameter_bytes
 
 
-def ddp_bucket_count(gradient_bytes, bucket_cap_mb=DDP_BUCKET_CAP_MB, first_bucket_bytes=DDP_FIRST_BUCKET_BYTES):
+def ddp_bucket_count(gradient_bytes):
     """Buckets DDP fills (approximately: real buckets end at parameter boundaries)."""
-    cap_bytes = bucket_cap_mb * 1024 ** 2
-    if gradient_bytes <= first_bucket_bytes:
+    if gradient_bytes <= DDP_FIRST_BUCKET_BYTES:
         return 1
-    return 1 + math.ceil((gradient_bytes - first_bucket_bytes) / cap_bytes)
+    return 1 + math.ceil((gradient_bytes - DDP_FIRST_BUCKET_BYTES) / (DDP_BUCKET_CAP_MB * 1024 ** 2))
 
 
 def comm_split(step_s, compute_s):

@@ -188,7 +188,7 @@ class _ShardedClipping:
         return clip_sharded_grad_norm_(parameters, max_norm)
 
 
-def _warm_up(work, steps=3):
-    for _ in range(steps):
+def _warm_up(work):
+    for _ in range(3):  # the twin's first-call costs (DDP's set-up, allocator growth) stay out of its timing
         optimizer_step(work, sync_gradients=True, timer=NullTimer())
     work.strategy.synchronize()

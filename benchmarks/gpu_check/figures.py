@@ -9,8 +9,8 @@ CONFIGURATION_KEYS = ("model", "batch_size", "precision", "status", "samples_per
                       "step_time_ms", "data_wait_share", "peak_allocated_gib", "peak_reserved_gib", "wall_s", "why")
 
 
-def tail(text, chars=TAIL_CHARS):
-    return (text or "")[-chars:]
+def tail(text):
+    return (text or "")[-TAIL_CHARS:]
 
 
 def read_figures(step, stdout):

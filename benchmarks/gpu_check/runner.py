@@ -83,7 +83,7 @@ def step_record(step, **outcome):
             **outcome}
 
 
-def run_step(step, budget, device, env=None):
+def run_step(step, budget, device):
     """One step's record: what ran, how it ended, and the figures it left."""
     record = step_record(step)
     if step.cuda_only and device != "cuda":
@@ -91,7 +91,7 @@ def run_step(step, budget, device, env=None):
     limit_s = min(budget.limit_for(step.group), STEP_LIMIT_S.get(step.group, float("inf")))
     if limit_s < MIN_STEP_S:
         return {**record, "status": "skipped", "why": "time budget spent"}
-    outcome, stdout = run_command(step.command, limit_s, env if env is not None else env_without_torchrun())
+    outcome, stdout = run_command(step.command, limit_s, env_without_torchrun())
     record.update(outcome)
     if outcome["status"] == "ok" or (step.group == "tests" and stdout):  # failed tests still have counts
         try:
@@ -105,7 +105,7 @@ def run_step(step, budget, device, env=None):
     return record
 
 
-def run_plan(plan, budget, device, say=print):
+def run_plan(plan, budget, device):
     records = []
     for index, step in enumerate(plan, start=1):
         try:
@@ -115,5 +115,5 @@ def run_plan(plan, budget, device, say=print):
             break
         records.append(record)
         wall = f" in {record['wall_s']:.1f} s" if "wall_s" in record else f" ({record.get('why')})"
-        say(f"[{index}/{len(plan)}] {step.name}: {record['status']}{wall}", flush=True)
+        print(f"[{index}/{len(plan)}] {step.name}: {record['status']}{wall}", flush=True)
     return records

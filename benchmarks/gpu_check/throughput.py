@@ -127,7 +127,7 @@ def one_line(exc):
     return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
 
 
-def run_matrix(configurations, opts, write, say=print):
+def run_matrix(configurations, opts, write):
     """Measure each configuration in turn; write(entries, finished) after each. Returns the entries."""
     entries = [{**asdict(config), "status": "not run"} for config in configurations]
     write(entries, False)
@@ -144,9 +144,9 @@ def run_matrix(configurations, opts, write, say=print):
         write(entries, False)
         name = f"{config.model} bs{config.batch_size} {config.precision}"
         if entry["status"] == "ok":
-            say(f"{name}: {entry['samples_per_s']:,.0f} samples/s in {entry['wall_s']:.1f} s", flush=True)
+            print(f"{name}: {entry['samples_per_s']:,.0f} samples/s in {entry['wall_s']:.1f} s", flush=True)
         else:  # failures on stderr, so the tail of a failed step shows them
-            say(f"{name}: {entry['status']}: {entry['why']}", flush=True,
+            print(f"{name}: {entry['status']}: {entry['why']}", flush=True,
                 file=sys.stderr if entry["status"] == "failed" else sys.stdout)
     write(entries, True)
     return entries
