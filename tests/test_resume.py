@@ -177,7 +177,7 @@ def test_a_size_flag_given_at_its_default_resumes_a_run_that_did_not_give_it(tmp
 def test_a_resumed_run_reads_its_data_and_checkpoint_once(tmp_path, monkeypatch):
     """One build path: run_inputs.py reads the data and the checkpoint to resume, and the build uses
     what it read instead of reading them again."""
-    from data import uci_har
+    from data import synthetic
     from training.checkpoint import files
     flags = [*TINY_DATA, "--epochs", "2", "--stop-after-epochs", "1", "--save-dir", tmp_path]
     assert run_in_process("main.py", flags)[0] == 0
@@ -188,7 +188,7 @@ def test_a_resumed_run_reads_its_data_and_checkpoint_once(tmp_path, monkeypatch)
             reads[kind] += 1
             return read(*args, **kwargs)
         return wrapper
-    monkeypatch.setattr(uci_har, "find_root", counted("data", uci_har.find_root))  # every load looks for UCI HAR
+    monkeypatch.setattr(synthetic, "generate", counted("data", synthetic.generate))  # TINY_DATA's windows
     monkeypatch.setattr(files, "load_resumable", counted("checkpoint", files.load_resumable))
     code, out, err = run_in_process("main.py", flags)
     assert code == 0, err
