@@ -14,7 +14,6 @@ Run from the repository root: python -m benchmarks.scaling.map --out DIR (the sa
 gives the GPU map).
 """
 import csv
-import json
 import math
 import statistics
 import sys
@@ -22,10 +21,9 @@ import time
 from pathlib import Path
 
 from benchmarks import entry_parser
-from benchmarks.scaling.report import run_profiler
+from benchmarks.scaling.report import profile_of
 from profiling.cli import check_at_least, comma_choices, comma_counts
 from profiling.comm_model import STRATEGIES, predict_strategy
-from profiling.report import PROFILE_JSON
 from profiling.scaling import link_from
 from training.config.files import usage_error
 from training.errors import run_entry_point
@@ -71,7 +69,7 @@ def main(argv):
                    ("--threads-per-rank", args.threads_per_rank, 1), ("--steps", args.steps, 1),
                    ("--repeats", args.repeats, 1), ("--rounds", args.rounds, 1),
                    ("--warmup-steps", args.warmup_steps, 0))
-    # What run_profiler reads besides these: the steps of each run (no phase pass) and no extra flags.
+    # What profile_of reads besides these: the steps of each run (no phase pass) and no extra flags.
     args.phase_steps, args.profiler_args = 0, "--predict-gpus 1,2,4,8"
     out, started, rounds = Path(args.out), time.perf_counter(), []
     for number in range(1, args.rounds + 1):
@@ -81,9 +79,9 @@ def main(argv):
                 configuration = ["--model", "transformer", *SIZES[size], "--batch-size", str(batch)]
                 print(f"round {number} of {args.rounds}: {size} parameters, batch {batch} "
                       f"({time.perf_counter() - started:.0f} s so far)", flush=True)
-                baseline = _profile(args, configuration, 1, runs / f"{size}_bs{batch}_1")
-                measured = {name: _profile(args, configuration, 2, runs / f"{size}_bs{batch}_2_{name}",
-                                           PARALLEL_FLAGS[name]) for name in args.strategies}
+                baseline = profile_of(args, configuration, 1, runs / f"{size}_bs{batch}_1")
+                measured = {name: profile_of(args, configuration, 2, runs / f"{size}_bs{batch}_2_{name}",
+                                              PARALLEL_FLAGS[name]) for name in args.strategies}
                 rows += map_rows(size, baseline, measured, args.predict_gpus)
         rounds.append(rows)
     rows = combine_rounds(rounds)
@@ -96,12 +94,6 @@ def main(argv):
     print(format_errors(rows))
     print(f"done in {time.perf_counter() - started:.0f} s; wrote {out / 'scaling_map.csv'}, {out / 'scaling_map.png'}")
     return 0
-
-
-def _profile(args, configuration, ranks, run_dir, parallel=()):
-    if not (args.reuse and (run_dir / PROFILE_JSON).is_file()):
-        run_profiler(args, configuration, ranks, run_dir, parallel)
-    return json.loads((run_dir / PROFILE_JSON).read_text())
 
 
 def map_rows(size, baseline, measured, predict_gpus):

@@ -56,9 +56,7 @@ def main(argv):
         run_dir = output_dir / "runs" / f"{model}_bs{batch_size}_{world_size}proc"
         print(f"[{index}/{len(configurations)}] {model}, batch {batch_size}, {world_size} process(es) "
               f"({time.perf_counter() - started:.0f} s so far)", flush=True)
-        if not (args.reuse and (run_dir / PROFILE_JSON).is_file()):
-            run_profiler(args, ["--model", model, "--batch-size", str(batch_size)], world_size, run_dir)
-        profiles.append(json.loads((run_dir / PROFILE_JSON).read_text()))
+        profiles.append(profile_of(args, ["--model", model, "--batch-size", str(batch_size)], world_size, run_dir))
     rows = scaling_rows(profiles)
     written = [write_csv(rows, output_dir / "scaling_summary.csv"),
                write_latex(rows, output_dir / "scaling_table.tex"),
@@ -69,9 +67,12 @@ def main(argv):
     return 0
 
 
-def run_profiler(args, configuration, world_size, run_dir, parallel=("--multi-gpu", "ddp")):
-    """profiler.py for one configuration (its flags), under torchrun with the `parallel` flags when
-    world_size > 1; stops the report with the profiler's own error when a run fails."""
+def profile_of(args, configuration, world_size, run_dir, parallel=("--multi-gpu", "ddp")):
+    """The profile of profiler.py for one configuration (its flags), under torchrun with the `parallel`
+    flags when world_size > 1, or the one under run_dir with --reuse; stops the report with the
+    profiler's own error when a run fails."""
+    if args.reuse and (run_dir / PROFILE_JSON).is_file():
+        return json.loads((run_dir / PROFILE_JSON).read_text())
     flags = [*configuration, "--device", args.device,
              "--warmup-steps", str(args.warmup_steps), "--steps", str(args.steps), "--repeats", str(args.repeats),
              "--phase-steps", str(args.phase_steps), "--output-dir", str(run_dir),
@@ -86,6 +87,7 @@ def run_profiler(args, configuration, world_size, run_dir, parallel=("--multi-gp
     if result.returncode != 0:
         tail = "\n".join(result.stderr.strip().splitlines()[-5:])
         raise UsageError(f"profiler run failed ({' '.join(command)}):\n{tail}")
+    return json.loads((run_dir / PROFILE_JSON).read_text())
 
 
 if __name__ == "__main__":
