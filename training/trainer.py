@@ -3,12 +3,13 @@
 One batch from the command line to the checkpoint: main.py parses a RunConfig and calls train().
 Trainer.build normalises the data read before it (run_inputs.py), builds the model and lets the
 strategy wrap it, makes the loaders, restores the checkpoint's parts and builds the TrainStep.
-fit() runs each epoch's pass (loop/epoch.py), where every micro-batch goes through
+fit() runs each epoch's pass (train_epoch), where every micro-batch goes through
 TrainStep.accumulate and every accumulation window through TrainStep.update (loop/step.py); at the
 epoch's end it validates, and the CheckpointManager (checkpoint/manager.py) writes the train state
 and every part to last.pt.
 """
 import dataclasses
+import math
 import signal
 import threading
 import time
@@ -29,6 +30,7 @@ from evaluation.metrics import (
     summary_metrics,
 )
 from models import count_parameters, resolve_size, training_bytes
+from training import faults
 from training.checkpoint import files as ckpt
 from training.checkpoint.manager import CheckpointManager, restore_parts
 from training.checkpoint.train_state import RandomStreams, TrainState
@@ -38,8 +40,7 @@ from training.config.settings import DEFAULT_LR, RunConfig
 from training.distributed.lost_rank import explain_lost_rank
 from training.distributed.strategy import make_strategy
 from training.errors import EXIT_PREEMPTED, RankLost, TrainingDiverged, UsageError
-from training.loop import epoch as epoch_pass
-from training.loop.precision import Precision, skipped_steps
+from training.loop.precision import MAX_SKIPPED_STEPS, Precision, skipped_steps
 from training.loop.recipe import build_augmenter, build_feature_pool, build_weight_average, wants_feature_pool
 from training.loop.step import (
     TrainStep,
@@ -47,11 +48,13 @@ from training.loop.step import (
     build_scheduler,
     compile_for_training,
     global_batch_size,
+    micro_step_plan,
     predict,
     scaled_lr,
     scaling_warning,
     steps_per_epoch,
 )
+from training.loop.tally import NO_NONFINITE_STEP, EpochTally
 from training.reporting.logger import RunLogger
 from training.reporting.memory import GIB, free_bytes
 from training.run_inputs import read_run_inputs
@@ -233,8 +236,56 @@ class Trainer:
         return "complete"
 
     def train_epoch(self, epoch):
-        """The training pass over `epoch` (what is left of it after a mid-epoch resume): an EpochResult."""
-        return epoch_pass.train_epoch(self, epoch)
+        """Train over this rank's shard of `epoch` from where the train state stands in it; the state's
+        step count follows."""
+        config, strategy, state = self.config, self.strategy, self.state
+        loader = self.loaders["train"]
+        plan = self._plan_epoch(epoch, loader)
+        tally = EpochTally(strategy.device, *((state.epoch_loss_sum, state.epoch_samples) if strategy.is_main else ()))
+        steps_left = math.ceil((plan.batches_in_epoch - plan.first_batch) / config.optim.grad_accum_steps)
+        bar = self.log.progress(steps_left, f"epoch {epoch + 1}/{config.optim.epochs}")
+        hook = _StepHook(self, plan, tally, bar)
+        batches = faults.wrap_batches(loader, epoch * plan.batches_in_epoch + plan.first_batch, strategy.rank)
+        step, accum, steps = self.step, config.optim.grad_accum_steps, 0
+        start = time.perf_counter()
+        stopped = False
+        for batch_index, (signals, labels) in enumerate(batches, start=plan.first_batch):
+            window_size, closes_window = micro_step_plan(batch_index, plan.batches_in_epoch, accum)
+            step.accumulate(signals, labels, window_size, sync=closes_window, tally=tally,
+                            step_number=plan.first_step + steps + 1)
+            if not closes_window:
+                continue
+            step.update()
+            steps += 1
+            if hook(plan.first_step + steps):
+                stopped = True
+                break
+        strategy.synchronize()  # one sync per pass, so the time covers the queued GPU work
+        train_time_s = time.perf_counter() - start
+        hook.finish()
+        bar.close()
+        loss_sum, loss_samples = (0.0, 0) if stopped else self._global_tally(tally)
+        trained = (plan.batches_in_epoch - plan.first_batch) * self.loader_batch * strategy.world_size
+        slowest_s = float(strategy.max_over_ranks(torch.tensor(train_time_s, dtype=torch.float64,
+                                                               device=strategy.device)))
+        state.step = plan.first_step + steps
+        return EpochResult(steps, trained, slowest_s, loss_sum, loss_samples, stopped)
+
+    def _plan_epoch(self, epoch, loader):
+        """Position the epoch's order and random streams from the train state; a mid-epoch resume in
+        the same layout continues bit for bit, in another layout at the same sample with new streams."""
+        state, strategy = self.state, self.strategy
+        loader.sampler.set_epoch(epoch, start=0)
+        batches_in_epoch = len(loader)
+        loader.sampler.set_epoch(epoch, start=state.epoch_position)
+        exact, self.exact_resume = self.exact_resume, False  # once: only the resumed epoch continues bit for bit
+        self.rng.start_epoch(self.config.optim.seed, epoch, resume_exactly=exact)
+        if exact:
+            first_batch = state.epoch_position // (self.loader_batch * strategy.world_size)
+            return EpochPlan(first_batch, batches_in_epoch, state.step)
+        if state.epoch_position:  # another layout: the remaining samples make a shorter epoch of their own
+            return EpochPlan(0, len(loader), state.step)
+        return EpochPlan(0, batches_in_epoch, state.step)
 
     def evaluate(self, split, model=None):
         """(labels, logits, mean loss) of "val" or "test" over every rank, by `model` or else the
@@ -256,11 +307,6 @@ class Trainer:
         """A checkpoint of where the run stands; every rank takes part (buffers and random streams)."""
         self._sync_buffers()
         self.checkpoints.save(is_best)
-
-    def take_exact_resume(self):
-        """True once, for the epoch a mid-epoch resume in the same layout continues bit for bit."""
-        exact, self.exact_resume = self.exact_resume, False
-        return exact
 
     def report_best_weights(self):
         """Reload best.pt's weights and report the validation split and, unless --no-test, the test
@@ -364,6 +410,124 @@ class Trainer:
         self.log.info(f"received {self.stop_signals.received or 'a stop signal on another rank'}: stopped after "
                       f"step {self.state.step} (epoch {self.state.epoch + 1}) and saved "
                       f"{self.checkpoints.last_path}; run the same command again to resume")
+
+
+    def _global_tally(self, tally):
+        """(sum of per-sample losses, samples) over all ranks, as Python numbers, after the NaN check."""
+        self._check_finite(tally)
+        strategy = self.strategy
+        totals = strategy.sum_over_ranks(torch.stack([tally.loss_sum(), torch.tensor(
+            float(tally.samples), dtype=torch.float64, device=strategy.device)]))
+        loss_sum, samples = totals.tolist()
+        return loss_sum, int(samples)
+
+
+    def _health(self, tally):
+        """This rank's news for the NaN check, as ints whose maximum over ranks is the worst: the first
+        step with a NaN/inf loss (negated), and the longest run of steps the fp16 GradScaler skipped."""
+        skips = self.step.skips
+        return [-int(tally.earliest_nonfinite_step()), skips.longest_run() if skips is not None else 0]
+
+
+    def _check_finite(self, tally):
+        """Stop, before anything is saved, once a loss on any rank was NaN or inf, or fp16 skipped
+        MAX_SKIPPED_STEPS steps in a row."""
+        self._raise_if_diverged(*self.strategy.max_ints(self._health(tally)))
+
+
+    def _raise_if_diverged(self, negative_earliest, longest_skip_run):
+        last = self.checkpoints.last_path
+        kept = f"{last} still holds the last good state" if last.exists() else "nothing was saved"
+        where = f"(epoch {self.state.epoch + 1}); {kept}"
+        if -negative_earliest != NO_NONFINITE_STEP:
+            raise TrainingDiverged(f"the training loss became NaN/inf at step {-negative_earliest} {where}. Lower "
+                                   "--lr, keep --max-grad-norm on, or check the data for extreme values")
+        if longest_skip_run >= MAX_SKIPPED_STEPS:
+            raise TrainingDiverged(f"the fp16 GradScaler skipped {longest_skip_run} optimizer steps in a row, their "
+                                   f"gradients overflowing at every loss scale {where}. The loss or the weights are "
+                                   "not finite: lower --lr, keep --max-grad-norm on, or try --amp-dtype bf16")
+
+
+@dataclass
+class EpochPlan:
+    """Where this pass starts inside the epoch; a resumed epoch starts past its first batches."""
+    first_batch: int  # micro-batches of the epoch this rank already did before this pass
+    batches_in_epoch: int  # micro-batches of the whole epoch on this rank: fixes the accumulation windows
+    first_step: int  # optimizer steps taken before this pass, over the whole run
+
+
+@dataclass
+class EpochResult:
+    steps: int  # optimizer steps taken in this pass
+    samples: int  # samples trained on in this pass, all ranks together
+    train_time_s: float  # the slowest rank's training time in this pass
+    loss_sum: float  # the epoch's summed training loss over all ranks, resumed part included
+    loss_samples: int  # ... and the samples it sums over
+    stopped_early: bool  # a stop request ended the pass (after a checkpoint)
+
+
+class _StepHook:
+    """What happens between optimizer steps: progress, logging, mid-epoch saves, stop requests."""
+
+    def __init__(self, trainer, plan, tally, bar):
+        self.trainer, self.plan, self.tally, self.bar = trainer, plan, tally, bar
+        self.start_position = trainer.state.epoch_position
+        self.in_flight = None  # the last check-in's message between ranks, not yet waited for
+
+    def __call__(self, step):
+        """After optimizer step `step` (counted over the run); True asks the pass to stop here."""
+        trainer, output = self.trainer, self.trainer.config.output
+        self.bar.update(1)
+        batches_done = self.plan.first_batch + (step - self.plan.first_step) * trainer.config.optim.grad_accum_steps
+        if batches_done >= self.plan.batches_in_epoch:
+            return False  # the epoch's own end follows: validation, save, then any stop request
+        if step % output.log_interval == 0:
+            stop = self._check_in()
+            if trainer.strategy.is_main:
+                loss, lr = self.tally.mean_loss(), trainer.step.last_lr()
+                self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}")
+                trainer.log.log_step(step, loss, lr)
+        else:
+            # One process needs no agreement, so it stops at once; ranks wait for the next check-in.
+            stop = trainer.strategy.world_size == 1 and trainer.stop_signals.received is not None
+        if stop or (output.save_every_steps and step % output.save_every_steps == 0):
+            self._save_mid_epoch(step, batches_done)
+        return stop
+
+    def _check_in(self):
+        """At log points: stop the run if a loss on any rank was NaN/inf (or fp16 skipped too many steps
+        in a row), and return whether any rank
+        received a stop signal. Ranks send one small message per check-in and act on the previous
+        one, which has had --log-interval steps to arrive, so no rank waits for the others here and
+        all act at the same step. A stop request is therefore acted on within two check-ins; the
+        saves check the losses themselves, so a bad step is never saved."""
+        trainer = self.trainer
+        received = trainer.stop_signals.received is not None
+        message = trainer.strategy.start_max_ints([int(received), *trainer._health(self.tally)])
+        if trainer.strategy.world_size == 1:
+            decision = message.wait()  # nothing was sent: act on it now
+        else:
+            decision, self.in_flight = (self.in_flight.wait() if self.in_flight else None), message
+        if decision is None:
+            return False
+        stop, *worst = decision
+        trainer._raise_if_diverged(*worst)
+        return bool(stop)
+
+    def finish(self):
+        """Wait for the message still in flight (its news is checked again at the epoch's end)."""
+        if self.in_flight is not None:
+            self.in_flight.wait()
+            self.in_flight = None
+
+    def _save_mid_epoch(self, step, batches_done):
+        trainer = self.trainer
+        trained = (batches_done - self.plan.first_batch) * trainer.loader_batch * trainer.strategy.world_size
+        state = trainer.state
+        state.step = step
+        state.epoch_position = min(len(trainer.data.train), self.start_position + trained)
+        state.epoch_loss_sum, state.epoch_samples = trainer._global_tally(self.tally)
+        trainer.save(is_best=False)
 
 
 def _run_files(save_dir):
