@@ -30,8 +30,7 @@ from evaluation.metrics import best_record, format_cv_table, format_people, form
 from inference.bundle import load_bundle
 from inference.ensemble import ENSEMBLE_FILE, write_ensemble
 from inference.evaluate import write_report
-from training.checkpoint.atomic import write_atomic
-from training.checkpoint.files import BEST
+from training.checkpoint.files import BEST, write_atomic
 from training.config.environment import distributed_env, resolve_device_type
 from training.config.settings import Hardware, Output, Parallel
 from training.errors import SAME_ON_EVERY_RANK, UsageError

@@ -57,7 +57,7 @@ def finish_store(root, manifest):
 
 def write_atomic(path, write):
     """write(handle) fills a temporary file that then replaces `path` in one rename: a reader sees
-    the old file or the whole new one, never a part (training's checkpoint/atomic.py does the same
+    the old file or the whole new one, never a part (training/checkpoint/files.py's write_atomic does the same
     for training's files; data/ does not import training/)."""
     partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:

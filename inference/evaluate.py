@@ -14,7 +14,7 @@ from inference.adaptation import adapted_per_group
 from inference.bundle import load_bundle, pick_device, probabilities
 from inference.outputs import check_out_dir, prepare_out_dir
 from inference.temperature import temperature_choice, write_calibration
-from training.checkpoint.atomic import write_atomic
+from training.checkpoint.files import write_atomic
 from training.config.settings import RunConfig
 from training.errors import UsageError
 

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from inference.outputs import check_writable
-from training.checkpoint.atomic import write_atomic
+from training.checkpoint.files import write_atomic
 from training.errors import UsageError
 
 ONNX_OPSET = 18  # the lowest the exporter built on torch.export writes without converting

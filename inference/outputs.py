@@ -6,7 +6,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from training.checkpoint.atomic import write_atomic
+from training.checkpoint.files import write_atomic
 from training.errors import UsageError
 
 

@@ -8,7 +8,7 @@ from inference.plot import plot_timeline
 from inference.temperature import temperature_choice
 from inference.timeline import format_summary, mark_uncertain, merge_segments, smooth_labels, timeline_names
 from inference.transitions import read_transitions
-from training.checkpoint.atomic import write_atomic
+from training.checkpoint.files import write_atomic
 from training.errors import UsageError
 
 OUTPUTS = ("windows.csv", "timeline.csv", "timeline.png")

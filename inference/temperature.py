@@ -5,7 +5,7 @@ import math
 from pathlib import Path
 
 from evaluation.calibration import CALIBRATION_FILE
-from training.checkpoint.atomic import write_atomic
+from training.checkpoint.files import write_atomic
 from training.errors import UsageError
 
 

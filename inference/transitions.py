@@ -17,7 +17,7 @@ import numpy as np
 
 from data.preprocess import window_starts
 from data.uci_har import CLASS_NAMES
-from training.checkpoint.atomic import write_atomic
+from training.checkpoint.files import write_atomic
 from training.config.files import usage_error
 from training.errors import UsageError, run_entry_point
 

@@ -30,9 +30,8 @@ from profiling.timing import NullTimer
 from profiling.workload import optimizer_step
 from training.distributed.ddp import compression_hook, ddp_module
 from training.distributed.fsdp import clip_sharded_grad_norm_, shard_model
-from training.loop.precision import skipped_steps
 from training.loop.recipe import WeightAverage
-from training.loop.step import build_adamw
+from training.loop.step import build_adamw, skipped_steps
 
 
 def host_rank_counts(world_sizes, device, threads_per_rank):

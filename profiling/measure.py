@@ -21,7 +21,7 @@ from profiling.timing import (
 from profiling.trace import write_trace
 from profiling.workload import build_workload, optimizer_step
 from training.distributed.strategy import make_strategy
-from training.reporting.memory import GIB, read_memory
+from training.reporting.logger import GIB, read_memory
 
 
 class PerformanceProfiler:

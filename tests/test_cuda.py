@@ -170,7 +170,7 @@ def test_data_parallel_replicas_compute_in_the_runs_autocast_dtype():
     from torch.nn.parallel import parallel_apply
 
     from training.distributed.strategy import _AutocastForward
-    from training.loop.precision import Precision
+    from training.loop.step import Precision
     device = torch.device("cuda", 0)
     precision = Precision(device, True, "bf16")
     replica = _AutocastForward(torch.nn.Linear(8, 4).to(device), precision)
@@ -436,7 +436,7 @@ def test_metrics_record_the_gpus_memory_every_epoch(tmp_path):
 
 
 def test_reset_peaks_starts_a_new_peak_window():
-    from training.reporting.memory import GIB, read_memory, reset_peaks
+    from training.reporting.logger import GIB, read_memory, reset_peaks
     device = torch.device("cuda", 0)
     block = torch.empty(64 * 2**20, dtype=torch.uint8, device=device)
     del block

@@ -151,7 +151,7 @@ def test_a_window_with_a_nonfinite_loss_leaves_batchnorm_statistics_as_they_were
     # Under fp16 the GradScaler skips such a step; the watch reads the skip from the scaler and undoes
     # what the forward passes did to the running statistics. A CPU GradScaler decides the same way.
     from models import build_model
-    from training.loop.precision import SkippedSteps
+    from training.loop.step import SkippedSteps
     torch.manual_seed(0)
     model = build_model("cnn1d", 9, 6).train()
     optimizer = torch.optim.AdamW(model.parameters())
@@ -185,7 +185,7 @@ def one_window(model, optimizer, scaler, watch, *batches):
 
 def test_the_watch_counts_the_steps_the_scaler_skips_in_a_row():
     from models import build_model
-    from training.loop.precision import SkippedSteps
+    from training.loop.step import SkippedSteps
     torch.manual_seed(0)
     model = build_model("cnn1d", 9, 6).train()
     optimizer = torch.optim.AdamW(model.parameters())
@@ -207,7 +207,7 @@ def test_a_run_whose_every_step_the_grad_scaler_skips_stops_as_diverged(tmp_path
     from training.config.cli import parse_config
     from training.distributed.strategy import make_strategy
     from training.errors import TrainingDiverged
-    from training.loop.precision import MAX_SKIPPED_STEPS, SkippedSteps
+    from training.loop.step import MAX_SKIPPED_STEPS, SkippedSteps
     from training.trainer import Trainer
     config = parse_config([*TINY_DATA, "--epochs", "3", "--save-dir", str(tmp_path), "--no-resume"])
     trainer = Trainer.build(config, make_strategy(config), quiet=True)

@@ -40,9 +40,10 @@ from training.config.settings import DEFAULT_LR, RunConfig
 from training.distributed.lost_rank import explain_lost_rank
 from training.distributed.strategy import make_strategy
 from training.errors import EXIT_PREEMPTED, RankLost, TrainingDiverged, UsageError
-from training.loop.precision import MAX_SKIPPED_STEPS, Precision, skipped_steps
 from training.loop.recipe import build_augmenter, build_feature_pool, build_weight_average, wants_feature_pool
 from training.loop.step import (
+    MAX_SKIPPED_STEPS,
+    Precision,
     TrainStep,
     build_adamw,
     build_scheduler,
@@ -52,11 +53,11 @@ from training.loop.step import (
     predict,
     scaled_lr,
     scaling_warning,
+    skipped_steps,
     steps_per_epoch,
 )
 from training.loop.tally import NO_NONFINITE_STEP, EpochTally
-from training.reporting.logger import RunLogger
-from training.reporting.memory import GIB, free_bytes
+from training.reporting.logger import GIB, RunLogger, free_bytes
 from training.run_inputs import read_run_inputs
 
 EVAL_BATCH_MIN = 256

@@ -32,10 +32,10 @@ from profiling.measure import timed_steps
 from profiling.report import json_ready
 from profiling.timing import NullTimer, mean_std
 from training import run_inputs
-from training.checkpoint.atomic import write_atomic
+from training.checkpoint.files import write_atomic
 from training.distributed.strategy import make_strategy
 from training.errors import UsageError
-from training.reporting.memory import GIB
+from training.reporting.logger import GIB
 
 WHAT = ("samples_per_s: samples the timed steps took (an epoch's shorter last batch counts its own size, not "
         "the batch size) per second of those steps, mean over repeats; warm-up: at least one epoch; "

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from training.checkpoint.atomic import write_atomic
+from training.checkpoint.files import write_atomic
 from training.config.settings import Parallel
 from training.errors import UsageError
 

@@ -13,7 +13,7 @@ from torch.nn.parallel import DistributedDataParallel
 from training.config.environment import distributed_env
 from training.distributed.single import SingleDevice, model_state_mb
 from training.errors import UsageError
-from training.reporting.memory import describe, memory_fields, read_memory
+from training.reporting.logger import describe, memory_fields, read_memory
 
 
 class DistributedStrategy(SingleDevice):

@@ -4,7 +4,7 @@ import contextlib
 
 import torch
 
-from training.reporting.memory import describe, memory_fields, read_memory, reset_peaks
+from training.reporting.logger import describe, memory_fields, read_memory, reset_peaks
 
 
 class SingleDevice:

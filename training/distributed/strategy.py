@@ -12,7 +12,7 @@ from torch import nn
 from training.config.environment import check_parallel_args
 from training.distributed.ddp import DistributedStrategy
 from training.distributed.single import SingleDevice
-from training.reporting.memory import describe, memory_fields, read_memory, reset_peaks
+from training.reporting.logger import describe, memory_fields, read_memory, reset_peaks
 
 
 class DataParallelStrategy(SingleDevice):
