@@ -14,8 +14,9 @@ from data.synthetic import DEFAULT_WINDOWS_PER_SUBJECT
 from models import MODELS
 from profiling.interleave import interleave, per_side
 from profiling.workload import RECIPE_OFF
-from training.config.cli import COMPILE_MODES, parse_config
+from training.config.cli import parse_config
 from training.config.environment import launched_by_torchrun
+from training.config.settings import COMPILE_MODES
 from training.distributed.strategy import make_strategy
 from training.trainer import Trainer
 

@@ -6,7 +6,7 @@ from data.recordings import ACC_UNITS, GYRO_UNITS
 from inference.adaptation import ADAPT_CHOICES
 from inference.export import EXPORT_FORMATS
 from inference.timeline import SMOOTHERS
-from training.config.files import usage_error
+from training.config.cli import usage_error
 from training.errors import UsageError
 
 DATASETS = ("auto", "uci-har", "synthetic", "npz", "store")  # main.py's --dataset choices

@@ -18,7 +18,7 @@ import numpy as np
 from data.preprocess import window_starts
 from data.uci_har import CLASS_NAMES
 from training.checkpoint.files import write_atomic
-from training.config.files import usage_error
+from training.config.cli import usage_error
 from training.errors import UsageError, run_entry_point
 
 WINDOW_STEPS = 128  # UCI HAR's windows at 50 Hz

@@ -4,10 +4,9 @@ import math
 import os
 
 from profiling.report import DEFAULT_ROOT
-from training.config.cli import SHARDED_OR_DDP, build_parser, check_args
+from training.config.cli import build_parser, check_args, parse_with_config
 from training.config.environment import distributed_env, launched_by_torchrun
-from training.config.files import parse_with_config
-from training.config.settings import RunConfig
+from training.config.settings import SHARDED_OR_DDP, RunConfig
 from training.distributed.launch import processes_per_node, run_torchrun, torchrun_arguments
 from training.errors import UsageError
 

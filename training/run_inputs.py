@@ -7,7 +7,7 @@ The same run: `python main.py --epochs 1`, then `python main.py` in the same --s
 continue the finished one-epoch run with a twenty-epoch command: a schedule whose LR had already
 decayed. An automatic resume (--resume auto) now continues only the run the command describes: the
 same data, model and LR schedule. Any other setting may change on resume with a warning
-(config/files.py).
+(config/cli.py: changed_flags).
 
 The lock: one run at a time per --save-dir, an flock on <save-dir>/.lock, which the OS drops when
 the holder dies, so a killed run never leaves the folder locked. Not the `filelock` package,

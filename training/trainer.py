@@ -34,8 +34,8 @@ from training import faults
 from training.checkpoint import files as ckpt
 from training.checkpoint.manager import CheckpointManager, restore_parts
 from training.checkpoint.train_state import RandomStreams, TrainState
+from training.config.cli import record_run_config
 from training.config.environment import check_parallel_args
-from training.config.files import record_run_config
 from training.config.settings import DEFAULT_LR, RunConfig
 from training.distributed.lost_rank import explain_lost_rank
 from training.distributed.strategy import make_strategy

@@ -25,7 +25,7 @@ from benchmarks.scaling.report import profile_of
 from profiling.cli import check_at_least, comma_choices, comma_counts
 from profiling.comm_model import STRATEGIES, predict_strategy
 from profiling.scaling import link_from
-from training.config.files import usage_error
+from training.config.cli import usage_error
 from training.errors import run_entry_point
 
 # Transformer sizes from the default (~0.09M parameters) past 10M; the 3M one is the studies' second

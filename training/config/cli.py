@@ -1,18 +1,24 @@
 """The command line both entry points share, generated from the settings' fields (settings.py): one
-flag per field, its type the field's, grouped as RunConfig groups them; then the --config file's flags,
-and validate()."""
+flag per field, its type the field's, grouped as RunConfig groups them, read after the flags of a
+--config file, then validate(). And the run's configuration files: --config YAML/JSON in, the resolved
+<save-dir>/config.yaml out, and the flags a resumed run changed."""
 import argparse
+import dataclasses
+import datetime
+import difflib
+import json
+import platform
+import subprocess
 import sys
 import typing
 from dataclasses import fields
+from pathlib import Path
 
-from training.config.files import parse_with_config
-from training.config.settings import COMPILE_MODES, SHARDED_OR_DDP, Parallel, RunConfig, flag_groups
+import yaml
+
+from training.checkpoint.files import write_atomic
+from training.config.settings import Parallel, RunConfig, flag_groups
 from training.errors import UsageError
-
-# What the tools that extend the trainer's command line import from here (the constants until they
-# import them from settings.py).
-__all__ = ["COMPILE_MODES", "SHARDED_OR_DDP", "build_parser", "check_args", "parse_config"]
 
 
 def parse_config(argv=None, multi_gpu=False):
@@ -84,3 +90,184 @@ def _point_to_multi_gpu_entry(argv):
             raise UsageError(f"main.py trains on one device and has no {flag}; for several GPUs run "
                              "python main_multi_gpu.py --multi-gpu dp [flags] (DataParallel, one process), or "
                              "torchrun --nproc_per_node=N main_multi_gpu.py --multi-gpu ddp (or fsdp) [flags]")
+
+
+# Run configuration files: --config YAML/JSON in, the resolved <save-dir>/config.yaml out, and
+# the flags a resumed run changed.
+CONFIG_NAME = "config.yaml"
+# Not settings of the run: where the settings came from, and how errors are shown (read from
+# the command line before any file is opened).
+NOT_IN_FILES = ("config", "debug")
+# The multi-GPU flags of main_multi_gpu.py as main.py implies them; a config.yaml written by main.py
+# holds them.
+IMPLIED_BY_MAIN = dataclasses.asdict(Parallel())
+# Flags whose change on resume is the point of resuming, not a change of the run.
+NOT_COMPARED_ON_RESUME = ("resume", "save_dir", "config", "debug", "stop_after_epochs")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def parse_with_config(parser, argv):
+    """Parse argv after the flags of its --config file, so the command line wins over the file.
+
+    argparse errors become one-line UsageErrors (no usage block, no second line per rank)."""
+    parser.error = usage_error(parser.prog)
+    args = parser.parse_args(argv)  # first alone: finds --config however it was spelt
+    if args.config is None:
+        return args
+    file_argv = config_to_argv(parser, load_config_file(args.config))
+    parser.error = usage_error(parser.prog, where=f"--config {args.config}")
+    parser.parse_args(file_argv)  # the file on its own, so its bad values are blamed on it
+    parser.error = usage_error(parser.prog)
+    return parser.parse_args([*file_argv, *argv])
+
+
+def usage_error(prog, where=None):
+    def error(message):
+        raise UsageError(f"{where}: {message}" if where else f"{message} (see {prog} --help)")
+    return error
+
+
+def load_config_file(path):
+    """The mapping of a YAML (or JSON) file, or a one-line error saying what is wrong with it."""
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"--config {path} " + ("is a folder" if path.is_dir() else "does not exist")
+                         + "; point it at a YAML or JSON file")
+    try:
+        text = path.read_text()
+        values = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--config {path} cannot be read ({exc})") from None
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--config {path} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark else ""
+        raise UsageError(f"--config {path} is not valid YAML ({where}{getattr(exc, 'problem', None) or exc})") from None
+    if values is None:
+        values = {}
+    if not isinstance(values, dict):
+        raise UsageError(f"--config {path} must hold flag: value pairs, found a {type(values).__name__}")
+    return {"path": str(path), "values": values}
+
+
+def _flag_actions(parser):
+    """{key: action} for every long option, under its dest and its option name with underscores."""
+    actions = {}
+    for action in parser._actions:  # argparse keeps no public list of its options
+        if action.dest in ("help", "version"):
+            continue
+        for option in action.option_strings:
+            negative = isinstance(action, argparse.BooleanOptionalAction) and option.startswith("--no-")
+            if option.startswith("--") and not negative:
+                actions.setdefault(option[2:].replace("-", "_"), action)
+        actions.setdefault(action.dest, action)
+    return actions
+
+
+def config_to_argv(parser, loaded):
+    """The command-line flags a loaded config file stands for, in the file's order."""
+    path, actions, seen, argv = loaded["path"], _flag_actions(parser), {}, []
+    for raw_key, value in loaded["values"].items():
+        key = str(raw_key).replace("-", "_")
+        if key in seen:
+            raise UsageError(f"--config {path}: {seen[key]!r} and {raw_key!r} set the same flag; keep one")
+        seen[key] = raw_key
+        if key in NOT_IN_FILES:
+            raise UsageError(f"--config {path}: {raw_key!r} is a command-line-only flag; remove it from the file")
+        if key not in actions:
+            if key in IMPLIED_BY_MAIN and parser.prog == "main.py":
+                if value != IMPLIED_BY_MAIN[key]:
+                    raise UsageError(f"--config {path}: {raw_key}: {value} needs main_multi_gpu.py")
+                continue
+            raise UsageError(f"--config {path}: unknown key {raw_key!r}{_closest(key, actions)}")
+        argv.extend(_tokens(actions[key], key, value, parser, path))
+    return argv
+
+
+def _closest(key, actions):
+    match = difflib.get_close_matches(key, sorted(actions), n=1, cutoff=0.5)
+    return f"; did you mean {match[0]!r}?" if match else "; see --help for the flags"
+
+
+def _tokens(action, key, value, parser, path):
+    """How `key: value` is written on the command line."""
+    option = next(o for o in action.option_strings if o.startswith("--"))
+    if action.nargs == 0:  # --compile, --amp / --no-amp, --no-resume
+        if value is None:
+            return []
+        if not isinstance(value, bool):
+            raise UsageError(f"--config {path}: {key} takes true or false, got {value!r}")
+        if len(action.option_strings) > 1 and not value:  # BooleanOptionalAction: --no-amp
+            return [next(o for o in action.option_strings if o.startswith("--no-"))]
+        return [option] if value else []
+    if value is None:
+        # null means the default, except where a flag stores None itself (resume: null is --no-resume).
+        switch = next((a for a in parser._actions if a.dest == action.dest and a.nargs == 0 and a.const is None
+                       and a.option_strings), None)
+        return [switch.option_strings[0]] if switch else []
+    if isinstance(value, (list, tuple)):
+        value = ",".join(str(item) for item in value)  # --gpu-ids 0,1,3
+    elif isinstance(value, (dict, bool)):
+        raise UsageError(f"--config {path}: {key} takes a value such as {action.default!r}, got {value!r}")
+    return [f"{option}={value}"]  # one token, so a value starting with '-' is not taken for a flag
+
+
+def resolved_config(config, save_dir):
+    """Every setting of the run as flags, with --save-dir as used, ready to be written or compared."""
+    return {**config.flags(), "save_dir": str(save_dir)}
+
+
+def versions():
+    """The software a run used: what to install to repeat it."""
+    import numpy
+    import torch
+    nccl = None
+    if torch.cuda.is_available() and torch.distributed.is_nccl_available():
+        nccl = ".".join(map(str, torch.cuda.nccl.version()))
+    return {"torch": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl,
+            "python": platform.python_version(), "numpy": numpy.__version__, "git_commit": git_commit()}
+
+
+def git_commit():
+    """The project's commit, marked when the tree has uncommitted changes; None outside git."""
+    try:
+        commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10)
+        if commit.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit.stdout.strip() + (" (with uncommitted changes)" if dirty else "")
+
+
+def write_resolved_config(config, save_dir):
+    """<save-dir>/config.yaml: loadable with --config; versions as comments at the top."""
+    save_dir = Path(save_dir)
+    script = "main.py" if config.parallel.multi_gpu == "none" else "main_multi_gpu.py"
+    found = versions()
+    header = [f"# Resolved configuration of the run in {save_dir}, written "
+              f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M:%S} UTC.",
+              f"# Repeat it with: python {script} --config {save_dir / CONFIG_NAME} (flags given after it win).",
+              "# versions: " + ", ".join(f"{name} {value if value is not None else 'none'}"
+                                         for name, value in found.items())]
+    text = "\n".join(header) + "\n" + yaml.safe_dump(resolved_config(config, save_dir), sort_keys=False)
+    write_atomic(save_dir / CONFIG_NAME, lambda partial: Path(partial).write_text(text))
+
+
+def changed_flags(saved, config, save_dir):
+    """'--flag: saved -> now' for every setting a resumed run changes; keys older runs lack are skipped."""
+    now = resolved_config(config, save_dir)
+    return [f"--{key.replace('_', '-')}: {saved[key]!r} in the checkpoint's run, {now[key]!r} now"
+            for key in now if key not in NOT_COMPARED_ON_RESUME and key in saved and saved[key] != now[key]]
+
+
+def record_run_config(config, save_dir, checkpoint, log, is_main):
+    """Say which flags a resumed run changed (one line each), then write config.yaml on rank 0."""
+    if checkpoint is not None:
+        for line in changed_flags(checkpoint["config"], config, save_dir):
+            log.warn(f"resumed with a changed flag: {line}")
+    if is_main:
+        write_resolved_config(config, save_dir)
