@@ -2,7 +2,7 @@
 import sys
 
 from training.config.cli import parse_config
-from training.config.environment import distributed_env
+from training.config.settings import distributed_env
 from training.errors import UsageError, run_entry_point
 
 

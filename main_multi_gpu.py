@@ -3,8 +3,7 @@ fsdp). See README.md."""
 import sys
 
 from training.config.cli import parse_config
-from training.config.environment import distributed_env, launched_by_torchrun
-from training.config.settings import SHARDED_OR_DDP
+from training.config.settings import SHARDED_OR_DDP, distributed_env, launched_by_torchrun
 from training.distributed.launch import launch_under_torchrun
 from training.errors import UsageError, run_entry_point
 

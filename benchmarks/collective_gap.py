@@ -14,7 +14,7 @@ import torch
 
 from benchmarks import entry_parser
 from profiling.allreduce_bench import all_reduce_call, timed_calls_s
-from training.config.environment import distributed_env
+from training.config.settings import distributed_env
 from training.distributed.ddp import DistributedStrategy
 from training.errors import UsageError, run_entry_point
 

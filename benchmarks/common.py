@@ -15,8 +15,7 @@ from models import MODELS
 from profiling.interleave import interleave, per_side
 from profiling.workload import RECIPE_OFF
 from training.config.cli import parse_config
-from training.config.environment import launched_by_torchrun
-from training.config.settings import COMPILE_MODES
+from training.config.settings import COMPILE_MODES, launched_by_torchrun
 from training.distributed.strategy import make_strategy
 from training.trainer import Trainer
 

@@ -31,8 +31,7 @@ from inference.bundle import load_bundle
 from inference.ensemble import ENSEMBLE_FILE, write_ensemble
 from inference.evaluate import write_report
 from training.checkpoint.files import BEST, write_atomic
-from training.config.environment import distributed_env, resolve_device_type
-from training.config.settings import Hardware, Output, Parallel
+from training.config.settings import Hardware, Output, Parallel, distributed_env, resolve_device_type
 from training.errors import SAME_ON_EVERY_RANK, UsageError
 from training.trainer import train
 

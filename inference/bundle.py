@@ -11,7 +11,7 @@ from inference.checkpoint_checks import check_declared_shapes, check_model_part
 from inference.ensemble import ENSEMBLE_KIND, ensemble_model
 from inference.raw_unit import raw_unit_model
 from training.checkpoint.files import inference_weights, load_checkpoint
-from training.config.environment import resolve_device_type
+from training.config.settings import resolve_device_type
 from training.errors import UsageError
 
 NEEDED_KEYS = ("config", "class_names", "channel_names", "in_channels", "num_classes", "sample_rate_hz",

@@ -5,8 +5,7 @@ import os
 
 from profiling.report import DEFAULT_ROOT
 from training.config.cli import build_parser, check_args, parse_with_config
-from training.config.environment import distributed_env, launched_by_torchrun
-from training.config.settings import SHARDED_OR_DDP, RunConfig
+from training.config.settings import SHARDED_OR_DDP, RunConfig, distributed_env, launched_by_torchrun
 from training.distributed.launch import processes_per_node, run_torchrun, torchrun_arguments
 from training.errors import UsageError
 

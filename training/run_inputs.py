@@ -28,8 +28,7 @@ from pathlib import Path
 from data.splits import HarData, load_har_data
 from models import SIZE_KNOBS, resolve_size
 from training.checkpoint import files as ckpt
-from training.config.environment import distributed_env
-from training.config.settings import SHARDED_OR_DDP, RunConfig
+from training.config.settings import SHARDED_OR_DDP, RunConfig, distributed_env
 from training.errors import UsageError
 
 

@@ -35,8 +35,7 @@ from training.checkpoint import files as ckpt
 from training.checkpoint.manager import CheckpointManager, restore_parts
 from training.checkpoint.train_state import RandomStreams, TrainState
 from training.config.cli import record_run_config
-from training.config.environment import check_parallel_args
-from training.config.settings import DEFAULT_LR, RunConfig
+from training.config.settings import DEFAULT_LR, RunConfig, check_parallel_args
 from training.distributed.lost_rank import explain_lost_rank
 from training.distributed.strategy import make_strategy
 from training.errors import EXIT_PREEMPTED, RankLost, TrainingDiverged, UsageError

@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from training.config.environment import distributed_env
+from training.config.settings import distributed_env
 from training.distributed.single import SingleDevice, model_state_mb
 from training.errors import UsageError
 from training.reporting.logger import describe, memory_fields, read_memory

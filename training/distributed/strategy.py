@@ -9,7 +9,7 @@ lives in single.py, DDP's in ddp.py, FSDP's in fsdp.py; DataParallel's is here, 
 import torch
 from torch import nn
 
-from training.config.environment import check_parallel_args
+from training.config.settings import check_parallel_args
 from training.distributed.ddp import DistributedStrategy
 from training.distributed.single import SingleDevice
 from training.reporting.logger import describe, memory_fields, read_memory, reset_peaks
