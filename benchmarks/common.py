@@ -14,8 +14,7 @@ from data.synthetic import DEFAULT_WINDOWS_PER_SUBJECT
 from models import MODELS
 from profiling.interleave import interleave, per_side
 from profiling.workload import RECIPE_OFF
-from training.config.cli import parse_config
-from training.config.settings import COMPILE_MODES, launched_by_torchrun
+from training.config.settings import COMPILE_MODES, RunConfig, launched_by_torchrun
 from training.distributed.strategy import make_strategy
 from training.trainer import Trainer
 
@@ -38,34 +37,23 @@ def add_run_flags(parser):
     parser.add_argument("--json", default=None, help="also write the figures to this JSON file")
 
 
-def recipe_flags(recipe):
-    """A recipe {field: value} (profiling.workload.RECIPE_OFF's fields) as training flags."""
-    return tuple(part for name, value in recipe.items() for part in (f"--{name.replace('_', '-')}", str(value)))
-
-
-# The generalisation recipe (augmentation, weight average, label smoothing) is off unless a
-# benchmark asks for it: the overhead comparisons are about the loop, not about the recipe.
-RECIPE_OFF_FLAGS = recipe_flags(RECIPE_OFF)
-
-
-def build_run(opts, save_dir, data_path, epochs, recipe=RECIPE_OFF_FLAGS):
-    """A Trainer built from the same flags `python main.py` would get; under torchrun, the flags of
-    `main_multi_gpu.py --multi-gpu ddp`. Its stop signals are left uninstalled, so the benchmark
-    keeps the default handlers."""
-    argv = ["--dataset", "synthetic", "--synthetic-windows-per-subject", str(opts.synthetic_windows_per_subject),
-            "--model", opts.model, "--batch-size", str(opts.batch_size), "--device", opts.device,
-            "--data-path", data_path, "--epochs", str(epochs), "--save-dir", str(save_dir),
-            "--no-resume", "--save-every-steps", "0", *recipe]
-    if opts.compile or opts.compile_mode:
-        argv += ["--compile"] + (["--compile-mode", opts.compile_mode] if opts.compile_mode else [])
-    distributed = launched_by_torchrun()
-    config = parse_config(argv + (["--multi-gpu", "ddp"] if distributed else []), multi_gpu=distributed)
+def build_run(opts, save_dir, data_path, epochs, recipe=RECIPE_OFF):
+    """A Trainer built from the RunConfig `python main.py` would get with these settings (under
+    torchrun, `main_multi_gpu.py --multi-gpu ddp`'s). The generalisation recipe (augmentation, weight
+    average, label smoothing) is off unless a benchmark asks for it (`recipe`: settings by flag name):
+    the overhead comparisons are about the loop. Its stop signals are left uninstalled, so the
+    benchmark keeps the default handlers."""
+    config = RunConfig().replace(
+        dataset="synthetic", synthetic_windows_per_subject=opts.synthetic_windows_per_subject, model=opts.model,
+        batch_size=opts.batch_size, device=opts.device, data_path=data_path, epochs=epochs, save_dir=str(save_dir),
+        resume=None, save_every_steps=0, compile=opts.compile, compile_mode=opts.compile_mode,
+        multi_gpu="ddp" if launched_by_torchrun() else "none", **recipe).validate()
     return Trainer.build(config, make_strategy(config))
 
 
 @contextlib.contextmanager
 def trainer_runs(opts, prefix, sides):
-    """{name: Trainer} of build_run for each side's (data path, recipe flags), in one scratch folder;
+    """{name: Trainer} of build_run for each side's (data path, recipe settings), in one scratch folder;
     their logs are closed on the way out."""
     runs = {}
     with tempfile.TemporaryDirectory(prefix=prefix) as scratch:

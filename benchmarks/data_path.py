@@ -6,7 +6,6 @@ import torch
 
 from benchmarks import entry_parser, write_json
 from benchmarks.common import (
-    RECIPE_OFF_FLAGS,
     TRAINER_SIDE,
     add_run_flags,
     epoch_rates,
@@ -17,6 +16,7 @@ from benchmarks.common import (
     trainer_rates,
     trainer_runs,
 )
+from profiling.workload import RECIPE_OFF
 
 PATHS = ("device", "dataloader")
 
@@ -43,7 +43,7 @@ def parse(argv):
 
 def main(argv=None):
     opts = parse(argv)
-    with trainer_runs(opts, "har-data-path-", {path: (path, RECIPE_OFF_FLAGS) for path in PATHS}) as runs:
+    with trainer_runs(opts, "har-data-path-", {path: (path, RECIPE_OFF) for path in PATHS}) as runs:
         device = runs["device"].strategy.device
         print(f"both: {TRAINER_SIDE}\n"
               f"device: {type(runs['device'].loaders['train']).__name__} (splits on {device}, index_select "

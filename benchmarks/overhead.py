@@ -25,7 +25,6 @@ from benchmarks.common import (
     planned_epochs,
     train_trainer_epoch,
 )
-from models import build_model
 from training.distributed.ddp import ddp_module
 from training.loop.step import compile_for_training
 
@@ -44,8 +43,8 @@ class MinimalLoop:
             raise SystemExit("the minimal loop has no GradScaler: run on CPU or a bf16-capable GPU")
         torch.manual_seed(config.optim.seed)  # the seed the trainer builds its model under: the same initial weights
         train = run.data.train  # already normalised by the trainer
-        model = build_model(config.model.name, train.signals.shape[1], len(run.data.class_names),
-                            dropout=config.model.dropout, norm=config.model.norm).to(device)
+        _, channels, window_steps = train.signals.shape
+        model = config.model.build(channels, len(run.data.class_names), window_steps).to(device)
         self.rank, self.world_size = run.strategy.rank, run.strategy.world_size
         if self.world_size > 1:
             # Built as the trainer builds it, without DDP's per-forward buffer broadcast, so the

@@ -9,7 +9,6 @@ from benchmarks.common import (
     format_rates,
     machine_line,
     paired_ratio,
-    recipe_flags,
     trainer_rates,
     trainer_runs,
 )
@@ -26,7 +25,7 @@ def main(argv=None):
     parser = entry_parser("benchmarks.recipe_cost", __doc__)
     add_run_flags(parser)
     opts = parser.parse_args(argv)
-    with trainer_runs(opts, "har-recipe-", {name: ("auto", recipe_flags(r)) for name, r in SIDES.items()}) as runs:
+    with trainer_runs(opts, "har-recipe-", {name: ("auto", recipe) for name, recipe in SIDES.items()}) as runs:
         device = runs["plain"].strategy.device
         print("plain: the trainer's epoch with no augmentation, no weight average; augment: all of "
               f"{', '.join(AUGMENTATIONS)} on every batch; recipe: augment plus the weight average "
