@@ -23,7 +23,7 @@ def adaptable_members(bundle):
     members = list(model.members) if hasattr(model, "members") else [model]
     for member in members:
         if not hasattr(member.model, "feature_mean"):
-            raise UsageError(f"checkpoint {bundle.path} is a {bundle.config.get('model')} model: --adapt standardises "
+            raise UsageError(f"checkpoint {bundle.path} is a {bundle.config.model.name} model: --adapt standardises "
                              "MiniRocket's features, so it needs a minirocket checkpoint; drop --adapt")
     return members
 

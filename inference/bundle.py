@@ -11,7 +11,7 @@ from inference.checkpoint_checks import check_declared_shapes, check_model_part
 from inference.ensemble import ENSEMBLE_KIND, ensemble_model
 from inference.raw_unit import raw_unit_model
 from training.checkpoint.files import inference_weights, load_checkpoint
-from training.config.settings import resolve_device_type
+from training.config.settings import RunConfig, resolve_device_type
 from training.errors import UsageError
 
 NEEDED_KEYS = ("config", "class_names", "channel_names", "in_channels", "num_classes", "sample_rate_hz",
@@ -29,15 +29,15 @@ class ModelBundle:
     sample_rate_hz: float
     window_steps: int
     preprocessing: str
-    config: dict
+    config: RunConfig  # the run's settings, rebuilt from the checkpoint (today's defaults for newer ones)
     path: str
     members: int = 1  # models whose probabilities are averaged: more than one for a fold ensemble
 
     def describe(self):
-        models = f"ensemble of {self.members} {self.config.get('model')} models" if self.members > 1 \
-            else self.config.get("model")
+        models = f"ensemble of {self.members} {self.config.model.name} models" if self.members > 1 \
+            else self.config.model.name
         return (f"checkpoint {self.path}: {models} on {len(self.channel_names)} channels "
-                f"({self.config.get('mode')}) x {self.window_steps} steps at {self.sample_rate_hz:g} Hz, "
+                f"({self.config.data.mode}) x {self.window_steps} steps at {self.sample_rate_hz:g} Hz, "
                 f"{len(self.class_names)} classes")
 
 
@@ -67,8 +67,8 @@ def load_bundle(path):
         mean, std = model.mean.flatten().numpy(), model.std.flatten().numpy()
     return ModelBundle(model.eval(), mean, std, tuple(checkpoint["class_names"]),
                        tuple(checkpoint["channel_names"]), float(checkpoint["sample_rate_hz"]),
-                       int(checkpoint["window_steps"]), str(checkpoint["preprocessing"]), dict(checkpoint["config"]),
-                       str(path), len(checkpoint.get("members", [None])))
+                       int(checkpoint["window_steps"]), str(checkpoint["preprocessing"]),
+                       RunConfig.from_flags(checkpoint["config"]), str(path), len(checkpoint.get("members", [None])))
 
 
 def require_sample_rate(bundle):

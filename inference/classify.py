@@ -32,7 +32,7 @@ class WindowPredictions:
 def check_channels(bundle, has_gyro, path):
     """Refuse in one line a checkpoint whose channels this recording cannot give."""
     available = available_channels(bundle.preprocessing, has_gyro)
-    names, mode = bundle.channel_names, bundle.config.get("mode", "flatten")
+    names, mode = bundle.channel_names, bundle.config.data.mode
     if set(names) <= set(available) or (_averaged(bundle) and set(SIGNAL_NAMES) <= set(available)):
         return
     lacking = "no gyroscope (gyro_x, gyro_y, gyro_z)" if not has_gyro else "other channels"
@@ -42,7 +42,7 @@ def check_channels(bundle, has_gyro, path):
 
 
 def _averaged(bundle):
-    return bundle.config.get("mode") == "average" and bundle.channel_names == channel_names("average")
+    return bundle.config.data.mode == "average" and bundle.channel_names == channel_names("average")
 
 
 def model_channels(bundle, acc_g, gyro_rad_s):

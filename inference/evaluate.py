@@ -15,7 +15,6 @@ from inference.bundle import load_bundle, pick_device, probabilities
 from inference.outputs import check_out_dir, prepare_out_dir
 from inference.temperature import temperature_choice, write_calibration
 from training.checkpoint.files import write_atomic
-from training.config.settings import RunConfig
 from training.errors import UsageError
 
 OUTPUTS = ("test_report.json", "confusion_matrix.png", CALIBRATION_FILE)
@@ -76,10 +75,10 @@ def dataset_of(args):
 
 
 def splits_as_trained(config, dataset, data_dir):
-    """The splits of `data_dir` (or of the synthetic data) rebuilt as the run with `config` built them:
-    the trainer's own data options (mode, validation subjects or share, seed, the synthetic data's
-    seed and size) read from the checkpoint's flags, the current defaults for flags it lacks."""
-    return load_har_data(**RunConfig.from_flags(config).data_options(dataset=dataset, data_dir=data_dir))
+    """The splits of `data_dir` (or of the synthetic data) rebuilt as the run with `config` (its
+    RunConfig) built them: the trainer's own data options (mode, validation subjects or share, seed,
+    the synthetic data's seed and size)."""
+    return load_har_data(**config.data_options(dataset=dataset, data_dir=data_dir))
 
 
 def report_of(bundle, split, device, about, temperature=1.0, adapt=False):
@@ -120,7 +119,7 @@ def _check_source(bundle, dataset, args):
     if bundle.members > 1 and args.split == "val":
         raise UsageError("an ensemble's members trained on every training subject between them, so it has no "
                          "validation split: use --split test")
-    mode = bundle.config.get("mode", "flatten")
+    mode = bundle.config.data.mode
     if dataset in ("npz", "store") and mode != "flatten":
         raise UsageError(f"checkpoint {bundle.path} was trained with --mode {mode} on UCI HAR channels, while "
                          f"--dataset {dataset} windows are used as they are; evaluate it on the UCI HAR Dataset "

@@ -48,7 +48,7 @@ def predict_recording(args):
                                           strict=True)])
     write_csv(out / "timeline.csv", ["start_s", "end_s", "activity", "confidence"],
               [[f"{s.start_s:.3f}", f"{s.end_s:.3f}", s.activity, f"{s.confidence:.4f}"] for s in segments])
-    title = f"{recording.path}: {bundle.config.get('model')}" + (f", {args.smooth} smoothing" if args.smooth else "")
+    title = f"{recording.path}: {bundle.config.model.name}" + (f", {args.smooth} smoothing" if args.smooth else "")
     write_atomic(out / "timeline.png", lambda partial: plot_timeline(predictions, segments, partial, title))
     print(format_summary(segments, timeline_names(names, segments), f"{bundle.describe()}\n{recording.path}: "
                          f"{predictions.duration_s:.1f} s at {predictions.source_rate_hz:.4g} Hz, "

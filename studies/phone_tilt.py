@@ -95,7 +95,7 @@ def print_postures(data):
 
 def print_turned(checkpoint, person, axis, degrees, device):
     bundle = load_bundle(checkpoint)
-    data = splits_as_trained(bundle.config, bundle.config["dataset"], bundle.config["data_dir"])
+    data = splits_as_trained(bundle.config, bundle.config.data.dataset, bundle.config.data.data_dir)
     chosen = data.test.subjects == person
     if not chosen.any():
         raise SystemExit(f"error: person {person} is not in {checkpoint}'s test split")

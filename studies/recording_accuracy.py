@@ -75,10 +75,10 @@ class Scorer:
 def run_data(bundle):
     """The splits the checkpoint's run trained and validated on, when its data is on this machine."""
     config = bundle.config
-    data_dir = config.get("data_dir")
+    data_dir = config.data.data_dir
     if data_dir is None or not Path(data_dir).exists():
         return None
-    dataset = config.get("dataset", "auto")
+    dataset = config.data.dataset
     if dataset == "auto":
         dataset = "npz" if str(data_dir).endswith(".npz") else "uci-har"
     return splits_as_trained(config, dataset, data_dir)

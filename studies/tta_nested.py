@@ -61,7 +61,7 @@ def transformed(windows, kind, value, triples):
 def score_outer_fold(checkpoint, device):
     """{set name: (accuracy, {person: accuracy})} of one outer fold's model on its held-out people."""
     bundle = load_bundle(checkpoint)
-    data = splits_as_trained(bundle.config, bundle.config["dataset"], bundle.config["data_dir"])
+    data = splits_as_trained(bundle.config, bundle.config.data.dataset, bundle.config.data.data_dir)
     test, triples = data.test, sensor_triples(data.channel_names)
     copies = {copy for chosen in TTA_SETS.values() for copy in chosen}
     probs = {copy: probabilities(bundle, transformed(test.signals, *copy, triples), device) for copy in copies}

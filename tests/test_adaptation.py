@@ -8,6 +8,7 @@ from inference.adaptation import adaptable_members, adapted_per_group, adapted_p
 from inference.bundle import ModelBundle, probabilities
 from inference.raw_unit import RawUnitModel
 from models import build_model
+from training.config.settings import RunConfig
 from training.errors import UsageError
 
 CHANNELS, STEPS, CLASSES = 3, 64, 4
@@ -16,7 +17,7 @@ CHANNELS, STEPS, CLASSES = 3, 64, 4
 def bundle_of(net, model="minirocket"):
     raw = RawUnitModel(net, torch.zeros(CHANNELS), torch.ones(CHANNELS)).eval()
     return ModelBundle(raw, np.zeros(CHANNELS, np.float32), np.ones(CHANNELS, np.float32),
-                       tuple("ABCD"), ("x", "y", "z"), 50.0, STEPS, "raw", {"model": model}, "test.pt")
+                       tuple("ABCD"), ("x", "y", "z"), 50.0, STEPS, "raw", RunConfig().replace(model=model), "test.pt")
 
 
 @pytest.fixture(scope="module")

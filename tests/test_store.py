@@ -18,6 +18,7 @@ from data.store import WindowStore
 from data.uci_har import CLASS_NAMES, SIGNAL_NAMES
 from inference_fixtures import synthetic_stream
 from test_bad_input import assert_refused
+from training.config.settings import RunConfig
 
 WINDOWS_PER_SUBJECT = 32
 STREAM_RUN = [sys.executable, "main.py", "--dataset", "store", "--model", "cnn1d", "--batch-size", "16",
@@ -78,7 +79,7 @@ def test_a_recording_becomes_the_windows_predict_py_would_cut(tmp_path):
     build(folder, tmp_path / "store", "--dtype", "float32", "--workers", "1", "--test-subjects", "8")
     opened = WindowStore(tmp_path / "store")
     bundle = SimpleNamespace(preprocessing="uci-har", channel_names=SIGNAL_NAMES, sample_rate_hz=50.0,
-                             window_steps=128, config={"mode": "flatten"}, path="x")
+                             window_steps=128, config=RunConfig(), path="x")
     cut = recording_windows(bundle, read_recording(folder / "a.csv", extra=("label", "subject")))
     on_clock = np.rint(np.interp(cut.start_steps[:, None] / 50.0 + np.arange(128) / 50.0, time_s, labels))
     majority = np.array([np.bincount(row.astype(int)).argmax() for row in on_clock])
