@@ -133,3 +133,18 @@ def test_the_bf16_hook_sends_bf16_and_writes_the_average_back_into_the_gradients
         dist.destroy_process_group()
     assert written is gradients and gradients.dtype == torch.float32
     assert gradients.tolist() == [1.0, 3.0]
+
+
+def test_every_strategy_offers_what_the_protocol_lists():
+    import inspect
+
+    from training.distributed.ddp import DistributedStrategy
+    from training.distributed.fsdp import FullyShardedStrategy
+    from training.distributed.single import SingleDevice
+    from training.distributed.strategy import DataParallelStrategy, Strategy
+    methods = [name for name, member in vars(Strategy).items()
+               if inspect.isfunction(member) and not name.startswith("_")]
+    assert "wrap" in methods and "sync_buffers" in methods
+    for kind in (SingleDevice, DataParallelStrategy, DistributedStrategy, FullyShardedStrategy):
+        for name in [*methods, "data_parallel_size", "other_gpus"]:
+            assert callable(getattr(kind, name, None)) or isinstance(getattr(kind, name, None), property), (kind, name)

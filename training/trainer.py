@@ -37,7 +37,7 @@ from training.checkpoint.train_state import RandomStreams, TrainState
 from training.config.cli import record_run_config
 from training.config.settings import DEFAULT_LR, RunConfig, check_parallel_args
 from training.distributed.lost_rank import explain_lost_rank
-from training.distributed.strategy import make_strategy
+from training.distributed.strategy import Strategy, make_strategy
 from training.errors import EXIT_PREEMPTED, RankLost, TrainingDiverged, UsageError
 from training.loop.recipe import build_augmenter, build_feature_pool, build_weight_average, wants_feature_pool
 from training.loop.step import (
@@ -124,7 +124,7 @@ def train(config):
 class Trainer:
     """One run's data, model, training step, train state and checkpoints, assembled by build()."""
     config: RunConfig
-    strategy: object  # training.distributed.strategy: SingleDevice, DataParallelStrategy or DistributedStrategy
+    strategy: Strategy
     log: RunLogger
     save_dir: Path
     data: HarData  # normalised splits
