@@ -14,6 +14,9 @@ from training.errors import UsageError
 
 ADAPT_CHOICES = ("none", "recording")
 STD_FLOOR = 1e-3  # MiniRocket.fit's clamp: a feature constant over the group is centred, not blown up
+# Class-balanced statistics leave out a class the model gives less than this many windows' worth of
+# probability in the group: its few windows would otherwise weigh as much as a whole activity.
+MIN_CLASS_MASS = 5.0
 
 
 def adaptable_members(bundle):
@@ -45,6 +48,27 @@ def group_statistics(features):
     return features.mean(dim=0), features.std(dim=0).clamp_min(STD_FLOOR)
 
 
+def class_balanced_weights(probabilities):
+    """A weight per window [N] (summing to 1) under which every class the model sees in the group
+    counts alike, so that the group's mix of activities (a day that is mostly sitting) does not move
+    its statistics: window n weighs sum over classes c of p_nc / (C x sum_m p_mc), over the C classes
+    with at least MIN_CLASS_MASS windows' worth of probability."""
+    probabilities = torch.as_tensor(probabilities, dtype=torch.float64)
+    mass = probabilities.sum(dim=0)
+    present = mass >= MIN_CLASS_MASS
+    if not present.any():
+        return torch.full((len(probabilities),), 1.0 / max(len(probabilities), 1), dtype=torch.float64)
+    return (probabilities[:, present] / mass[present]).sum(dim=1) / present.sum()
+
+
+def weighted_statistics(features, weights):
+    """(mean, std) of a group's features with window n weighted by weights[n] (summing to 1)."""
+    weights = weights.to(features.dtype)[:, None]
+    mean = (weights * features).sum(dim=0)
+    std = (weights * (features - mean) ** 2).sum(dim=0).sqrt().clamp_min(STD_FLOOR)
+    return mean, std
+
+
 @torch.no_grad()
 def head_probabilities(member, features, mean, std):
     """Softmax [N, classes] float64 of the member's head on features standardised with (mean, std)."""
@@ -54,11 +78,18 @@ def head_probabilities(member, features, mean, std):
 
 def member_probabilities(members, features_per_member, adapt):
     """The members' mean probabilities [N, classes] (numpy float64), each member's features
-    standardised with the training statistics, or with the group's own when `adapt`."""
+    standardised with the training statistics (adapt False), with the group's own (True), or with the
+    group's own under class_balanced_weights of the unadapted probabilities ("balanced")."""
+    weights = None
+    if adapt == "balanced":
+        weights = class_balanced_weights(member_probabilities(members, features_per_member, adapt=False))
     total = None
     for member, features in zip(members, features_per_member, strict=True):
         model = member.model
-        mean, std = group_statistics(features) if adapt else (model.feature_mean.cpu(), model.feature_std.cpu())
+        if weights is not None:
+            mean, std = weighted_statistics(features, weights)
+        else:
+            mean, std = group_statistics(features) if adapt else (model.feature_mean.cpu(), model.feature_std.cpu())
         probabilities = head_probabilities(member.cpu(), features, mean, std)
         total = probabilities if total is None else total + probabilities
     return (total / len(members)).numpy()

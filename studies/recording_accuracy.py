@@ -50,7 +50,7 @@ class Scorer:
             self.members = adaptable_members(bundle)
         except UsageError:  # not MiniRocket: only the training statistics
             self.members = None
-        self.feature_modes = ("train", "recording") if self.members else ("train",)
+        self.feature_modes = ("train", "recording", "balanced") if self.members else ("train",)
 
     def features(self, windows):
         """Each member's PPV features [N, F] of MiniRocket windows: the transform the modes share."""
@@ -64,11 +64,12 @@ class Scorer:
         features = self.features(windows) if features is None else features
         groups = np.zeros(len(features[0])) if groups is None else np.asarray(groups)
         result = {"train": member_probabilities(self.members, features, adapt=False)}
-        adapted = np.zeros_like(result["train"])
-        for group in np.unique(groups):
-            where = np.flatnonzero(groups == group)
-            adapted[where] = member_probabilities(self.members, [f[where] for f in features], adapt=True)
-        result["recording"] = adapted
+        for mode, adapt in (("recording", True), ("balanced", "balanced")):
+            adapted = np.zeros_like(result["train"])
+            for group in np.unique(groups):
+                where = np.flatnonzero(groups == group)
+                adapted[where] = member_probabilities(self.members, [f[where] for f in features], adapt=adapt)
+            result[mode] = adapted
         return result
 
 
