@@ -32,6 +32,7 @@ from inference.ensemble import ENSEMBLE_FILE, write_ensemble
 from inference.evaluate import write_report
 from training.checkpoint.files import BEST, write_atomic
 from training.config.settings import Hardware, Output, Parallel, distributed_env, resolve_device_type
+from training.distributed.ddp import join_process_group
 from training.errors import SAME_ON_EVERY_RANK, UsageError
 from training.trainer import train
 
@@ -256,10 +257,7 @@ def _fold_finished(fold_dir, subjects):
 def _all_ranks_finished(rank, world_size, finished):
     """True when every rank finished all its folds. A group over torchrun's store that lives only
     for this question; ranks that finish early wait here for the slowest fold."""
-    store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world_size, timeout=RANKS_WAIT))
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    dist.init_process_group("gloo", store=dist.PrefixStore(f"har-cv-attempt-{attempt}", store), rank=rank,
-                            world_size=world_size, timeout=RANKS_WAIT)
+    join_process_group("gloo", rank, world_size, RANKS_WAIT, "har-cv")
     try:
         flag = torch.tensor([int(finished)])
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)

@@ -16,6 +16,16 @@ from training.errors import UsageError
 from training.reporting.logger import describe, memory_fields, read_memory
 
 
+def join_process_group(backend, rank, world_size, timeout, prefix, device_id=None):
+    """init_process_group over the store torchrun's rendezvous gives, under keys of `prefix` and this
+    restart attempt: torchrun keeps one store for every --max-restarts attempt, and without a key
+    space of its own a restarted group can read the dead group's addresses and fail to connect."""
+    store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world_size, timeout=timeout))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    dist.init_process_group(backend, store=dist.PrefixStore(f"{prefix}-attempt-{attempt}", store), rank=rank,
+                            world_size=world_size, timeout=timeout, device_id=device_id)
+
+
 class DistributedStrategy(SingleDevice):
     """DistributedDataParallel, one process per device, ranks taken from torchrun's environment."""
 
@@ -35,14 +45,8 @@ class DistributedStrategy(SingleDevice):
         self.is_main = rank == 0
         self.sync_bn, self.grad_compression = sync_bn, grad_compression
         self._ddp = None
-        timeout = datetime.timedelta(seconds=timeout_s)
-        store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world_size, timeout=timeout))
-        # torchrun keeps one store for every --max-restarts attempt: without a key space of its
-        # own, a restarted group can read the dead group's addresses and fail to connect.
-        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        dist.init_process_group(backend, store=dist.PrefixStore(f"har-attempt-{attempt}", store), rank=rank,
-                                world_size=world_size, timeout=timeout,
-                                device_id=device if backend == "nccl" else None)
+        join_process_group(backend, rank, world_size, datetime.timedelta(seconds=timeout_s), "har",
+                           device_id=device if backend == "nccl" else None)
         # Control messages (stop requests, RNG states) are tiny CPU values: a gloo group carries
         # them without making the host wait for the GPU stream, as an NCCL collective would.
         self._control = dist.new_group(backend="gloo") if backend == "nccl" else None
