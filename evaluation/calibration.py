@@ -38,7 +38,6 @@ def per_subject_calibration(probabilities, labels, subjects, bins=ECE_BINS):
             for subject in np.unique(subjects)}
 
 
-
 def _log_probabilities(probabilities):
     return torch.log(torch.as_tensor(np.asarray(probabilities), dtype=torch.float64).clamp_min(1e-300))
 
@@ -68,7 +67,6 @@ def scaled(probabilities, temperature):
     if temperature == 1.0 or len(probabilities) == 0:
         return np.asarray(probabilities, dtype=np.float64)
     return torch.softmax(_log_probabilities(probabilities) / temperature, dim=1).numpy()
-
 
 
 def calibration_fields(probabilities, labels, subjects, temperature=1.0):

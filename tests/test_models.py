@@ -58,7 +58,6 @@ def test_a_100m_parameter_transformer_builds_and_trains_a_step_on_cpu():
     assert torch.isfinite(loss) and not torch.equal(before, model.head[-1].weight)
 
 
-
 def dropout_rates(model):
     return {module.p for module in model.modules() if isinstance(module, torch.nn.Dropout)}
 

@@ -200,7 +200,6 @@ def build_scheduler(optimizer, warmup_steps, total_steps, start_step=0):
                                                  total_steps=total_steps), last_epoch=start_step - 1)
 
 
-
 def compile_for_training(train_model, hardware):
     """torch.compile around the wrapped model (around DDP, so no_sync stays on the DDP module),
     or the model itself without --compile."""
