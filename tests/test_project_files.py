@@ -1,5 +1,6 @@
 """The project's own files agree with each other: requirement files with pyproject.toml, and the
 commands the documentation shows with the flags and modules the code has."""
+import ast
 import importlib.util
 import re
 
@@ -125,3 +126,34 @@ def test_every_sample_config_file_in_the_documentation_runs_on_cpu(tmp_path):
             check_parallel_args(parse_config(["--config", str(path), "--device", "cpu"]))
         except UsageError as exc:
             pytest.fail(f"{name}'s sample config is refused on CPU: {exc}")
+
+
+# docs/code_tour.md's layers: what each package may import of the project's others.
+FOUNDATIONS = {"data", "models", "evaluation"}
+LAYERS = {"data": set(), "models": set(), "evaluation": set(), "training": FOUNDATIONS,
+          "inference": FOUNDATIONS | {"training"}, "crossval": FOUNDATIONS | {"training", "inference"},
+          "profiling": FOUNDATIONS | {"training"},
+          "benchmarks": FOUNDATIONS | {"training", "profiling"},
+          "studies": FOUNDATIONS | {"training", "profiling", "inference", "crossval", "benchmarks"}}
+MEASUREMENT = {"benchmarks", "studies"}
+
+
+def project_imports(path):
+    """The top-level project packages a file imports (inside functions too)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
+        yield from (name.split(".")[0] for name in names if name.split(".")[0] in LAYERS)
+
+
+def test_imports_point_down_the_layers_of_the_code_tour():
+    for package, allowed in LAYERS.items():
+        for path in (REPO / package).rglob("*.py"):
+            for imported in project_imports(path):
+                assert imported == package or imported in allowed, f"{path.relative_to(REPO)} imports {imported}"
+    for script in REPO.glob("*.py"):  # entry points: never the measurement code
+        assert not set(project_imports(script)) & MEASUREMENT, script.name
