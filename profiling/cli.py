@@ -4,7 +4,7 @@ import math
 import os
 
 from profiling.report import DEFAULT_ROOT
-from training.config.cli import build_parser, check_args, parse_with_config
+from training.config.cli import build_parser, parse_with_config
 from training.config.settings import SHARDED_OR_DDP, RunConfig, distributed_env, launched_by_torchrun
 from training.distributed.launch import processes_per_node, run_torchrun, torchrun_arguments
 from training.errors import UsageError
@@ -63,10 +63,10 @@ def build_profiler_parser():
 
 def parse_profiler_args(argv):
     args = parse_with_config(build_profiler_parser(), argv)
-    check_args(args)
+    args.run = RunConfig.from_flags(vars(args)).validate()  # the training settings, typed as the trainer takes them
+    vars(args).update(args.run.flags())  # in their canonical form where the profiler reads them as flags
     check_profiler_args(args)
     args.command_line = list(argv)  # what the host-sharing neighbours run
-    args.run = RunConfig.from_flags(vars(args))  # the training settings, typed as the trainer takes them
     return args
 
 

@@ -33,12 +33,6 @@ def parse_config(argv=None, multi_gpu=False):
     return RunConfig.from_flags(vars(args)).validate()
 
 
-def check_args(args):
-    """Validate the settings among a parser's parsed flags (one that extends build_parser's) and write
-    their canonical values back."""
-    vars(args).update(RunConfig.from_flags(vars(args)).validate().flags())
-
-
 def build_parser(multi_gpu):
     """multi_gpu=True adds the multi-GPU group used by main_multi_gpu.py."""
     parser = argparse.ArgumentParser(
