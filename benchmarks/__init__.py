@@ -1,8 +1,13 @@
 """Timing benchmarks, the GPU check and the scaling report and map; here, what every measurement entry
-point (these and studies/) shares: the repository root, the parser, the --json file, the process tree."""
+point (these and studies/) shares: the repository root, the parser, the --json file, child commands."""
 import argparse
 import json
+import shlex
+import subprocess
+import time
 from pathlib import Path
+
+from training.errors import UsageError
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -12,7 +17,6 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpF
 
 
 def entry_parser(module, doc):
-    """The parser of `python -m <module>`, its description the module's docstring."""
     return argparse.ArgumentParser(prog=f"python -m {module}", description=doc, formatter_class=_Help)
 
 
@@ -21,6 +25,17 @@ def write_json(path, figures):
     if path:
         Path(path).write_text(json.dumps(figures, indent=2) + "\n")
         print(f"wrote {path}")
+
+
+def run_in_repo(command, env=None):
+    """(stdout, wall seconds) of `command` run from the repository root; a failure is a UsageError
+    with the last lines the command wrote to stderr."""
+    started = time.perf_counter()
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        tail = "\n".join(result.stderr.strip().splitlines()[-5:])
+        raise UsageError(f"{shlex.join(map(str, command))} failed:\n{tail}")
+    return result.stdout, time.perf_counter() - started
 
 
 def descendants(pid):

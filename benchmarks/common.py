@@ -37,7 +37,7 @@ def add_run_flags(parser):
     parser.add_argument("--json", default=None, help="also write the figures to this JSON file")
 
 
-def build_run(opts, save_dir, data_path, epochs, recipe=RECIPE_OFF):
+def build_run(opts, save_dir, data_path, recipe=RECIPE_OFF):
     """A Trainer built from the RunConfig `python main.py` would get with these settings (under
     torchrun, `main_multi_gpu.py --multi-gpu ddp`'s). The generalisation recipe (augmentation, weight
     average, label smoothing) is off unless a benchmark asks for it (`recipe`: settings by flag name):
@@ -45,7 +45,8 @@ def build_run(opts, save_dir, data_path, epochs, recipe=RECIPE_OFF):
     benchmark keeps the default handlers."""
     config = RunConfig().replace(
         dataset="synthetic", synthetic_windows_per_subject=opts.synthetic_windows_per_subject, model=opts.model,
-        batch_size=opts.batch_size, device=opts.device, data_path=data_path, epochs=epochs, save_dir=str(save_dir),
+        batch_size=opts.batch_size, device=opts.device, data_path=data_path, save_dir=str(save_dir),
+        epochs=1 + opts.rounds * opts.epochs_per_round,  # one warm-up, then the rounds: the LR schedule spans all
         resume=None, save_every_steps=0, compile=opts.compile, compile_mode=opts.compile_mode,
         multi_gpu="ddp" if launched_by_torchrun() else "none", **recipe).validate()
     return Trainer.build(config, make_strategy(config))
@@ -59,7 +60,7 @@ def trainer_runs(opts, prefix, sides):
     with tempfile.TemporaryDirectory(prefix=prefix) as scratch:
         try:
             for name, (data_path, recipe) in sides.items():
-                runs[name] = build_run(opts, Path(scratch) / name, data_path, planned_epochs(opts), recipe)
+                runs[name] = build_run(opts, Path(scratch) / name, data_path, recipe)
             yield runs
         finally:
             for run in runs.values():
@@ -67,14 +68,9 @@ def trainer_runs(opts, prefix, sides):
 
 
 def trainer_rates(runs, opts):
-    """epoch_rates of every run's training epoch (train_trainer_epoch)."""
+    """epoch_rates of every run's training epoch."""
     sides = {name: functools.partial(train_trainer_epoch, run) for name, run in runs.items()}
     return epoch_rates(sides, opts.rounds, opts.epochs_per_round, next(iter(runs.values())).strategy.synchronize)
-
-
-def planned_epochs(opts):
-    """Epochs each side trains: one warm-up, then the timed rounds (the LR schedule spans them all)."""
-    return 1 + opts.rounds * opts.epochs_per_round
 
 
 def train_trainer_epoch(trainer, epoch):

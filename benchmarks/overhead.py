@@ -22,7 +22,6 @@ from benchmarks.common import (
     machine_line,
     median_ratio,
     paired_ratio,
-    planned_epochs,
     train_trainer_epoch,
 )
 from training.distributed.ddp import ddp_module
@@ -87,16 +86,6 @@ class MinimalLoop:
         return len(labels) * self.world_size
 
 
-def parse(argv):
-    parser = entry_parser("benchmarks.overhead", __doc__)
-    add_run_flags(parser)
-    parser.add_argument("--data-path", choices=("auto", "device", "dataloader"), default="auto",
-                        help="the trainer's data path (the minimal loop always slices tensors)")
-    parser.add_argument("--bare-minimal", action="store_true",
-                        help="also time a minimal loop without clipping and LR schedule")
-    return parser.parse_args(argv)
-
-
 def describe_sides(run, bare):
     loader = type(run.loaders["train"]).__name__
     ddp = (f"; both sides DDP over {run.strategy.world_size} ranks ({run.strategy.describe()})"
@@ -115,9 +104,15 @@ def describe_sides(run, bare):
 
 
 def main(argv=None):
-    opts = parse(argv)
+    parser = entry_parser("benchmarks.overhead", __doc__)
+    add_run_flags(parser)
+    parser.add_argument("--data-path", choices=("auto", "device", "dataloader"), default="auto",
+                        help="the trainer's data path (the minimal loop always slices tensors)")
+    parser.add_argument("--bare-minimal", action="store_true",
+                        help="also time a minimal loop without clipping and LR schedule")
+    opts = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="har-overhead-") as scratch:
-        run = build_run(opts, Path(scratch) / "run", opts.data_path, planned_epochs(opts))
+        run = build_run(opts, Path(scratch) / "run", opts.data_path)
         try:
             sides = {"trainer": functools.partial(train_trainer_epoch, run),
                      "minimal": MinimalLoop(run, features=True).train_epoch}
@@ -126,9 +121,8 @@ def main(argv=None):
             speak = print if run.strategy.is_main else (lambda *_, **__: None)
             speak(describe_sides(run, opts.bare_minimal), flush=True)
             speak(machine_line(run.strategy.device), flush=True)
-            distributed = run.strategy.world_size > 1
             rates, other_cores = epoch_rates(sides, opts.rounds, opts.epochs_per_round, run.strategy.synchronize,
-                                            watch_other_processes=not distributed)
+                                            watch_other_processes=run.strategy.world_size == 1)
         finally:
             sides, run.step = None, None  # every DDP model goes before the process group
             run.log.close()
@@ -144,11 +138,11 @@ def report(opts, run, rates, other_cores):
     print(format_rates(rates, "samples/s", ratios, other_cores))
     figures = {"mode": mode, "world_size": run.strategy.world_size, "model": opts.model,
                "batch_size_per_rank": opts.batch_size, "device": str(run.strategy.device),
-               "precision": run.precision.dtype_name, "compile_mode": (opts.compile_mode or "default")
-               if run.config.hardware.compile else None, "threads": torch.get_num_threads(),
-               "windows": len(run.data.train),
-               "rounds": opts.rounds, "epochs_per_round": opts.epochs_per_round, "machine": machine_line(
-                   run.strategy.device), "rates": rates, "ratio": median_ratio(rates, "trainer", "minimal"),
+               "precision": run.precision.dtype_name,
+               "compile_mode": (opts.compile_mode or "default") if run.config.hardware.compile else None,
+               "threads": torch.get_num_threads(), "windows": len(run.data.train), "rounds": opts.rounds,
+               "epochs_per_round": opts.epochs_per_round, "machine": machine_line(run.strategy.device),
+               "rates": rates, "ratio": median_ratio(rates, "trainer", "minimal"),
                "paired_ratio": paired_ratio(rates, "trainer", "minimal"), "target": TARGET_RATIO[mode]}
     print(f"trainer/minimal = {figures['ratio']:.3f} (median of {opts.rounds} rounds of {opts.epochs_per_round} "
           f"epoch(s); median of per-round ratios {figures['paired_ratio']:.3f}; {figures['windows']} windows, "

@@ -7,29 +7,26 @@ both, e.g. `python -m benchmarks.profiler_agreement --rounds 4 -- --model cnn1d 
 """
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks import REPO, entry_parser
+from benchmarks import entry_parser, run_in_repo
 from profiling.interleave import interleave
+from training.errors import run_entry_point
 
 
-def train_samples_per_s(flags, epochs):
+def samples_per_s(script, flags, epochs):
+    """main.py's or profiler.py's samples/s, run in a scratch folder."""
     with tempfile.TemporaryDirectory(prefix="har-agreement-") as scratch:
-        save_dir = Path(scratch) / "train"
-        subprocess.run([sys.executable, "main.py", *flags, "--epochs", str(epochs), "--save-dir", str(save_dir),
-                        "--no-resume", "--no-test"], cwd=REPO, check=True, capture_output=True)
-        records = [json.loads(line) for line in (save_dir / "metrics.jsonl").read_text().splitlines() if line]
-    return statistics.median(record["samples_per_s"] for record in records[1:])
-
-
-def profiler_samples_per_s(flags):
-    with tempfile.TemporaryDirectory(prefix="har-agreement-") as scratch:
-        out = Path(scratch) / "profile"
-        subprocess.run([sys.executable, "profiler.py", *flags, "--predict-gpus", "1", "--phase-steps", "0",
-                        "--output-dir", str(out)], cwd=REPO, check=True, capture_output=True)
+        out = Path(scratch) / "out"
+        if script == "main.py":
+            run_in_repo([sys.executable, "main.py", *flags, "--epochs", str(epochs), "--save-dir", str(out),
+                         "--no-resume", "--no-test"])
+            records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line]
+            return statistics.median(record["samples_per_s"] for record in records[1:])
+        run_in_repo([sys.executable, "profiler.py", *flags, "--predict-gpus", "1", "--phase-steps", "0",
+                     "--output-dir", str(out)])
         return json.loads((out / "profile.json").read_text())["timing"]["samples_per_s"]["mean"]
 
 
@@ -39,8 +36,8 @@ def main(argv=None):
     parser.add_argument("--epochs", type=int, default=4, help="main.py epochs per round (the first is not counted)")
     parser.add_argument("flags", nargs="*", help="training flags for both, after --")
     opts = parser.parse_args(argv)
-    sides = {"main.py": lambda _: train_samples_per_s(opts.flags, opts.epochs),
-             "profiler.py": lambda _: profiler_samples_per_s(opts.flags)}
+    sides = {script: lambda _, script=script: samples_per_s(script, opts.flags, opts.epochs)
+             for script in ("main.py", "profiler.py")}
     rates = {name: [] for name in sides}
     print(f"flags: {' '.join(opts.flags) or '(defaults)'}", flush=True)
     for round_index, (results, _) in enumerate(interleave(sides, opts.rounds)):
@@ -57,4 +54,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_entry_point(main))

@@ -10,15 +10,15 @@ A configuration that fails (out of memory, an unsupported kernel) is recorded wi
 and the next one runs; one the project refuses on this device (fp16 on CPU) is recorded as skipped.
 Exit code: 0 none failed, 1 some failed, 2 bad flags.
 """
-import contextlib
 import functools
 import gc
 import json
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from collections import namedtuple
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -41,13 +41,8 @@ WHAT = ("samples_per_s: samples the timed steps took (an epoch's shorter last ba
         "the batch size) per second of those steps, mean over repeats; warm-up: at least one epoch; "
         "peak_*_gib: CUDA allocator peaks from before the workload was built to the end of its timing "
         "(null on CPU)")
-
-
-@dataclass(frozen=True)
-class Configuration:
-    model: str
-    batch_size: int  # per GPU
-    precision: str  # a key of PRECISIONS
+# batch_size is per GPU; precision is a key of PRECISIONS.
+Configuration = namedtuple("Configuration", "model batch_size precision")
 
 
 def matrix(models=MODELS, batch_sizes=BATCH_SIZES, precisions=tuple(PRECISIONS)):
@@ -68,8 +63,9 @@ def measure(args):
     """One configuration: build the workload, warm up, time `repeats` runs of `steps` steps."""
     strategy = make_strategy(args.run)
     device = strategy.device
+    cuda = device.type == "cuda"
     try:
-        if device.type == "cuda":
+        if cuda:
             torch.cuda.reset_peak_memory_stats(device)
         work = workload.build_workload(args, strategy)
         # At least one whole epoch, so every batch shape (the shorter last one too) has had its
@@ -81,17 +77,14 @@ def measure(args):
         runs, rates = [], []
         for _ in range(args.repeats):
             taken[0] = 0
-            run = timed_steps(work, args.steps, sync_gradients=True)
-            runs.append(run)
-            rates.append(taken[0] / (run["step_time_s"] * run["steps"]))
+            runs.append(timed_steps(work, args.steps, sync_gradients=True))
+            rates.append(taken[0] / (runs[-1]["step_time_s"] * runs[-1]["steps"]))
         samples_per_s, samples_per_s_std = mean_std(rates)
-        figures = {"samples_per_s": samples_per_s, "samples_per_s_std": samples_per_s_std,
-                   "step_time_ms": statistics.mean(run["step_time_s"] for run in runs) * 1e3,
-                   "data_wait_share": statistics.mean(run["data_wait_share"] for run in runs)}
-        cuda = device.type == "cuda"
-        figures.update(peak_allocated_gib=torch.cuda.max_memory_allocated(device) / GIB if cuda else None,
-                       peak_reserved_gib=torch.cuda.max_memory_reserved(device) / GIB if cuda else None)
-        return figures
+        return {"samples_per_s": samples_per_s, "samples_per_s_std": samples_per_s_std,
+                "step_time_ms": statistics.mean(run["step_time_s"] for run in runs) * 1e3,
+                "data_wait_share": statistics.mean(run["data_wait_share"] for run in runs),
+                "peak_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB if cuda else None,
+                "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / GIB if cuda else None}
     finally:
         strategy.close()
 
@@ -103,23 +96,10 @@ def counted(batches, taken):
         yield signals, labels
 
 
-@contextlib.contextmanager
 def data_loaded_once():
     """build_workload loads and splits the data on every call (about a second for UCI HAR's size);
     every configuration of the matrix uses the same data, so it is loaded once."""
-    original = run_inputs.load_har_data
-    run_inputs.load_har_data = functools.lru_cache(maxsize=1)(original)
-    try:
-        yield
-    finally:
-        run_inputs.load_har_data = original
-
-
-def release(device):
-    """Give the last configuration's memory back before the next one is measured."""
-    gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
+    return mock.patch.object(run_inputs, "load_har_data", functools.lru_cache(maxsize=1)(run_inputs.load_har_data))
 
 
 def one_line(exc):
@@ -129,7 +109,7 @@ def one_line(exc):
 
 def run_matrix(configurations, opts, write):
     """Measure each configuration in turn; write(entries, finished) after each. Returns the entries."""
-    entries = [{**asdict(config), "status": "not run"} for config in configurations]
+    entries = [{**config._asdict(), "status": "not run"} for config in configurations]
     write(entries, False)
     for entry, config in zip(entries, configurations, strict=True):
         started = time.perf_counter()
@@ -140,22 +120,24 @@ def run_matrix(configurations, opts, write):
         except Exception as exc:  # out of memory, say: the rest of the matrix still runs
             entry.update(status="failed", why=one_line(exc))
         entry["wall_s"] = time.perf_counter() - started
-        release(opts.device)
+        gc.collect()  # the last configuration's memory goes back before the next one is measured
+        if opts.device == "cuda":
+            torch.cuda.empty_cache()
         write(entries, False)
         name = f"{config.model} bs{config.batch_size} {config.precision}"
         if entry["status"] == "ok":
             print(f"{name}: {entry['samples_per_s']:,.0f} samples/s in {entry['wall_s']:.1f} s", flush=True)
         else:  # failures on stderr, so the tail of a failed step shows them
             print(f"{name}: {entry['status']}: {entry['why']}", flush=True,
-                file=sys.stderr if entry["status"] == "failed" else sys.stdout)
+                  file=sys.stderr if entry["status"] == "failed" else sys.stdout)
     write(entries, True)
     return entries
 
 
 def json_writer(path, opts):
-    header = {"device": opts.device, "torch": torch.__version__, "what": WHAT, "warmup_steps": opts.warmup_steps,
-              "steps": opts.steps, "repeats": opts.repeats,
-              "synthetic_windows_per_subject": opts.synthetic_windows_per_subject}
+    header = {"device": opts.device, "torch": torch.__version__, "what": WHAT,
+              **{name: getattr(opts, name) for name in ("warmup_steps", "steps", "repeats",
+                                                        "synthetic_windows_per_subject")}}
     if opts.device == "cuda":
         header["gpu"] = torch.cuda.get_device_name(0)
 
@@ -188,18 +170,16 @@ def parse(argv):
 
 def main(argv=None):
     opts = parse(argv)
-    if opts.device == "cuda" and not torch.cuda.is_available():
-        print("throughput: --device cuda, but torch sees no CUDA GPU", file=sys.stderr)
-        return 2
     configurations = matrix(opts.models, opts.batch_sizes, opts.precisions)
     try:  # bad flags fail here, in one line, not as a matrix of skipped entries
+        if opts.device == "cuda" and not torch.cuda.is_available():
+            raise UsageError("--device cuda, but torch sees no CUDA GPU")
+        if not configurations:
+            raise UsageError("nothing to measure")
         for config in configurations:
             profiler_args(config, opts)
     except UsageError as exc:
         print(f"throughput: {exc}", file=sys.stderr)
-        return 2
-    if not configurations:
-        print("throughput: nothing to measure", file=sys.stderr)
         return 2
     Path(opts.json).parent.mkdir(parents=True, exist_ok=True)
     with data_loaded_once():
