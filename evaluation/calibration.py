@@ -16,8 +16,7 @@ CALIBRATION_FILE = "calibration.json"  # a temperature and where it was fitted, 
 
 
 def expected_calibration_error(probabilities, labels, bins=ECE_BINS):
-    """Expected calibration error: over `bins` equal-width bins of the top probability, the
-    window-weighted mean of |accuracy - mean confidence|. 0 for no windows."""
+    """Over equal-width bins of the top probability, the window-weighted mean of |accuracy - mean confidence|."""
     probabilities, labels = np.asarray(probabilities, dtype=np.float64), np.asarray(labels, dtype=np.int64)
     if len(labels) == 0:
         return 0.0
@@ -43,8 +42,7 @@ def _log_probabilities(probabilities):
 
 
 def fit_temperature(probabilities, labels, steps=100):
-    """The temperature T > 0 that minimises the mean NLL of `labels` under softmax(log p / T):
-    L-BFGS on log T (no bound to keep), on the CPU in float64; 1.0 for no windows."""
+    """The T > 0 minimising the mean NLL under softmax(log p / T): L-BFGS on log T, so no bound to keep."""
     if len(labels) == 0:
         return 1.0
     log_p = _log_probabilities(probabilities)
@@ -70,8 +68,7 @@ def scaled(probabilities, temperature):
 
 
 def calibration_fields(probabilities, labels, subjects, temperature=1.0):
-    """A report's calibration: the expected calibration error overall and per person, and under
-    "temperature" the loss and the same errors at a temperature other than 1."""
+    """A report's ECE overall and per person, and under "temperature" all that at a temperature other than 1."""
     fields = {"ece": expected_calibration_error(probabilities, labels),
               "ece_per_subject": per_subject_calibration(probabilities, labels, subjects), "ece_bins": ECE_BINS}
     if temperature != 1.0:
@@ -83,14 +80,12 @@ def calibration_fields(probabilities, labels, subjects, temperature=1.0):
 
 
 def mean_nll(probabilities, labels):
-    """The mean negative log-likelihood of `labels` [N] under `probabilities` [N, classes]."""
     labels = np.asarray(labels, dtype=np.int64)
     return float(-np.log(np.clip(np.asarray(probabilities)[np.arange(len(labels)), labels], 1e-12, None)).mean())
 
 
 def format_calibration(report, fitted):
-    """The expected calibration error overall, then per person at the temperature the report applies;
-    `fitted` says where a fitted temperature came from (its "windows"), None for one given."""
+    """The ECE overall, then per person at the report's temperature; `fitted` is None for one given."""
     line = f"expected calibration error ({ECE_BINS} equal-width bins): {report['ece']:.4f} at temperature 1"
     tempered = report.get("temperature")
     if tempered is not None:

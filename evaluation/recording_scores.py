@@ -2,58 +2,43 @@
 what marking unsure windows as uncertain costs and gains. A model for new people is judged by its
 worst person and the spread between people, not only by the mean."""
 from collections import defaultdict
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from evaluation.calibration import expected_calibration_error
 
 
-@dataclass
-class PersonSamples:
-    """One person's scored samples under one option, gathered over their recordings."""
-    correct: list = field(default_factory=list)  # bool arrays: prediction == label
-    uncertain: list = field(default_factory=list)  # bool arrays: marked uncertain (counted as not right)
-
-    def add(self, predicted, labels, uncertain=None):
-        self.correct.append(np.asarray(predicted) == np.asarray(labels))
-        self.uncertain.append(np.zeros(len(labels), bool) if uncertain is None else np.asarray(uncertain))
-
-    def arrays(self):
-        return np.concatenate(self.correct), np.concatenate(self.uncertain)
-
-    def accuracy(self):
-        correct, uncertain = self.arrays()
-        return float(np.mean(correct & ~uncertain))
+def _joined(parts):
+    """[(a, b), ...] of one person's recordings as (all a, all b)."""
+    return tuple(np.concatenate(column) for column in zip(*parts, strict=True))
 
 
 class RecordingTally:
-    """{option: {person: PersonSamples}} with the per-person and overall summaries."""
+    """{option: {person: [(right, uncertain) per recording]}}, and the per-sample probabilities kept
+    for calibration, with the per-person and overall summaries."""
 
     def __init__(self):
-        self.samples = defaultdict(lambda: defaultdict(PersonSamples))
+        self.samples = defaultdict(lambda: defaultdict(list))
         self.calibration = defaultdict(lambda: defaultdict(list))  # option -> person -> [(probs, labels)]
 
     def add(self, option, person, predicted, labels, uncertain=None):
-        self.samples[option][person].add(predicted, labels, uncertain)
+        """Samples marked `uncertain` count as not right."""
+        uncertain = np.zeros(len(labels), bool) if uncertain is None else np.asarray(uncertain)
+        self.samples[option][person].append((np.asarray(predicted) == np.asarray(labels), uncertain))
 
     def add_calibration(self, option, person, probabilities, labels):
         """Per-sample probabilities of the windows (unsmoothed) and the samples' labels, for ECE."""
         self.calibration[option][person].append((probabilities, labels))
 
-    def person_accuracy(self, option):
-        """{person: per-sample accuracy} (samples marked uncertain count as wrong)."""
-        return {person: samples.accuracy() for person, samples in sorted(self.samples[option].items())}
-
     def summary(self, option):
-        accuracy = self.person_accuracy(option)
+        people = {person: _joined(parts) for person, parts in sorted(self.samples[option].items())}
+        accuracy = {person: float(np.mean(correct & ~uncertain)) for person, (correct, uncertain) in people.items()}
         worst = min(accuracy, key=accuracy.get)
         values = np.array(list(accuracy.values()))
         row = {"mean": float(values.mean()), "worst_person": int(worst), "worst": accuracy[worst],
                "spread": float(values.max() - values.min()), "people": len(values),
                "per_person": {str(person): value for person, value in accuracy.items()}}
-        correct, uncertain = (np.concatenate(parts) for parts in
-                              zip(*(s.arrays() for s in self.samples[option].values()), strict=True))
+        correct, uncertain = _joined(people.values())
         row["pooled"] = float(np.mean(correct & ~uncertain))
         if uncertain.any():
             row.update(uncertain_share=float(uncertain.mean()), uncertain_samples=int(uncertain.sum()),
@@ -64,15 +49,10 @@ class RecordingTally:
         return row
 
     def calibration_summary(self, option):
-        per_person = {}
-        pooled = [], []
-        for person, parts in sorted(self.calibration[option].items()):
-            probabilities, labels = (np.concatenate(p) for p in zip(*parts, strict=True))
-            per_person[str(person)] = expected_calibration_error(probabilities, labels)
-            pooled[0].append(probabilities)
-            pooled[1].append(labels)
+        people = {str(person): _joined(parts) for person, parts in sorted(self.calibration[option].items())}
+        per_person = {person: expected_calibration_error(*joined) for person, joined in people.items()}
         worst = max(per_person, key=per_person.get)
-        return {"ece": expected_calibration_error(np.concatenate(pooled[0]), np.concatenate(pooled[1])),
+        return {"ece": expected_calibration_error(*_joined(people.values())),
                 "ece_mean_person": float(np.mean(list(per_person.values()))), "ece_worst_person": int(worst),
                 "ece_worst": per_person[worst]}
 
