@@ -14,18 +14,21 @@ import torch
 
 from benchmarks.gpu_check import __main__ as cli
 from benchmarks.gpu_check import runner, throughput
-from benchmarks.gpu_check.figures import (
+from benchmarks.gpu_check.page import markdown_report
+from benchmarks.gpu_check.plan import COMPILE_VARIANTS, FULL, GROUP_BUDGET_S, OVERHEAD_BATCHES, QUICK, Step, build_plan
+from benchmarks.gpu_check.runner import (
+    REPO,
     TAIL_CHARS,
+    Budget,
     parse_data_path,
     parse_epoch,
     parse_overhead,
     parse_profile,
     parse_pytest,
     parse_throughput,
+    run_command,
+    run_step,
 )
-from benchmarks.gpu_check.page import markdown_report
-from benchmarks.gpu_check.plan import COMPILE_VARIANTS, FULL, GROUP_BUDGET_S, OVERHEAD_BATCHES, QUICK, Step, build_plan
-from benchmarks.gpu_check.runner import REPO, Budget, run_command, run_step
 
 
 def flag(command, name):

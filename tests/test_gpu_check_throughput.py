@@ -9,10 +9,9 @@ import pytest
 import torch
 
 from benchmarks.gpu_check import throughput
-from benchmarks.gpu_check.figures import parse_throughput
 from benchmarks.gpu_check.page import markdown_report
 from benchmarks.gpu_check.plan import BATCH_SIZES, FULL, GROUP_BUDGET_S, PRECISIONS, QUICK, Step
-from benchmarks.gpu_check.runner import Budget, run_step
+from benchmarks.gpu_check.runner import Budget, parse_throughput, run_step
 from models import MODELS
 from test_gpu_check import sample_result
 

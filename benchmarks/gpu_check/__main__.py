@@ -1,7 +1,19 @@
-"""The command line of the GPU check: parse, run the plan, write the JSON and the page."""
+"""One command for a lent GPU: the CUDA tests, the training-step throughput of every model x batch x
+precision, the two data paths, a one-rank NCCL profile, one UCI-sized epoch end to end and the
+trainer's overhead (eager, compiled, CUDA graphs), each step in its own time budget so the whole
+check stays under ten minutes; one JSON and one markdown table out.
+
+    python -m benchmarks.gpu_check [--out DIR] [--quick] [--only GROUP,...] [--budget-s S] [--dry-run]
+
+A step that fails, hangs or leaves no figures is recorded with the tail of its output and the check
+goes on. Exit code: 0 no step failed, 1 some step failed or timed out (both write the files), 2 no GPU.
+"""
 import argparse
 import datetime
 import json
+import os
+import platform
+import re
 import shlex
 import sys
 import tempfile
@@ -10,17 +22,15 @@ from pathlib import Path
 import torch
 
 from benchmarks import entry_parser
-from benchmarks import gpu_check as package
-from benchmarks.gpu_check.machine import probe_machine, slug
 from benchmarks.gpu_check.page import markdown_report
 from benchmarks.gpu_check.plan import GROUP_BUDGET_S, build_plan
-from benchmarks.gpu_check.runner import Budget, run_plan
-from profiling.cli import comma_choices
+from benchmarks.gpu_check.runner import Budget, run_command, run_plan
+from profiling.cli import comma_choices, env_without_torchrun
 from profiling.report import json_ready
 
 
 def parse(argv):
-    parser = entry_parser("benchmarks.gpu_check", package.__doc__)
+    parser = entry_parser("benchmarks.gpu_check", __doc__)
     parser.add_argument("--out", default=None, help="output folder (default gpu_check/<gpu>-<date>)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: few steps and rounds, smaller epochs")
     parser.add_argument("--only", type=comma_choices(GROUP_BUDGET_S), default=list(GROUP_BUDGET_S),
@@ -60,6 +70,35 @@ def main(argv=None):
     (out_dir / "gpu_check.md").write_text(markdown_report(result))
     print(f"wrote {out_dir / 'gpu_check.json'} and {out_dir / 'gpu_check.md'}")
     return 1 if any(record["status"] in ("failed", "timeout") for record in records) else 0
+
+
+def machine_info():
+    """Versions and the GPU. Run in a child process, so the check itself never holds a CUDA context."""
+    info = {"host": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
+            "cuda": torch.version.cuda, "cpu_cores": os.cpu_count(), "gpu": None}
+    if torch.cuda.is_available():
+        properties = torch.cuda.get_device_properties(0)
+        info.update(gpu=torch.cuda.get_device_name(0), gpu_count=torch.cuda.device_count(),
+                    gpu_memory_gib=round(properties.total_memory / 2**30, 1),
+                    compute_capability=f"{properties.major}.{properties.minor}", cudnn=torch.backends.cudnn.version())
+        try:
+            info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        except (AttributeError, RuntimeError):
+            info["nccl"] = None
+    return info
+
+
+def probe_machine():
+    probe = "import json; from benchmarks.gpu_check.__main__ import machine_info; print(json.dumps(machine_info()))"
+    outcome, stdout = run_command([sys.executable, "-c", probe], 60, env_without_torchrun())
+    info = json.loads(stdout) if outcome["status"] == "ok" else {"error": outcome.get("tail", outcome["status"])}
+    outcome, commit = run_command(["git", "rev-parse", "--short", "HEAD"], 10)
+    info["commit"] = commit.strip() if outcome["status"] == "ok" else None
+    return info
+
+
+def slug(text):
+    return re.sub(r"[^a-z0-9]+", "-", str(text).lower()).strip("-") or "unknown"
 
 
 if __name__ == "__main__":
