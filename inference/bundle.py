@@ -1,15 +1,16 @@
-"""A checkpoint made ready for inference: a model that takes raw-unit windows, in eval mode, and what
-its windows need. A fold ensemble (inference/ensemble.py) loads into the same shape."""
+"""A checkpoint made ready for inference: the network it describes with its normalisation in front
+(raw-unit windows in, logits out, eval mode), and what its windows need. A fold ensemble
+(inference/ensemble.py) loads into the same shape."""
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
 
-from inference.checkpoint_checks import check_declared_shapes, check_model_part
-from inference.ensemble import ENSEMBLE_KIND, ensemble_model
-from inference.raw_unit import raw_unit_model
+from inference.checkpoint_checks import REWRITE_ENSEMBLE, check_declared_shapes, check_members, check_model_part
+from inference.ensemble import ENSEMBLE_KIND, MEMBER_KEYS, ProbabilityAverage
 from training.checkpoint.files import inference_weights, load_checkpoint
 from training.config.settings import RunConfig, resolve_device_type
 from training.errors import UsageError
@@ -17,6 +18,33 @@ from training.errors import UsageError
 NEEDED_KEYS = ("config", "class_names", "channel_names", "in_channels", "num_classes", "sample_rate_hz",
                "window_steps", "preprocessing")
 WEIGHT_KEYS = {None: ("model", "normalization"), ENSEMBLE_KIND: ("members",)}
+
+
+class RawUnitModel(nn.Module):
+    """(signals - mean) / std, then the model: raw-unit windows in, logits out."""
+
+    def __init__(self, model, mean, std):
+        super().__init__()
+        self.model = model
+        self.register_buffer("mean", torch.as_tensor(mean, dtype=torch.float32).reshape(1, -1, 1))
+        self.register_buffer("std", torch.as_tensor(std, dtype=torch.float32).reshape(1, -1, 1))
+
+    def forward(self, signals):
+        return self.model((signals - self.mean) / self.std)
+
+
+def raw_unit_model(member, weights, window_steps, path):
+    """The network a checkpoint (or an ensemble's member) describes, with its weights and its
+    normalisation in front."""
+    config = member["config"]
+    model = RunConfig.from_flags(config).model.build(member["in_channels"], member["num_classes"], window_steps)
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as exc:
+        raise UsageError(f"checkpoint {path}: weights do not fit a {config['model']} model "
+                         f"({str(exc).splitlines()[0]})") from None
+    normalization = member["normalization"]
+    return RawUnitModel(model, normalization["mean"].float(), normalization["std"].float())
 
 
 @dataclass
@@ -69,6 +97,19 @@ def load_bundle(path):
                        tuple(checkpoint["channel_names"]), float(checkpoint["sample_rate_hz"]),
                        int(checkpoint["window_steps"]), str(checkpoint["preprocessing"]),
                        RunConfig.from_flags(checkpoint["config"]), str(path), len(checkpoint.get("members", [None])))
+
+
+def ensemble_model(checkpoint, path):
+    """(model, mean, std) of an ensemble checkpoint: the averaging model, and the members' mean scale
+    of the raw windows (what example inputs are drawn at)."""
+    check_members(checkpoint, path, (*MEMBER_KEYS, "model"))
+    models = []
+    for number, member in enumerate(checkpoint["members"], start=1):
+        check_model_part(member, path, member["model"], what=f"member {number}'s ", fix=REWRITE_ENSEMBLE)
+        models.append(raw_unit_model(member, member["model"], checkpoint["window_steps"], f"{path} (member {number})"))
+    mean = torch.stack([model.mean.flatten() for model in models]).mean(dim=0)
+    std = torch.stack([model.std.flatten() for model in models]).mean(dim=0)
+    return ProbabilityAverage(models), mean.numpy(), std.numpy()
 
 
 def require_sample_rate(bundle):

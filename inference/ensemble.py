@@ -11,8 +11,6 @@ import math
 import torch
 from torch import nn
 
-from inference.checkpoint_checks import REWRITE_ENSEMBLE, check_members, check_model_part
-from inference.raw_unit import raw_unit_model
 from training.checkpoint.files import inference_weights, load_checkpoint, save_checkpoint
 from training.errors import UsageError
 
@@ -51,16 +49,3 @@ def write_ensemble(member_paths, path, config):
                         **{key: checkpoint[key] for key in MEMBER_KEYS}})
     save_checkpoint({"kind": ENSEMBLE_KIND, "members": members, "config": config, **shared}, path)
     return path
-
-
-def ensemble_model(checkpoint, path):
-    """(model, mean, std) of an ensemble checkpoint: the averaging model, and the members' mean scale
-    of the raw windows (what example inputs are drawn at)."""
-    check_members(checkpoint, path, (*MEMBER_KEYS, "model"))
-    models = []
-    for number, member in enumerate(checkpoint["members"], start=1):
-        check_model_part(member, path, member["model"], what=f"member {number}'s ", fix=REWRITE_ENSEMBLE)
-        models.append(raw_unit_model(member, member["model"], checkpoint["window_steps"], f"{path} (member {number})"))
-    mean = torch.stack([model.mean.flatten() for model in models]).mean(dim=0)
-    std = torch.stack([model.std.flatten() for model in models]).mean(dim=0)
-    return ProbabilityAverage(models), mean.numpy(), std.numpy()

@@ -13,8 +13,7 @@ from inference.adaptation import (
     group_statistics,
     weighted_statistics,
 )
-from inference.bundle import ModelBundle, probabilities
-from inference.raw_unit import RawUnitModel
+from inference.bundle import ModelBundle, RawUnitModel, probabilities
 from models import build_model
 from training.config.settings import RunConfig
 from training.errors import UsageError
