@@ -16,7 +16,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from profiling.comm_model import BYTES_PER_GB, bus_bandwidth_bytes_per_s, fit_ring_link, fit_ring_pass_link
+from profiling.comm_model import BYTES_PER_GB, bus_bandwidth_bytes_per_s, fit_ring_link
 from profiling.timing import barrier, gather_per_rank
 
 UNTIMED_CALLS = 5  # connection set-up and first-call allocations stay out of the figures
@@ -32,7 +32,8 @@ def benchmark_allreduce(strategy, num_elements, iterations, gap_s=0.0):
     world_size = strategy.world_size
 
     def timed(call):
-        return _mean_call_s(strategy, call, iterations, gap_s)
+        calls_s = timed_calls_s(strategy, call, iterations, gap_s)
+        return sum(calls_s) / len(calls_s)
 
     buffer_s = timed(all_reduce_call(num_elements, torch.float32, strategy))
     tiny_s = timed(all_reduce_call(1, torch.float32, strategy))
@@ -42,10 +43,10 @@ def benchmark_allreduce(strategy, num_elements, iterations, gap_s=0.0):
     links = {"allreduce": fit_ring_link(buffer_bytes, buffer_s, tiny_s, world_size, source + after)}
     half_s = timed(all_reduce_call(num_elements, torch.float16, strategy))
     links["allreduce_fp16"] = fit_ring_link(buffer_bytes // 2, half_s, tiny_s, world_size, f"{source}, fp16{after}")
-    for kind, make in (("all_gather", _all_gather), ("reduce_scatter", _reduce_scatter)):
-        full_s = timed(make(num_elements, strategy))
-        one_s = timed(make(world_size, strategy))
-        links[kind] = fit_ring_pass_link(buffer_bytes, full_s, one_s, world_size, f"{source}, {kind}{after}")
+    for kind in ("all_gather", "reduce_scatter"):
+        full_s = timed(_ring_pass_call(kind, num_elements, strategy))
+        one_s = timed(_ring_pass_call(kind, world_size, strategy))
+        links[kind] = fit_ring_link(buffer_bytes, full_s, one_s, world_size, f"{source}, {kind}{after}", passes=1)
     return {
         "backend": dist.get_backend(), "world_size": world_size, "buffer_bytes": buffer_bytes,
         "iterations": iterations, "gap_s": gap_s, "time_s": buffer_s, "one_element_time_s": tiny_s,
@@ -60,24 +61,14 @@ def all_reduce_call(num_elements, dtype, strategy):
     return lambda: dist.all_reduce(tensor)
 
 
-def _all_gather(num_elements, strategy):
-    """Each rank contributes 1/N of a buffer of `num_elements`, as FSDP gathers a unit's parameters."""
-    shard = torch.zeros(-(-num_elements // strategy.world_size), device=strategy.device)
-    output = torch.zeros(shard.numel() * strategy.world_size, device=strategy.device)
-    return lambda: dist.all_gather_into_tensor(output, shard)
-
-
-def _reduce_scatter(num_elements, strategy):
-    """Each rank reduces a buffer of `num_elements` and keeps 1/N of the sum, as FSDP's gradients."""
+def _ring_pass_call(kind, num_elements, strategy):
+    """A buffer of `num_elements` split in N shards: all_gather gathers the shards, as FSDP a unit's
+    parameters; reduce_scatter reduces the buffer and keeps one shard of the sum, as FSDP's gradients."""
     shard = torch.zeros(-(-num_elements // strategy.world_size), device=strategy.device)
     full = torch.zeros(shard.numel() * strategy.world_size, device=strategy.device)
+    if kind == "all_gather":
+        return lambda: dist.all_gather_into_tensor(full, shard)
     return lambda: dist.reduce_scatter_tensor(shard, full)
-
-
-def _mean_call_s(strategy, call, iterations, gap_s):
-    """Mean seconds of a call, each made after `gap_s` of busy host time."""
-    calls_s = timed_calls_s(strategy, call, iterations, gap_s)
-    return sum(calls_s) / len(calls_s)
 
 
 def timed_calls_s(strategy, call, iterations, gap_s):

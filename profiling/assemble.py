@@ -12,10 +12,11 @@ from profiling.comm_model import (
     STRATEGIES,
     Link,
     ddp_bucket_count,
-    predict_scaling,
     predict_strategy,
+    predict_world,
 )
 from profiling.recommend import Figures, recommendations
+from profiling.report import number
 from profiling.timing import mean_std
 
 OTHER_CPU_WORRY = 0.1  # other processes' CPU-seconds per wall second that make timings suspect
@@ -29,8 +30,9 @@ def assemble_profile(args, work, runs, phases, memory, benchmark, trace_files, h
     timing["compute_to_comm_ratio"] = _ratio_summary(runs, timing)
     link = choose_link(args, benchmark, strategy.device.type)
     compute_s = timing["compute_step_time_s"]["mean"]
-    predictions = predict_scaling(compute_s, work.gradient_bytes, link, args.predict_gpus,
-                                  messages=ddp_bucket_count(work.gradient_bytes), host_effects=host_effects)
+    buckets = ddp_bucket_count(work.gradient_bytes)
+    predictions = [predict_world(compute_s, work.gradient_bytes, n, link, buckets, host_effects=host_effects)
+                   for n in args.predict_gpus]
     links = choose_links(args, benchmark, link)
     units = work.unit_bytes
     reshard = args.run.parallel.reshard_after_forward
@@ -39,12 +41,14 @@ def assemble_profile(args, work, runs, phases, memory, benchmark, trace_files, h
     figures = Figures(compute_s, work.gradient_bytes, link, work.batch_size, work.precision.enabled,
                       timing["data_wait_share"]["mean"], backward_s=phases["backward_s"] if phases else None,
                       reference_gpus=4 if 4 in args.predict_gpus else max(args.predict_gpus),
-                      host_effects=host_effects, strategies=strategies, device_memory_bytes=device_memory_bytes(work))
+                      host_effects=host_effects, strategies=strategies,
+                      device_memory_bytes=torch.cuda.get_device_properties(strategy.device).total_memory
+                      if strategy.device.type == "cuda" else None)
     return {
         "config": _config(args, work),
         "model": {"name": args.model, "parameters": work.num_parameters, "gradient_bytes": work.gradient_bytes,
                   "gradient_mb": work.gradient_bytes / BYTES_PER_MB,
-                  "ddp_buckets": ddp_bucket_count(work.gradient_bytes), "fsdp_unit_bytes": units},
+                  "ddp_buckets": buckets, "fsdp_unit_bytes": units},
         "timing": timing,
         "epoch_time_s": work.steps_per_epoch * timing["step_time_s"]["mean"],
         "runs": runs,
@@ -82,7 +86,7 @@ def choose_link(args, benchmark, device_type):
         latency_s, latency_from = measured.latency_s, measured.source
     else:
         latency_s, latency_from = defaults["latency_us"] * 1e-6, f"assumed (default for {device_type})"
-    source = (f"{_gbps(bandwidth)} GB/s {bandwidth_from}, {latency_s * 1e6:.3g} us per ring step "
+    source = (f"{number(bandwidth / BYTES_PER_GB)} GB/s {bandwidth_from}, {latency_s * 1e6:.3g} us per ring step "
               f"{latency_from}")
     return Link(bandwidth, latency_s, source)
 
@@ -166,12 +170,6 @@ def choose_links(args, benchmark, allreduce_link):
     return dict.fromkeys(("allreduce", "allreduce_fp16", "all_gather", "reduce_scatter"), allreduce_link)
 
 
-def device_memory_bytes(work):
-    """The device's memory, or None on CPU, where a process is bounded by the host instead."""
-    device = work.strategy.device
-    return torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
-
-
 def _benchmark_entry(benchmark):
     if benchmark is None:
         return {"measured": False, "why": "one process: there is no process group to all-reduce over"}
@@ -181,7 +179,3 @@ def _benchmark_entry(benchmark):
 
 def _link_entry(link):
     return {**dataclasses.asdict(link), "bandwidth_gb_per_s": link.bandwidth_bytes_per_s / BYTES_PER_GB}
-
-
-def _gbps(bandwidth_bytes_per_s):
-    return "inf" if math.isinf(bandwidth_bytes_per_s) else f"{bandwidth_bytes_per_s / BYTES_PER_GB:.3g}"

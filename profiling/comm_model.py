@@ -25,15 +25,15 @@ class Link:
     source: str  # e.g. "measured: gloo, 2 ranks" or "assumed: --assumed-bandwidth-gbps 20"
 
 
-def ring_allreduce_time_s(gradient_bytes, world_size, bandwidth_bytes_per_s, latency_s=0.0, messages=1):
+def ring_allreduce_time_s(gradient_bytes, world_size, bandwidth_bytes_per_s, latency_s=0.0, messages=1, passes=2):
     """Time of a ring all-reduce: 2 (N-1)/N x bytes / bandwidth, plus 2 (N-1) latencies per message.
 
-    A ring all-reduce is a reduce-scatter and an all-gather, each N-1 steps that move 1/N of
-    the buffer; `messages` counts separate all-reduce calls (DDP buckets), each paying the latency.
+    A ring all-reduce is a reduce-scatter and an all-gather (passes=1: one of them alone), each N-1
+    steps that move 1/N of the buffer; `messages` counts separate calls (DDP buckets), each paying the latency.
     """
     if world_size <= 1:
         return 0.0
-    ring_steps = 2 * (world_size - 1)
+    ring_steps = passes * (world_size - 1)
     bandwidth_s = ring_steps / world_size * gradient_bytes / bandwidth_bytes_per_s
     return bandwidth_s + ring_steps * latency_s * messages
 
@@ -45,32 +45,14 @@ def bus_bandwidth_bytes_per_s(buffer_bytes, seconds, world_size):
     return 2 * (world_size - 1) / world_size * buffer_bytes / seconds
 
 
-def fit_ring_link(buffer_bytes, buffer_s, tiny_s, world_size, source):
-    """A Link from two timings: a one-element all-reduce gives the latency, the rest of the
-    gradient-sized one gives the bandwidth. Reproduces buffer_s exactly at this world size."""
-    ring_steps = 2 * (world_size - 1)
-    latency_s = tiny_s / ring_steps
+def fit_ring_link(buffer_bytes, buffer_s, tiny_s, world_size, source, passes=2):
+    """A Link from two timings of a collective of `passes` ring passes (see ring_allreduce_time_s): the
+    one-element call gives the latency, the rest of the buffer's gives the bandwidth. Reproduces buffer_s."""
+    ring_steps = passes * (world_size - 1)
     payload_s = buffer_s - tiny_s
     # A buffer no slower than one element is all latency; its bandwidth cannot be told apart.
     bandwidth = ring_steps / world_size * buffer_bytes / payload_s if payload_s > 0 else math.inf
-    return Link(bandwidth, latency_s, source)
-
-
-def fit_ring_pass_link(buffer_bytes, buffer_s, tiny_s, world_size, source):
-    """A Link for a one-pass collective (all-gather or reduce-scatter: N-1 ring steps that move 1/N of
-    the buffer each), from its time for the whole buffer and for one element per rank."""
-    steps = world_size - 1
-    payload_s = buffer_s - tiny_s
-    bandwidth = steps / world_size * buffer_bytes / payload_s if payload_s > 0 else math.inf
-    return Link(bandwidth, tiny_s / steps, source)
-
-
-def ring_pass_time_s(buffer_bytes, world_size, link, messages=1):
-    """One all-gather or reduce-scatter of `buffer_bytes` (the gathered size), in `messages` calls."""
-    if world_size <= 1:
-        return 0.0
-    return (world_size - 1) / world_size * buffer_bytes / link.bandwidth_bytes_per_s + \
-        (world_size - 1) * link.latency_s * messages
+    return Link(bandwidth, tiny_s / ring_steps, source)
 
 
 # What the advisor compares. FSDP's units: each transformer block and the root (training/distributed/fsdp.py).
@@ -78,11 +60,9 @@ STRATEGIES = ("ddp", "ddp_fp16", "fsdp")
 
 
 def strategy_comm(strategy, gradient_bytes, world_size, links, units=1, reshard_after_forward=True):
-    """(seconds of communication per optimizer step, bytes each rank sends) for one strategy, with
-    no overlap with compute assumed. DDP: a ring all-reduce of the gradients (fp16 halves them);
-    FSDP: an all-gather of the parameters for forward, again for backward when they are resharded
-    after forward, and a reduce-scatter of the gradients, one call per unit each: about 1.5 times
-    DDP's bytes."""
+    """(seconds of communication per optimizer step, bytes each rank sends) for one strategy, no overlap
+    with compute assumed: DDP's ring all-reduce of the gradients (fp16 halves them), or FSDP's
+    collectives_per_step, each call moving a unit: about 1.5 times DDP's bytes."""
     if world_size <= 1:
         return 0.0, 0.0
     ring = (world_size - 1) / world_size
@@ -94,15 +74,18 @@ def strategy_comm(strategy, gradient_bytes, world_size, links, units=1, reshard_
                                         ddp_bucket_count(gradient_bytes))
         return seconds, 2 * ring * payload
     gathers = fsdp_gathers(reshard_after_forward)
-    seconds = gathers * ring_pass_time_s(gradient_bytes, world_size, links["all_gather"], units) + \
-        ring_pass_time_s(gradient_bytes, world_size, links["reduce_scatter"], units)
+    seconds = gathers * _ring_pass_s(gradient_bytes, world_size, links["all_gather"], units) + \
+        _ring_pass_s(gradient_bytes, world_size, links["reduce_scatter"], units)
     return seconds, (gathers + 1) * ring * gradient_bytes
 
 
+def _ring_pass_s(buffer_bytes, world_size, link, messages):
+    return ring_allreduce_time_s(buffer_bytes, world_size, link.bandwidth_bytes_per_s, link.latency_s, messages, 1)
+
+
 def collectives_per_step(strategy, gradient_bytes, units=1, reshard_after_forward=True):
-    """Separate collective calls of one optimizer step: DDP one all-reduce per bucket (the buckets hold
-    fp32 gradients; a compression hook shrinks each, not their number); FSDP per unit an all-gather for
-    forward, another for backward when resharded after forward, and a reduce-scatter."""
+    """Separate collective calls of one optimizer step: DDP one all-reduce per bucket (a compression hook
+    shrinks each bucket, not their number); FSDP per unit its all-gathers and a reduce-scatter."""
     if strategy == "fsdp":
         return (fsdp_gathers(reshard_after_forward) + 1) * units
     return ddp_bucket_count(gradient_bytes)
@@ -168,10 +151,8 @@ def _by_count(table, world_size, default):
 
 
 def predict_world(compute_s, gradient_bytes, world_size, link, messages=1, accumulation=1, host_effects=None):
-    """The predicted step on N GPUs: all-reduce time, step time, speedup, efficiency, R and the
-    all-reduce share. With gradient accumulation k the all-reduce is paid once per k
-    micro-batches, so the per-micro-batch step is T_compute + T_allreduce / k. With
-    `host_effects` each rank's compute is rank_step_s's, not the lone process's."""
+    """The predicted DDP step on N GPUs from one GPU's compute time. With gradient accumulation k the
+    all-reduce is paid once per k micro-batches: the per-micro-batch step is T_compute + T_allreduce / k."""
     allreduce_s = ring_allreduce_time_s(gradient_bytes, world_size, link.bandwidth_bytes_per_s,
                                         link.latency_s, messages) / accumulation
     rank_s = rank_step_s(compute_s, world_size, host_effects)
@@ -184,8 +165,7 @@ def predict_world(compute_s, gradient_bytes, world_size, link, messages=1, accum
 
 def predict_strategy(strategy, compute_s, gradient_bytes, world_size, links, units=1, largest_unit_bytes=0,
                      host_effects=None, reshard_after_forward=True):
-    """predict_world for one strategy of STRATEGIES, with its bytes on the wire and per-rank model state
-    (FSDP with the run's --reshard-after-forward choice)."""
+    """predict_world for one strategy of STRATEGIES, with its bytes on the wire and per-rank model state."""
     rank_s = rank_step_s(compute_s, world_size, host_effects, strategy)
     comm_s, sent_bytes = strategy_comm(strategy, gradient_bytes, world_size, links, units, reshard_after_forward)
     step_s = rank_s + comm_s
@@ -193,12 +173,6 @@ def predict_strategy(strategy, compute_s, gradient_bytes, world_size, links, uni
     return {"strategy": strategy, "world_size": world_size, "comm_s": comm_s, "bytes_sent_per_rank": sent_bytes,
             "step_s": step_s, "speedup": gain, "efficiency": efficiency(gain, world_size),
             "model_state_bytes_per_rank": model_state_bytes(strategy, gradient_bytes, world_size, largest_unit_bytes)}
-
-
-def predict_scaling(compute_s, gradient_bytes, link, world_sizes, messages=1, host_effects=None):
-    """predict_world for each N, from the compute time of one GPU's step."""
-    return [predict_world(compute_s, gradient_bytes, n, link, messages, host_effects=host_effects)
-            for n in world_sizes]
 
 
 def accumulation_for_efficiency(compute_s, allreduce_s, target_efficiency):

@@ -26,7 +26,6 @@ from profiling.cli import env_without_torchrun
 from profiling.comm_model import STRATEGIES
 from profiling.interleave import interleave, per_side
 from profiling.neighbour import READY
-from profiling.timing import NullTimer
 from profiling.workload import optimizer_step
 from training.distributed.ddp import compression_hook, ddp_module
 from training.distributed.fsdp import clip_sharded_grad_norm_, shard_model
@@ -189,5 +188,5 @@ class _ShardedClipping:
 
 def _warm_up(work):
     for _ in range(3):  # the twin's first-call costs (DDP's set-up, allocator growth) stay out of its timing
-        optimizer_step(work, sync_gradients=True, timer=NullTimer())
+        optimizer_step(work, sync_gradients=True)
     work.strategy.synchronize()

@@ -11,17 +11,15 @@ from profiling.host_sharing import measure_host_effects
 from profiling.report import default_output_dir
 from profiling.timing import (
     LapTimer,
-    NullTimer,
     StepClock,
     barrier,
     gather_per_rank,
-    mean_std,
     reduce_over_ranks,
 )
 from profiling.trace import write_trace
 from profiling.workload import build_workload, optimizer_step
 from training.distributed.strategy import make_strategy
-from training.reporting.logger import GIB, read_memory
+from training.reporting.logger import GIB, read_memory, reset_peaks
 
 
 class PerformanceProfiler:
@@ -49,14 +47,13 @@ class PerformanceProfiler:
             strategy.close()
 
     def _measure(self, work):
-        args, device = self.args, work.strategy.device
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
+        args = self.args
+        reset_peaks(work.strategy.device)
         for _ in range(args.warmup_steps):
             # Both variants warm up, so neither pays first-call costs (compilation, DDP set-up).
-            optimizer_step(work, sync_gradients=True, timer=NullTimer())
+            optimizer_step(work, sync_gradients=True)
             if work.strategy.world_size > 1:
-                optimizer_step(work, sync_gradients=False, timer=NullTimer())
+                optimizer_step(work, sync_gradients=False)
         meter = HostCpuMeter()
         runs = [measured_run(work, args.steps) for _ in range(args.repeats)]
         host_load = meter.stop(work.strategy)
@@ -68,7 +65,7 @@ class PerformanceProfiler:
             host_effects = measure_host_effects(work, args, timed_steps, lone_samples_s)
         phases = phase_breakdown(work, args.phase_steps) if args.phase_steps else None
         gradient_elements = work.gradient_bytes // 4  # all-reduced as fp32, like DDP's gradients
-        compute_s, _ = mean_std(run["compute_step_time_s"] for run in runs)
+        compute_s = statistics.fmean(run["compute_step_time_s"] for run in runs)
         benchmark = benchmark_allreduce(work.strategy, gradient_elements, args.allreduce_iters,
                                         collective_gap_s(work, compute_s))
         trace_files = write_trace(work, self.output_dir / "trace") if args.trace else []
@@ -123,8 +120,7 @@ def timed_steps(work, steps, sync_gradients):
     local = {"total_s": total_s, "min_s": min(step_times_s), "max_s": max(step_times_s),
              "median_s": statistics.median(step_times_s), "data_s": timer.totals_s.get("data", 0.0),
              "optimizer_s": timer.totals_s.get("optimizer", 0.0)}
-    merged = reduce_over_ranks(strategy, local, {"total_s": "max", "min_s": "min", "max_s": "max",
-                                                 "median_s": "max", "data_s": "max", "optimizer_s": "max"})
+    merged = reduce_over_ranks(strategy, local, {**dict.fromkeys(local, "max"), "min_s": "min"})
     step_s = merged["total_s"] / steps  # the slowest rank sets the pace of synchronous DDP
     return {"steps": steps, "step_time_s": step_s, "step_time_min_s": merged["min_s"],
             "step_time_max_s": merged["max_s"], "step_time_median_s": merged["median_s"],
@@ -141,24 +137,22 @@ def phase_breakdown(work, steps):
     With 2+ ranks, steps alternate between normal and no_sync: backward is taken from the
     no_sync steps (compute only) and all-reduce is the extra backward time of the normal ones."""
     strategy = work.strategy
-    distributed = strategy.world_size > 1
-    timers = {True: LapTimer(strategy.synchronize), False: LapTimer(strategy.synchronize)}
-    counts = {True: 0, False: 0}
-    if distributed:
-        steps = max(steps, 2)  # at least one step of each kind
+    kinds = (True, False) if strategy.world_size > 1 else (True,)  # with the all-reduce; under no_sync
+    steps = max(steps, len(kinds))  # at least one step of each kind
+    timers = {kind: LapTimer(strategy.synchronize) for kind in kinds}
     barrier(strategy)
     for index in range(steps):
-        with_comm = not distributed or index % 2 == 0
+        with_comm = kinds[index % len(kinds)]
         timers[with_comm].start()
         optimizer_step(work, with_comm, timers[with_comm])
-        counts[with_comm] += 1
-    per_step = {flag: {phase: total / counts[flag] for phase, total in timers[flag].totals_s.items()}
-                for flag in (True, False) if counts[flag]}
-    normal = per_step[True]
-    local = per_step.get(False, normal)
-    phases = {"data_s": _mean_of(per_step, "data"), "forward_s": _mean_of(per_step, "forward"),
-              "backward_s": local["backward"], "optimizer_s": _mean_of(per_step, "optimizer"),
-              "allreduce_s": max(normal["backward"] - local["backward"], 0.0) if distributed else 0.0}
+    per_step = [{phase: total / len(range(i, steps, len(kinds))) for phase, total in timers[kind].totals_s.items()}
+                for i, kind in enumerate(kinds)]
+    normal, local = per_step[0], per_step[-1]
+
+    def mean(phase):  # over all the pass's steps, whichever kind they were
+        return statistics.fmean(kind[phase] for kind in per_step)
+    phases = {"data_s": mean("data"), "forward_s": mean("forward"), "backward_s": local["backward"],
+              "optimizer_s": mean("optimizer"), "allreduce_s": max(normal["backward"] - local["backward"], 0.0)}
     merged = reduce_over_ranks(strategy, phases, dict.fromkeys(phases, "max"))
     return {"steps": steps, **merged}
 
@@ -178,9 +172,3 @@ def peak_memory(work):
     rows = gather_per_rank(work.strategy, values)
     return {"what": what, "per_rank": [{"rank": rank, **dict(zip(fields, row, strict=True))}
                                        for rank, row in enumerate(rows)]}
-
-
-def _mean_of(per_step, phase):
-    """A phase's mean over all the pass's steps, whichever kind they were."""
-    values = [phases[phase] for phases in per_step.values()]
-    return sum(values) / len(values)

@@ -8,7 +8,6 @@ import signal
 import sys
 
 from profiling.cli import parse_profiler_args
-from profiling.timing import NullTimer
 from profiling.workload import build_workload, optimizer_step
 from training.distributed.strategy import make_strategy
 
@@ -21,10 +20,10 @@ def main(argv):
     args = parse_profiler_args(argv)
     work = build_workload(args, make_strategy(args.run))
     for _ in range(args.warmup_steps):
-        optimizer_step(work, sync_gradients=True, timer=NullTimer())
+        optimizer_step(work, sync_gradients=True)
     print(READY, flush=True)
     while True:
-        optimizer_step(work, sync_gradients=True, timer=NullTimer())
+        optimizer_step(work, sync_gradients=True)
 
 
 if __name__ == "__main__":

@@ -48,8 +48,7 @@ def larger_batch_shares(compute_s, allreduce_s, batch_size, new_batch_size):
 
 
 def _gpu_count(f, world_sizes):
-    predicted = [predict_world(f.compute_s, f.gradient_bytes, n, f.link, _buckets_of(f), host_effects=f.host_effects)
-                 for n in world_sizes if n > 1]
+    predicted = [_predict(f, n) for n in world_sizes if n > 1]
     if not predicted:
         return _item("gpu count", "no multi-GPU size was asked for (--predict-gpus)", {})
     table = {f"speedup_{p['world_size']}": p["speedup"] for p in predicted}
@@ -116,7 +115,7 @@ _STRATEGY_FLAGS = {"ddp": "--multi-gpu ddp", "ddp_fp16": "--multi-gpu ddp --grad
 def _larger_batch(f):
     new_batch = f.batch_size * 8
     n = f.reference_gpus
-    allreduce_s = _allreduce_s(f, n)
+    allreduce_s = _predict(f, n)["allreduce_s"]
     before, after = larger_batch_shares(f.compute_s, allreduce_s, f.batch_size, new_batch)
     text = (f"per-GPU batch {f.batch_size} -> {new_batch} would cut the all-reduce share of the step on {n} "
             f"GPUs from {before:.0%} to {after:.0%} (assumes compute grows in proportion to the batch; "
@@ -128,9 +127,7 @@ def _larger_batch(f):
 
 def _accumulation(f):
     n, k = f.reference_gpus, 4
-    plain = predict_world(f.compute_s, f.gradient_bytes, n, f.link, _buckets_of(f), host_effects=f.host_effects)
-    accumulated = predict_world(f.compute_s, f.gradient_bytes, n, f.link, _buckets_of(f), accumulation=k,
-                                host_effects=f.host_effects)
+    plain, accumulated = _predict(f, n), _predict(f, n, accumulation=k)
     needed = accumulation_for_efficiency(f.compute_s, plain["allreduce_s"], ACCUMULATION_TARGET)
     text = (f"--grad-accum-steps {k} would give a predicted speedup of {accumulated['speedup']:.2f}x on {n} "
             f"GPUs (vs {plain['speedup']:.2f}x without), by all-reducing once per {k} micro-batches; "
@@ -143,9 +140,7 @@ def _accumulation(f):
 
 def _half_precision_gradients(f):
     n = f.reference_gpus
-    full = predict_world(f.compute_s, f.gradient_bytes, n, f.link, _buckets_of(f), host_effects=f.host_effects)
-    half = predict_world(f.compute_s, f.gradient_bytes // 2, n, f.link, _buckets_of(f),
-                         host_effects=f.host_effects)
+    full, half = _predict(f, n), _predict(f, n, sent_bytes=f.gradient_bytes // 2)
     amp_state = "on" if f.amp_enabled else "off"
     text = (f"AMP (here {amp_state}) does not shrink the all-reduce: autocast keeps parameters and "
             f"gradients in fp32, so DDP sends {f.gradient_bytes / BYTES_PER_MB:.2f} MB either way; "
@@ -160,8 +155,8 @@ def _half_precision_gradients(f):
 
 def _buckets(f):
     n = f.reference_gpus
-    buckets = _buckets_of(f)
-    allreduce_s = _allreduce_s(f, n)
+    buckets = ddp_bucket_count(f.gradient_bytes)
+    allreduce_s = _predict(f, n)["allreduce_s"]
     gradient_mb = f.gradient_bytes / BYTES_PER_MB
     text = (f"bucket_cap_mb: gradients are {gradient_mb:.2f} MB vs DDP's {DDP_BUCKET_CAP_MB} MiB buckets "
             f"(first bucket {DDP_FIRST_BUCKET_BYTES / 1024 ** 2:.0f} MiB): {buckets} bucket(s)")
@@ -189,13 +184,11 @@ def _data_loading(f):
     return _item("data loading", text, {"data_wait_share": f.data_wait_share})
 
 
-def _buckets_of(f):
-    return ddp_bucket_count(f.gradient_bytes)
-
-
-def _allreduce_s(f, world_size):
-    return predict_world(f.compute_s, f.gradient_bytes, world_size, f.link, _buckets_of(f),
-                         host_effects=f.host_effects)["allreduce_s"]
+def _predict(f, world_size, accumulation=1, sent_bytes=None):
+    """predict_world for the figures' DDP step; the buckets stay those of the fp32 gradients."""
+    sent_bytes = f.gradient_bytes if sent_bytes is None else sent_bytes
+    return predict_world(f.compute_s, sent_bytes, world_size, f.link, ddp_bucket_count(f.gradient_bytes),
+                         accumulation, f.host_effects)
 
 
 def _item(topic, text, numbers):

@@ -1,7 +1,7 @@
 """A short torch.profiler trace of the optimizer step, written for TensorBoard's profiler plugin."""
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
-from profiling.timing import NullTimer, barrier
+from profiling.timing import barrier
 from profiling.workload import optimizer_step
 
 # Skip one step, warm the profiler up for two, record three: enough to see a steady step
@@ -22,7 +22,7 @@ def write_trace(work, trace_dir):
     with profile(activities=activities, schedule=schedule(**TRACE_SCHEDULE), on_trace_ready=handler,
                  record_shapes=True, profile_memory=True) as profiler:
         for _ in range(steps):
-            optimizer_step(work, sync_gradients=True, timer=NullTimer())
+            optimizer_step(work, sync_gradients=True)
             profiler.step()
     work.strategy.synchronize()
     barrier(work.strategy)  # every rank's file is written before any rank lists them

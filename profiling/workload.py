@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from training.distributed.fsdp import sharded_units
 from training.errors import UsageError
-from training.loop.step import steps_per_epoch
+from training.loop.step import NO_TIMER, steps_per_epoch
 from training.loop.tally import EpochTally
 from training.trainer import Trainer
 
@@ -90,7 +90,7 @@ def _endless(loader, sampler, batch_size):
         epoch += 1
 
 
-def optimizer_step(work, sync_gradients, timer):
+def optimizer_step(work, sync_gradients, timer=NO_TIMER):
     """One optimizer step of the run's TrainStep. sync_gradients=False runs every micro-batch under
     DDP's no_sync(), i.e. the same step without the gradient all-reduce."""
     step, accum = work.step, work.step.grad_accum_steps
