@@ -1,5 +1,5 @@
 """The one A/B loop of every comparison: sides taken in turn, the order reversed every other round."""
-from profiling.host_load import HostCpuMeter
+from profiling.timing import HostCpuMeter
 
 
 def interleave(sides, rounds):
