@@ -11,7 +11,6 @@ aeon is a benchmark-only dependency (pip install aeon).
 """
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -20,10 +19,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks import REPO, entry_parser, write_json
+from benchmarks import entry_parser, run_in_repo, write_json
 from benchmarks.common import epoch_rates, format_rates, paired_ratio
 from models import build_model
 from profiling.cli import check_at_least
+from profiling.interleave import interleave, per_side
 from training.errors import run_entry_point
 
 
@@ -60,8 +60,10 @@ def transform_figures(opts, aeon_class):
     aeon.fit(windows[:64])  # numba compiles on the first call; that stays out of the figures
     fits = {"ours": [], "aeon": []}
     for _ in range(3):
-        fits["ours"].append(_seconds(lambda: ours.fit(windows)))
-        fits["aeon"].append(_seconds(lambda: aeon.fit(windows)))
+        for name, model in (("ours", ours), ("aeon", aeon)):
+            start = time.perf_counter()
+            model.fit(windows)
+            fits[name].append(time.perf_counter() - start)
     tensor = torch.from_numpy(windows)
 
     def ours_side(epoch):
@@ -86,49 +88,29 @@ def transform_figures(opts, aeon_class):
 
 def time_to_model(opts):
     """`python main.py --data-dir D` against aeon's MiniRocket + ridge, each a fresh process, in turn."""
-    rows = {"main.py": [], "aeon": []}
     with tempfile.TemporaryDirectory(prefix="har-minirocket-speed-") as scratch:
-        for round_index in range(opts.model_rounds):
-            sides = [("main.py", _run_main), ("aeon", _run_aeon)]
-            for name, run in sides if round_index % 2 == 0 else reversed(sides):
-                row = run(opts, Path(scratch) / f"{name}-{round_index}")
-                rows[name].append(row)
-                print(f"round {round_index + 1}: {name}: {row['wall_s']:.1f} s, test accuracy {row['accuracy']:.4f}",
+        def side(name):
+            def one_round(round_index):
+                folder = Path(scratch) / f"{name}-{round_index}"
+                if name == "main.py":
+                    _, wall_s = run_in_repo([sys.executable, "main.py", "--data-dir", opts.data_dir, "--save-dir",
+                                             str(folder)])
+                    test = json.loads((folder / "test_report.json").read_text())
+                else:
+                    folder.mkdir(parents=True)
+                    _, wall_s = run_in_repo([sys.executable, "-m", "studies.minirocket_baseline", "--data-dir",
+                                             opts.data_dir, "--threads", str(opts.threads), "--json",
+                                             str(folder / "baseline.json")])
+                    test = json.loads((folder / "baseline.json").read_text())["runs"][-1]
+                print(f"round {round_index + 1}: {name}: {wall_s:.1f} s, test accuracy {test['accuracy']:.4f}",
                       flush=True)
+                return {"wall_s": wall_s, "accuracy": test["accuracy"], "worst_subject": test["worst_subject"]}
+            return one_round
+        rows = per_side(interleave({name: side(name) for name in ("main.py", "aeon")}, opts.model_rounds))
     for name, runs in rows.items():
         accuracies = ", ".join(f"{row['accuracy']:.4f}" for row in runs)
         print(f"{name}: median {statistics.median(row['wall_s'] for row in runs):.1f} s, test accuracy {accuracies}")
     return rows
-
-
-def _run_main(opts, folder):
-    command = [sys.executable, "main.py", "--data-dir", opts.data_dir, "--save-dir", str(folder)]
-    wall_s = _run(command)
-    report = json.loads((folder / "test_report.json").read_text())
-    return {"wall_s": wall_s, "accuracy": report["accuracy"], "worst_subject": report["worst_subject"]}
-
-
-def _run_aeon(opts, folder):
-    folder.mkdir(parents=True)
-    command = [sys.executable, "-m", "studies.minirocket_baseline", "--data-dir", opts.data_dir,
-               "--threads", str(opts.threads), "--json", str(folder / "baseline.json")]
-    wall_s = _run(command)
-    test = json.loads((folder / "baseline.json").read_text())["runs"][-1]
-    return {"wall_s": wall_s, "accuracy": test["accuracy"], "worst_subject": test["worst_subject"]}
-
-
-def _run(command):
-    start = time.perf_counter()
-    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
-    if result.returncode != 0:
-        sys.exit(f"error: {' '.join(command)} failed: {result.stderr.strip().splitlines()[-1:]}")
-    return time.perf_counter() - start
-
-
-def _seconds(work):
-    start = time.perf_counter()
-    work()
-    return time.perf_counter() - start
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ end of its first optimizer step.
 """
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import threading
@@ -23,7 +22,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
-from benchmarks import REPO, descendants, entry_parser, write_json
+from benchmarks import descendants, entry_parser, run_in_repo, write_json
 
 STARTED_S = time.time()  # before the imports below: a side's time to first step counts them
 import numpy as np  # noqa: E402
@@ -32,6 +31,7 @@ from data import synthetic, uci_har  # noqa: E402
 from data.build_store import assemble_manifest, job_inputs, run_job  # noqa: E402
 from data.store import SHARD_DIR, finish_store  # noqa: E402
 from profiling.interleave import interleave, per_side  # noqa: E402
+from training.errors import run_entry_point  # noqa: E402
 
 GIB = 2 ** 30
 WINDOW_BYTES_FLOAT16 = len(uci_har.SIGNAL_NAMES) * uci_har.WINDOW_STEPS * 2
@@ -104,17 +104,14 @@ def _make_copy(arguments):
 
 def measure_sides(options):
     """The store against the same windows' shape in memory (the synthetic data set), A B, B A, ..."""
-    sides = {"store": ["--dataset", "store", "--data-dir", options.store],
-             "in memory": ["--dataset", "synthetic"]}
+    sides = {"store": ["--dataset", "store", "--data-dir", options.store], "in memory": ["--dataset", "synthetic"]}
 
     def run(name):
         def one_round(round_index):
-            command = [sys.executable, "-m", "benchmarks.store_stream", "side", "--steps", str(options.steps),
-                       "--warmup-steps", str(options.warmup_steps), "--", *sides[name]]
-            done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
-            if done.returncode != 0:
-                raise SystemExit(f"{name} side failed:\n{done.stderr[-3000:]}")
-            figures = json.loads(done.stdout.strip().splitlines()[-1])
+            stdout, _ = run_in_repo([sys.executable, "-m", "benchmarks.store_stream", "side", "--steps",
+                                     str(options.steps), "--warmup-steps", str(options.warmup_steps), "--",
+                                     *sides[name]])
+            figures = json.loads(stdout.strip().splitlines()[-1])
             print(f"round {round_index + 1} {name:>9}: {figures['samples_per_s']:,.0f} samples/s, peak memory "
                   f"{figures['peak_pss_gib']:.2f} GiB PSS ({figures['peak_rss_gib']:.2f} GiB summing resident sets), "
                   f"first step after {figures['first_step_s']:.1f} s", flush=True)
@@ -133,55 +130,50 @@ def measure_sides(options):
 
 def run_side(options):
     """One side: build the run, take --steps steps of its TrainStep, print one JSON line of figures."""
+    from profiling.measure import timed_steps
     from profiling.timing import NullTimer
     from profiling.workload import build_workload, optimizer_step
     from training.config.cli import parse_config
     from training.distributed.strategy import make_strategy
-    peak = _PeakMemory()
+    stop_watch = watch_peak_memory()
     config = parse_config([*options.flags, "--device", "cpu"])
-    strategy = make_strategy(config)
-    work = build_workload(SimpleNamespace(run=config, bare_step=False), strategy)
+    work = build_workload(SimpleNamespace(run=config, bare_step=False), make_strategy(config))
     optimizer_step(work, sync_gradients=True, timer=NullTimer())
     first_step_s = time.time() - STARTED_S
     for _ in range(options.warmup_steps - 1):
         optimizer_step(work, sync_gradients=True, timer=NullTimer())
-    started = time.perf_counter()
-    for _ in range(options.steps):
-        optimizer_step(work, sync_gradients=True, timer=NullTimer())
-    seconds = time.perf_counter() - started
-    peak_pss, peak_rss = peak.stop()
-    print(json.dumps({"samples_per_s": options.steps * work.global_samples_per_step / seconds,
-                      "peak_pss_gib": peak_pss / GIB, "peak_rss_gib": peak_rss / GIB, "first_step_s": first_step_s,
-                      "train_windows": work.train_windows, "steps": options.steps}), flush=True)
+    samples_per_s = timed_steps(work, options.steps, sync_gradients=True)["samples_per_s"]
+    peak_pss, peak_rss = stop_watch()
+    print(json.dumps({"samples_per_s": samples_per_s, "peak_pss_gib": peak_pss / GIB, "peak_rss_gib": peak_rss / GIB,
+                      "first_step_s": first_step_s, "train_windows": work.train_windows, "steps": options.steps}),
+          flush=True)
     return 0
 
 
-class _PeakMemory:
-    """The largest memory of this process and its children (DataLoader workers) together, as their
-    proportional set sizes: a page a worker shares with its parent counts once, not twice."""
+def watch_peak_memory():
+    """Sample the memory of this process and its children (DataLoader workers) together every 0.2 s, as
+    proportional set sizes: a page a worker shares with its parent counts once, not twice. Returns
+    stop() -> (peak PSS, peak sum of resident sets) in bytes."""
+    peaks, stopped = [0, 0], threading.Event()
 
-    def __init__(self):
-        self.peak, self.peak_rss, self._stopped = 0, 0, threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._thread.start()
+    def sample():
+        peaks[:] = map(max, peaks, tree_memory(os.getpid()))
 
-    def _watch(self):
-        while not self._stopped.wait(0.2):
-            self.sample()
+    def watch():
+        while not stopped.wait(0.2):
+            sample()
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
 
-    def sample(self):
-        pss, rss = _tree_memory(os.getpid())
-        self.peak, self.peak_rss = max(self.peak, pss), max(self.peak_rss, rss)
-
-    def stop(self):
-        """(peak PSS, peak sum of resident sets) in bytes."""
-        self._stopped.set()
-        self._thread.join()
-        self.sample()
-        return self.peak, self.peak_rss
+    def stop():
+        stopped.set()
+        thread.join()
+        sample()
+        return tuple(peaks)
+    return stop
 
 
-def _tree_memory(pid):
+def tree_memory(pid):
     """(PSS, RSS) of the process and every process below it, summed, in bytes."""
     pss = rss = 0
     for member in [pid, *descendants(pid)]:
@@ -198,10 +190,8 @@ def convert_speed(options):
     """build_store on the same recordings with 1 and 2 processes: windows per second."""
     for workers in (1, 2):
         with tempfile.TemporaryDirectory(prefix="har-store-") as scratch:
-            started = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "data.build_store", options.src, "--out", scratch, "--workers",
-                            str(workers)], cwd=REPO, check=True, capture_output=True)
-            seconds = time.perf_counter() - started
+            _, seconds = run_in_repo([sys.executable, "-m", "data.build_store", options.src, "--out", scratch,
+                                      "--workers", str(workers)])
             manifest = json.loads((Path(scratch) / "manifest.json").read_text())
             windows = sum(shard["windows"] for shard in manifest["shards"])
             print(f"{workers} process(es): {windows:,} windows in {seconds:.1f} s = {windows / seconds:,.0f} windows/s")
@@ -209,4 +199,4 @@ def convert_speed(options):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_entry_point(main))

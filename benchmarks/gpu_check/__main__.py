@@ -29,7 +29,7 @@ from profiling.cli import comma_choices, env_without_torchrun
 from profiling.report import json_ready
 
 
-def parse(argv):
+def main(argv=None):
     parser = entry_parser("benchmarks.gpu_check", __doc__)
     parser.add_argument("--out", default=None, help="output folder (default gpu_check/<gpu>-<date>)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: few steps and rounds, smaller epochs")
@@ -39,11 +39,7 @@ def parse(argv):
                         help="seconds for all steps together")
     parser.add_argument("--dry-run", action="store_true", help="print the commands and exit")
     parser.add_argument("--allow-cpu", action="store_true", help=argparse.SUPPRESS)  # tests run the plan on CPU
-    return parser.parse_args(argv)
-
-
-def main(argv=None):
-    opts = parse(argv)
+    opts = parser.parse_args(argv)
     has_gpu = torch.cuda.is_available()
     if not (has_gpu or opts.allow_cpu or opts.dry_run):
         print(f"no CUDA GPU: torch {torch.__version__} sees none (torch.cuda.is_available() is False); run this "

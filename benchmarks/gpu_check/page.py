@@ -3,27 +3,23 @@ from benchmarks.gpu_check.plan import PRECISIONS
 
 
 def markdown_report(result):
-    groups = {}
+    groups, counts = {}, {}
     for step in result["steps"]:
         groups.setdefault(step["group"], []).append(step)
-    lines = header(result) + tests_section(groups.get("tests", []))
+        counts[step["status"]] = counts.get(step["status"], 0) + 1
+    machine = result["machine"]
+    lines = [f"# GPU check: {machine.get('gpu') or result['device']}, {result['started'][:10]}", "",
+             f"torch {machine.get('torch')}, CUDA {machine.get('cuda')}, cuDNN {machine.get('cudnn')}, NCCL "
+             f"{machine.get('nccl')}; {machine.get('gpu_count', 0)} GPU(s) of {machine.get('gpu_memory_gib')} GiB; "
+             f"{machine.get('cpu_cores')} CPU cores; commit {machine.get('commit')}; "
+             f"{'quick' if result['quick'] else 'full'} check in {result['wall_s']:.0f} s "
+             f"({', '.join(f'{n} {status}' for status, n in counts.items())})", ""]
+    lines += tests_section(groups.get("tests", []))
     for group, title, columns, rows, notes in TABLES:
         found = rows(groups.get(group, []))
         if found:  # groups that did not run, or left no figures, leave no empty table
             lines += table(title, columns, found) + (notes(groups[group]) if notes else [])
     return "\n".join(lines + problems_section(result["steps"])) + "\n"
-
-
-def header(result):
-    machine, counts = result["machine"], {}
-    for step in result["steps"]:
-        counts[step["status"]] = counts.get(step["status"], 0) + 1
-    return [f"# GPU check: {machine.get('gpu') or result['device']}, {result['started'][:10]}", "",
-            f"torch {machine.get('torch')}, CUDA {machine.get('cuda')}, cuDNN {machine.get('cudnn')}, NCCL "
-            f"{machine.get('nccl')}; {machine.get('gpu_count', 0)} GPU(s) of {machine.get('gpu_memory_gib')} GiB; "
-            f"{machine.get('cpu_cores')} CPU cores; commit {machine.get('commit')}; "
-            f"{'quick' if result['quick'] else 'full'} check in {result['wall_s']:.0f} s "
-            f"({', '.join(f'{n} {status}' for status, n in counts.items())})", ""]
 
 
 def table(title, columns, rows):
@@ -76,26 +72,9 @@ def matrix_notes(steps):
     return lines + [""] if lines else []
 
 
-def data_path_rows(steps):
-    return [[cell(s, "device_samples_per_s", ",.0f"), cell(s, "dataloader_samples_per_s", ",.0f"),
-             f"{cell(s, 'training_ratio', '.3f')} ({cell(s, 'training_paired_ratio', '.3f')})",
-             cell(s, "iteration_ratio", ".3f")] for s in steps]
-
-
-def ddp_rows(steps):
-    return [[cell(s, "model", "s"), cell(s, "backend", "s"), cell(s, "samples_per_s", ",.0f"),
-             cell(s, "step_time_ms", ".2f"), cell(s, "peak_memory_gib", ".3f")] for s in steps]
-
-
-def epoch_rows(steps):
-    return [[f"{s['wall_s']:.1f}" if "wall_s" in s else s["status"], cell(s, "epoch_time_s", ".1f"),
-             cell(s, "samples_per_s", ",.0f"), cell(s, "val_macro_f1", ".3f")] for s in steps]
-
-
-def overhead_rows(steps):
-    return [[s["params"]["batch_size"], s["params"]["compile"], cell(s, "trainer_samples_per_s", ",.0f"),
-             cell(s, "minimal_samples_per_s", ",.0f"), cell(s, "ratio", ".3f"), cell(s, "paired_ratio", ".3f")]
-            for s in steps]
+def per_step(*cells):
+    """Rows of one step each: (figure key, format) pairs, or a function of the step for other cells."""
+    return lambda steps: [[part(s) if callable(part) else cell(s, *part) for part in cells] for s in steps]
 
 
 # (group, title, columns, rows of the group's steps, lines under the table), in the order of the page
@@ -103,13 +82,23 @@ TABLES = (
     ("profile", "Training-step throughput (benchmarks.gpu_check.throughput, one process, one GPU): "
                 "samples/s (peak allocated GiB)", ["model", "batch", *PRECISIONS], matrix_rows, matrix_notes),
     ("data_path", "Data path (benchmarks.data_path): device-resident against DataLoader",
-     ["device samples/s", "DataLoader samples/s", "ratio (per round)", "bare iteration ratio"], data_path_rows, None),
+     ["device samples/s", "DataLoader samples/s", "ratio (per round)", "bare iteration ratio"],
+     per_step(("device_samples_per_s", ",.0f"), ("dataloader_samples_per_s", ",.0f"),
+              lambda s: f"{cell(s, 'training_ratio', '.3f')} ({cell(s, 'training_paired_ratio', '.3f')})",
+              ("iteration_ratio", ".3f")), None),
     ("ddp_profile", "DDP with one rank (profiler.py --multi-gpu ddp --nproc-per-node 1)",
-     ["model", "backend", "samples/s", "step ms", "peak allocated GiB"], ddp_rows, None),
+     ["model", "backend", "samples/s", "step ms", "peak allocated GiB"],
+     per_step(("model", "s"), ("backend", "s"), ("samples_per_s", ",.0f"), ("step_time_ms", ".2f"),
+              ("peak_memory_gib", ".3f")), None),
     ("epoch", "One epoch end to end (main.py --epochs 1; UCI HAR's size, smaller with --quick)",
-     ["process wall s", "epoch s", "training samples/s", "val macro-F1"], epoch_rows, None),
+     ["process wall s", "epoch s", "training samples/s", "val macro-F1"],
+     per_step(lambda s: f"{s['wall_s']:.1f}" if "wall_s" in s else s["status"], ("epoch_time_s", ".1f"),
+              ("samples_per_s", ",.0f"), ("val_macro_f1", ".3f")), None),
     ("overhead", "Trainer against a minimal loop (benchmarks.overhead)",
-     ["batch", "compile", "trainer samples/s", "minimal samples/s", "ratio", "per-round ratio"], overhead_rows, None),
+     ["batch", "compile", "trainer samples/s", "minimal samples/s", "ratio", "per-round ratio"],
+     per_step(lambda s: s["params"]["batch_size"], lambda s: s["params"]["compile"],
+              ("trainer_samples_per_s", ",.0f"), ("minimal_samples_per_s", ",.0f"), ("ratio", ".3f"),
+              ("paired_ratio", ".3f")), None),
 )
 
 
