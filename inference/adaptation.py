@@ -3,13 +3,13 @@ whole recording, or one person's windows) standardised with that group's own mea
 deviation instead of the training windows'. A new person's posture and gait shift many features at
 once; centring them on the person undoes the part of that shift the head has not learnt.
 
-The training statistics are the buffers `feature_mean` and `feature_std` that MiniRocket.fit sets;
-the group's are computed the same way (std clamped at 1e-3 as there), so a group whose statistics
-equal the training ones gets exactly the model's own probabilities.
+The training statistics are MiniRocket.fit's buffers `feature_mean` and `feature_std`; a group's are
+computed the same way, so a group whose statistics equal them gets exactly the model's own probabilities.
 """
 import numpy as np
 import torch
 
+from inference.bundle import batches
 from training.errors import UsageError
 
 ADAPT_CHOICES = ("none", "recording")
@@ -20,8 +20,7 @@ MIN_CLASS_MASS = 5.0
 
 
 def adaptable_members(bundle):
-    """The raw-unit MiniRocket models of a bundle (one, or an ensemble's members), refused in one
-    line for any other model."""
+    """The raw-unit MiniRocket models of a bundle (one, or an ensemble's members); any other is refused."""
     model = bundle.model
     members = list(model.members) if hasattr(model, "members") else [model]
     for member in members:
@@ -35,11 +34,8 @@ def adaptable_members(bundle):
 def raw_features(member, windows, device, batch_size=512):
     """PPV features [N, F] (float32, before standardisation) of raw-unit windows [N, C, T]."""
     member = member.to(device)
-    chunks = []
-    for first in range(0, len(windows), batch_size):
-        batch = torch.from_numpy(np.ascontiguousarray(windows[first:first + batch_size], dtype=np.float32))
-        batch = (batch.to(device) - member.mean) / member.std
-        chunks.append(member.model.transform(batch).cpu())
+    chunks = [member.model.transform((batch - member.mean) / member.std).cpu()
+              for batch in batches(windows, device, batch_size)]
     return torch.cat(chunks) if chunks else torch.zeros(0, member.model.feature_mean.numel())
 
 
@@ -49,10 +45,8 @@ def group_statistics(features):
 
 
 def class_balanced_weights(probabilities):
-    """A weight per window [N] (summing to 1) under which every class the model sees in the group
-    counts alike, so that the group's mix of activities (a day that is mostly sitting) does not move
-    its statistics: window n weighs sum over classes c of p_nc / (C x sum_m p_mc), over the C classes
-    with at least MIN_CLASS_MASS windows' worth of probability."""
+    """A weight per window [N] (summing to 1) under which every class with MIN_CLASS_MASS in the group
+    counts alike, so that the group's mix of activities (a day mostly sitting) does not move its statistics."""
     probabilities = torch.as_tensor(probabilities, dtype=torch.float64)
     mass = probabilities.sum(dim=0)
     present = mass >= MIN_CLASS_MASS
@@ -70,12 +64,6 @@ def weighted_statistics(features, weights):
 
 
 @torch.no_grad()
-def head_probabilities(member, features, mean, std):
-    """Softmax [N, classes] float64 of the member's head on features standardised with (mean, std)."""
-    head = member.model.head.to(features.device)
-    return torch.softmax(head((features - mean.to(features.device)) / std.to(features.device)).double(), dim=1)
-
-
 def member_probabilities(members, features_per_member, adapt):
     """The members' mean probabilities [N, classes] (numpy float64), each member's features
     standardised with the training statistics (adapt False), with the group's own (True), or with the
@@ -83,15 +71,16 @@ def member_probabilities(members, features_per_member, adapt):
     weights = None
     if adapt == "balanced":
         weights = class_balanced_weights(member_probabilities(members, features_per_member, adapt=False))
-    total = None
+    total = 0
     for member, features in zip(members, features_per_member, strict=True):
         model = member.model
         if weights is not None:
             mean, std = weighted_statistics(features, weights)
         else:
             mean, std = group_statistics(features) if adapt else (model.feature_mean.cpu(), model.feature_std.cpu())
-        probabilities = head_probabilities(member.cpu(), features, mean, std)
-        total = probabilities if total is None else total + probabilities
+        head = member.cpu().model.head.to(features.device)
+        standardised = (features - mean.to(features.device)) / std.to(features.device)
+        total = total + torch.softmax(head(standardised).double(), dim=1)
     return (total / len(members)).numpy()
 
 

@@ -1,7 +1,6 @@
 """A checkpoint made ready for inference: the network it describes with its normalisation in front
 (raw-unit windows in, logits out, eval mode), and what its windows need. A fold ensemble
 (inference/ensemble.py) loads into the same shape."""
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -9,7 +8,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from inference.checkpoint_checks import REWRITE_ENSEMBLE, check_declared_shapes, check_members, check_model_part
+from inference.checkpoint_checks import check_declared_shapes, check_members, check_model_part
 from inference.ensemble import ENSEMBLE_KIND, MEMBER_KEYS, ProbabilityAverage
 from training.checkpoint.files import inference_weights, load_checkpoint
 from training.config.settings import RunConfig, resolve_device_type
@@ -33,17 +32,19 @@ class RawUnitModel(nn.Module):
         return self.model((signals - self.mean) / self.std)
 
 
-def raw_unit_model(member, weights, window_steps, path):
-    """The network a checkpoint (or an ensemble's member) describes, with its weights and its
-    normalisation in front."""
-    config = member["config"]
-    model = RunConfig.from_flags(config).model.build(member["in_channels"], member["num_classes"], window_steps)
+def raw_unit_model(part, weights, window_steps, path, member=None):
+    """The network a checkpoint (or its ensemble's `member`-th part) describes, checked first, with
+    its weights and its normalisation in front."""
+    check_model_part(part, path, weights, member)
+    config = part["config"]
+    model = RunConfig.from_flags(config).model.build(part["in_channels"], part["num_classes"], window_steps)
     try:
         model.load_state_dict(weights)
     except RuntimeError as exc:
-        raise UsageError(f"checkpoint {path}: weights do not fit a {config['model']} model "
+        where = path if member is None else f"{path} (member {member})"
+        raise UsageError(f"checkpoint {where}: weights do not fit a {config['model']} model "
                          f"({str(exc).splitlines()[0]})") from None
-    normalization = member["normalization"]
+    normalization = part["normalization"]
     return RawUnitModel(model, normalization["mean"].float(), normalization["std"].float())
 
 
@@ -86,36 +87,21 @@ def load_bundle(path):
         raise UsageError(f"checkpoint {path} lacks {', '.join(missing)}, which predicting needs (it was written "
                          "by an older version, or is not a checkpoint of this trainer); retrain to get them")
     check_declared_shapes(checkpoint, path)
+    steps = checkpoint["window_steps"]
     if kind == ENSEMBLE_KIND:
-        model, mean, std = ensemble_model(checkpoint, path)
+        check_members(checkpoint, path, (*MEMBER_KEYS, "model"))
+        models = [raw_unit_model(member, member["model"], steps, path, number)
+                  for number, member in enumerate(checkpoint["members"], start=1)]
     else:
-        weights = inference_weights(checkpoint)
-        check_model_part(checkpoint, path, weights)
-        model = raw_unit_model(checkpoint, weights, checkpoint["window_steps"], path)
-        mean, std = model.mean.flatten().numpy(), model.std.flatten().numpy()
+        models = [raw_unit_model(checkpoint, inference_weights(checkpoint), steps, path)]
+    model = ProbabilityAverage(models) if kind == ENSEMBLE_KIND else models[0]
+    # An ensemble's scale of the raw windows (what example inputs are drawn at) is its members' mean.
+    mean, std = (torch.stack([getattr(part, key).flatten() for part in models]).mean(dim=0).numpy()
+                 for key in ("mean", "std"))
     return ModelBundle(model.eval(), mean, std, tuple(checkpoint["class_names"]),
                        tuple(checkpoint["channel_names"]), float(checkpoint["sample_rate_hz"]),
                        int(checkpoint["window_steps"]), str(checkpoint["preprocessing"]),
-                       RunConfig.from_flags(checkpoint["config"]), str(path), len(checkpoint.get("members", [None])))
-
-
-def ensemble_model(checkpoint, path):
-    """(model, mean, std) of an ensemble checkpoint: the averaging model, and the members' mean scale
-    of the raw windows (what example inputs are drawn at)."""
-    check_members(checkpoint, path, (*MEMBER_KEYS, "model"))
-    models = []
-    for number, member in enumerate(checkpoint["members"], start=1):
-        check_model_part(member, path, member["model"], what=f"member {number}'s ", fix=REWRITE_ENSEMBLE)
-        models.append(raw_unit_model(member, member["model"], checkpoint["window_steps"], f"{path} (member {number})"))
-    mean = torch.stack([model.mean.flatten() for model in models]).mean(dim=0)
-    std = torch.stack([model.std.flatten() for model in models]).mean(dim=0)
-    return ProbabilityAverage(models), mean.numpy(), std.numpy()
-
-
-def require_sample_rate(bundle):
-    if not math.isfinite(bundle.sample_rate_hz) or bundle.sample_rate_hz <= 0:
-        raise UsageError(f"checkpoint {bundle.path} does not know the sample rate of its windows (an .npz "
-                         "without sample_rate_hz); add it to the .npz and retrain to classify recordings")
+                       RunConfig.from_flags(checkpoint["config"]), str(path), len(models))
 
 
 def pick_device(name):
@@ -123,16 +109,17 @@ def pick_device(name):
     return torch.device(resolve_device_type(name))
 
 
-@torch.no_grad()
-def probabilities(bundle, windows, device, batch_size=512):
-    """Softmax class probabilities [N, classes] (float64) of raw-unit windows [N, C, T]: an array, or
+def batches(windows, device, batch_size=512):
+    """float32 tensors on `device` of consecutive raw-unit windows [N, C, T]: of an array, or of
     anything indexed by an array of positions that gives one (a window store's signals)."""
-    model = bundle.model.to(device)
-    chunks = []
     for first in range(0, len(windows), batch_size):
         positions = np.arange(first, min(first + batch_size, len(windows)))
-        batch = torch.from_numpy(np.ascontiguousarray(windows[positions], dtype=np.float32)).to(device)
-        chunks.append(torch.softmax(model(batch).double(), dim=1).cpu())
-    if not chunks:
-        return np.zeros((0, len(bundle.class_names)))
-    return torch.cat(chunks).numpy()
+        yield torch.from_numpy(np.ascontiguousarray(windows[positions], dtype=np.float32)).to(device)
+
+
+@torch.no_grad()
+def probabilities(bundle, windows, device, batch_size=512):
+    """Softmax class probabilities [N, classes] (float64) of the windows `batches` reads."""
+    model = bundle.model.to(device)
+    chunks = [torch.softmax(model(batch).double(), dim=1).cpu() for batch in batches(windows, device, batch_size)]
+    return torch.cat(chunks).numpy() if chunks else np.zeros((0, len(bundle.class_names)))

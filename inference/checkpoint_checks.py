@@ -25,10 +25,11 @@ def check_declared_shapes(checkpoint, path):
                          f"{checkpoint['window_steps']!r}; {REWRITE}")
 
 
-def check_model_part(part, path, weights, what="", fix=REWRITE):
-    """One model's description (`part`: a checkpoint or an ensemble member) and the weights it predicts
-    with: a known model, a state dict of finite tensors, and a finite positive normalisation of the
-    right length. `what` names the member in messages."""
+def check_model_part(part, path, weights, member=None):
+    """One model's description (`part`: a checkpoint, or its ensemble's `member`-th part) and the
+    weights it predicts with: a known model, a state dict of finite tensors, and a finite positive
+    normalisation of the right length."""
+    what, fix = ("", REWRITE) if member is None else (f"member {member}'s ", REWRITE_ENSEMBLE)
     config = part["config"]
     name = config.get("model") if isinstance(config, dict) else None
     if name not in MODELS:
@@ -41,10 +42,7 @@ def check_model_part(part, path, weights, what="", fix=REWRITE):
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             raise UsageError(f"checkpoint {path}: {what}weight {key!r} holds NaN or infinity (a run that diverged, "
                              f"or a damaged file); {fix}")
-    _check_normalization(part["normalization"], part["in_channels"], path, what, fix)
-
-
-def _check_normalization(normalization, channels, path, what, fix):
+    normalization, channels = part["normalization"], part["in_channels"]
     if not isinstance(normalization, dict) or not all(isinstance(normalization.get(key), torch.Tensor)
                                                       for key in ("mean", "std")):
         raise UsageError(f"checkpoint {path}: {what}normalization must hold tensors mean and std; {fix}")
@@ -61,7 +59,7 @@ def _check_normalization(normalization, channels, path, what, fix):
 
 def check_members(checkpoint, path, member_keys):
     """An ensemble's members: a non-empty list of dicts with `member_keys`, one model on the ensemble's
-    channels and classes. Their weights are checked by check_model_part."""
+    channels and classes (their weights: check_model_part)."""
     members = checkpoint["members"]
     if not isinstance(members, list) or not members or not all(isinstance(member, dict) for member in members):
         raise UsageError(f"checkpoint {path}: members must be a non-empty list of models, got {_brief(members)}; "

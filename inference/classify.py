@@ -1,4 +1,5 @@
 """A recording through a checkpoint: the checkpoint's channels, sliding windows, probabilities."""
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -9,7 +10,7 @@ from data.resample import on_model_clock
 from data.splits import channel_names, select_channels
 from data.uci_har import SIGNAL_NAMES
 from inference.adaptation import adapted_probabilities
-from inference.bundle import probabilities, require_sample_rate
+from inference.bundle import probabilities
 from training.errors import UsageError
 
 
@@ -29,37 +30,27 @@ class WindowPredictions:
         return len(self.acc_magnitude_g) / self.sample_rate_hz
 
 
-def check_channels(bundle, has_gyro, path):
-    """Refuse in one line a checkpoint whose channels this recording cannot give."""
-    available = available_channels(bundle.preprocessing, has_gyro)
-    names, mode = bundle.channel_names, bundle.config.data.mode
-    if set(names) <= set(available) or (_averaged(bundle) and set(SIGNAL_NAMES) <= set(available)):
-        return
-    lacking = "no gyroscope (gyro_x, gyro_y, gyro_z)" if not has_gyro else "other channels"
-    instead = "a checkpoint trained with --mode first" if bundle.preprocessing == "uci-har" else "another checkpoint"
-    raise UsageError(f"the checkpoint's channels ({', '.join(names)}; --mode {mode}) cannot be made from {path}, "
-                     f"which has {lacking}; use {instead}, or a recording with them")
-
-
 def _averaged(bundle):
     return bundle.config.data.mode == "average" and bundle.channel_names == channel_names("average")
 
 
-def model_channels(bundle, acc_g, gyro_rad_s):
-    """[C, m] stream in the checkpoint's channel order (check_channels has passed)."""
-    available = stream_channels(bundle.preprocessing, acc_g, gyro_rad_s, bundle.sample_rate_hz)
-    if _averaged(bundle):  # the same averaging as the training windows had
-        return select_channels(np.stack([available[name] for name in SIGNAL_NAMES])[None], "average")[0]
-    return np.stack([available[name] for name in bundle.channel_names])
-
-
 def check_usable(bundle, recording):
     """What can be refused before any filtering: the rate, the preprocessing, the channels."""
-    require_sample_rate(bundle)
+    if not math.isfinite(bundle.sample_rate_hz) or bundle.sample_rate_hz <= 0:
+        raise UsageError(f"checkpoint {bundle.path} does not know the sample rate of its windows (an .npz "
+                         "without sample_rate_hz); add it to the .npz and retrain to classify recordings")
     if bundle.preprocessing not in ("uci-har", "raw"):
         raise UsageError(f"checkpoint {bundle.path} was trained on windows whose preprocessing is unknown "
                          f"(channels {', '.join(bundle.channel_names)}), so recordings cannot be cut like them")
-    check_channels(bundle, recording.gyro_rad_s is not None, recording.path)
+    has_gyro = recording.gyro_rad_s is not None
+    available = available_channels(bundle.preprocessing, has_gyro)
+    if set(bundle.channel_names) <= set(available) or (_averaged(bundle) and set(SIGNAL_NAMES) <= set(available)):
+        return
+    lacking = "no gyroscope (gyro_x, gyro_y, gyro_z)" if not has_gyro else "other channels"
+    instead = "a checkpoint trained with --mode first" if bundle.preprocessing == "uci-har" else "another checkpoint"
+    raise UsageError(f"the checkpoint's channels ({', '.join(bundle.channel_names)}; --mode "
+                     f"{bundle.config.data.mode}) cannot be made from {recording.path}, which has {lacking}; use "
+                     f"{instead}, or a recording with them")
 
 
 @dataclass
@@ -80,23 +71,22 @@ def recording_windows(bundle, recording, stride_steps=None, sample_rate_hz=None)
         raise DataError(f"{recording.path} lasts {len(acc) / bundle.sample_rate_hz:.2f} s, shorter than one "
                         f"window of the model ({window} samples = {window / bundle.sample_rate_hz:g} s)")
     with np.errstate(over="ignore", invalid="ignore"):  # overflow to float32's infinity: refused below
-        stream = model_channels(bundle, acc, gyro)
+        available = stream_channels(bundle.preprocessing, acc, gyro, bundle.sample_rate_hz)
+        if _averaged(bundle):  # the same averaging as the training windows had
+            stream = select_channels(np.stack([available[name] for name in SIGNAL_NAMES])[None], "average")[0]
+        else:
+            stream = np.stack([available[name] for name in bundle.channel_names])
     starts = window_starts(stream.shape[1], window, stride_steps or window // 2)
     windows = cut_windows(stream, starts, window)
-    _check_finite(windows, starts, bundle, recording, start_s)
+    # The windows as the model sees them (float32): values the recording's check let through can
+    # still leave float32's range in the filters, and a model fed infinity answers with NaN.
+    if not np.isfinite(windows).all():
+        index, channel, _ = (int(i) for i in np.argwhere(~np.isfinite(windows))[0])
+        at_s = start_s + starts[index] / bundle.sample_rate_hz
+        raise DataError(f"{recording.path}: window {index + 1} (from {at_s:.2f} s) holds NaN or infinity in channel "
+                        f"{bundle.channel_names[channel]} once filtered and cast to float32, the models' type: the "
+                        "recording's values there are too large for it; fix or cut that stretch before classifying")
     return RecordingWindows(windows, starts, acc, start_s, source_hz)
-
-
-def _check_finite(windows, starts, bundle, recording, start_s):
-    """The windows as the model sees them (float32): values the recording's check let through can
-    still leave float32's range in the filters, and a model fed infinity answers with NaN."""
-    if np.isfinite(windows).all():
-        return
-    window, channel, _ = (int(i) for i in np.argwhere(~np.isfinite(windows))[0])
-    at_s = start_s + starts[window] / bundle.sample_rate_hz
-    raise DataError(f"{recording.path}: window {window + 1} (from {at_s:.2f} s) holds NaN or infinity in channel "
-                    f"{bundle.channel_names[channel]} once filtered and cast to float32, the models' type: the "
-                    "recording's values there are too large for it; fix or cut that stretch before classifying")
 
 
 def classify_recording(bundle, recording, device, stride_steps=None, sample_rate_hz=None, adapt=False):

@@ -25,7 +25,8 @@ def evaluate_checkpoint(args):
     temperature = temperature_choice(args.temperature, args.checkpoint)
     bundle = load_bundle(args.checkpoint)
     device = pick_device(args.device)
-    dataset = dataset_of(args)
+    # auto as for a path: an .npz file is npz, anything else UCI HAR
+    dataset = args.dataset if args.dataset != "auto" else "npz" if str(args.data_dir).endswith(".npz") else "uci-har"
     _check_source(bundle, dataset, args)
     data = splits_as_trained(bundle.config, dataset, args.data_dir)
     split = getattr(data, args.split)
@@ -67,24 +68,14 @@ def split_probabilities(bundle, split, device, adapt=False):
     return probabilities(bundle, split.signals, device)
 
 
-def dataset_of(args):
-    """--dataset, with auto resolved as for a path: an .npz file is npz, anything else UCI HAR."""
-    if args.dataset != "auto":
-        return args.dataset
-    return "npz" if str(args.data_dir).endswith(".npz") else "uci-har"
-
-
 def splits_as_trained(config, dataset, data_dir):
-    """The splits of `data_dir` (or of the synthetic data) rebuilt as the run with `config` (its
-    RunConfig) built them: the trainer's own data options (mode, validation subjects or share, seed,
-    the synthetic data's seed and size)."""
+    """The splits of `data_dir` (or of the synthetic data) rebuilt with the data options of the run's RunConfig."""
     return load_har_data(**config.data_options(dataset=dataset, data_dir=data_dir))
 
 
 def report_of(bundle, split, device, about, temperature=1.0, adapt=False):
-    """The test report (with `about` in it) of the bundle on a split: the model's own figures, its
-    expected calibration error overall and per person, and under "temperature" the loss and ECE at
-    a temperature other than 1 (the accuracy stays: the argmax does not move)."""
+    """The test report (with `about` in it) of the bundle on a split, with its calibration at `temperature`
+    (which leaves the accuracy: the argmax does not move)."""
     labels = np.asarray(split.labels, dtype=np.int64)
     subjects = np.asarray(split.subjects, dtype=np.int64)
     probs = split_probabilities(bundle, split, device, adapt)

@@ -1,7 +1,6 @@
 """A checkpoint as one deployable file: raw-unit windows [B, C, T] in, logits out, with the
 normalisation inside, as TorchScript or ONNX (dynamic batch size). A fold ensemble is one graph too:
 its logits are the log of its members' mean probabilities."""
-import contextlib
 import logging
 import math
 import os
@@ -55,8 +54,12 @@ def export_onnx(bundle, path):
     # ONNX has no operator for PyTorch's fused transformer-layer kernel: export the plain layers.
     fastpath = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
+    # The exporter logs, for every call, that torchvision's operators are not registered.
+    logger = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
     try:
-        with torch.no_grad(), warnings.catch_warnings(), _quiet_exporter():
+        with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch.export's notes on deprecated internals, at every call
             program = torch.onnx.export(model, (example_windows(bundle, 2),), dynamo=True, input_names=["signals"],
                                         output_names=["logits"], dynamic_shapes={"signals": {0: batch}},
@@ -64,17 +67,6 @@ def export_onnx(bundle, path):
         write_atomic(path, lambda partial: program.save(str(partial)))
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
-
-
-@contextlib.contextmanager
-def _quiet_exporter():
-    """The exporter logs, for every call, that torchvision's operators are not registered."""
-    logger = logging.getLogger("torch.onnx._internal.exporter._registration")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
         logger.setLevel(level)
 
 
@@ -91,11 +83,6 @@ def run_exported(path, fmt, windows):
     return session.run(None, {"signals": windows})[0]
 
 
-def reference_logits(bundle, windows):
-    with torch.no_grad():
-        return bundle.model.eval()(torch.from_numpy(windows)).numpy()
-
-
 def export(bundle, fmt, path):
     """Write the file under a temporary name beside `path`, check it against the PyTorch model, and
     put it in place only if it passes; returns the largest |logit difference|, or None where it could
@@ -108,7 +95,8 @@ def export(bundle, fmt, path):
         logits = run_exported(partial, fmt, windows)
         difference = None
         if logits is not None:
-            reference = reference_logits(bundle, windows)
+            with torch.no_grad():
+                reference = bundle.model.eval()(torch.from_numpy(windows)).numpy()
             with np.errstate(invalid="ignore"):  # infinity - infinity: NaN, which check_parity refuses
                 difference = float(np.max(np.abs(logits - reference)))
             check_parity(difference, reference, fmt, path)

@@ -19,9 +19,12 @@ def plot_timeline(predictions, segments, path, title):
     figure, (activity_ax, confidence_ax, signal_ax) = plt.subplots(
         3, 1, figsize=(FIGURE_WIDTH_IN, 2.2 + 0.3 * len(names) + 3.2), sharex=True,
         gridspec_kw={"height_ratios": [max(2, 0.45 * len(names)), 1.2, 1.2]}, constrained_layout=True)
-    for row, spans in enumerate(bars_per_class(segments, names)):
-        if spans:
-            activity_ax.broken_barh(spans, (row - 0.4, 0.8), color=colours(row % colours.N))
+    spans = {name: [] for name in names}  # one bar collection per class
+    for segment in segments:
+        spans[segment.activity].append((segment.start_s, segment.end_s - segment.start_s))
+    for row, name in enumerate(names):
+        if spans[name]:
+            activity_ax.broken_barh(spans[name], (row - 0.4, 0.8), color=colours(row % colours.N))
     activity_ax.set_yticks(range(len(names)), names, fontsize=8)
     activity_ax.set_ylim(-0.6, len(names) - 0.4)
     activity_ax.set_title(title)
@@ -38,15 +41,6 @@ def plot_timeline(predictions, segments, path, title):
     signal_ax.grid(alpha=0.3)
     figure.savefig(path, dpi=DPI)
     plt.close(figure)
-
-
-def bars_per_class(segments, names):
-    """[(start_s, width_s), ...] of each class's segments, in class order: one bar collection each."""
-    spans = [[] for _ in names]
-    index = {name: row for row, name in enumerate(names)}
-    for segment in segments:
-        spans[index[segment.activity]].append((segment.start_s, segment.end_s - segment.start_s))
-    return spans
 
 
 def draw_curve(ax, times, values, color, linewidth):

@@ -14,18 +14,14 @@ from training.errors import UsageError
 OUTPUTS = ("windows.csv", "timeline.csv", "timeline.png")
 
 
-def check_stride(stride_steps, window_steps):
-    if stride_steps is not None and not 1 <= stride_steps <= window_steps:
-        raise UsageError(f"--stride must be between 1 and the window length ({window_steps} samples), "
-                         f"got {stride_steps}")
-
-
 def predict_recording(args):
     """Everything that can be refused is refused before the first file is written, --out first of all."""
     check_out_dir(args.out, OUTPUTS, args.overwrite)
     bundle = load_bundle(args.checkpoint)
     device = pick_device(args.device)
-    check_stride(args.stride, bundle.window_steps)
+    if args.stride is not None and not 1 <= args.stride <= bundle.window_steps:
+        raise UsageError(f"--stride must be between 1 and the window length ({bundle.window_steps} samples), "
+                         f"got {args.stride}")
     temperature = temperature_choice(args.temperature, args.checkpoint)
     transitions = None if args.transitions is None else \
         read_transitions(args.transitions, bundle.class_names, args.stride or bundle.window_steps // 2)

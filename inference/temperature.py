@@ -37,23 +37,17 @@ def run_temperature(checkpoint):
 
 
 def read_temperature(value):
-    """--temperature as a number: a positive number given as such, or the temperature of a
-    calibration.json written by an evaluation."""
+    """--temperature as a positive number: given as such, or the temperature of a calibration.json."""
     try:
         temperature = float(value)
     except ValueError:
-        temperature = _from_file(value)
+        try:
+            temperature = float(json.loads(Path(value).read_text())["temperature"])
+        except FileNotFoundError:
+            raise UsageError(f"--temperature {value} is neither a number nor an existing file") from None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise UsageError(f"--temperature {value} is not a {CALIBRATION_FILE} with a temperature "
+                             f"({type(exc).__name__})") from None
     if not (math.isfinite(temperature) and temperature > 0):
         raise UsageError(f"--temperature must be a positive number or a {CALIBRATION_FILE}, got {value}")
     return temperature
-
-
-def _from_file(path):
-    try:
-        record = json.loads(Path(path).read_text())
-        return float(record["temperature"])
-    except FileNotFoundError:
-        raise UsageError(f"--temperature {path} is neither a number nor an existing file") from None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise UsageError(f"--temperature {path} is not a {CALIBRATION_FILE} with a temperature "
-                         f"({type(exc).__name__})") from None

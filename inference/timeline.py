@@ -121,10 +121,7 @@ def format_summary(segments, class_names, header):
     lines = [header, f"{'activity':<{width}}  {'time':>9}  share  segments"]
     for name in class_names:
         count = sum(segment.activity == name for segment in segments)
-        lines.append(f"{name:<{width}}  {_clock(totals[name]):>9}  {totals[name] / whole_s:5.1%}  {count:8d}")
+        minutes, seconds = divmod(totals[name], 60)
+        clock = f"{int(minutes)}:{seconds:04.1f}"
+        lines.append(f"{name:<{width}}  {clock:>9}  {totals[name] / whole_s:5.1%}  {count:8d}")
     return "\n".join(lines)
-
-
-def _clock(seconds):
-    minutes, rest = divmod(seconds, 60)
-    return f"{int(minutes)}:{rest:04.1f}"
