@@ -19,18 +19,14 @@ from training.distributed.ddp import DistributedStrategy
 from training.errors import UsageError, run_entry_point
 
 
-def parse(argv):
+def main(argv=None):
     parser = entry_parser("benchmarks.collective_gap", __doc__)
     parser.add_argument("--gaps-ms", default="0,1,5,15,50", help="busy host time before each call")
     parser.add_argument("--elements", default="1,86982",
                         help="fp32 elements per all-reduce; 86,982 is the default transformer's gradients")
     parser.add_argument("--iterations", type=int, default=100, help="timed calls of each gap and buffer")
     parser.add_argument("--slow-ms", type=float, default=1.5, help="a call over this counts as slow")
-    return parser.parse_args(argv)
-
-
-def main(argv=None):
-    opts = parse(sys.argv[1:] if argv is None else argv)
+    opts = parser.parse_args(argv)
     gaps_s = [float(part) / 1e3 for part in opts.gaps_ms.split(",")]
     sizes = [int(part) for part in opts.elements.split(",")]
     if distributed_env()[2] < 2:

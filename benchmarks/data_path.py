@@ -18,8 +18,6 @@ from benchmarks.common import (
 )
 from profiling.workload import RECIPE_OFF
 
-PATHS = ("device", "dataloader")
-
 
 def iterate_loader(run, epoch):
     """One pass over the train loader as the loop draws it, copy to the device included, with no model."""
@@ -33,17 +31,13 @@ def iterate_loader(run, epoch):
     return batches
 
 
-def parse(argv):
+def main(argv=None):
     parser = entry_parser("benchmarks.data_path", __doc__)
     add_run_flags(parser)
     parser.add_argument("--iteration-passes", type=int, default=20,
                         help="passes over the train loader per round of the bare-iteration figure")
-    return parser.parse_args(argv)
-
-
-def main(argv=None):
-    opts = parse(argv)
-    with trainer_runs(opts, "har-data-path-", {path: (path, RECIPE_OFF) for path in PATHS}) as runs:
+    opts = parser.parse_args(argv)
+    with trainer_runs(opts, "har-data-path-", {path: (path, RECIPE_OFF) for path in ("device", "dataloader")}) as runs:
         device = runs["device"].strategy.device
         print(f"both: {TRAINER_SIDE}\n"
               f"device: {type(runs['device'].loaders['train']).__name__} (splits on {device}, index_select "

@@ -21,7 +21,7 @@ from models import MODELS
 STOPPED = re.compile(r"stopped after step (\d+)")
 
 
-def parse(argv):
+def main(argv=None):
     parser = entry_parser("benchmarks.stop_latency", __doc__)
     parser.add_argument("--ranks", type=int, default=2, help="1: main.py; more: DDP ranks under torchrun")
     parser.add_argument("--model", choices=tuple(MODELS), default="cnn1d")
@@ -30,38 +30,7 @@ def parse(argv):
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="cpu")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0, help="for the random delays")
-    return parser.parse_args(argv)
-
-
-def command(opts, save_dir):
-    flags = ["--dataset", "synthetic", "--synthetic-windows-per-subject", "64", "--model", opts.model,
-             "--batch-size", str(opts.batch_size), "--log-interval", str(opts.log_interval), "--device",
-             opts.device, "--epochs", "50", "--save-every-steps", "0", "--no-resume", "--save-dir", str(save_dir)]
-    if opts.ranks == 1:
-        return [sys.executable, "main.py", *flags]
-    return [sys.executable, "main_multi_gpu.py", "--multi-gpu", "ddp", "--nproc-per-node", str(opts.ranks), *flags]
-
-
-def one_stop(opts, save_dir, delay_s):
-    """(seconds from SIGTERM to exit, exit code, step it stopped after, ms per step of epoch 1)."""
-    process = subprocess.Popen(command(opts, save_dir), cwd=REPO, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
-    metrics = save_dir / "metrics.jsonl"
-    while not metrics.exists() and process.poll() is None:
-        time.sleep(0.01)
-    time.sleep(delay_s)
-    signalled = time.perf_counter()
-    process.send_signal(signal.SIGTERM)
-    out, _ = process.communicate(timeout=300)
-    latency_s = time.perf_counter() - signalled
-    stopped = STOPPED.search(out)
-    samples_per_s = json.loads(metrics.read_text().splitlines()[0]).get("samples_per_s") if metrics.exists() else None
-    step_ms = opts.batch_size * opts.ranks / samples_per_s * 1e3 if samples_per_s else None
-    return latency_s, process.returncode, int(stopped.group(1)) if stopped else None, step_ms
-
-
-def main(argv=None):
-    opts = parse(argv)
+    opts = parser.parse_args(argv)
     draw = random.Random(opts.seed)
     rows = []
     for repeat in range(opts.repeats):
@@ -75,6 +44,29 @@ def main(argv=None):
           f"runs ({opts.ranks} rank(s), {opts.model}, batch {opts.batch_size}, check-in every "
           f"{opts.log_interval} steps, {opts.device}); this includes the checkpoint write and process exit")
     return 0
+
+
+def one_stop(opts, save_dir, delay_s):
+    """(seconds from SIGTERM to exit, exit code, step it stopped after, ms per step of epoch 1)."""
+    flags = ["--dataset", "synthetic", "--synthetic-windows-per-subject", "64", "--model", opts.model,
+             "--batch-size", str(opts.batch_size), "--log-interval", str(opts.log_interval), "--device",
+             opts.device, "--epochs", "50", "--save-every-steps", "0", "--no-resume", "--save-dir", str(save_dir)]
+    script = ["main.py"] if opts.ranks == 1 else ["main_multi_gpu.py", "--multi-gpu", "ddp", "--nproc-per-node",
+                                                  str(opts.ranks)]
+    process = subprocess.Popen([sys.executable, *script, *flags], cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    metrics = save_dir / "metrics.jsonl"
+    while not metrics.exists() and process.poll() is None:
+        time.sleep(0.01)
+    time.sleep(delay_s)
+    signalled = time.perf_counter()
+    process.send_signal(signal.SIGTERM)
+    out, _ = process.communicate(timeout=300)
+    latency_s = time.perf_counter() - signalled
+    stopped = STOPPED.search(out)
+    samples_per_s = json.loads(metrics.read_text().splitlines()[0]).get("samples_per_s") if metrics.exists() else None
+    step_ms = opts.batch_size * opts.ranks / samples_per_s * 1e3 if samples_per_s else None
+    return latency_s, process.returncode, int(stopped.group(1)) if stopped else None, step_ms
 
 
 if __name__ == "__main__":

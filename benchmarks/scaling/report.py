@@ -5,19 +5,18 @@ Run from the repository root: python -m benchmarks.scaling.report
 import itertools
 import json
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from benchmarks import REPO, entry_parser
+from benchmarks import entry_parser, run_in_repo
 from benchmarks.scaling.figures import write_figures
 from benchmarks.scaling.tables import write_csv, write_latex, write_text_report
 from models import MODELS
 from profiling.cli import check_at_least, comma_choices, comma_counts, env_without_torchrun
 from profiling.report import PROFILE_JSON
 from profiling.scaling import scaling_rows
-from training.errors import UsageError, run_entry_point
+from training.errors import run_entry_point
 
 
 def build_parser():
@@ -69,8 +68,7 @@ def main(argv):
 
 def profile_of(args, configuration, world_size, run_dir, parallel=("--multi-gpu", "ddp")):
     """The profile of profiler.py for one configuration (its flags), under torchrun with the `parallel`
-    flags when world_size > 1, or the one under run_dir with --reuse; stops the report with the
-    profiler's own error when a run fails."""
+    flags when world_size > 1, or the one under run_dir with --reuse."""
     if args.reuse and (run_dir / PROFILE_JSON).is_file():
         return json.loads((run_dir / PROFILE_JSON).read_text())
     flags = [*configuration, "--device", args.device,
@@ -83,10 +81,7 @@ def profile_of(args, configuration, world_size, run_dir, parallel=("--multi-gpu"
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}",
                    "profiler.py", *parallel, *flags]
     env = env_without_torchrun(OMP_NUM_THREADS=str(args.threads_per_rank))  # ignored by CUDA kernels, decisive on CPU
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
-    if result.returncode != 0:
-        tail = "\n".join(result.stderr.strip().splitlines()[-5:])
-        raise UsageError(f"profiler run failed ({' '.join(command)}):\n{tail}")
+    run_in_repo(command, env)
     return json.loads((run_dir / PROFILE_JSON).read_text())
 
 
