@@ -1,11 +1,7 @@
 """The training-step throughput of every model x per-GPU batch x precision, measured in one process (one
 import of torch, one CUDA context) with the profiler's own workload and timed steps.
 
-    python -m benchmarks.gpu_check.throughput --json FILE.json [--device cuda|cpu] [--quick]
-        [--models M,..] [--batch-sizes B,..] [--precisions P,..] [--synthetic-windows-per-subject N]
-        [--warmup-steps N] [--steps N] [--repeats N]
-
-FILE.json is rewritten after each configuration, so a run stopped part-way leaves what it measured.
+The --json file is rewritten after each configuration, so a run stopped part-way leaves what it measured.
 A configuration that fails (out of memory, an unsupported kernel) is recorded with its one-line error
 and the next one runs; one the project refuses on this device (fp16 on CPU) is recorded as skipped.
 Exit code: 0 none failed, 1 some failed, 2 bad flags.
