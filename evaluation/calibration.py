@@ -1,12 +1,10 @@
 """Calibration: how sure a model is against how often it is right (the expected calibration error),
-and temperature scaling: one number that divides the logits so that the class probabilities are as
-sure of themselves as the model is right (Guo et al., "On Calibration of Modern Neural Networks",
-2017). Fitted on held-out windows by minimising their negative log-likelihood; the argmax of every
-window, and so its accuracy, stays as it was.
+and temperature scaling (Guo et al., "On Calibration of Modern Neural Networks", 2017): one number T,
+fitted on held-out windows, divides the logits; every window's argmax, and so the accuracy, stays.
 
 The probabilities are enough to scale: log p differs from the logits by one constant per window,
-which softmax removes, so softmax(log p / T) = softmax(logits / T) for a single model and the log of
-an ensemble's averaged probabilities alike.
+which softmax removes, so softmax(log p / T) = softmax(logits / T), for an ensemble's averaged
+probabilities too.
 """
 import numpy as np
 import torch

@@ -59,16 +59,12 @@ def classification_report(labels, predictions, class_names):
     matrix = confusion_matrix(labels, predictions, len(class_names))
     precision, recall, f1, support = per_class_scores(matrix)
     summary = _summary(matrix)  # the same matrix, not counted again
-    return {
-        "accuracy": summary["acc"], "macro_f1": summary["macro_f1"],  # named as scikit-learn names them
-        "num_samples": int(len(labels)),
-        "class_names": list(class_names),
-        "per_class": {name: {"precision": float(precision[i]), "recall": float(recall[i]),
-                             "f1": float(f1[i]), "support": int(support[i])}
-                      for i, name in enumerate(class_names)},
-        # Rows are true classes, columns predicted classes.
-        "confusion_matrix": matrix.tolist(),
-    }
+    return {"accuracy": summary["acc"], "macro_f1": summary["macro_f1"],  # named as scikit-learn names them
+            "num_samples": int(len(labels)), "class_names": list(class_names),
+            "per_class": {name: {"precision": float(precision[i]), "recall": float(recall[i]),
+                                 "f1": float(f1[i]), "support": int(support[i])}
+                          for i, name in enumerate(class_names)},
+            "confusion_matrix": matrix.tolist()}  # rows are true classes, columns predicted classes
 
 
 def format_report(report):

@@ -66,19 +66,21 @@ def predict_parser():
 
 
 def parse_predict_args(argv):
+    """The arguments; options of one mode (a recording, or an evaluation) or of hmm smoothing are refused
+    in the other, and the dataset to evaluate on is --data-dir, or the synthetic data without it."""
     args = predict_parser().parse_args(argv)
+    recording = args.recording is not None
     if args.sample_rate is not None and not (math.isfinite(args.sample_rate) and args.sample_rate > 0):
         raise UsageError(f"--sample-rate must be a positive number of Hz, got {args.sample_rate}")
     if args.smooth == "none":
         args.smooth = None
-    _check_source(args)
-    _check_new_people(args)
-    return args
-
-
-def _check_new_people(args):
-    """Options that belong to one mode, or to hmm smoothing, refused in the other."""
-    recording = args.recording is not None
+    if recording and args.dataset != "auto":
+        raise UsageError(f"--dataset {args.dataset} picks the data to evaluate on; with --recording drop it")
+    if not recording and args.dataset == "synthetic" and args.data_dir is not None:
+        raise UsageError("--data-dir is not read with --dataset synthetic; drop one of them")
+    if not recording and args.dataset != "synthetic" and args.data_dir is None:
+        raise UsageError("give --recording FILE to classify a recording, or --data-dir DATA to evaluate on a "
+                         "dataset (--dataset synthetic, without --data-dir, evaluates on the built-in synthetic data)")
     if args.transitions is not None and args.smooth != "hmm":
         raise UsageError("--transitions is the matrix of --smooth hmm; add --smooth hmm or drop --transitions")
     if args.uncertain_below is not None and not (math.isfinite(args.uncertain_below) and
@@ -96,19 +98,7 @@ def _check_new_people(args):
         raise UsageError("--temperature fit needs the run's validation split, which a recording lacks: leave "
                          "--temperature out (the training run's calibration.json), or give a calibration.json "
                          "or a number")
-
-
-def _check_source(args):
-    """A recording to classify, or a dataset to evaluate on: --data-dir, or the synthetic data without it."""
-    if args.recording is not None:
-        if args.dataset != "auto":
-            raise UsageError(f"--dataset {args.dataset} picks the data to evaluate on; with --recording drop it")
-        return
-    if args.dataset == "synthetic" and args.data_dir is not None:
-        raise UsageError("--data-dir is not read with --dataset synthetic; drop one of them")
-    if args.dataset != "synthetic" and args.data_dir is None:
-        raise UsageError("give --recording FILE to classify a recording, or --data-dir DATA to evaluate on a "
-                         "dataset (--dataset synthetic, without --data-dir, evaluates on the built-in synthetic data)")
+    return args
 
 
 def export_parser():

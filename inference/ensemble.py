@@ -1,11 +1,8 @@
 """Fold ensembles: the models of a cross-validation (and its refit) as one checkpoint that loads as
-one model, for predict.py, export.py and the run's own test report.
-
-Each member keeps its own normalisation: a fold's statistics come from its own training subjects.
-The members' probabilities are averaged, and the ensemble's "logits" are their log, so that softmax
-gives the averaged probabilities back and everything that reads a single model's logits reads an
-ensemble's unchanged.
-"""
+one model, for predict.py, export.py and the run's own test report. Each member keeps its own
+normalisation (a fold's statistics come from its own training subjects); the ensemble's "logits" are
+the log of the members' mean probabilities, so that softmax gives that mean back and everything that
+reads a single model's logits reads an ensemble's unchanged."""
 import math
 
 import torch

@@ -1,10 +1,5 @@
 """A transition matrix for the HMM smoothing, learnt from labelled recordings: how often one
-window's activity follows another's at the stride predict.py steps its windows by.
-
-Each window takes the label of its centre sample; windows whose centre is no activity (a postural
-transition or an unlabelled stretch) are dropped, so that the activities on either side of one
-count as neighbours. Counts of consecutive pairs get one added to each cell (no change is ever
-impossible on the strength of a few recordings), and each row is normalised.
+window's activity follows another's at the stride predict.py steps its windows by (docs/using_a_model.md).
 
   python -m inference.transitions --recordings ../shared/data/hapt-dev/hapt_dev_recordings.npz \\
       --subjects 1,5,6 --out transitions.json
@@ -25,7 +20,8 @@ WINDOW_STEPS = 128  # UCI HAR's windows at 50 Hz
 
 
 def window_labels(sample_classes, window_steps, stride_steps):
-    """Class index at the centre of each window predict.py would cut (-1 where the centre has none)."""
+    """Class index at the centre of each window predict.py would cut (-1 where the centre has none):
+    dropped later, so that the activities on either side of a postural transition count as neighbours."""
     starts = window_starts(len(sample_classes), window_steps, stride_steps)
     return np.asarray(sample_classes)[starts + window_steps // 2]
 
@@ -40,7 +36,8 @@ def transition_counts(sequences, classes):
 
 
 def transition_matrix(counts):
-    """Row-stochastic matrix from counts with one added to every cell."""
+    """Row-stochastic matrix from counts with one added to every cell: no change is ever impossible on
+    the strength of a few recordings."""
     smoothed = np.asarray(counts, dtype=np.float64) + 1.0
     return smoothed / smoothed.sum(axis=1, keepdims=True)
 
@@ -58,8 +55,7 @@ def recording_classes(archive, subjects):
 
 
 def learn_transitions(sample_class_sequences, window_steps, stride_steps, classes=None):
-    """(counts, matrix) over recordings given as per-sample class sequences (UCI HAR's six classes
-    unless `classes` says otherwise)."""
+    """(counts, matrix) over per-sample class sequences (UCI HAR's six classes unless `classes` says)."""
     classes = len(CLASS_NAMES) if classes is None else classes
     sequences = [window_labels(sequence, window_steps, stride_steps)
                  for sequence in sample_class_sequences if len(sequence) >= window_steps]
