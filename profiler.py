@@ -1,9 +1,11 @@
 """Profile the training step: timing, phases, memory, all-reduce cost and multi-GPU predictions. See README.md."""
 import sys
 
-from profiling.cli import launch_under_torchrun, needs_launch, parse_profiler_args
+from profiling.cli import parse_profiler_args
 from profiling.measure import PerformanceProfiler
 from profiling.report import format_summary, write_profile
+from training.config.settings import SHARDED_OR_DDP, launched_by_torchrun
+from training.distributed.launch import processes_per_node, run_torchrun, torchrun_arguments
 from training.errors import run_entry_point
 from training.run_inputs import check_data
 
@@ -13,8 +15,9 @@ __all__ = ["PerformanceProfiler", "main"]
 def main(argv):
     args = parse_profiler_args(argv)
     check_data(args.run)  # before any process group, so a data error fails alike on every rank
-    if needs_launch(args):
-        return launch_under_torchrun(args, __file__, argv)
+    if args.multi_gpu in SHARDED_OR_DDP and not launched_by_torchrun():
+        # Re-run this command under torchrun on this machine; the first failed worker's exit code.
+        return run_torchrun(torchrun_arguments(__file__, argv, processes_per_node(args.run)))
     profiler = PerformanceProfiler(args)
     profile = profiler.run()
     if profiler.is_main:

@@ -144,8 +144,7 @@ def _notes(strategy, work, host_load):
 
 
 def _summary(values):
-    finite = [value for value in values if math.isfinite(value)]
-    if len(finite) < len(values):
+    if not all(math.isfinite(value) for value in values):
         return {"mean": math.inf, "std": None}
     mean, std = mean_std(values)
     return {"mean": mean, "std": std}

@@ -1,12 +1,12 @@
-"""The profiler's command line: the training flags plus a profiler group, their checks, and the DDP launch."""
+"""The profiler's command line (the training flags plus a profiler group, and their checks) and the argument
+types and child-process environment the measurement tools share."""
 import argparse
 import math
 import os
 
 from profiling.report import DEFAULT_ROOT
 from training.config.cli import build_parser, parse_with_config
-from training.config.settings import SHARDED_OR_DDP, RunConfig, distributed_env, launched_by_torchrun
-from training.distributed.launch import processes_per_node, run_torchrun, torchrun_arguments
+from training.config.settings import SHARDED_OR_DDP, RunConfig, distributed_env
 from training.errors import UsageError
 
 # Links assumed when one process has no process group to measure (bus bandwidth, latency per ring
@@ -65,35 +65,21 @@ def parse_profiler_args(argv):
     args = parse_with_config(build_profiler_parser(), argv)
     args.run = RunConfig.from_flags(vars(args)).validate()  # the training settings, typed as the trainer takes them
     vars(args).update(args.run.flags())  # in their canonical form where the profiler reads them as flags
-    check_profiler_args(args)
-    args.command_line = list(argv)  # what the host-sharing neighbours run
-    return args
-
-
-def check_profiler_args(args):
     check_at_least(("--steps", args.steps, 1), ("--repeats", args.repeats, 1), ("--warmup-steps", args.warmup_steps, 0),
                    ("--phase-steps", args.phase_steps, 0), ("--allreduce-iters", args.allreduce_iters, 1),
                    ("--predict-gpus", args.predict_gpus, 1))
-    if args.assumed_bandwidth_gbps is not None and not (args.assumed_bandwidth_gbps > 0
-                                                        and math.isfinite(args.assumed_bandwidth_gbps)):
-        raise UsageError(f"--assumed-bandwidth-gbps must be a positive number, got {args.assumed_bandwidth_gbps}")
-    if args.assumed_latency_us is not None and not (args.assumed_latency_us >= 0
-                                                    and math.isfinite(args.assumed_latency_us)):
-        raise UsageError(f"--assumed-latency-us must be zero or more, got {args.assumed_latency_us}")
+    bandwidth, latency = args.assumed_bandwidth_gbps, args.assumed_latency_us
+    if bandwidth is not None and not 0 < bandwidth < math.inf:  # NaN fails too
+        raise UsageError(f"--assumed-bandwidth-gbps must be a positive number, got {bandwidth}")
+    if latency is not None and not 0 <= latency < math.inf:
+        raise UsageError(f"--assumed-latency-us must be zero or more, got {latency}")
     if args.multi_gpu == "dp":
         raise UsageError("the profiler measures one device, DDP or FSDP; DataParallel has no exchange to "
                          "separate (use --multi-gpu ddp)")
     if args.multi_gpu not in SHARDED_OR_DDP and distributed_env()[2] > 1:
         raise UsageError("under torchrun the profiler needs --multi-gpu ddp or fsdp")
-
-
-def needs_launch(args):
-    return args.multi_gpu in SHARDED_OR_DDP and not launched_by_torchrun()
-
-
-def launch_under_torchrun(args, script, argv):
-    """Re-run this command under torchrun on this machine; the first failed worker's exit code."""
-    return run_torchrun(torchrun_arguments(script, argv, processes_per_node(args.run)))
+    args.command_line = list(argv)  # what the host-sharing neighbours run
+    return args
 
 
 def check_at_least(*checks):
@@ -126,10 +112,11 @@ def comma_names(text):
 def comma_choices(choices):
     """An argparse type for a comma-separated list of names, each one of `choices`."""
     def names(text):
-        unknown = [name for name in comma_names(text) if name not in choices]
+        chosen = comma_names(text)
+        unknown = [name for name in chosen if name not in choices]
         if unknown:
             raise argparse.ArgumentTypeError(f"unknown {unknown[0]!r}; choose from {', '.join(choices)}")
-        return comma_names(text)
+        return chosen
     return names
 
 

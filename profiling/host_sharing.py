@@ -118,7 +118,6 @@ def expected_maximum(samples, count):
     return sum(value * (((i + 1) / n) ** count - (i / n) ** count) for i, value in enumerate(ordered))
 
 
-WRAPPERS = STRATEGIES  # each strategy the advisor compares, timed as its wrapper
 WRAPPER_STEPS = 10  # the wrappers' own costs are per step: a few steps each tell them
 
 
@@ -132,8 +131,8 @@ def wrapper_step_costs_s(work, timed_steps, steps, repeats):
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         plain = _twin(work, None)
-        twins = {kind: _twin(work, kind) for kind in WRAPPERS}
-        differences = {kind: [] for kind in WRAPPERS}
+        twins = {kind: _twin(work, kind) for kind in STRATEGIES}  # each strategy the advisor compares
+        differences = {kind: [] for kind in STRATEGIES}
         for _ in range(repeats):
             for kind, twin in twins.items():
                 plain_s = timed_steps(plain, min(steps, WRAPPER_STEPS), sync_gradients=True)["step_time_s"]
@@ -156,7 +155,8 @@ def _twin(work, wrapper):
             train_model.register_comm_hook(*compression_hook("fp16"))
     elif wrapper == "fsdp":
         train_model = shard_model(model)
-        strategy = _ShardedClipping(strategy)
+        strategy = copy.copy(strategy)  # the profiled run's, clipping as FSDP does (sharded gradients are DTensors)
+        strategy.clip_grad_norm_ = clip_sharded_grad_norm_
     optimizer = build_adamw(model, step.optimizer.defaults["lr"], step.optimizer.param_groups[0]["weight_decay"],
                             device)
     average = WeightAverage(copy.deepcopy(work.model), step.ema.decay) if step.ema else None
@@ -169,24 +169,7 @@ def _twin(work, wrapper):
         scheduler=LambdaLR(optimizer, lambda _: 1.0), ema=average,
         skips=None if step.skips is None else skipped_steps(model, step.precision, step.grad_scaler))
     twin = dataclasses.replace(work, model=model, step=twin_step)
-    _warm_up(twin)
-    return twin
-
-
-class _ShardedClipping:
-    """The profiled run's strategy, clipping as FSDP does (sharded gradients are DTensors)."""
-
-    def __init__(self, strategy):
-        self.strategy = strategy
-
-    def __getattr__(self, name):
-        return getattr(self.strategy, name)
-
-    def clip_grad_norm_(self, parameters, max_norm):
-        return clip_sharded_grad_norm_(parameters, max_norm)
-
-
-def _warm_up(work):
     for _ in range(3):  # the twin's first-call costs (DDP's set-up, allocator growth) stay out of its timing
-        optimizer_step(work, sync_gradients=True)
-    work.strategy.synchronize()
+        optimizer_step(twin, sync_gradients=True)
+    twin.strategy.synchronize()
+    return twin

@@ -36,41 +36,35 @@ class PerformanceProfiler:
         self.output_dir = None
 
     def run(self):
-        strategy = make_strategy(self.args.run)
+        args, strategy = self.args, make_strategy(self.args.run)
         self.is_main = strategy.is_main
-        work = None
         try:
-            work = build_workload(self.args, strategy)
-            self.output_dir = default_output_dir(self.args, strategy.world_size, work.precision)
-            return self._measure(work)
+            work = build_workload(args, strategy)
+            self.output_dir = default_output_dir(args, strategy.world_size, work.precision)
+            reset_peaks(strategy.device)
+            for _ in range(args.warmup_steps):
+                # Both variants warm up, so neither pays first-call costs (compilation, DDP set-up).
+                optimizer_step(work, sync_gradients=True)
+                if strategy.world_size > 1:
+                    optimizer_step(work, sync_gradients=False)
+            meter = HostCpuMeter()
+            runs = [measured_run(work, args.steps) for _ in range(args.repeats)]
+            host_load = meter.stop(strategy)
+            memory = peak_memory(work)  # before the host-effects pass copies the model
+            lone_samples_s = [value for run in runs for value in run.pop("step_samples_s")]
+            # After the headline runs, so neighbours never disturb them.
+            host_effects = measure_host_effects(work, args, timed_steps, lone_samples_s) \
+                if strategy.world_size == 1 else None
+            phases = phase_breakdown(work, args.phase_steps) if args.phase_steps else None
+            gradient_elements = work.gradient_bytes // 4  # all-reduced as fp32, like DDP's gradients
+            compute_s = statistics.fmean(run["compute_step_time_s"] for run in runs)
+            benchmark = benchmark_allreduce(strategy, gradient_elements, args.allreduce_iters,
+                                            collective_gap_s(work, compute_s))
+            trace_files = write_trace(work, self.output_dir / "trace") if args.trace else []
+            return assemble_profile(args, work, runs, phases, memory, benchmark, trace_files, host_load, host_effects)
         finally:
             work = None  # the wrapped model goes before its process group (strategy.close)
             strategy.close()
-
-    def _measure(self, work):
-        args = self.args
-        reset_peaks(work.strategy.device)
-        for _ in range(args.warmup_steps):
-            # Both variants warm up, so neither pays first-call costs (compilation, DDP set-up).
-            optimizer_step(work, sync_gradients=True)
-            if work.strategy.world_size > 1:
-                optimizer_step(work, sync_gradients=False)
-        meter = HostCpuMeter()
-        runs = [measured_run(work, args.steps) for _ in range(args.repeats)]
-        host_load = meter.stop(work.strategy)
-        memory = peak_memory(work)  # before the host-effects pass copies the model
-        lone_samples_s = [value for run in runs for value in run.pop("step_samples_s")]
-        host_effects = None
-        if work.strategy.world_size == 1:
-            # After the headline runs, so neighbours never disturb them.
-            host_effects = measure_host_effects(work, args, timed_steps, lone_samples_s)
-        phases = phase_breakdown(work, args.phase_steps) if args.phase_steps else None
-        gradient_elements = work.gradient_bytes // 4  # all-reduced as fp32, like DDP's gradients
-        compute_s = statistics.fmean(run["compute_step_time_s"] for run in runs)
-        benchmark = benchmark_allreduce(work.strategy, gradient_elements, args.allreduce_iters,
-                                        collective_gap_s(work, compute_s))
-        trace_files = write_trace(work, self.output_dir / "trace") if args.trace else []
-        return assemble_profile(args, work, runs, phases, memory, benchmark, trace_files, host_load, host_effects)
 
 
 LONGEST_GAP_S = 0.02  # on the 2-core development machine slow calls grew no further past 15 ms of busy time
@@ -183,9 +177,7 @@ TRACE_SCHEDULE = {"wait": 1, "warmup": 2, "active": 3, "repeat": 1}
 def write_trace(work, trace_dir):
     """Run the schedule's steps under torch.profiler; one *.pt.trace.json per rank in trace_dir.
     Returns the files this call wrote (all ranks' where they share trace_dir)."""
-    activities = [ProfilerActivity.CPU]
-    if work.strategy.device.type == "cuda":
-        activities.append(ProfilerActivity.CUDA)
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if work.strategy.device.type == "cuda" else [])]
     handler = tensorboard_trace_handler(str(trace_dir), worker_name=f"rank{work.strategy.rank}")
     steps = TRACE_SCHEDULE["wait"] + TRACE_SCHEDULE["warmup"] + TRACE_SCHEDULE["active"]
     pattern = "rank*.pt.trace.json*"

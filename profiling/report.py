@@ -5,8 +5,6 @@ import math
 from pathlib import Path
 
 PROFILE_JSON = "profile.json"
-SUMMARY_CSV = "profile_summary.csv"
-RUNS_CSV = "profile_runs.csv"
 DEFAULT_ROOT = Path("profiles")
 
 
@@ -28,17 +26,13 @@ def write_profile(profile, output_dir):
     profile_runs.csv (one row per repeat); returns the paths."""
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    paths = [output_dir / PROFILE_JSON, output_dir / SUMMARY_CSV, output_dir / RUNS_CSV]
+    paths = [output_dir / PROFILE_JSON, output_dir / "profile_summary.csv", output_dir / "profile_runs.csv"]
     paths[0].write_text(json.dumps(json_ready(profile), indent=2, allow_nan=False) + "\n")
-    with open(paths[1], "w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["metric", "mean", "std", "unit"])
-        writer.writerows(summary_rows(profile))
-    with open(paths[2], "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=["run", *profile["runs"][0]])
-        writer.writeheader()
-        for index, run in enumerate(profile["runs"], start=1):
-            writer.writerow({"run": index, **{key: csv_cell(value) for key, value in run.items()}})
+    runs = [[index, *map(csv_cell, run.values())] for index, run in enumerate(profile["runs"], start=1)]
+    for path, rows in ((paths[1], [["metric", "mean", "std", "unit"], *summary_rows(profile)]),
+                       (paths[2], [["run", *profile["runs"][0]], *runs])):
+        with open(path, "w", newline="") as handle:
+            csv.writer(handle).writerows(rows)
     return paths
 
 
@@ -56,34 +50,27 @@ def json_ready(value):
 
 
 def summary_rows(profile):
-    units = {"step_time_s": "s", "step_time_min_s": "s", "step_time_max_s": "s", "step_time_median_s": "s",
-             "samples_per_s": "samples/s",
-             "data_wait_share": "fraction", "compute_step_time_s": "s", "comm_time_s": "s",
-             "compute_to_comm_ratio": "ratio"}
-    rows = [[name, csv_cell(stat["mean"]), csv_cell(stat["std"]), units[name]]
+    units = {"samples_per_s": "samples/s", "data_wait_share": "fraction", "compute_to_comm_ratio": "ratio"}
+    rows = [[name, csv_cell(stat["mean"]), csv_cell(stat["std"]), units.get(name, "s")]
             for name, stat in profile["timing"].items()]
-    rows.append(["epoch_time_s", csv_cell(profile["epoch_time_s"]), "", "s"])
-    for name, value in (profile["phases"] or {}).items():
-        if name != "steps":
-            rows.append([f"phase_{name}", csv_cell(value), "", "s"])
-    for entry in profile["memory"]["per_rank"]:
-        for name, value in entry.items():
-            if name != "rank":
-                rows.append([f"rank{entry['rank']}_{name}", csv_cell(value), "", "GiB"])
-    rows += [["parameters", profile["model"]["parameters"], "", "count"],
-             ["gradient_bytes", profile["model"]["gradient_bytes"], "", "bytes"],
-             ["link_bandwidth_gb_per_s", csv_cell(profile["link"]["bandwidth_gb_per_s"]), "", "GB/s"],
-             ["link_latency_us", csv_cell(profile["link"]["latency_us"]), "", "us per ring step"]]
+    single = [("epoch_time_s", profile["epoch_time_s"], "s")]  # (metric, value, unit) of the rows without a std
+    single += [(f"phase_{name}", value, "s") for name, value in (profile["phases"] or {}).items() if name != "steps"]
+    single += [(f"rank{entry['rank']}_{name}", value, "GiB") for entry in profile["memory"]["per_rank"]
+               for name, value in entry.items() if name != "rank"]
+    single += [("parameters", profile["model"]["parameters"], "count"),
+               ("gradient_bytes", profile["model"]["gradient_bytes"], "bytes"),
+               ("link_bandwidth_gb_per_s", profile["link"]["bandwidth_gb_per_s"], "GB/s"),
+               ("link_latency_us", profile["link"]["latency_us"], "us per ring step")]
     benchmark = profile["allreduce_benchmark"]
     if benchmark["measured"]:
-        rows += [["allreduce_time_s", csv_cell(benchmark["time_s"]), "", "s"],
-                 ["allreduce_bus_bandwidth_gb_per_s", csv_cell(benchmark["bus_bandwidth_gb_per_s"]), "", "GB/s"]]
-    for prediction in profile["predictions"]:
-        n = prediction["world_size"]
-        rows += [[f"predicted_step_time_s_{n}gpu", csv_cell(prediction["step_s"]), "", "s"],
-                 [f"predicted_speedup_{n}gpu", csv_cell(prediction["speedup"]), "", "x"],
-                 [f"predicted_efficiency_{n}gpu", csv_cell(prediction["efficiency"]), "", "fraction"]]
-    return rows
+        single += [("allreduce_time_s", benchmark["time_s"], "s"),
+                   ("allreduce_bus_bandwidth_gb_per_s", benchmark["bus_bandwidth_gb_per_s"], "GB/s")]
+    for p in profile["predictions"]:
+        n = p["world_size"]
+        single += [(f"predicted_step_time_s_{n}gpu", p["step_s"], "s"),
+                   (f"predicted_speedup_{n}gpu", p["speedup"], "x"),
+                   (f"predicted_efficiency_{n}gpu", p["efficiency"], "fraction")]
+    return rows + [[name, csv_cell(value), "", unit] for name, value, unit in single]
 
 
 def format_summary(profile):

@@ -3,6 +3,7 @@ import math
 from collections import defaultdict
 
 from profiling.comm_model import BYTES_PER_GB, Link, ddp_bucket_count, predict_world, ring_allreduce_time_s
+from profiling.report import number
 
 
 def group_key(profile):
@@ -53,7 +54,7 @@ def extrapolate(baseline, link, world_sizes, host_aware=True):
 
 def _row(profile, baseline):
     config, timing = profile["config"], profile["timing"]
-    world_size = config["world_size"]
+    world_size, ratio = config["world_size"], timing["compute_to_comm_ratio"]["mean"]
     row = {"model": config["model"], "batch_size": config["batch_size"], "precision": config["precision"],
            "grad_accum_steps": config["grad_accum_steps"], "world_size": world_size,
            "threads_per_rank": config["threads_per_rank"],
@@ -61,14 +62,15 @@ def _row(profile, baseline):
            "samples_per_s": timing["samples_per_s"]["mean"], "samples_per_s_std": timing["samples_per_s"]["std"],
            "data_wait_share": timing["data_wait_share"]["mean"],
            "compute_ms": timing["compute_step_time_s"]["mean"] * 1e3, "comm_ms": timing["comm_time_s"]["mean"] * 1e3,
-           "compute_to_comm_ratio": _finite_or_inf(timing["compute_to_comm_ratio"]["mean"]),
+           "compute_to_comm_ratio": math.inf if ratio is None else ratio,  # null in JSON
            "epoch_time_s": profile["epoch_time_s"], "steps_per_epoch": config["steps_per_epoch"],
-           "peak_mem_gib": _peak_memory_gib(profile["memory"]), "gradient_mb": profile["model"]["gradient_mb"],
+           "peak_mem_gib": max(value for entry in profile["memory"]["per_rank"] for key, value in entry.items()
+                               if key in ("peak_allocated_gib", "peak_rss_gib")),
+           "gradient_mb": profile["model"]["gradient_mb"],
            "bus_bandwidth_gb_per_s": profile["allreduce_benchmark"].get("bus_bandwidth_gb_per_s"),
-           "measured_speedup": None, "measured_speedup_std": None, "measured_efficiency": None,
-           "predicted_speedup": None, "predicted_efficiency": None, "predicted_step_ms": None,
-           "prediction_error": None, "allreduce_only_speedup": None, "predicted_rank_step_ms": None,
-           "allreduce_ms": None, "compute_growth_ms": None, "comm_excess_ms": None}
+           **dict.fromkeys(("measured_speedup", "measured_speedup_std", "measured_efficiency", "predicted_speedup",
+                            "predicted_efficiency", "predicted_step_ms", "prediction_error", "allreduce_only_speedup",
+                            "predicted_rank_step_ms", "allreduce_ms", "compute_growth_ms", "comm_excess_ms"))}
     if baseline is None:
         return row
     base = baseline["timing"]
@@ -99,18 +101,9 @@ def link_summary(profile):
     link = measured_link(profile)
     if link is None:
         return None
-    bandwidth = "inf" if math.isinf(link.bandwidth_bytes_per_s) else f"{link.bandwidth_bytes_per_s / BYTES_PER_GB:.3g}"
+    bandwidth = number(link.bandwidth_bytes_per_s / BYTES_PER_GB)
     return f"{bandwidth} GB/s and {link.latency_s * 1e6:.3g} us per ring step ({link.source})"
-
-
-def _peak_memory_gib(memory):
-    keys = ("peak_allocated_gib", "peak_rss_gib")
-    return max(entry[key] for entry in memory["per_rank"] for key in keys if key in entry)
 
 
 def _relative_std(stat):
     return (stat["std"] or 0.0) / stat["mean"] if stat["mean"] else 0.0
-
-
-def _finite_or_inf(value):
-    return math.inf if value is None else value
