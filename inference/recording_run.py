@@ -4,9 +4,8 @@ from evaluation.calibration import scaled
 from inference.bundle import load_bundle, pick_device
 from inference.classify import check_usable, classify_recording
 from inference.outputs import check_out_dir, prepare_out_dir, write_csv
-from inference.plot import plot_timeline
 from inference.temperature import temperature_choice
-from inference.timeline import format_summary, mark_uncertain, merge_segments, smooth_labels, timeline_names
+from inference.timeline import format_summary, mark_uncertain, merge_segments, plot_timeline, smooth_labels
 from inference.transitions import read_transitions
 from training.checkpoint.files import write_atomic
 from training.errors import UsageError
@@ -46,7 +45,7 @@ def predict_recording(args):
               [[f"{s.start_s:.3f}", f"{s.end_s:.3f}", s.activity, f"{s.confidence:.4f}"] for s in segments])
     title = f"{recording.path}: {bundle.config.model.name}" + (f", {args.smooth} smoothing" if args.smooth else "")
     write_atomic(out / "timeline.png", lambda partial: plot_timeline(predictions, segments, partial, title))
-    print(format_summary(segments, timeline_names(names, segments), f"{bundle.describe()}\n{recording.path}: "
+    print(format_summary(segments, names, f"{bundle.describe()}\n{recording.path}: "
                          f"{predictions.duration_s:.1f} s at {predictions.source_rate_hz:.4g} Hz, "
                          f"{len(labels)} windows, {len(segments)} segments"
                          + (f" ({args.smooth} smoothing)" if args.smooth else "")

@@ -287,8 +287,7 @@ def test_a_timeline_of_thousands_of_segments_is_a_few_artists(tmp_path, monkeypa
     from matplotlib.figure import Figure
 
     from inference.classify import WindowPredictions
-    from inference.plot import CURVE_COLUMNS, plot_timeline
-    from inference.timeline import merge_segments
+    from inference.timeline import CURVE_COLUMNS, merge_segments, plot_timeline
     count, rate_hz = 3000, 50.0
     start_s = np.arange(count) * 1.28
     end_s = start_s + 2.56
