@@ -11,7 +11,6 @@ import numpy as np
 import torch
 
 from inference.outputs import check_writable
-from training.checkpoint.files import write_atomic
 from training.errors import UsageError
 
 ONNX_OPSET = 18  # the lowest the exporter built on torch.export writes without converting
@@ -37,7 +36,7 @@ def export_torchscript(bundle, path):
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         traced = torch.jit.trace(model, example_windows(bundle, 2), check_trace=False)
-    write_atomic(path, lambda partial: torch.jit.save(traced, str(partial)))
+    torch.jit.save(traced, str(path))
 
 
 def export_onnx(bundle, path):
@@ -64,7 +63,7 @@ def export_onnx(bundle, path):
             program = torch.onnx.export(model, (example_windows(bundle, 2),), dynamo=True, input_names=["signals"],
                                         output_names=["logits"], dynamic_shapes={"signals": {0: batch}},
                                         opset_version=ONNX_OPSET, verbose=False)
-        write_atomic(path, lambda partial: program.save(str(partial)))
+        program.save(str(path))
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
         logger.setLevel(level)

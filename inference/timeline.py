@@ -168,21 +168,13 @@ def plot_timeline(predictions, segments, path, title):
 
 
 def draw_curve(ax, times, values, color, linewidth):
-    """A line; past CURVE_COLUMNS points, the band from each column's minimum to its maximum."""
+    """A line; past CURVE_COLUMNS points, the band from the minimum to the maximum of each column's run
+    of consecutive points (runs of equal length, the last one shorter)."""
     if len(values) <= CURVE_COLUMNS:
         ax.plot(times, values, color=color, linewidth=linewidth)
         return
-    centres, low, high = column_ranges(times, values, CURVE_COLUMNS)
-    ax.fill_between(centres, low, high, color=color, linewidth=linewidth, step="mid")
-
-
-def column_ranges(times, values, columns):
-    """(centre time, min, max) of `values` in `columns` runs of consecutive points of equal length (the
-    last one shorter), so that every point lies in exactly one."""
-    per_column = -(-len(values) // columns)
-    padded = np.full(per_column * columns, np.nan)
-    padded[:len(values)] = values
-    blocks = padded.reshape(columns, per_column)
-    used = ~np.all(np.isnan(blocks), axis=1)
-    centres = times[np.minimum(np.arange(columns) * per_column + per_column // 2, len(times) - 1)]
-    return centres[used], np.nanmin(blocks[used], axis=1), np.nanmax(blocks[used], axis=1)
+    per_column = -(-len(values) // CURVE_COLUMNS)
+    starts = np.arange(0, len(values), per_column)
+    centres = times[np.minimum(starts + per_column // 2, len(times) - 1)]
+    ax.fill_between(centres, np.minimum.reduceat(values, starts), np.maximum.reduceat(values, starts),
+                    color=color, linewidth=linewidth, step="mid")
