@@ -33,15 +33,20 @@ def main(argv=None):
     folds = fold_subjects(np.concatenate([data.train.subjects, data.val.subjects]), opts.folds, opts.seed)
     results = {}
     for compression in opts.compressions.split(","):
-        results[compression] = [_fold(opts, compression, index, subjects) for index, subjects in enumerate(folds)]
-        _print(compression, results[compression])
+        rows = results[compression] = [_fold(opts, compression, fold, subjects) for fold, subjects in enumerate(folds)]
+        accuracies = [row["accuracy"] for row in rows]
+        worst = min(rows, key=lambda row: row["accuracy"])
+        print(f"{compression}: accuracy {statistics.mean(accuracies):.4f} +- {statistics.pstdev(accuracies):.4f}, "
+              f"macro-F1 {statistics.mean(row['macro_f1'] for row in rows):.4f}, worst fold {worst['accuracy']:.4f} "
+              f"(subjects {worst['subjects']}), last epoch "
+              f"{statistics.mean(row['last_epoch_accuracy'] for row in rows):.4f}",
+              flush=True)
     Path(opts.out, "results.json").write_text(json.dumps({"folds": folds, "results": results}, indent=2))
-    baseline = results.get("none")
     for compression, rows in results.items():
-        if baseline and compression != "none":
-            gaps = [row["accuracy"] - base["accuracy"] for row, base in zip(rows, baseline, strict=True)]
-            per_fold = ", ".join(f"{gap:+.4f}" for gap in gaps)
-            print(f"{compression} - none: mean {statistics.mean(gaps):+.4f}, per fold {per_fold}")
+        if results.get("none") and compression != "none":
+            gaps = [row["accuracy"] - base["accuracy"] for row, base in zip(rows, results["none"], strict=True)]
+            print(f"{compression} - none: mean {statistics.mean(gaps):+.4f}, per fold "
+                  + ", ".join(f"{gap:+.4f}" for gap in gaps))
     return 0
 
 
@@ -57,15 +62,6 @@ def _fold(opts, compression, index, subjects):
     records = [json.loads(line) for line in (save_dir / "metrics.jsonl").read_text().splitlines() if line]
     return {"fold": index, "subjects": subjects, "accuracy": report["accuracy"], "macro_f1": report["macro_f1"],
             "last_epoch_accuracy": records[-1]["val_acc"]}
-
-
-def _print(compression, rows):
-    accuracies = [row["accuracy"] for row in rows]
-    worst = min(rows, key=lambda row: row["accuracy"])
-    print(f"{compression}: accuracy {statistics.mean(accuracies):.4f} +- {statistics.pstdev(accuracies):.4f}, "
-          f"macro-F1 {statistics.mean(row['macro_f1'] for row in rows):.4f}, worst fold {worst['accuracy']:.4f} "
-          f"(subjects {worst['subjects']}), last epoch {statistics.mean(r['last_epoch_accuracy'] for r in rows):.4f}",
-          flush=True)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ training subject and scores the test split. Per person, per fold, the worst pers
 benchmark-only dependency (pip install aeon), never the trainer's.
 Example: python -m studies.minirocket_baseline --data-dir ../hapt-dev-ucihar --folds 7 --json out.json
 """
-import argparse
 import statistics
 import sys
 import time
@@ -16,7 +15,7 @@ import numpy as np
 
 from benchmarks import entry_parser, write_json
 from crossval.folds import fold_subjects
-from data.splits import load_har_data
+from data.splits import Split, load_har_data
 from evaluation.metrics import classification_report, per_subject_accuracy
 
 
@@ -41,22 +40,27 @@ def main(argv=None):
     results = {"data": data.description, "runs": []}
     for kernel_seed in (int(seed) for seed in opts.kernel_seeds.split(",")):
         def score(train_mask, scored, about, kernel_seed=kernel_seed):
+            """Fit on the masked training windows, score `scored`: accuracy, macro-F1, each person, seconds."""
             classifier = MiniRocketClassifier(random_state=kernel_seed, n_jobs=opts.threads)
-            row = fit_and_score(classifier, data, train_mask, scored)
-            row = {"kernel_seed": kernel_seed, **about, **row}
-            worst = row["worst_subject"]
+            started = time.perf_counter()
+            classifier.fit(train.signals[train_mask].astype(np.float64), train.labels[train_mask])
+            predictions = classifier.predict(scored.signals.astype(np.float64))
+            report = classification_report(scored.labels, predictions, data.class_names)
+            people, worst = per_subject_accuracy(scored.labels, predictions, scored.subjects)
+            row = {"kernel_seed": kernel_seed, **about, "accuracy": report["accuracy"], "macro_f1": report["macro_f1"],
+                   "per_subject": people, "worst_subject": worst, "seconds": round(time.perf_counter() - started, 1)}
             print(f"kernel seed {kernel_seed}, {about}: accuracy {row['accuracy']:.4f}, macro-F1 "
-                  f"{row['macro_f1']:.4f}, worst person {worst} ({row['per_subject'][worst]['accuracy']:.4f}), "
+                  f"{row['macro_f1']:.4f}, worst person {worst} ({people[worst]['accuracy']:.4f}), "
                   f"{row['seconds']} s", flush=True)
             results["runs"].append(row)
             return row
 
         if opts.folds > 1:
-            folds = fold_subjects(train.subjects, opts.folds, opts.seed)
             rows = []
-            for fold, subjects in enumerate(folds):
+            for fold, subjects in enumerate(fold_subjects(train.subjects, opts.folds, opts.seed)):
                 held = np.isin(train.subjects, subjects)
-                rows.append(score(~held, _subset(train, held), {"fold": fold, "subjects": subjects}))
+                scored = Split(train.signals[held], train.labels[held], train.subjects[held])
+                rows.append(score(~held, scored, {"fold": fold, "subjects": subjects}))
             accuracies = [row["accuracy"] for row in rows]
             people = {subject: figures for row in rows for subject, figures in row["per_subject"].items()}
             worst = min(people, key=lambda subject: people[subject]["accuracy"])
@@ -67,21 +71,6 @@ def main(argv=None):
             score(np.ones(len(train), dtype=bool), test, {"split": "test"})
     write_json(opts.json, results)
     return 0
-
-
-def fit_and_score(classifier, data, train_mask, scored):
-    """Fit on the masked training windows, score `scored`: accuracy, macro-F1, each person, seconds."""
-    started = time.perf_counter()
-    classifier.fit(data.train.signals[train_mask].astype(np.float64), data.train.labels[train_mask])
-    predictions = classifier.predict(scored.signals.astype(np.float64))
-    report = classification_report(scored.labels, predictions, data.class_names)
-    people, worst = per_subject_accuracy(scored.labels, predictions, scored.subjects)
-    return {"accuracy": report["accuracy"], "macro_f1": report["macro_f1"], "per_subject": people,
-            "worst_subject": worst, "seconds": round(time.perf_counter() - started, 1)}
-
-
-def _subset(split, mask):
-    return argparse.Namespace(signals=split.signals[mask], labels=split.labels[mask], subjects=split.subjects[mask])
 
 
 if __name__ == "__main__":

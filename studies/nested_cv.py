@@ -51,12 +51,14 @@ from training.errors import UsageError, run_entry_point
 REPORT = "nested_report.json"
 IDENTITY = "nested_identity.json"  # in each outer fold's folder once it reported: its flags and windows
 OWN_FLAGS = ("--dataset", "--data-dir", "--save-dir", "--resume")
+FOLD_FIGURES = ("accuracy", "macro_f1", "per_subject")  # what the report keeps of an outer fold's test report
 
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    flags = argv[argv.index("--") + 1:] if "--" in argv else []
-    opts = parse(argv[:argv.index("--")] if "--" in argv else argv, flags)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    flags = argv[cut + 1:]
+    opts = parse(argv[:cut], flags)
     out = Path(opts.out)
     if opts.summary:
         print(format_summary(out))
@@ -84,22 +86,20 @@ def main(argv=None):
             if not train_outer_fold(fold, len(files), path, subjects, run_dir, flags, opts.nproc_per_node):
                 return 1
             write_record(run_dir / IDENTITY, make_record(inputs[fold], run_dir, [report_path.name]))
-        report = json.loads(report_path.read_text())
-        rows.append({"fold": fold, "subjects": subjects, "accuracy": report["accuracy"],
-                     "macro_f1": report["macro_f1"], "per_subject": report["per_subject"],
-                     "wall_s": float((run_dir / "wall_s.txt").read_text()) if (run_dir / "wall_s.txt").is_file()
-                     else None})
+        report, wall = json.loads(report_path.read_text()), run_dir / "wall_s.txt"
+        rows.append({"fold": fold, "subjects": subjects, **{key: report[key] for key in FOLD_FIGURES},
+                     "wall_s": float(wall.read_text()) if wall.is_file() else None})
     if not rows:
         print("no outer fold finished yet")
         return 0
-    summary = summarise(rows, flags, len(files))
-    (config_dir / REPORT).write_text(json.dumps(summary, indent=2))
+    (config_dir / REPORT).write_text(json.dumps(summarise(rows, flags, len(files)), indent=2))
     print(format_summary(out, only=opts.name))
     return 0
 
 
 def parse(argv, flags):
-    """The script's own options, each checked; a bad one is a UsageError (one line, exit 2)."""
+    """The script's own options and the training flags after `--`, each checked before any window is
+    written; a bad one is a UsageError (one line, exit 2)."""
     parser = entry_parser("studies.nested_cv", __doc__)
     parser.add_argument("--data-dir", help="a UCI HAR layout; its training subjects are dealt into outer folds")
     parser.add_argument("--out", required=True, help="windows/ (the outer folds' .npz files) and one folder per --name")
@@ -126,22 +126,24 @@ def parse(argv, flags):
     outside = sorted(fold for fold in opts.outer_only or () if not 0 <= fold < opts.outer_folds)
     if outside:
         raise UsageError(f"--outer-only {outside[0]} is not an outer fold: they are 0..{opts.outer_folds - 1}")
-    _check_training_flags(flags, opts.nproc_per_node)
-    return opts
-
-
-def _check_training_flags(flags, nproc_per_node):
-    """The flags after `--` as main.py would take them, checked before any window is written."""
     taken = [flag for flag in flags for own in OWN_FLAGS if flag == own or flag.startswith(own + "=")]
     if taken:
         raise UsageError(f"{taken[0]} after -- would replace what each outer fold sets itself "
                          f"({', '.join(OWN_FLAGS)}); drop it")
-    command = outer_command(Path("outer.npz"), Path("outer"), flags, nproc_per_node)
+    command = outer_command(Path("outer.npz"), Path("outer"), flags, opts.nproc_per_node)
     script = next(index for index, part in enumerate(command) if part.endswith(".py"))
-    try:
-        parse_config(command[script + 1:], multi_gpu=nproc_per_node > 1)
+    try:  # as main.py would take them
+        parse_config(command[script + 1:], multi_gpu=opts.nproc_per_node > 1)
     except UsageError as exc:
         raise UsageError(f"the training flags after --: {exc}") from None
+    return opts
+
+
+def _fold_list(text):
+    try:
+        return {int(part) for part in text.split(",") if part.strip()}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated outer fold numbers, got {text!r}") from None
 
 
 def train_outer_fold(fold, folds, path, subjects, run_dir, flags, nproc_per_node):
@@ -188,19 +190,17 @@ def write_outer_folds(data_dir, folder, folds, seed):
     if folds > len(unique):
         raise UsageError(f"--outer-folds {folds} is more than the {len(unique)} training subjects of {data_dir}; "
                          f"use at most {len(unique)}")
-    groups = fold_subjects(train.subjects, folds, seed)
-    sources = {f"data file {path.name}": file_identity(path, checksum=True)
-               for group in uci_har.source_files(root, "train") for path in (group if isinstance(group, list)
-                                                                               else [group])}
+    signal_files, *other_files = uci_har.source_files(root, "train")
+    sources = {f"data file {path.name}": file_identity(path, checksum=True) for path in signal_files + other_files}
     folder.mkdir(parents=True, exist_ok=True)
     files = []
-    for fold, subjects in enumerate(groups):
+    for fold, subjects in enumerate(fold_subjects(train.subjects, folds, seed)):
         path = folder / f"outer-{fold}-seed-{seed}-of-{folds}.npz"
         inputs = {**sources, "seed": seed, "outer folds": folds, "fold": fold, "subjects": subjects}
         if not check(read_record(windows_record(path)), inputs, folder).matches:
-            split = np.where(np.isin(train.subjects, subjects), "test", "train")
             with open(path, "wb") as handle:
-                np.savez(handle, signals=train.signals, labels=train.labels, subjects=train.subjects, split=split,
+                np.savez(handle, signals=train.signals, labels=train.labels, subjects=train.subjects,
+                         split=np.where(np.isin(train.subjects, subjects), "test", "train"),
                          class_names=np.array(data.class_names), channel_names=np.array(data.channel_names),
                          sample_rate_hz=data.sample_rate_hz)
             write_record(windows_record(path), make_record(inputs, folder, [path.name]))
@@ -212,26 +212,16 @@ def windows_record(path):
     return path.with_name(path.name[:-len(".npz")] + ".identity.json")
 
 
-def _fold_list(text):
-    try:
-        return {int(part) for part in text.split(",") if part.strip()}
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated outer fold numbers, got {text!r}") from None
-
-
 def summarise(rows, flags, outer_folds=None):
-    people = {subject: figures for row in rows for subject, figures in row["per_subject"].items()}
+    people = {subject: figures["accuracy"] for row in rows for subject, figures in row["per_subject"].items()}
     worst_fold = min(rows, key=lambda row: row["accuracy"])
-    worst_person = min(people, key=lambda subject: people[subject]["accuracy"])
-    accuracies = [figures["accuracy"] for figures in people.values()]
+    worst_person = min(people, key=people.get)
     return {"flags": flags, "folds": rows, "outer_folds": outer_folds or len(rows),  # of which `folds` finished
-            "mean": {"accuracy": statistics.mean(row["accuracy"] for row in rows),
-                     "macro_f1": statistics.mean(row["macro_f1"] for row in rows)},
-            "worst_fold": {"fold": worst_fold["fold"], "accuracy": worst_fold["accuracy"],
-                           "macro_f1": worst_fold["macro_f1"]},
-            "worst_person": {"subject": worst_person, "accuracy": people[worst_person]["accuracy"]},
-            "people": {"mean": statistics.mean(accuracies), "median": statistics.median(accuracies),
-                       "std": person_std(rows), "below_0.9": sum(a < 0.9 for a in accuracies)}}
+            "mean": {key: statistics.mean(row[key] for row in rows) for key in ("accuracy", "macro_f1")},
+            "worst_fold": {key: worst_fold[key] for key in ("fold", "accuracy", "macro_f1")},
+            "worst_person": {"subject": worst_person, "accuracy": people[worst_person]},
+            "people": {"mean": statistics.mean(people.values()), "median": statistics.median(people.values()),
+                       "std": person_std(rows), "below_0.9": sum(a < 0.9 for a in people.values())}}
 
 
 def format_summary(out, only=None):

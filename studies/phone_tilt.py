@@ -10,7 +10,6 @@ the people's mean, and how far apart one person's walking and walking upstairs, 
 standing, lie; per person, where their standing lies and how their tilt changes when they sit.
 With --checkpoint: the model's accuracy on --person's windows of its own test split
 turned by each of --degrees about --axis (every sensor's x/y/z together), inference only.
-Development data only: nothing in the tests needs it.
 """
 import statistics
 
@@ -26,15 +25,21 @@ from studies.tta_nested import transformed
 PAIRS = (("WALKING", "WALKING_UPSTAIRS"), ("SITTING", "STANDING"))
 
 
-def gravity_directions(data):
-    """Unit gravity vectors [N, 3] of every window of every split, with their labels and people."""
+def person_directions(data, activities):
+    """{activity: {person: unit mean gravity direction of their windows of it}}: a window's gravity is its
+    total acceleration averaged over time as a unit vector; every split's windows count."""
     splits = [split for split in (data.train, data.val, data.test) if split is not None and len(split.labels)]
-    signals = np.concatenate([split.signals for split in splits])
-    names = list(data.channel_names)
-    total = [names.index(f"total_acc_{axis}") for axis in "xyz"]
-    gravity = signals[:, total].mean(axis=2)
+    total = [list(data.channel_names).index(f"total_acc_{axis}") for axis in "xyz"]
+    gravity = np.concatenate([split.signals[:, total] for split in splits]).mean(axis=2)
     gravity /= np.linalg.norm(gravity, axis=1, keepdims=True)
-    return gravity, np.concatenate([s.labels for s in splits]), np.concatenate([s.subjects for s in splits])
+    labels, people = (np.concatenate([getattr(s, field) for s in splits]) for field in ("labels", "subjects"))
+    directions = {}
+    for activity in activities:
+        of_activity = labels == list(data.class_names).index(activity)
+        chosen = {p: of_activity & (people == p) for p in sorted(set(people.tolist()))}
+        means = {p: gravity[mine].mean(axis=0) for p, mine in chosen.items() if mine.any()}
+        directions[activity] = {p: mean / np.linalg.norm(mean) for p, mean in means.items()}
+    return directions
 
 
 def cosine(a, b):
@@ -45,32 +50,19 @@ def angle_deg(a, b):
     return float(np.degrees(np.arccos(np.clip(cosine(a, b), -1.0, 1.0))))
 
 
-def person_directions(gravity, labels, people, label):
-    """{person: unit mean gravity direction of their windows of `label`}, for every person who has some."""
-    directions = {}
-    for person in sorted(set(people.tolist())):
-        chosen = (people == person) & (labels == label)
-        if chosen.any():
-            mean = gravity[chosen].mean(axis=0)
-            directions[person] = mean / np.linalg.norm(mean)
-    return directions
-
-
 def print_spread(data):
-    gravity, labels, people = gravity_directions(data)
-    names = list(data.class_names)
-    print(f"{len(set(people.tolist()))} people; angle of each person's mean gravity from the people's mean, degrees")
-    for index, name in enumerate(names):
-        directions = person_directions(gravity, labels, people, index)
-        centre = np.mean(list(directions.values()), axis=0)
-        angles = {p: angle_deg(d, centre) for p, d in directions.items()}
+    directions = person_directions(data, data.class_names)
+    print(f"{len({p for by_person in directions.values() for p in by_person})} people; angle of each person's "
+          "mean gravity from the people's mean, degrees")
+    for name, by_person in directions.items():
+        centre = np.mean(list(by_person.values()), axis=0)
+        angles = {p: angle_deg(d, centre) for p, d in by_person.items()}
         farthest = max(angles, key=angles.get)
         print(f"  {name:>20}: median {statistics.median(angles.values()):5.1f}, "
               f"farthest {angles[farthest]:5.1f} (person {farthest})")
     print("angle between one person's two activities, degrees")
     for first, second in PAIRS:
-        firsts, seconds = (person_directions(gravity, labels, people, names.index(n)) for n in (first, second))
-        angles = [angle_deg(firsts[p], seconds[p]) for p in firsts if p in seconds]
+        angles = [angle_deg(d, directions[second][p]) for p, d in directions[first].items() if p in directions[second]]
         print(f"  {first} / {second}: median {statistics.median(angles):.1f}, "
               f"from {min(angles):.1f} to {max(angles):.1f}")
 
@@ -78,9 +70,7 @@ def print_spread(data):
 def print_postures(data):
     """Per person: how far their standing lies from the people's standing and sitting, and whether
     their tilt changes from standing to sitting the way most people's does."""
-    gravity, labels, people = gravity_directions(data)
-    sits, stands = (person_directions(gravity, labels, people, list(data.class_names).index(name))
-                    for name in ("SITTING", "STANDING"))
+    sits, stands = person_directions(data, ("SITTING", "STANDING")).values()
     persons = [p for p in sits if p in stands]
     sit_centre = np.mean([sits[p] for p in persons], axis=0)
     stand_centre = np.mean([stands[p] for p in persons], axis=0)

@@ -10,6 +10,7 @@ import numpy as np
 from benchmarks import entry_parser
 from data.preprocess import cut_windows, uci_har_channels
 from data.uci_har import SAMPLE_RATE_HZ, SIGNAL_NAMES, WINDOW_STEPS, find_root, load_split
+from inference.transitions import recording_classes
 
 
 def main(argv=None):
@@ -23,14 +24,13 @@ def main(argv=None):
     subjects = {int(s) for s in args.subjects.split(",")}
     archive = np.load(args.recordings, allow_pickle=False)
     ours = []
-    for name in sorted({key.rsplit("_", 1)[0] for key in archive.files if int(key[1:3]) in subjects}):
+    for name, classes in recording_classes(archive, subjects).items():  # -1: not an activity 1..6
         channels = uci_har_channels(archive[f"{name}_acc"], archive[f"{name}_gyro"], SAMPLE_RATE_HZ)
         stream = np.stack([channels[channel] for channel in SIGNAL_NAMES])
-        label = archive[f"{name}_label"].astype(np.int64)
-        edges = np.flatnonzero(np.diff(label)) + 1
-        for first, stop in zip(np.r_[0, edges], np.r_[edges, len(label)], strict=True):
+        edges = np.flatnonzero(np.diff(classes)) + 1
+        for first, stop in zip(np.r_[0, edges], np.r_[edges, len(classes)], strict=True):
             starts = np.arange(first, stop - WINDOW_STEPS + 1, WINDOW_STEPS // 2)
-            if 1 <= label[first] <= 6 and len(starts):
+            if classes[first] >= 0 and len(starts):
                 ours.append(cut_windows(stream, starts, WINDOW_STEPS))
     ours = np.concatenate(ours)
     if ours.shape != loaded.shape:

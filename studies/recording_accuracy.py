@@ -35,6 +35,7 @@ from inference.classify import recording_windows
 from inference.evaluate import splits_as_trained
 from inference.timeline import labels_at, smooth_labels
 from inference.transitions import learn_transitions, recording_classes
+from studies import outer_fold_dirs
 from training.errors import UsageError
 
 RECORDING_RATE_HZ = 50.0
@@ -73,39 +74,30 @@ class Scorer:
         return result
 
 
-def run_data(bundle):
-    """The splits the checkpoint's run trained and validated on, when its data is on this machine."""
-    config = bundle.config
-    data_dir = config.data.data_dir
-    if data_dir is None or not Path(data_dir).exists():
-        return None
-    dataset = config.data.dataset
-    if dataset == "auto":
-        dataset = "npz" if str(data_dir).endswith(".npz") else "uci-har"
-    return splits_as_trained(config, dataset, data_dir)
-
-
 def score_fold(bundle, archive, held_out, device, as_rate, tally, windows_tally):
     """Tally every option on the held-out people's recordings; returns what was learnt or fitted on
     the run's own people (temperatures, threshold, transition counts)."""
     scorer = Scorer(bundle, device)
-    stride = bundle.window_steps // 2
-    every = {int(key[1:3]) for key in archive.files if key.endswith("_label")}
-    trained_on = sorted(every - set(held_out))
+    trained_on = sorted({int(key[1:3]) for key in archive.files if key.endswith("_label")} - held_out)
     counts, learnt = learn_transitions(recording_classes(archive, set(trained_on)).values(), bundle.window_steps,
-                                       stride, len(bundle.class_names))
+                                       bundle.window_steps // 2, len(bundle.class_names))
     fitted = {"transitions_from": trained_on, "transition_counts": counts.tolist(), "transitions": learnt.tolist()}
     temperatures, thresholds = dict.fromkeys(scorer.feature_modes, 1.0), {}
-    data = run_data(bundle)
-    if data is not None and len(data.val):
-        val, labels = scorer.per_mode(data.val.signals, data.val.subjects), np.asarray(data.val.labels)
-        temperatures = {mode: fit_temperature(val[mode], labels) for mode in val}
-        thresholds = {mode: uncertain_threshold(scaled(val[mode], temperatures[mode]), labels) for mode in val}
-        fitted.update(val_subjects=sorted(int(s) for s in np.unique(data.val.subjects)), val_windows=len(data.val))
-        _tally_windows(scorer, data.test, temperatures, windows_tally)
+    # The splits the run trained and validated on, when its data is on this machine.
+    data_dir, dataset = bundle.config.data.data_dir, bundle.config.data.dataset
+    if data_dir is not None and Path(data_dir).exists():
+        if dataset == "auto":
+            dataset = "npz" if str(data_dir).endswith(".npz") else "uci-har"
+        data = splits_as_trained(bundle.config, dataset, data_dir)
+        if len(data.val):
+            val, labels = scorer.per_mode(data.val.signals, data.val.subjects), np.asarray(data.val.labels)
+            temperatures = {mode: fit_temperature(val[mode], labels) for mode in val}
+            thresholds = {mode: uncertain_threshold(scaled(val[mode], temperatures[mode]), labels) for mode in val}
+            fitted.update(val_subjects=sorted(int(s) for s in np.unique(data.val.subjects)), val_windows=len(data.val))
+            _tally_windows(scorer, data.test, temperatures, windows_tally)
     fitted.update(temperatures=temperatures, uncertain_below=thresholds)
-    for name in sorted({key.rsplit("_", 1)[0] for key in archive.files if int(key[1:3]) in held_out}):
-        _tally_recording(scorer, archive, name, as_rate, temperatures, learnt, thresholds, tally)
+    for name, classes in recording_classes(archive, held_out).items():
+        _tally_recording(scorer, archive, name, classes, as_rate, temperatures, learnt, thresholds, tally)
     return fitted
 
 
@@ -118,14 +110,14 @@ def _tally_windows(scorer, test, temperatures, tally):
     for mode, probs in modes.items():
         if probs is None:
             continue
-        for temperature_name, temperature in (("T=1", 1.0), ("T=fit", temperatures[_recording(mode)])):
-            option = f"{mode} statistics, {temperature_name}"
-            tempered = scaled(probs, temperature)
+        temperature = temperatures["recording" if mode == "subject" else mode]
+        for option, tempered in ((f"{mode} statistics, T=1", scaled(probs, 1.0)),
+                                 (f"{mode} statistics, T=fit", scaled(probs, temperature))):
             for subject in np.unique(subjects):
                 mine = subjects == subject
                 tally.add(option, int(subject), tempered[mine].argmax(axis=1), labels[mine])
                 tally.add_calibration(option, int(subject), tempered[mine], labels[mine])
-    if "recording" in scorer.feature_modes:
+    if scorer.members:
         # What standardising on a group of a single activity does (a recording of one activity).
         alone = scorer.per_mode(test.signals, subjects * 100 + labels, features)["recording"]
         for subject in np.unique(subjects):
@@ -160,55 +152,40 @@ def stay_only(learnt):
     return matrix
 
 
-def _recording(mode):
-    return "recording" if mode == "subject" else mode
-
-
-def _tally_recording(scorer, archive, name, as_rate, temperatures, learnt, thresholds, tally):
-    label = archive[f"{name}_label"].astype(np.int64)
+def _tally_recording(scorer, archive, name, classes, as_rate, temperatures, learnt, thresholds, tally):
+    """One recording's samples of classes 0..5 (`classes`, -1 elsewhere), each scored by its window."""
     acc, gyro = (resample(archive[f"{name}_{sensor}"].astype(np.float64), RECORDING_RATE_HZ, as_rate)
                  for sensor in ("acc", "gyro"))
     bundle = scorer.bundle
     cut = recording_windows(bundle, Recording(acc, gyro, None, name), sample_rate_hz=as_rate)
     start_s = cut.start_s + cut.start_steps / bundle.sample_rate_hz
-    end_s = start_s + bundle.window_steps / bundle.sample_rate_hz
-    times_s = np.arange(len(label)) / RECORDING_RATE_HZ
-    window_of = labels_at(times_s, np.arange(len(start_s)), start_s, end_s)
-    scored = (label >= 1) & (label <= 6) & (window_of >= 0)
-    truth, person = label[scored] - 1, int(name[1:3])
+    window_of = labels_at(np.arange(len(classes)) / RECORDING_RATE_HZ, np.arange(len(start_s)), start_s,
+                          start_s + bundle.window_steps / bundle.sample_rate_hz)
+    scored = (classes >= 0) & (window_of >= 0)
+    at, truth, person = window_of[scored], classes[scored], int(name[1:3])
     matrices = {"hmm-learnt": learnt, "hmm-learnt-stay": stay_only(learnt)}
     for mode, probs in scorer.per_mode(cut.windows).items():
-        prefix = f"{mode} statistics"
+        prefix, paths = f"{mode} statistics", {}
         # As predict.py: the smoothers read the model's own probabilities; the temperature scales
         # what is reported (the confidence, and the threshold for uncertain windows).
         for smoothing in SMOOTHINGS:
             method = None if smoothing == "none" else "hmm" if smoothing.startswith("hmm") else smoothing
-            path = smooth_labels(probs, method, transitions=matrices.get(smoothing))
-            tally.add(f"{prefix}, {smoothing}", person, path[window_of[scored]], truth)
-            if smoothing == "median":
-                median_path = path
-        for temperature_name, temperature in (("T=1", 1.0), ("T=fit", temperatures[mode])):
-            tempered = scaled(probs, temperature)
-            tally.add_calibration(f"{prefix}, {temperature_name}", person, tempered[window_of[scored]], truth)
-            if temperature_name == "T=fit":  # a fold whose validation chose no threshold marks nothing
-                threshold = thresholds.get(mode) or 0.0
-                unsure = tempered.max(axis=1)[window_of[scored]] < threshold
-                tally.add(f"{prefix}, median, uncertain below the validation threshold", person,
-                          median_path[window_of[scored]], truth, unsure)
-        # For the record: the HMM on tempered probabilities, which a temperature below 1 makes less sticky.
+            paths[smoothing] = smooth_labels(probs, method, transitions=matrices.get(smoothing))
+            tally.add(f"{prefix}, {smoothing}", person, paths[smoothing][at], truth)
         tempered = scaled(probs, temperatures[mode])
-        tally.add(f"{prefix}, hmm on T=fit probabilities", person, smooth_labels(tempered, "hmm")[window_of[scored]],
-                  truth)
+        tally.add_calibration(f"{prefix}, T=1", person, scaled(probs, 1.0)[at], truth)
+        tally.add_calibration(f"{prefix}, T=fit", person, tempered[at], truth)
+        unsure = tempered.max(axis=1)[at] < (thresholds.get(mode) or 0.0)  # no threshold chosen: nothing marked
+        tally.add(f"{prefix}, median, uncertain below the validation threshold", person, paths["median"][at],
+                  truth, unsure)
+        # For the record: the HMM on tempered probabilities, which a temperature below 1 makes less sticky.
+        tally.add(f"{prefix}, hmm on T=fit probabilities", person, smooth_labels(tempered, "hmm")[at], truth)
 
 
 def folds_of(nested_dir):
-    """[(outer fold folder, held-out people)] of every finished outer fold."""
-    folds = []
-    for run_dir in sorted((p for p in Path(nested_dir).glob("outer-*") if p.is_dir()),
-                          key=lambda p: int(p.name.split("-")[1])):
-        identity = run_dir / "nested_identity.json"
-        if identity.is_file() and (run_dir / "best.pt").is_file():
-            folds.append((run_dir, json.loads(identity.read_text())["inputs"]["subjects"]))
+    """[(best.pt, held-out people)] of every finished outer fold."""
+    folds = [(run_dir / "best.pt", json.loads((run_dir / "nested_identity.json").read_text())["inputs"]["subjects"])
+             for run_dir in outer_fold_dirs(nested_dir, "nested_identity.json", "best.pt")]
     if not folds:
         raise SystemExit(f"error: {nested_dir} holds no finished outer fold (outer-*/nested_identity.json)")
     return folds
@@ -244,14 +221,11 @@ def main(argv=None):
     device = pick_device(args.device)
     archive = np.load(args.recordings, allow_pickle=False)
     folds = folds_of(args.nested) if args.nested else \
-        [(Path(args.checkpoint).parent, [int(s) for s in args.subjects.split(",")])]
+        [(Path(args.checkpoint), [int(s) for s in args.subjects.split(",")])]
     tally, windows_tally, fitted = RecordingTally(), RecordingTally(), {}
-    for run_dir, held_out in folds:
-        checkpoint = Path(args.checkpoint) if args.checkpoint else run_dir / "best.pt"
-        bundle = load_bundle(checkpoint)
-        fitted[str(checkpoint)] = {"held_out": held_out, **score_fold(bundle, archive, set(held_out), device,
-                                                                      args.as_rate, tally, windows_tally)}
-        about = fitted[str(checkpoint)]
+    for checkpoint, held_out in folds:
+        about = fitted[str(checkpoint)] = {"held_out": held_out, **score_fold(
+            load_bundle(checkpoint), archive, set(held_out), device, args.as_rate, tally, windows_tally)}
         print(f"{checkpoint}: held out {held_out}; temperatures {about['temperatures']}, uncertain below "
               f"{about['uncertain_below']}", flush=True)
     print_table(f"recordings given at {args.as_rate:g} Hz, per-sample accuracy over samples labelled 1..6 "

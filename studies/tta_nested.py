@@ -10,7 +10,6 @@ that a choice is made on the outer folds, as the nested estimate asks. Inference
 """
 import math
 import statistics
-from pathlib import Path
 
 import numpy as np
 
@@ -19,28 +18,21 @@ from data.augment import sensor_triples
 from evaluation.metrics import per_subject_accuracy
 from inference.bundle import load_bundle, pick_device, probabilities
 from inference.evaluate import splits_as_trained
+from studies import outer_fold_dirs
 
-SHIFTS = (-8, -4, 4, 8)  # steps; training's shift augmentation draws from +-8
-ROTATIONS = tuple((axis, degrees) for axis in range(3) for degrees in (-10, 10))  # training rotates up to 10
-GAINS = (0.9, 1.1)  # training's scale augmentation draws from 1 +- 0.1
-# Each set: the copies averaged with the plain window.
-TTA_SETS = {
-    "none": (),
-    "shift": tuple(("shift", s) for s in SHIFTS),
-    "rotate": tuple(("rotate", r) for r in ROTATIONS),
-    "scale": tuple(("scale", g) for g in GAINS),
-    "shift+rotate": tuple(("shift", s) for s in SHIFTS) + tuple(("rotate", r) for r in ROTATIONS),
-    "flip": (("flip", None),),
-}
+SHIFTS = tuple(("shift", steps) for steps in (-8, -4, 4, 8))  # training's shift augmentation draws from +-8
+ROTATIONS = tuple(("rotate", (axis, degrees)) for axis in range(3) for degrees in (-10, 10))  # training: up to 10
+# Each set: the copies averaged with the plain window (gains as training's scale augmentation, 1 +- 0.1).
+TTA_SETS = {"none": (), "shift": SHIFTS, "rotate": ROTATIONS, "scale": (("scale", 0.9), ("scale", 1.1)),
+            "shift+rotate": SHIFTS + ROTATIONS, "flip": (("flip", None),)}
 
 
 def axis_rotation(axis, degrees):
     """3x3 rotation about x (0), y (1) or z (2)."""
-    angle = math.radians(degrees)
-    c, s = math.cos(angle), math.sin(angle)
+    c, s = math.cos(math.radians(degrees)), math.sin(math.radians(degrees))
     first, second = [i for i in range(3) if i != axis]
     matrix = np.eye(3)
-    matrix[first, first], matrix[first, second], matrix[second, first], matrix[second, second] = c, -s, s, c
+    matrix[[first, first, second, second], [first, second, first, second]] = c, -s, s, c
     return matrix
 
 
@@ -70,8 +62,7 @@ def score_outer_fold(checkpoint, device):
     for name, chosen in TTA_SETS.items():
         predictions = np.mean([plain, *(probs[copy] for copy in chosen)], axis=0).argmax(axis=1)
         people, _ = per_subject_accuracy(test.labels, predictions, test.subjects)
-        scores[name] = (float(np.mean(predictions == test.labels)),
-                        {person: row["accuracy"] for person, row in people.items()})
+        scores[name] = (float(np.mean(predictions == test.labels)), {p: row["accuracy"] for p, row in people.items()})
     return scores
 
 
@@ -81,11 +72,11 @@ def main(argv=None):
     parser.add_argument("--checkpoint", default="best.pt", help="each outer fold's file, e.g. ensemble.pt")
     parser.add_argument("--device", default="auto")
     opts = parser.parse_args(argv)
-    folds = sorted(Path(opts.run).glob(f"outer-*/{opts.checkpoint}"), key=lambda p: int(p.parent.name[6:]))
+    folds = outer_fold_dirs(opts.run, opts.checkpoint)
     if not folds:
         parser.exit(2, f"error: no outer-*/{opts.checkpoint} under {opts.run}; run studies.nested_cv first\n")
     device = pick_device(opts.device)
-    by_fold = {path.parent.name: score_outer_fold(path, device) for path in folds}
+    by_fold = {run_dir.name: score_outer_fold(run_dir / opts.checkpoint, device) for run_dir in folds}
     print(f"{len(folds)} outer folds of {opts.run} ({opts.checkpoint}); accuracy on each fold's held-out people")
     print(f"{'copies':>13} {'mean':>7} {'worst':>7}  {'worst person':>12}  per fold ({', '.join(by_fold)})")
     for name in TTA_SETS:
