@@ -45,14 +45,13 @@ def plot_curves(records, path, best_epoch=None):
     plt = pyplot()
     from matplotlib.ticker import MaxNLocator
     epochs = [r["epoch"] for r in records]
+    validated = [r for r in records if r["val_loss"] is not None]  # none under --val-fraction 0
     figure, (loss_ax, score_ax, lr_ax) = plt.subplots(1, 3, figsize=(14, 4), constrained_layout=True)
     loss_ax.plot(epochs, [r["train_loss"] for r in records], marker=".", label="train")
-    validated = [r for r in records if r["val_loss"] is not None]  # none under --val-fraction 0
-    loss_ax.plot([r["epoch"] for r in validated], [r["val_loss"] for r in validated], marker=".", label="validation")
+    for ax, key, label in ((loss_ax, "val_loss", "validation"), (score_ax, "val_acc", "val accuracy"),
+                           (score_ax, "val_macro_f1", "val macro-F1")):
+        ax.plot([r["epoch"] for r in validated], [r[key] for r in validated], marker=".", label=label)
     loss_ax.set_title("loss")
-    score_ax.plot([r["epoch"] for r in validated], [r["val_acc"] for r in validated], marker=".", label="val accuracy")
-    score_ax.plot([r["epoch"] for r in validated], [r["val_macro_f1"] for r in validated], marker=".",
-                  label="val macro-F1")
     score_ax.set_title("validation" if validated else "validation: none (--val-fraction 0)")
     lr_ax.plot(epochs, [r["lr"] for r in records], marker=".")
     lr_ax.set_title("learning rate (end of epoch)")
