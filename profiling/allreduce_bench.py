@@ -80,7 +80,9 @@ def timed_calls_s(strategy, call, iterations, gap_s):
     barrier(strategy)
     calls_s = []
     for _ in range(iterations):
-        busy_host(gap_s)
+        deadline = time.perf_counter() + gap_s
+        while time.perf_counter() < deadline:
+            pass  # this thread keeps its core, as a step's compute does between two collectives
         start = time.perf_counter()
         call()
         strategy.synchronize()
@@ -92,10 +94,3 @@ def last_arrival_s(calls_s_per_rank):
     """Each call's shortest time over the ranks: the rank that arrived last waited for nobody, so its
     time is the call's own."""
     return [min(times) for times in zip(*calls_s_per_rank, strict=True)]
-
-
-def busy_host(seconds):
-    """Keep this thread on its core for `seconds`, as a step's compute does between two collectives."""
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
-        pass

@@ -33,7 +33,11 @@ def assemble_profile(args, work, runs, phases, memory, benchmark, trace_files, h
     buckets = ddp_bucket_count(work.gradient_bytes)
     predictions = [predict_world(compute_s, work.gradient_bytes, n, link, buckets, host_effects=host_effects)
                    for n in args.predict_gpus]
-    links = choose_links(args, benchmark, link)
+    # A Link for every collective of STRATEGIES: measured with 2+ processes (unless a flag assumes the
+    # bandwidth or latency), else the all-reduce link stands for all of them.
+    assumed = args.assumed_bandwidth_gbps is not None or args.assumed_latency_us is not None
+    links = benchmark["links"] if benchmark and not assumed else \
+        dict.fromkeys(("allreduce", "allreduce_fp16", "all_gather", "reduce_scatter"), link)
     units = work.unit_bytes
     reshard = args.run.parallel.reshard_after_forward
     strategies = {name: [predict_strategy(name, compute_s, work.gradient_bytes, n, links, len(units), max(units),
@@ -158,15 +162,6 @@ def _ratio_summary(runs, timing):
     per_run = [run["compute_to_comm_ratio"] for run in runs]
     std = mean_std(per_run)[1] if all(math.isfinite(r) for r in per_run) else None
     return {"mean": ratio, "std": std}
-
-
-def choose_links(args, benchmark, allreduce_link):
-    """A Link for every collective of STRATEGIES: measured with 2+ processes (unless a flag assumes the
-    bandwidth or latency), else the all-reduce link stands for all of them."""
-    assumed = args.assumed_bandwidth_gbps is not None or args.assumed_latency_us is not None
-    if benchmark and not assumed:
-        return benchmark["links"]
-    return dict.fromkeys(("allreduce", "allreduce_fp16", "all_gather", "reduce_scatter"), allreduce_link)
 
 
 def _benchmark_entry(benchmark):

@@ -26,26 +26,23 @@ def build_profiler_parser():
     parser.description = ("Time the training step of a HAR model (warm-up, measured steps, repeats), break it "
                           "into phases, benchmark the gradient all-reduce and predict multi-GPU scaling. "
                           "Takes the training flags; --epochs and the checkpoint flags are accepted but unused.")
+    assumed = {key: ", ".join(f"{d} {v[key]:g}" for d, v in ASSUMED_LINKS.items()) for key in ASSUMED_LINKS["cpu"]}
     group = parser.add_argument_group("profiler")
-    group.add_argument("--warmup-steps", type=int, default=20,
-                       help="optimizer steps run once before the first repeat and not counted (with DDP "
-                            "as many again under no_sync)")
+    group.add_argument("--warmup-steps", type=int, default=20, help="optimizer steps run once before the first "
+                       "repeat and not counted (with DDP as many again under no_sync)")
     group.add_argument("--steps", type=int, default=100, help="measured optimizer steps per repeat")
     group.add_argument("--repeats", type=int, default=3, help="measured runs; figures are mean +- std over them")
-    group.add_argument("--phase-steps", type=int, default=20,
-                       help="steps of the separate phase-breakdown pass (forward/backward/optimizer/"
-                            "all-reduce); 0 skips it")
+    group.add_argument("--phase-steps", type=int, default=20, help="steps of the separate phase-breakdown pass "
+                       "(forward/backward/optimizer/all-reduce); 0 skips it")
     group.add_argument("--allreduce-iters", type=int, default=50,
                        help="timed calls of each collective and size (after 5 untimed; the mean counts; on "
                             "CPU each after the step's busy time between two collectives), with 2+ processes")
     group.add_argument("--assumed-bandwidth-gbps", type=float, default=None,
                        help="all-reduce bus bandwidth in GB/s (gigaBYTES, 1e9 bytes/s) for the predictions; "
-                            "if unset: measured with 2+ processes, else "
-                            + ", ".join(f"{d} {v['bandwidth_gbps']:g}" for d, v in ASSUMED_LINKS.items()))
+                            f"if unset: measured with 2+ processes, else {assumed['bandwidth_gbps']}")
     group.add_argument("--assumed-latency-us", type=float, default=None,
                        help="all-reduce latency per ring step in microseconds; if unset: measured with 2+ "
-                            "processes, else "
-                            + ", ".join(f"{d} {v['latency_us']:g}" for d, v in ASSUMED_LINKS.items()))
+                            f"processes, else {assumed['latency_us']}")
     group.add_argument("--predict-gpus", type=comma_counts, default=[1, 2, 4, 8],
                        help="comma-separated GPU counts to predict the step time and speedup for")
     group.add_argument("--output-dir", default=None,

@@ -26,11 +26,9 @@ class Link:
 
 
 def ring_allreduce_time_s(gradient_bytes, world_size, bandwidth_bytes_per_s, latency_s=0.0, messages=1, passes=2):
-    """Time of a ring all-reduce: 2 (N-1)/N x bytes / bandwidth, plus 2 (N-1) latencies per message.
-
-    A ring all-reduce is a reduce-scatter and an all-gather (passes=1: one of them alone), each N-1
-    steps that move 1/N of the buffer; `messages` counts separate calls (DDP buckets), each paying the latency.
-    """
+    """Time of a ring all-reduce: 2 (N-1)/N x bytes / bandwidth, plus 2 (N-1) latencies per message. It is a
+    reduce-scatter and an all-gather (passes=1: one of them alone), each N-1 steps that move 1/N of the buffer;
+    `messages` counts separate calls (DDP buckets), each paying the latency."""
     if world_size <= 1:
         return 0.0
     ring_steps = passes * (world_size - 1)
@@ -123,10 +121,6 @@ def speedup(world_size, step_1_s, step_n_s):
     return world_size * step_1_s / step_n_s
 
 
-def efficiency(speedup_value, world_size):
-    return speedup_value / world_size
-
-
 def share(part_s, whole_s):
     return part_s / whole_s if whole_s > 0 else 0.0
 
@@ -159,7 +153,7 @@ def predict_world(compute_s, gradient_bytes, world_size, link, messages=1, accum
     step_s = rank_s + allreduce_s
     gain = speedup(world_size, compute_s, step_s)
     return {"world_size": world_size, "allreduce_s": allreduce_s, "rank_step_s": rank_s, "step_s": step_s,
-            "speedup": gain, "efficiency": efficiency(gain, world_size), "allreduce_share": share(allreduce_s, step_s),
+            "speedup": gain, "efficiency": gain / world_size, "allreduce_share": share(allreduce_s, step_s),
             "compute_to_comm_ratio": rank_s / allreduce_s if allreduce_s > 0 else math.inf}
 
 
@@ -171,7 +165,7 @@ def predict_strategy(strategy, compute_s, gradient_bytes, world_size, links, uni
     step_s = rank_s + comm_s
     gain = speedup(world_size, compute_s, step_s)
     return {"strategy": strategy, "world_size": world_size, "comm_s": comm_s, "bytes_sent_per_rank": sent_bytes,
-            "step_s": step_s, "speedup": gain, "efficiency": efficiency(gain, world_size),
+            "step_s": step_s, "speedup": gain, "efficiency": gain / world_size,
             "model_state_bytes_per_rank": model_state_bytes(strategy, gradient_bytes, world_size, largest_unit_bytes)}
 
 

@@ -10,25 +10,16 @@ from profiling.assemble import assemble_profile
 from profiling.comm_model import collectives_per_step, comm_split
 from profiling.host_sharing import measure_host_effects
 from profiling.report import default_output_dir
-from profiling.timing import (
-    HostCpuMeter,
-    LapTimer,
-    StepClock,
-    barrier,
-    gather_per_rank,
-    reduce_over_ranks,
-)
+from profiling.timing import HostCpuMeter, LapTimer, StepClock, barrier, gather_per_rank, reduce_over_ranks
 from profiling.workload import build_workload, optimizer_step
 from training.distributed.strategy import make_strategy
 from training.reporting.logger import GIB, read_memory, reset_peaks
 
 
 class PerformanceProfiler:
-    """Measures one configuration; args come from profiling.cli.parse_profiler_args(argv).
-
-    run() returns the profile, a dict that is the same on every rank (report.write_profile
-    writes it); is_main and output_dir are set once it has run, so the caller knows who
-    writes and where."""
+    """Measures one configuration; args come from profiling.cli.parse_profiler_args(argv). run() returns the
+    profile, the same dict on every rank; is_main and output_dir then say who writes it (report.write_profile)
+    and where."""
 
     def __init__(self, args):
         self.args = args
@@ -126,11 +117,9 @@ def timed_steps(work, steps, sync_gradients):
 
 
 def phase_breakdown(work, steps):
-    """Mean seconds per step of data, forward, backward, optimizer and all-reduce, in a pass of
-    its own with a device synchronize at every phase boundary.
-
-    With 2+ ranks, steps alternate between normal and no_sync: backward is taken from the
-    no_sync steps (compute only) and all-reduce is the extra backward time of the normal ones."""
+    """Mean seconds per step of data, forward, backward, optimizer and all-reduce, in a pass of its own with a
+    device synchronize at every phase boundary. With 2+ ranks, steps alternate between normal and no_sync:
+    backward is taken from the no_sync steps (compute only), all-reduce is the extra backward time of the others."""
     strategy = work.strategy
     kinds = (True, False) if strategy.world_size > 1 else (True,)  # with the all-reduce; under no_sync
     steps = max(steps, len(kinds))  # at least one step of each kind

@@ -138,14 +138,12 @@ class HostCpuMeter:
 
 
 def _readings():
+    """(machine busy CPU-s, None off Linux; this process's CPU-s; wall s)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return machine_busy_cpu_s(), usage.ru_utime + usage.ru_stime, time.perf_counter()
-
-
-def machine_busy_cpu_s():
     try:
         with open("/proc/stat") as handle:
             fields = handle.readline().split()[1:]
-        return sum(int(fields[i]) for i in BUSY_FIELDS) / os.sysconf("SC_CLK_TCK")
+        machine_s = sum(int(fields[i]) for i in BUSY_FIELDS) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
-        return None
+        machine_s = None
+    return machine_s, usage.ru_utime + usage.ru_stime, time.perf_counter()
