@@ -106,10 +106,9 @@ def _tally_windows(scorer, test, temperatures, tally):
     subjects, labels = np.asarray(test.subjects), np.asarray(test.labels)
     features = scorer.features(test.signals) if scorer.members else None  # one transform for every grouping
     modes = scorer.per_mode(test.signals, subjects, features)
-    modes["subject"] = modes.pop("recording", None)  # on windows, a person's windows are the group
+    if "recording" in modes:  # on windows, a person's windows are the group
+        modes["subject"] = modes.pop("recording")
     for mode, probs in modes.items():
-        if probs is None:
-            continue
         temperature = temperatures["recording" if mode == "subject" else mode]
         for option, tempered in ((f"{mode} statistics, T=1", scaled(probs, 1.0)),
                                  (f"{mode} statistics, T=fit", scaled(probs, temperature))):
