@@ -10,6 +10,7 @@ the people's mean, and how far apart one person's walking and walking upstairs, 
 standing, lie; per person, where their standing lies and how their tilt changes when they sit.
 With --checkpoint: the model's accuracy on --person's windows of its own test split
 turned by each of --degrees about --axis (every sensor's x/y/z together), inference only.
+Development data only: nothing in the tests needs it.
 """
 import statistics
 
