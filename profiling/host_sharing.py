@@ -9,6 +9,8 @@
 - Each strategy's own per-step cost (DDP, DDP with fp16 gradients, FSDP): hooks, buckets, sharded
   parameters and the calls into the backend, measured on a one-rank process group (which sends
   nothing).
+
+`python -m profiling.host_sharing <profiler flags>` runs one neighbour (neighbour_main).
 """
 import copy
 import dataclasses
@@ -22,13 +24,13 @@ import torch
 import torch.distributed as dist
 from torch.optim.lr_scheduler import LambdaLR
 
-from profiling.cli import env_without_torchrun
+from profiling.cli import env_without_torchrun, parse_profiler_args
 from profiling.comm_model import STRATEGIES
 from profiling.interleave import interleave, per_side
-from profiling.neighbour import READY
-from profiling.workload import optimizer_step
+from profiling.workload import build_workload, optimizer_step
 from training.distributed.ddp import compression_hook, ddp_module
 from training.distributed.fsdp import clip_sharded_grad_norm_, shard_model
+from training.distributed.strategy import make_strategy
 from training.loop.recipe import WeightAverage
 from training.loop.step import build_adamw, skipped_steps
 
@@ -52,7 +54,7 @@ class Neighbours:
     def __enter__(self):
         env = env_without_torchrun(OMP_NUM_THREADS=str(self.threads))
         for _ in range(self.count):
-            self.processes.append(subprocess.Popen([sys.executable, "-m", "profiling.neighbour", *self.argv],
+            self.processes.append(subprocess.Popen([sys.executable, "-m", "profiling.host_sharing", *self.argv],
                                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                                    env=env))
         for process in self.processes:
@@ -78,6 +80,24 @@ class Neighbours:
         for process in self.processes:
             process.wait()
         self.processes = []
+
+
+READY = "READY"
+
+
+def neighbour_main(argv):
+    """A stand-in for another rank on the same host: builds the workload the profiler measures, warms
+    it up, prints READY and then takes optimizer steps until it is terminated. It joins no process
+    group: it only occupies the cores (and memory bandwidth) another rank would."""
+    # Neighbours are stopped by SIGTERM; leaving through Python removes the workload's scratch --save-dir.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    args = parse_profiler_args(argv)
+    work = build_workload(args, make_strategy(args.run))
+    for _ in range(args.warmup_steps):
+        optimizer_step(work, sync_gradients=True)
+    print(READY, flush=True)
+    while True:
+        optimizer_step(work, sync_gradients=True)
 
 
 def measure_host_effects(work, args, timed_steps, lone_step_samples_s):
@@ -173,3 +193,7 @@ def _twin(work, wrapper):
         optimizer_step(twin, sync_gradients=True)
     twin.strategy.synchronize()
     return twin
+
+
+if __name__ == "__main__":
+    sys.exit(neighbour_main(sys.argv[1:]))

@@ -362,7 +362,7 @@ def test_one_process_profile_measures_its_step_beside_a_neighbour_and_leaves_non
     effects = json.loads((tmp_path / "profile.json").read_text())["host_effects"]
     assert list(effects["shared"]) == ["2"] and effects["shared"]["2"] > 0
     assert list(effects["slowdown"]) == ["2"] and effects["slowdown"]["2"] > 0
-    leftovers = subprocess.run(["pgrep", "-f", "profiling.neighbour"], capture_output=True, text=True)
+    leftovers = subprocess.run(["pgrep", "-f", "profiling.host_sharing"], capture_output=True, text=True)
     assert leftovers.stdout.strip() == ""
 
 
