@@ -19,21 +19,27 @@ DEVICE_DATA_SHARE = 0.25  # --data-path auto keeps the splits on a GPU when they
 
 
 class WindowDataset(Dataset):
-    """Signal windows and labels held as tensors; a batch is one fancy-index, not N item calls."""
+    """A split's windows, in memory or a window store's (read in DataLoader workers, with
+    --num-workers); a batch is one fancy-index, not N item calls."""
 
     def __init__(self, split):
-        self.signals = torch.from_numpy(split.signals)
-        self.labels = torch.from_numpy(split.labels)
+        self.split, self.signals = split, split.signals
 
     def __len__(self):
-        return len(self.labels)
+        return len(self.split)
 
     def __getitem__(self, index):
-        return self.signals[index], self.labels[index]
+        signals, labels = read_batch(self.split, [index])
+        return signals[0], labels[0]
 
     def __getitems__(self, indices):
-        index = torch.as_tensor(indices, dtype=torch.long)
-        return self.signals[index], self.labels[index]
+        return read_batch(self.split, indices)
+
+
+def read_batch(split, positions):
+    """(float32 signals, int64 labels) of a split's windows at these positions."""
+    positions = np.asarray(positions, dtype=np.int64)
+    return torch.from_numpy(split.signals[positions]), torch.from_numpy(split.labels[positions].astype(np.int64))
 
 
 def epoch_order(num_samples, seed, epoch, shuffle=True):
@@ -115,12 +121,11 @@ class BlockShuffledSampler(ShardedSampler):
         return block_order(self.num_samples, self.seed, self.epoch)
 
 
-def block_order(num_samples, seed, epoch, block=None):
+def block_order(num_samples, seed, epoch, block=STREAM_BLOCK):
     """A permutation of 0..N-1, deterministic per (seed, epoch), that keeps blocks of `block`
     neighbours together: the blocks in a random order, the positions within each block shuffled.
     Built in int32 where N allows, without a sort over all N keys: a split of tens of millions of
     windows costs a few hundred MB for a moment, not gigabytes."""
-    block = block or STREAM_BLOCK
     generator = torch.Generator().manual_seed(seed + epoch)
     index_type = torch.int32 if num_samples < 2 ** 31 else torch.int64
     full, tail = divmod(num_samples, block)
@@ -132,26 +137,6 @@ def block_order(num_samples, seed, epoch, block=None):
     last = full * block + torch.randperm(tail, generator=generator).to(index_type)
     cut = int((blocks == full).nonzero())  # where the short last block falls in the order
     return torch.cat([within[blocks[:cut]].reshape(-1), last, within[blocks[cut + 1:]].reshape(-1)])
-
-
-class StoreDataset(Dataset):
-    """A window store's split, read batch by batch (in DataLoader workers, with --num-workers)."""
-
-    def __init__(self, split):
-        self.split, self.signals = split, split.signals
-
-    def __len__(self):
-        return len(self.split)
-
-    def __getitems__(self, indices):
-        return read_store_batch(self.split, indices)
-
-
-def read_store_batch(split, positions):
-    """(float32 signals, int64 labels) of a store split's windows at these positions."""
-    positions = np.asarray(positions, dtype=np.int64)
-    labels = split.labels[positions].astype(np.int64)
-    return torch.from_numpy(split.signals[positions]), torch.from_numpy(labels)
 
 
 class StoreStreamLoader:
@@ -186,7 +171,7 @@ class StoreStreamLoader:
     def _read(self, order, ready, stop):
         try:
             for first in range(0, len(order), self.batch_size):
-                signals, labels = read_store_batch(self.split, order[first:first + self.batch_size])
+                signals, labels = read_batch(self.split, order[first:first + self.batch_size])
                 batch = (signals.pin_memory(), labels.pin_memory()) if self.pin_memory else (signals, labels)
                 if not _put(ready, batch, stop):
                     return
@@ -220,8 +205,7 @@ def make_loader(split, batch_size, sampler, num_workers=0, pin_memory=False):
     workers = {"persistent_workers": True, "prefetch_factor": 4} if num_workers > 0 else {}
     # Its own generator: each new iterator draws a worker seed from it, and drawing from the
     # global one instead would shift the dropout masks of a run resumed mid-epoch.
-    dataset = StoreDataset(split) if streaming else WindowDataset(split)
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler,
+    return DataLoader(WindowDataset(split), batch_size=batch_size, sampler=sampler,
                       num_workers=num_workers, pin_memory=pin_memory, collate_fn=_whole_batch,
                       drop_last=False, generator=torch.Generator(), **workers)
 
