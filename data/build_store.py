@@ -26,7 +26,6 @@ recordings no longer there are removed. The manifest, written last, makes the st
 `python main.py --dataset store --data-dir DIR`.
 """
 import argparse
-import json
 import os
 import re
 from concurrent.futures import ProcessPoolExecutor
@@ -38,7 +37,7 @@ from data import uci_har
 from data.errors import DataError, exit_from_command
 from data.npz_windows import load_npz_windows
 from data.preprocess import RAW_CHANNELS, cut_windows, stream_channels, window_starts
-from data.provenance import array_identity, check, file_identity, make_record
+from data.provenance import array_identity, check, file_identity, make_record, read_json, write_record
 from data.recordings import read_recording
 from data.resample import on_model_clock
 from data.splits import NPZ_TEST_FRACTION, NPZ_TEST_SEED, hold_out_subjects
@@ -46,6 +45,7 @@ from data.store import PARTS, SHARD_DIR, VERSION, finish_store, shard_paths, wri
 
 MAX_NAME_CHARACTERS = 120  # of a recording's file name in its job's name
 SHARD_WINDOWS = 8_192  # windows per shard file at most (19 MB of float16 9 x 128 windows)
+JOB_FILE = re.compile(rf"(.*)\.json|(.*)-[^-]*\.(?:{'|'.join(PARTS)})\.npy", re.DOTALL)
 LABEL_RULE = ("a window takes the label most of its samples carry; windows whose most common label is no "
               "class (unlabelled, postural transitions) are left out")
 
@@ -59,7 +59,7 @@ def main(argv=None):
     done, redo = {}, []
     for job in jobs:
         job["inputs"] = job_inputs(job, options.dtype)
-        record = _record(out, job["name"])
+        record = read_json(out / SHARD_DIR / f"{job['name']}.json")  # None: the job runs (again)
         verdict = check(record and record.get("identity"), job["inputs"], out / SHARD_DIR)
         done[job["name"]] = record if verdict.matches else None
         if record is not None and not verdict.matches:
@@ -92,10 +92,10 @@ def job_inputs(job, dtype):
     file (path, size, mtime: hashing a corpus on every run would cost a pass over it) and the
     options that cut it, or the checksum of a subject's windows already in memory; and the dtype."""
     if "recording" in job:
-        return {"recording": file_identity(job["recording"]), "options": job["options"], "dtype": dtype,
-                "version": VERSION}
-    return {"windows": array_identity(job["signals"], job["labels"]), "subject": job["subject"], "dtype": dtype,
-            "version": VERSION}
+        source = {"recording": file_identity(job["recording"]), "options": job["options"]}
+    else:
+        source = {"windows": array_identity(job["signals"], job["labels"]), "subject": job["subject"]}
+    return {**source, "dtype": dtype, "version": VERSION}
 
 
 def remove_stale_files(out, jobs):
@@ -111,13 +111,8 @@ def remove_stale_files(out, jobs):
 
 def _job_of(file_name):
     """The job a file under shards/ belongs to: '<job>.json', '<job>-<part>.signals.npy' or '.labels.npy'."""
-    if file_name.endswith(".json"):
-        return file_name[:-len(".json")]
-    for part in PARTS:
-        suffix = f".{part}.npy"
-        if file_name.endswith(suffix) and "-" in file_name[:-len(suffix)]:
-            return file_name[:-len(suffix)].rsplit("-", 1)[0]
-    return None
+    match = JOB_FILE.fullmatch(file_name)
+    return match and (match[1] if match[1] is not None else match[2])
 
 
 def parse(argv):
@@ -229,7 +224,7 @@ def run_job(arguments):
     record = {"name": job["name"], "subject": subject, "shards": shards, "windows": len(labels),
               "sum": total.tolist(), "sum_sq": total_sq.tolist(),
               "steps": int(stored.shape[0] * stored.shape[2]) if len(stored) else 0, "identity": identity}
-    _write_json(Path(out) / SHARD_DIR / f"{job['name']}.json", record)
+    write_record(Path(out) / SHARD_DIR / f"{job['name']}.json", record)
     return record
 
 
@@ -318,19 +313,6 @@ def assemble_manifest(records, layout, options):
 def _write_shard(out, name, signals, labels):
     for part, array in (("signals", signals), ("labels", labels.astype(np.int8))):
         write_atomic(shard_paths(out, name)[part], lambda handle, array=array: np.save(handle, array))
-
-
-def _write_json(path, payload):
-    write_atomic(path, lambda handle: handle.write(json.dumps(payload).encode()))
-
-
-def _record(out, name):
-    """A finished job's record, or None: the job runs (again)."""
-    path = out / SHARD_DIR / f"{name}.json"
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 if __name__ == "__main__":

@@ -1,19 +1,10 @@
 """What produced a piece of finished work, recorded in a small JSON beside it, and whether a re-run may reuse it.
 
-A re-run that skips finished work (a store's conversion job, a cross-validation fold, a nested
-outer fold or its cached windows) asks two questions before reusing it:
-
-- were its inputs the same as now? `inputs` is a JSON mapping of everything that decides the
-  content: the resolved settings that matter and the identity of the source files (file_identity:
-  path, size and mtime, or a checksum where reading the file is cheap; array_identity for windows
-  already in memory);
-- are its outputs still what was written? Each output file is recorded with its size, mtime and
-  SHA-256, taken when the work finished. A file of another size is damaged; one whose mtime moved
-  is hashed again, so a copied folder still matches and a file rewritten in place does not.
-
-The answer is a Verdict: `missing` (no readable record: the work never finished, or it predates
-records), `changed` (inputs that differ, one readable line each) or `damaged` (outputs that are not
-what was written). Each caller decides what a difference means: redo the part, or refuse.
+A record holds the work's `inputs` (a JSON mapping of everything that decides its content: the
+settings that matter, the source files' file_identity, windows in memory as array_identity) and
+each output file's size, mtime and SHA-256 as written. A Verdict answers: `missing` (no readable
+record: the work never finished), `changed` (inputs that differ, one line each) or `damaged`
+(outputs that are not what was written); each caller decides whether to redo the part or refuse.
 """
 import hashlib
 import json
@@ -68,12 +59,17 @@ def write_record(path, record):
     write_atomic(Path(path), lambda handle: handle.write(json.dumps(record, indent=1).encode()))
 
 
-def read_record(path):
-    """A record written by write_record, or None when there is none or it cannot be read."""
+def read_json(path):
+    """The JSON object in `path`, or None when there is none or it cannot be read."""
     try:
-        record = json.loads(Path(path).read_text())
+        return json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return None
+
+
+def read_record(path):
+    """A record written by write_record, or None when there is none or it cannot be read."""
+    record = read_json(path)
     ok = isinstance(record, dict) and isinstance(record.get("inputs"), dict) and isinstance(record.get("outputs"), dict)
     return record if ok else None
 
@@ -102,13 +98,10 @@ def check(record, inputs, root):
     outputs under `root` with what was written."""
     if record is None:
         return Verdict(missing=True)
-    return Verdict(changed=input_differences(record["inputs"], inputs), damaged=damaged_outputs(record, root))
-
-
-def input_differences(recorded, inputs):
-    now = _as_json(inputs)
-    return [_difference(key, recorded.get(key), now.get(key)) for key in sorted(set(recorded) | set(now))
-            if recorded.get(key) != now.get(key)]
+    recorded, now = record["inputs"], _as_json(inputs)
+    changed = [_difference(key, recorded.get(key), now.get(key)) for key in sorted(set(recorded) | set(now))
+               if recorded.get(key) != now.get(key)]
+    return Verdict(changed=changed, damaged=damaged_outputs(record, root))
 
 
 def _difference(key, recorded, now):
@@ -120,7 +113,8 @@ def _difference(key, recorded, now):
 
 
 def damaged_outputs(record, root):
-    """Output files that are missing, of another size, or rewritten with other bytes."""
+    """Output files that are missing, of another size, or rewritten with other bytes (a file whose mtime
+    moved is hashed again: a copied folder still matches, a file rewritten in place does not)."""
     damaged = []
     for name, written in record["outputs"].items():
         path = Path(root) / name
