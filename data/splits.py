@@ -7,7 +7,7 @@ from data import synthetic, uci_har
 from data.errors import DataError
 from data.npz_windows import load_npz_windows
 from data.preprocess import preprocessing_of
-from data.store import StoreSignals, StoreSplit, WindowStore, store_split
+from data.store import StoreSignals, StoreSplit, WindowStore
 
 CHANNEL_MODES = ("flatten", "average", "first")
 AXES = ("x", "y", "z")
@@ -120,7 +120,8 @@ def _load_store(data_dir, mode, val_fraction, split_seed, val_subjects):
     store = WindowStore(data_dir)
     manifest = store.manifest
     is_test = np.isin(store.subjects, manifest["test_subjects"])
-    train_all, test = store_split(store, ~is_test), store_split(store, is_test)
+    whole = StoreSplit(StoreSignals(store, np.arange(len(store))), store.labels, store.subjects)
+    train_all, test = _take(whole, ~is_test), _take(whole, is_test)
     train, val, val_subjects = _hold_out(train_all, val_fraction, split_seed, val_subjects)
     description = (f"data: store ({data_dir}, {len(store):,} windows in {len(store.shards)} shards, "
                    f"{manifest['dtype']}): {len(store.channels)} channels x {store.window_steps} steps; train "
@@ -177,26 +178,21 @@ def hold_out_subjects(subjects, val_fraction, seed):
 
 
 def _hold_out(train_all, val_fraction, seed, val_subjects):
-    """(train, val, validation subjects): the given subjects, else a random `val_fraction` of them."""
+    """(train, val, validation subjects): the given subjects, which must be training subjects and leave
+    at least one to train on, else a random `val_fraction` of them."""
     if val_subjects is None:
         val_subjects = hold_out_subjects(train_all.subjects, val_fraction, seed)
     else:
-        val_subjects = check_val_subjects(train_all.subjects, val_subjects)
+        unique = set(np.unique(train_all.subjects).tolist())
+        unknown = sorted(set(val_subjects) - unique)
+        if unknown:
+            raise DataError(f"validation subject(s) {', '.join(map(str, unknown))} are not in the training split "
+                            f"(its subjects: {', '.join(map(str, sorted(unique)))})")
+        if unique <= set(val_subjects):
+            raise DataError("the validation subjects are all the training subjects; leave at least one to train on")
+        val_subjects = np.array(sorted(set(val_subjects)), dtype=np.int64)
     is_val = np.isin(train_all.subjects, val_subjects)
     return _take(train_all, ~is_val), _take(train_all, is_val), val_subjects
-
-
-def check_val_subjects(subjects, val_subjects):
-    """The chosen validation subjects, sorted, after checking that they are training subjects and
-    leave at least one to train on."""
-    unique = set(np.unique(subjects).tolist())
-    unknown = sorted(set(val_subjects) - unique)
-    if unknown:
-        raise DataError(f"validation subject(s) {', '.join(map(str, unknown))} are not in the training split "
-                        f"(its subjects: {', '.join(map(str, sorted(unique)))})")
-    if unique <= set(val_subjects):
-        raise DataError("the validation subjects are all the training subjects; leave at least one to train on")
-    return np.array(sorted(set(val_subjects)), dtype=np.int64)
 
 
 def fit_normalization(train_signals):
@@ -207,8 +203,10 @@ def fit_normalization(train_signals):
 
 
 def normalize(split, mean, std):
-    if isinstance(split, StoreSplit):
-        return split.normalized(mean, std)  # applied to each batch as the store reads it
+    if isinstance(split, StoreSplit):  # applied to each batch as the store reads it
+        signals = StoreSignals(split.signals.store, split.signals.indices, np.asarray(mean, np.float32),
+                               np.asarray(std, np.float32))
+        return StoreSplit(signals, split.labels, split.subjects)
     signals = (split.signals - mean[None, :, None]) / std[None, :, None]
     return Split(signals.astype(np.float32), split.labels, split.subjects)
 

@@ -1,24 +1,11 @@
 """The window store: a folder of shards that training reads from disk instead of holding in memory.
 
-Layout of a store folder:
-  manifest.json                what the store holds (below); written last and atomically, so a
-                               build that was cut short never looks complete
-  labels.npy                   int8 [N]: every window's 0-based class, in store order (shard by
-                               shard), written just before the manifest
-  shards/<name>.signals.npy    float16 or float32 [n, C, T] windows in raw units (a plain .npy)
-  shards/<name>.labels.npy     int8 [n]: the shard's labels, which labels.npy gathers
-
-The manifest names the channels, sample rate, window length and stride, preprocessing, class
-names, the label rule, every shard with its window count and its one subject, the test subjects,
-the windows of each subject, and the per-channel mean and std of the training subjects' windows
-(gathered while the store was built), and each signal file's SHA-256. Each shard holds windows of
-one subject only, so a subject-wise split is a choice of shards, made from the manifest without
-reading a signal. Opening a store checks every field of the manifest (shard names stay inside
-shards/, the test subjects are the store's own, the subjects' counts add up), each signal file's
-.npy header and size against it, and labels.npy's labels against the class names; a read refuses a
-window that is not finite, naming it. Signals are
-read with positioned reads (os.pread), never memory-mapped, so what a process keeps resident is
-the batches it is working on, not the pages of the files it went through.
+manifest.json (written last, in one rename, so a build cut short never looks complete) describes
+labels.npy (int8 [N], every window's class in store order) and shards/<name>.signals.npy (float16 or
+float32 [n, C, T] in raw units) with shards/<name>.labels.npy; each shard holds one subject, so a
+subject-wise split is a choice of shards. docs/training.md lists the manifest's fields and what
+opening a store checks. Signals are read with positioned reads (os.pread), never memory-mapped, so
+what a process keeps resident is the batches it is working on, not the pages of the files it went through.
 """
 import functools
 import io
@@ -82,8 +69,7 @@ class WindowStore:
 
     def __init__(self, root):
         self.root = Path(root)
-        self.manifest = _read_manifest(self.root)
-        manifest = self.manifest
+        self.manifest = manifest = _read_manifest(self.root)
         self.channels = tuple(manifest["channels"])
         self.window_steps = int(manifest["window_steps"])
         self.dtype = np.dtype(manifest["dtype"])
@@ -279,11 +265,8 @@ def _npy_header(path):
             shape, fortran, dtype = read_header(handle)
             return tuple(shape), np.dtype(dtype), handle.tell(), bool(fortran), os.fstat(handle.fileno()).st_size
     except (OSError, ValueError, TypeError) as exc:
-        raise DataError(f"{path} is not a readable .npy file ({_first_line(exc)}); rebuild the store") from None
-
-
-def _first_line(exc):
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise DataError(f"{path} is not a readable .npy file ({first_line}); rebuild the store") from None
 
 
 class StoreSignals:
@@ -317,13 +300,3 @@ class StoreSplit:
     def __len__(self):
         return len(self.labels)
 
-    def normalized(self, mean, std):
-        signals = StoreSignals(self.signals.store, self.signals.indices, np.asarray(mean, np.float32),
-                               np.asarray(std, np.float32))
-        return StoreSplit(signals, self.labels, self.subjects)
-
-
-def store_split(store, mask):
-    """The windows of `store` where `mask` is true, as a StoreSplit (in store order: shard by shard)."""
-    indices = np.flatnonzero(mask)
-    return StoreSplit(StoreSignals(store, indices), store.labels[indices], store.subjects[indices])
