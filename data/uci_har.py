@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from data.errors import DataError
+from data.store import write_atomic
 
 # Channel order used everywhere in the project: three sensors, each with x, y, z.
 SIGNAL_NAMES = (
@@ -48,11 +49,19 @@ def load_split(root, split):
                         "re-extract it or use --dataset synthetic)")
     fingerprint = _fingerprint(all_paths)
     cache_path = _cache_path(root, split)
-    cached = _read_cache(cache_path, fingerprint)
-    if cached is not None:
-        return cached
-    arrays = _parse_split(signal_paths, label_path, subject_path)
-    _write_cache(cache_path, fingerprint, arrays)
+    try:
+        with np.load(cache_path, allow_pickle=False) as cache:
+            if str(cache["fingerprint"]) == fingerprint:
+                return cache["signals"], cache["labels"], cache["subjects"]
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        pass  # no cache yet, or a damaged one: rebuilt from the text files
+    signals, labels, subjects = arrays = _parse_split(signal_paths, label_path, subject_path)
+    try:
+        cache_path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(cache_path, lambda handle: np.savez(handle, fingerprint=np.array(fingerprint), signals=signals,
+                                                         labels=labels, subjects=subjects))
+    except OSError:
+        pass  # caching is an optimisation; a read-only home must not stop training
     return arrays
 
 
@@ -124,27 +133,3 @@ def _cache_path(root, split):
     key = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:16]
     return base / key / f"{split}.npz"
 
-
-def _read_cache(cache_path, fingerprint):
-    if not cache_path.is_file():
-        return None
-    try:
-        with np.load(cache_path, allow_pickle=False) as cache:
-            if str(cache["fingerprint"]) != fingerprint:
-                return None
-            return cache["signals"], cache["labels"], cache["subjects"]
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
-        return None  # a damaged cache is rebuilt from the text files
-
-
-def _write_cache(cache_path, fingerprint, arrays):
-    signals, labels, subjects = arrays
-    try:
-        cache_path.parent.mkdir(parents=True, exist_ok=True)
-        partial = cache_path.with_name(cache_path.name + f".{os.getpid()}.tmp")
-        with open(partial, "wb") as handle:
-            np.savez(handle, fingerprint=np.array(fingerprint), signals=signals,
-                     labels=labels, subjects=subjects)
-        os.replace(partial, cache_path)
-    except OSError:
-        pass  # caching is an optimisation; a read-only home must not stop training
