@@ -19,6 +19,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import zipfile
+from collections import namedtuple
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -32,21 +33,14 @@ CHUNK_BYTES = 1 << 20
 TIMEOUT_S = 60
 RETRY_WAIT_S = 2.0  # doubled after each broken attempt
 USER_AGENT = "har-trainer-download/1"
-
-
-@dataclass(frozen=True)
-class KnownArchive:
-    """One archive whose bytes we have a recorded SHA-256 for."""
-    sha256: str
-    size_bytes: int
-    what: str
+KnownArchive = namedtuple("KnownArchive", "sha256 size_bytes what")  # an archive with a recorded SHA-256
 
 
 @dataclass(frozen=True)
 class Dataset:
     folder: str  # the folder the archive holds and --data-dir finds under --dest
     url: str
-    known: tuple[KnownArchive, ...]
+    known: tuple  # of KnownArchive
     citation: str
     reader: ModuleType  # find_root(dir) and load_split(root, split), as training reads the dataset
 
@@ -87,16 +81,9 @@ def main(argv=None):
         archive = Path(options.archive).expanduser()
         if not archive.is_file():
             raise DataError(f"--archive {archive}: no such file")
-        consequence = "nothing was unpacked"
     else:
         archive = fetch(options.url or dataset.url, dest, options.retries)
-        consequence = "it was removed (resuming from corrupt bytes cannot mend them): run again to download afresh"
-    try:
-        print(f"{archive.name}: {describe_checksum(archive, dataset, options.sha256, consequence)}", flush=True)
-    except DataError:
-        if not options.archive:
-            archive.unlink()
-        raise
+    print(f"{archive.name}: {describe_checksum(archive, dataset, options.sha256, not options.archive)}", flush=True)
     summary = unpack(archive, dest, dataset)
     if not options.archive and not options.keep_archive:
         archive.unlink()
@@ -220,21 +207,25 @@ def _content_range(header):
     return (int(first) if first else None), (int(total) if total != "*" else None)
 
 
-def describe_checksum(archive, dataset, expected, consequence):
-    """What the archive is, by its SHA-256; DataError (ending with `consequence`) when it is neither
-    the one --sha256 gives nor, without --sha256, one recorded for the dataset."""
+def describe_checksum(archive, dataset, expected, downloaded):
+    """What the archive is, by its SHA-256; DataError when it is neither the one --sha256 gives nor,
+    without --sha256, one recorded for the dataset (a `downloaded` archive is then removed)."""
     actual = file_sha256(archive)
-    if expected:
-        if actual == expected:
-            return f"SHA-256 {actual}, as --sha256 gives"
-        raise DataError(f"{archive} has SHA-256 {actual}, not {expected} as --sha256 gives; {consequence}")
-    for known in dataset.known:
+    if expected and actual == expected:
+        return f"SHA-256 {actual}, as --sha256 gives"
+    for known in () if expected else dataset.known:
         if actual == known.sha256:
             return f"SHA-256 {actual}: {known.what}"
+    consequence = ("it was removed (resuming from corrupt bytes cannot mend them): run again to download afresh"
+                   if downloaded else "nothing was unpacked")
     recorded = " or ".join(f"{known.sha256[:12]}... ({known.size_bytes:,} bytes)" for known in dataset.known)
-    raise DataError(f"{archive} ({archive.stat().st_size:,} bytes) has SHA-256 {actual}, which is no recorded "
-                    f"archive of this dataset ({recorded}): a corrupt download, or a mirror or release with no "
-                    f"recorded checksum; {consequence}; pass --sha256 {actual} only if you trust its source")
+    problem = (f"{archive} has SHA-256 {actual}, not {expected} as --sha256 gives; {consequence}" if expected else
+               f"{archive} ({archive.stat().st_size:,} bytes) has SHA-256 {actual}, which is no recorded archive of "
+               f"this dataset ({recorded}): a corrupt download, or a mirror or release with no recorded checksum; "
+               f"{consequence}; pass --sha256 {actual} only if you trust its source")
+    if downloaded:
+        archive.unlink()
+    raise DataError(problem)
 
 
 def unpack(archive, dest, dataset):
