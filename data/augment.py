@@ -81,11 +81,9 @@ class BatchAugmenter:
         self.std = torch.as_tensor(std, dtype=torch.float32).reshape(1, -1, 1)
 
     def to(self, device):
-        self.triples, self.mean, self.std = (t.to(device) for t in (self.triples, self.mean, self.std))
-        if self.flippable is not None:
-            self.flippable = self.flippable.to(device)
-        if self.widely_turned is not None:
-            self.widely_turned = self.widely_turned.to(device)
+        for name in ("triples", "mean", "std", "flippable", "widely_turned"):
+            if getattr(self, name) is not None:
+                setattr(self, name, getattr(self, name).to(device))
         return self
 
     def __call__(self, signals, labels=None):

@@ -59,19 +59,15 @@ def uci_har_channels(acc_g, gyro_rad_s, sample_rate_hz):
     return {name: rows[name].astype(np.float32) for name in SIGNAL_NAMES if name in rows}
 
 
-def raw_channels(acc_g, gyro_rad_s):
-    rows = {name: np.asarray(acc_g)[:, i] for i, name in enumerate(ACC_AXES)}
-    if gyro_rad_s is not None:
-        rows.update({name: np.asarray(gyro_rad_s)[:, i] for i, name in enumerate(GYRO_AXES)})
-    return {name: values.astype(np.float32) for name, values in rows.items()}
-
-
 def stream_channels(preprocessing, acc_g, gyro_rad_s, sample_rate_hz):
     """The channels `preprocessing` derives from a stream at `sample_rate_hz`, by name."""
     if preprocessing == "uci-har":
         return uci_har_channels(acc_g, gyro_rad_s, sample_rate_hz)
     if preprocessing == "raw":
-        return raw_channels(acc_g, gyro_rad_s)
+        rows = {name: np.asarray(acc_g)[:, i] for i, name in enumerate(ACC_AXES)}
+        if gyro_rad_s is not None:
+            rows.update({name: np.asarray(gyro_rad_s)[:, i] for i, name in enumerate(GYRO_AXES)})
+        return {name: values.astype(np.float32) for name, values in rows.items()}
     raise DataError(f"windows made by preprocessing {preprocessing!r} cannot be rebuilt from a recording; "
                     f"known: {', '.join(PREPROCESSINGS[:2])}")
 

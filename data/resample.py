@@ -30,14 +30,6 @@ def source_rate_hz(time_s, sample_rate_hz, path):
     return from_time
 
 
-def check_rate(rate_hz, model_rate_hz, time_given, path):
-    if not MIN_RATE_RATIO * model_rate_hz <= rate_hz <= MAX_RATE_RATIO * model_rate_hz:
-        where = "its time_s column (in seconds?)" if time_given else "--sample-rate"
-        raise DataError(f"{path} runs at {rate_hz:.4g} Hz by {where}, far from the model's {model_rate_hz:g} Hz "
-                         f"(accepted: {MIN_RATE_RATIO * model_rate_hz:g} to {MAX_RATE_RATIO * model_rate_hz:g} Hz); "
-                         "check the rate or the time unit")
-
-
 def to_uniform(values, time_s, rate_hz):
     """Linear interpolation of [n, k] values onto start + i / rate_hz when the stamps jitter."""
     if time_s is None:
@@ -61,7 +53,11 @@ def resample(values, from_hz, to_hz):
 def on_model_clock(recording, model_rate_hz, sample_rate_hz=None):
     """(acc_g [m, 3], gyro_rad_s [m, 3] or None, start_s, source_hz) at the model's rate."""
     rate_hz = source_rate_hz(recording.time_s, sample_rate_hz, recording.path)
-    check_rate(rate_hz, model_rate_hz, recording.time_s is not None, recording.path)
+    if not MIN_RATE_RATIO * model_rate_hz <= rate_hz <= MAX_RATE_RATIO * model_rate_hz:
+        where = "its time_s column (in seconds?)" if recording.time_s is not None else "--sample-rate"
+        raise DataError(f"{recording.path} runs at {rate_hz:.4g} Hz by {where}, far from the model's "
+                        f"{model_rate_hz:g} Hz (accepted: {MIN_RATE_RATIO * model_rate_hz:g} to "
+                        f"{MAX_RATE_RATIO * model_rate_hz:g} Hz); check the rate or the time unit")
     start_s = float(recording.time_s[0]) if recording.time_s is not None else 0.0
     signals = recording.acc_g if recording.gyro_rad_s is None else np.hstack([recording.acc_g, recording.gyro_rad_s])
     signals = resample(to_uniform(signals, recording.time_s, rate_hz), rate_hz, model_rate_hz)
