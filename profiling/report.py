@@ -133,13 +133,9 @@ def _own_scaling(config, timing):
 
 
 def _memory(memory):
-    parts = []
-    for entry in memory["per_rank"]:
-        if "peak_rss_gib" in entry:
-            parts.append(f"rank{entry['rank']} peak RSS {entry['peak_rss_gib']:.2f} GiB")
-        else:
-            parts.append(f"rank{entry['rank']} peak {entry['peak_allocated_gib']:.2f} GiB allocated / "
-                         f"{entry['peak_reserved_gib']:.2f} GiB reserved")
+    parts = [f"rank{entry['rank']} peak RSS {entry['peak_rss_gib']:.2f} GiB" if "peak_rss_gib" in entry else
+             f"rank{entry['rank']} peak {entry['peak_allocated_gib']:.2f} GiB allocated / "
+             f"{entry['peak_reserved_gib']:.2f} GiB reserved" for entry in memory["per_rank"]]
     return ", ".join(parts) + f" ({memory['what']})"
 
 

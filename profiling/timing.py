@@ -74,13 +74,9 @@ NullTimer = NoTimer  # the benchmarks' name for the step's timer that records no
 def reduce_over_ranks(strategy, values, how):
     """{name: value} combined over ranks by how[name] in ("max", "min", "mean"); one process
     returns its own values."""
-    names = list(values)
-    local = torch.tensor([float(values[name]) for name in names], dtype=torch.float64, device=strategy.device)
-    highest = strategy.max_over_ranks(local).tolist()
-    lowest = (-strategy.max_over_ranks(-local)).tolist()
-    mean = (strategy.sum_over_ranks(local) / strategy.world_size).tolist()
-    pick = {"max": highest, "min": lowest, "mean": mean}
-    return {name: pick[how[name]][i] for i, name in enumerate(names)}
+    rows = gather_per_rank(strategy, [float(value) for value in values.values()])
+    combine = {"max": max, "min": min, "mean": statistics.fmean}
+    return {name: combine[how[name]](row[i] for row in rows) for i, name in enumerate(values)}
 
 
 def gather_per_rank(strategy, values):

@@ -3,6 +3,7 @@
 By default that is the step `python main.py` takes, recipe (augmentation, weight average, label
 smoothing) and loss tally included; --bare-step times the step without them.
 """
+import itertools
 import math
 import tempfile
 from dataclasses import dataclass
@@ -76,8 +77,7 @@ def _endless(loader, sampler, batch_size):
     lands in the data wait of the step that crosses it, as it would in training. An epoch's
     shorter last batch is left out: samples/s counts every step as a full batch, and a new shape
     would be autotuned (cuDNN) inside the timed steps."""
-    epoch = 0
-    while True:
+    for epoch in itertools.count():
         sampler.set_epoch(epoch)
         full = 0
         for batch in loader:
@@ -87,7 +87,6 @@ def _endless(loader, sampler, batch_size):
         if not full:
             raise UsageError(f"--batch-size {batch_size} is more than one process's share of the training split "
                              f"({len(sampler)} windows): lower it, or profile with more data")
-        epoch += 1
 
 
 def optimizer_step(work, sync_gradients, timer=NO_TIMER):
