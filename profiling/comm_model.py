@@ -72,13 +72,10 @@ def strategy_comm(strategy, gradient_bytes, world_size, links, units=1, reshard_
                                         ddp_bucket_count(gradient_bytes))
         return seconds, 2 * ring * payload
     gathers = fsdp_gathers(reshard_after_forward)
-    seconds = gathers * _ring_pass_s(gradient_bytes, world_size, links["all_gather"], units) + \
-        _ring_pass_s(gradient_bytes, world_size, links["reduce_scatter"], units)
+    seconds = sum(calls * ring_allreduce_time_s(gradient_bytes, world_size, link.bandwidth_bytes_per_s, link.latency_s,
+                                                units, passes=1)
+                  for calls, link in ((gathers, links["all_gather"]), (1, links["reduce_scatter"])))
     return seconds, (gathers + 1) * ring * gradient_bytes
-
-
-def _ring_pass_s(buffer_bytes, world_size, link, messages):
-    return ring_allreduce_time_s(buffer_bytes, world_size, link.bandwidth_bytes_per_s, link.latency_s, messages, 1)
 
 
 def collectives_per_step(strategy, gradient_bytes, units=1, reshard_after_forward=True):

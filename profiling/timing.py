@@ -18,8 +18,6 @@ class StepClock:
     def __init__(self, device, synchronize):
         self.use_events = device.type == "cuda"
         self.synchronize = synchronize
-        self._marks = []
-        self._start_s = 0.0
 
     def start(self):
         self.synchronize()
