@@ -12,6 +12,7 @@ from training.distributed.fsdp import sharded_units
 from training.errors import UsageError
 from training.loop.step import NO_TIMER, steps_per_epoch
 from training.loop.tally import EpochTally
+from training.run_inputs import read_run_inputs
 from training.trainer import Trainer
 
 RECIPE_OFF = {"augment": "none", "ema_decay": 0.0, "label_smoothing": 0.0}
@@ -60,11 +61,12 @@ class Workload:
         return steps_per_epoch(math.ceil(per_rank / self.batch_size), self.grad_accum_steps)
 
 
-def build_workload(args, strategy):
-    """The trainer's run for the profiler's flags, in a scratch --save-dir that nothing resumes from."""
+def build_workload(args, strategy, data=None):
+    """The trainer's run for the profiler's flags, in a scratch --save-dir that nothing resumes from;
+    `data`: the run's data, when the caller has loaded it already."""
     scratch = tempfile.TemporaryDirectory(prefix="har-profile-")
     config = args.run.replace(save_dir=scratch.name, resume=None, **(RECIPE_OFF if args.bare_step else {}))
-    trainer = Trainer.build(config, strategy, quiet=True)
+    trainer = Trainer.build(config, strategy, quiet=True, inputs=read_run_inputs(config, hold_lock=False, data=data))
     loader = trainer.loaders["train"]
     tally = None if args.bare_step else EpochTally(strategy.device)
     return Workload(strategy, trainer.model, trainer.step, trainer.precision,

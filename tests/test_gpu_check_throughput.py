@@ -38,7 +38,7 @@ def test_the_matrix_records_each_failure_in_one_line_writes_as_it_goes_and_goes_
     out = tmp_path / "matrix" / "throughput.json"
     seen_on_disk = []
 
-    def fake_measure(args):
+    def fake_measure(args, load_data):
         seen_on_disk.append([e["status"] for e in json.loads(out.read_text())["configurations"]])
         if args.batch_size == 64 and args.amp_dtype == "bf16":
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.\nGPU 0 has ...")
@@ -85,9 +85,15 @@ def test_a_tiny_matrix_on_cpu_measures_and_skips_fp16(tmp_path):
     assert "- cnn1d bs16 fp16: skipped: UsageError: --amp-dtype fp16 needs CUDA" in page
 
 
-def test_the_matrix_loads_its_data_once_and_puts_the_loader_back():
-    from training import run_inputs  # the profiler's workload is the trainer's run, which reads its data there
-    original = run_inputs.load_har_data
-    with throughput.data_loaded_once():
-        assert run_inputs.load_har_data is not original
-    assert run_inputs.load_har_data is original
+def test_the_matrix_loads_its_data_once_and_hands_it_to_every_configuration(monkeypatch):
+    from data.splits import load_har_data
+    loads = []
+
+    def counted_load(**options):
+        loads.append(options)
+        return load_har_data(**options)
+    monkeypatch.setattr(throughput, "load_har_data", counted_load)
+    opts = throughput.parse(["--json", "unused.json", *TINY_MATRIX])
+    entries = throughput.run_matrix(throughput.matrix(["cnn1d"], [16, 8], ["fp32"]), opts, lambda *_: None)
+    assert [entry["status"] for entry in entries] == ["ok", "ok"]
+    assert len(loads) == 1 and loads[0]["synthetic_windows_per_subject"] == 8

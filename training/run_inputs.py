@@ -51,9 +51,11 @@ class RunInputs:
         return taken
 
 
-def read_run_inputs(config, hold_lock=True):
-    """The data, then --save-dir (locked by rank 0 when `hold_lock`) and the checkpoint to resume."""
-    data = load_har_data(**config.data_options())  # first: refused data leaves no new --save-dir behind
+def read_run_inputs(config, hold_lock=True, data=None):
+    """The data, then --save-dir (locked by rank 0 when `hold_lock`) and the checkpoint to resume.
+    `data`: the config's data already loaded, by a benchmark that builds many runs of one dataset."""
+    if data is None:
+        data = load_har_data(**config.data_options())  # first: refused data leaves no new --save-dir behind
     return _read_save_dir(config, data, hold_lock)
 
 

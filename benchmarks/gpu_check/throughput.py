@@ -14,12 +14,12 @@ import sys
 import time
 from collections import namedtuple
 from pathlib import Path
-from unittest import mock
 
 import torch
 
 from benchmarks import entry_parser
 from benchmarks.gpu_check.plan import BATCH_SIZES, FULL, PRECISIONS, QUICK
+from data.splits import load_har_data
 from data.synthetic import DEFAULT_WINDOWS_PER_SUBJECT
 from models import MODELS  # every model of the registry is measured
 from profiling import workload
@@ -27,7 +27,6 @@ from profiling.cli import comma_choices, comma_counts, comma_names, parse_profil
 from profiling.measure import timed_steps
 from profiling.report import json_ready
 from profiling.timing import NullTimer, mean_std
-from training import run_inputs
 from training.checkpoint.files import write_atomic
 from training.distributed.strategy import make_strategy
 from training.errors import UsageError
@@ -55,7 +54,7 @@ def profiler_args(config, opts):
         "--synthetic-windows-per-subject", str(opts.synthetic_windows_per_subject)])
 
 
-def measure(args):
+def measure(args, load_data=load_har_data):
     """One configuration: build the workload, warm up, time `repeats` runs of `steps` steps."""
     strategy = make_strategy(args.run)
     device = strategy.device
@@ -63,7 +62,7 @@ def measure(args):
     try:
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
-        work = workload.build_workload(args, strategy)
+        work = workload.build_workload(args, strategy, data=load_data(**args.run.data_options()))
         # At least one whole epoch, so every batch shape (the shorter last one too) has had its
         # cuDNN autotuning before the clock starts.
         for _ in range(max(args.warmup_steps, work.steps_per_epoch)):
@@ -92,12 +91,6 @@ def counted(batches, taken):
         yield signals, labels
 
 
-def data_loaded_once():
-    """build_workload loads and splits the data on every call (about a second for UCI HAR's size);
-    every configuration of the matrix uses the same data, so it is loaded once."""
-    return mock.patch.object(run_inputs, "load_har_data", functools.lru_cache(maxsize=1)(run_inputs.load_har_data))
-
-
 def one_line(exc):
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
@@ -106,11 +99,14 @@ def one_line(exc):
 def run_matrix(configurations, opts, write):
     """Measure each configuration in turn; write(entries, finished) after each. Returns the entries."""
     entries = [{**config._asdict(), "status": "not run"} for config in configurations]
+    # Every configuration trains on the same data: loaded and split once (about a second for UCI
+    # HAR's size), not once per configuration.
+    load_data = functools.lru_cache(maxsize=1)(load_har_data)
     write(entries, False)
     for entry, config in zip(entries, configurations, strict=True):
         started = time.perf_counter()
         try:
-            entry.update(measure(profiler_args(config, opts)), status="ok")
+            entry.update(measure(profiler_args(config, opts), load_data), status="ok")
         except UsageError as exc:  # refused by design on this device, e.g. fp16 autocast on CPU
             entry.update(status="skipped", why=one_line(exc))
         except Exception as exc:  # out of memory, say: the rest of the matrix still runs
@@ -178,8 +174,7 @@ def main(argv=None):
         print(f"throughput: {exc}", file=sys.stderr)
         return 2
     Path(opts.json).parent.mkdir(parents=True, exist_ok=True)
-    with data_loaded_once():
-        entries = run_matrix(configurations, opts, json_writer(opts.json, opts))
+    entries = run_matrix(configurations, opts, json_writer(opts.json, opts))
     return 1 if any(entry["status"] == "failed" for entry in entries) else 0
 
 
