@@ -411,7 +411,6 @@ class Trainer:
                       f"step {self.state.step} (epoch {self.state.epoch + 1}) and saved "
                       f"{self.checkpoints.last_path}; run the same command again to resume")
 
-
     def _global_tally(self, tally):
         """(sum of per-sample losses, samples) over all ranks, as Python numbers, after the NaN check."""
         self._check_finite(tally)
@@ -421,19 +420,16 @@ class Trainer:
         loss_sum, samples = totals.tolist()
         return loss_sum, int(samples)
 
-
     def _health(self, tally):
         """This rank's news for the NaN check, as ints whose maximum over ranks is the worst: the first
         step with a NaN/inf loss (negated), and the longest run of steps the fp16 GradScaler skipped."""
         skips = self.step.skips
         return [-int(tally.earliest_nonfinite_step()), skips.longest_run() if skips is not None else 0]
 
-
     def _check_finite(self, tally):
         """Stop, before anything is saved, once a loss on any rank was NaN or inf, or fp16 skipped
         MAX_SKIPPED_STEPS steps in a row."""
         self._raise_if_diverged(*self.strategy.max_ints(self._health(tally)))
-
 
     def _raise_if_diverged(self, negative_earliest, longest_skip_run):
         last = self.checkpoints.last_path
@@ -496,11 +492,10 @@ class _StepHook:
 
     def _check_in(self):
         """At log points: stop the run if a loss on any rank was NaN/inf (or fp16 skipped too many steps
-        in a row), and return whether any rank
-        received a stop signal. Ranks send one small message per check-in and act on the previous
-        one, which has had --log-interval steps to arrive, so no rank waits for the others here and
-        all act at the same step. A stop request is therefore acted on within two check-ins; the
-        saves check the losses themselves, so a bad step is never saved."""
+        in a row), and return whether any rank received a stop signal. Ranks send one small message
+        per check-in and act on the previous one, which has had --log-interval steps to arrive, so no
+        rank waits for the others here and all act at the same step. A stop request is therefore acted
+        on within two check-ins; the saves check the losses themselves, so a bad step is never saved."""
         trainer = self.trainer
         received = trainer.stop_signals.received is not None
         message = trainer.strategy.start_max_ints([int(received), *trainer._health(self.tally)])
