@@ -39,7 +39,8 @@ class WindowDataset(Dataset):
 def read_batch(split, positions):
     """(float32 signals, int64 labels) of a split's windows at these positions."""
     positions = np.asarray(positions, dtype=np.int64)
-    return torch.from_numpy(split.signals[positions]), torch.from_numpy(split.labels[positions].astype(np.int64))
+    labels = split.labels[positions].astype(np.int64, copy=False)  # a store's int8 widened; in-memory ones as they are
+    return torch.from_numpy(split.signals[positions]), torch.from_numpy(labels)
 
 
 def epoch_order(num_samples, seed, epoch, shuffle=True):

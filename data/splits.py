@@ -7,7 +7,7 @@ from data import synthetic, uci_har
 from data.errors import DataError
 from data.npz_windows import load_npz_windows
 from data.preprocess import preprocessing_of
-from data.store import StoreSignals, StoreSplit, WindowStore
+from data.store import StoreSplit, WindowStore
 
 CHANNEL_MODES = ("flatten", "average", "first")
 AXES = ("x", "y", "z")
@@ -120,8 +120,7 @@ def _load_store(data_dir, mode, val_fraction, split_seed, val_subjects):
     store = WindowStore(data_dir)
     manifest = store.manifest
     is_test = np.isin(store.subjects, manifest["test_subjects"])
-    whole = StoreSplit(StoreSignals(store, np.arange(len(store))), store.labels, store.subjects)
-    train_all, test = _take(whole, ~is_test), _take(whole, is_test)
+    train_all, test = StoreSplit.of(store, ~is_test), StoreSplit.of(store, is_test)
     train, val, val_subjects = _hold_out(train_all, val_fraction, split_seed, val_subjects)
     description = (f"data: store ({data_dir}, {len(store):,} windows in {len(store.shards)} shards, "
                    f"{manifest['dtype']}): {len(store.channels)} channels x {store.window_steps} steps; train "
@@ -203,16 +202,13 @@ def fit_normalization(train_signals):
 
 
 def normalize(split, mean, std):
-    if isinstance(split, StoreSplit):  # applied to each batch as the store reads it
-        signals = StoreSignals(split.signals.store, split.signals.indices, np.asarray(mean, np.float32),
-                               np.asarray(std, np.float32))
-        return StoreSplit(signals, split.labels, split.subjects)
+    if isinstance(split, StoreSplit):
+        return split.normalized(mean, std)  # applied to each batch as the store reads it
     signals = (split.signals - mean[None, :, None]) / std[None, :, None]
     return Split(signals.astype(np.float32), split.labels, split.subjects)
 
 
 def _take(split, mask):
     if isinstance(split, StoreSplit):
-        return StoreSplit(StoreSignals(split.signals.store, split.signals.indices[mask]), split.labels[mask],
-                          split.subjects[mask])
+        return split.take(mask)
     return Split(split.signals[mask], split.labels[mask], split.subjects[mask])

@@ -300,3 +300,20 @@ class StoreSplit:
     def __len__(self):
         return len(self.labels)
 
+    @classmethod
+    def of(cls, store, mask):
+        """The windows of `store` where `mask` is true (in store order: shard by shard)."""
+        indices = np.flatnonzero(mask)
+        return cls(StoreSignals(store, indices), store.labels[indices], store.subjects[indices])
+
+    def take(self, mask):
+        """The windows of this split where `mask` is true, normalised as this split is."""
+        signals = self.signals
+        return StoreSplit(StoreSignals(signals.store, signals.indices[mask], signals.mean, signals.std),
+                          self.labels[mask], self.subjects[mask])
+
+    def normalized(self, mean, std):
+        """The same windows, normalised by the per-channel `mean` and `std` as each batch is read."""
+        signals = StoreSignals(self.signals.store, self.signals.indices, np.asarray(mean, np.float32),
+                               np.asarray(std, np.float32))
+        return StoreSplit(signals, self.labels, self.subjects)
