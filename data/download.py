@@ -81,9 +81,16 @@ def main(argv=None):
         archive = Path(options.archive).expanduser()
         if not archive.is_file():
             raise DataError(f"--archive {archive}: no such file")
+        consequence = "nothing was unpacked"
     else:
         archive = fetch(options.url or dataset.url, dest, options.retries)
-    print(f"{archive.name}: {describe_checksum(archive, dataset, options.sha256, not options.archive)}", flush=True)
+        consequence = "it was removed (resuming from corrupt bytes cannot mend them): run again to download afresh"
+    try:
+        print(f"{archive.name}: {describe_checksum(archive, dataset, options.sha256, consequence)}", flush=True)
+    except DataError:
+        if not options.archive:
+            archive.unlink()
+        raise
     summary = unpack(archive, dest, dataset)
     if not options.archive and not options.keep_archive:
         archive.unlink()
@@ -207,25 +214,21 @@ def _content_range(header):
     return (int(first) if first else None), (int(total) if total != "*" else None)
 
 
-def describe_checksum(archive, dataset, expected, downloaded):
-    """What the archive is, by its SHA-256; DataError when it is neither the one --sha256 gives nor,
-    without --sha256, one recorded for the dataset (a `downloaded` archive is then removed)."""
+def describe_checksum(archive, dataset, expected, consequence):
+    """What the archive is, by its SHA-256; DataError (ending with `consequence`) when it is neither
+    the one --sha256 gives nor, without --sha256, one recorded for the dataset."""
     actual = file_sha256(archive)
-    if expected and actual == expected:
-        return f"SHA-256 {actual}, as --sha256 gives"
-    for known in () if expected else dataset.known:
+    if expected:
+        if actual == expected:
+            return f"SHA-256 {actual}, as --sha256 gives"
+        raise DataError(f"{archive} has SHA-256 {actual}, not {expected} as --sha256 gives; {consequence}")
+    for known in dataset.known:
         if actual == known.sha256:
             return f"SHA-256 {actual}: {known.what}"
-    consequence = ("it was removed (resuming from corrupt bytes cannot mend them): run again to download afresh"
-                   if downloaded else "nothing was unpacked")
     recorded = " or ".join(f"{known.sha256[:12]}... ({known.size_bytes:,} bytes)" for known in dataset.known)
-    problem = (f"{archive} has SHA-256 {actual}, not {expected} as --sha256 gives; {consequence}" if expected else
-               f"{archive} ({archive.stat().st_size:,} bytes) has SHA-256 {actual}, which is no recorded archive of "
-               f"this dataset ({recorded}): a corrupt download, or a mirror or release with no recorded checksum; "
-               f"{consequence}; pass --sha256 {actual} only if you trust its source")
-    if downloaded:
-        archive.unlink()
-    raise DataError(problem)
+    raise DataError(f"{archive} ({archive.stat().st_size:,} bytes) has SHA-256 {actual}, which is no recorded "
+                    f"archive of this dataset ({recorded}): a corrupt download, or a mirror or release with no "
+                    f"recorded checksum; {consequence}; pass --sha256 {actual} only if you trust its source")
 
 
 def unpack(archive, dest, dataset):
