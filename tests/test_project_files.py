@@ -157,3 +157,44 @@ def test_imports_point_down_the_layers_of_the_code_tour():
                 assert imported == package or imported in allowed, f"{path.relative_to(REPO)} imports {imported}"
     for script in REPO.glob("*.py"):  # entry points: never the measurement code
         assert not set(project_imports(script)) & MEASUREMENT, script.name
+
+
+def module_imports(path):
+    """The project modules a file imports (inside functions too), as dotted names: `from a.b import c`
+    counts a.b.c when c is a module, else a.b."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            candidates = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            candidates = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
+        else:
+            continue
+        for name in candidates:
+            while name and not (REPO / name.replace(".", "/")).with_suffix(".py").is_file() \
+                    and not (REPO / name.replace(".", "/") / "__init__.py").is_file():
+                name = name.rpartition(".")[0]
+            if name and name.split(".")[0] in LAYERS:
+                yield name
+
+
+def test_no_module_imports_itself_back_through_another():
+    graph = {}
+    for package in LAYERS:
+        for path in (REPO / package).rglob("*.py"):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            graph[module] = set(module_imports(path)) - {module}
+    done, on_path = set(), []
+
+    def visit(module):
+        if module in on_path:
+            pytest.fail("import cycle: " + " -> ".join([*on_path[on_path.index(module):], module]))
+        if module in done:
+            return
+        on_path.append(module)
+        for imported in sorted(graph.get(module, ())):
+            visit(imported)
+        on_path.pop()
+        done.add(module)
+    for module in sorted(graph):
+        visit(module)
