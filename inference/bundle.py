@@ -113,8 +113,10 @@ def batches(windows, device, batch_size=512):
     """float32 tensors on `device` of consecutive raw-unit windows [N, C, T]: of an array, or of
     anything indexed by an array of positions that gives one (a window store's signals)."""
     for first in range(0, len(windows), batch_size):
-        positions = np.arange(first, min(first + batch_size, len(windows)))
-        yield torch.from_numpy(np.ascontiguousarray(windows[positions], dtype=np.float32)).to(device)
+        stop = min(first + batch_size, len(windows))
+        # An array's batch is a view (no copy when it is float32 already); a store reads positions.
+        batch = windows[first:stop] if isinstance(windows, np.ndarray) else windows[np.arange(first, stop)]
+        yield torch.from_numpy(np.ascontiguousarray(batch, dtype=np.float32)).to(device)
 
 
 @torch.no_grad()
