@@ -131,17 +131,16 @@ def measure_sides(options):
 def run_side(options):
     """One side: build the run, take --steps steps of its TrainStep, print one JSON line of figures."""
     from profiling.measure import timed_steps
-    from profiling.timing import NullTimer
     from profiling.workload import build_workload, optimizer_step
     from training.config.cli import parse_config
     from training.distributed.strategy import make_strategy
     stop_watch = watch_peak_memory()
     config = parse_config([*options.flags, "--device", "cpu"])
     work = build_workload(SimpleNamespace(run=config, bare_step=False), make_strategy(config))
-    optimizer_step(work, sync_gradients=True, timer=NullTimer())
+    optimizer_step(work, sync_gradients=True)
     first_step_s = time.time() - STARTED_S
     for _ in range(options.warmup_steps - 1):
-        optimizer_step(work, sync_gradients=True, timer=NullTimer())
+        optimizer_step(work, sync_gradients=True)
     samples_per_s = timed_steps(work, options.steps, sync_gradients=True)["samples_per_s"]
     peak_pss, peak_rss = stop_watch()
     print(json.dumps({"samples_per_s": samples_per_s, "peak_pss_gib": peak_pss / GIB, "peak_rss_gib": peak_rss / GIB,

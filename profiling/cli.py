@@ -9,13 +9,13 @@ from training.config.cli import build_parser, parse_with_config
 from training.config.settings import SHARDED_OR_DDP, RunConfig, distributed_env
 from training.errors import UsageError
 
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 # Links assumed when one process has no process group to measure (bus bandwidth, latency per ring
 # step). CUDA: PCIe 4.0 x16 without NVLink, which NCCL drives at roughly 20 GB/s bus bandwidth
 # (NVLink parts reach hundreds: pass --assumed-bandwidth-gbps). CPU: gloo between two processes
 # on one machine over loopback TCP; the 2-core development machine measured 0.1 to 1.5 GB/s and
 # 0.5 to 1.4 ms per ring step for 0.35 to 14 MB buffers, each call after 20 ms of busy time as a
 # step makes it (profiling/allreduce_bench.py; back to back the median call gave 65 to 70 us).
-TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 ASSUMED_LINKS = {"cuda": {"bandwidth_gbps": 20.0, "latency_us": 5.0},
                  "cpu": {"bandwidth_gbps": 0.5, "latency_us": 800.0}}
 

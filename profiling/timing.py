@@ -7,8 +7,6 @@ import time
 
 import torch
 
-from training.loop.step import NoTimer
-
 
 class StepClock:
     """Per-step wall times of a loop. On CUDA they come from events recorded on the stream, so
@@ -66,7 +64,6 @@ class LapTimer:
         self._last = now
 
 
-NullTimer = NoTimer  # the benchmarks' name for the step's timer that records nothing
 
 
 def reduce_over_ranks(strategy, values, how):

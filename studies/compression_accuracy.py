@@ -8,15 +8,15 @@ Example: python -m studies.compression_accuracy --data-dir ../hapt-all21 --out r
 """
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks import REPO, entry_parser
+from benchmarks import entry_parser, run_in_repo
 from crossval.folds import fold_subjects
 from data.splits import load_har_data
+from training.errors import run_entry_point
 
 
 def main(argv=None):
@@ -57,7 +57,7 @@ def _fold(opts, compression, index, subjects):
                "--seed", str(opts.seed), "--val-subjects", ",".join(map(str, subjects)),
                "--grad-compression", compression, "--save-dir", str(save_dir), *opts.flags]
     if not (save_dir / "val_report.json").is_file():  # a finished fold is not run again
-        subprocess.run(command, cwd=REPO, check=True, capture_output=True)
+        run_in_repo(command)
     report = json.loads((save_dir / "val_report.json").read_text())
     records = [json.loads(line) for line in (save_dir / "metrics.jsonl").read_text().splitlines() if line]
     return {"fold": index, "subjects": subjects, "accuracy": report["accuracy"], "macro_f1": report["macro_f1"],
@@ -65,4 +65,4 @@ def _fold(opts, compression, index, subjects):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_entry_point(main))

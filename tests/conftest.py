@@ -15,6 +15,7 @@ from torch._inductor.runtime.cache_dir_utils import cache_dir as inductor_cache_
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from profiling.cli import env_without_torchrun  # noqa: E402  (the project is importable from here on)
 
 # 17 training subjects x 32 windows = 544 windows: 17 full batches of 32, so every variant the
 # equivalence tests compare sees exactly the same samples in each optimizer step.
@@ -63,9 +64,7 @@ def run_in_process(script, argv):
 
 def run_subprocess(command, timeout=300, env=None):
     """Run a command from the repository root with a clean environment for torchrun."""
-    full_env = {key: value for key, value in os.environ.items()
-                if key not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    full_env.update(env or {})
+    full_env = env_without_torchrun(**(env or {}))
     return subprocess.run([str(part) for part in command], cwd=REPO, capture_output=True, text=True,
                           timeout=timeout, env=full_env)
 

@@ -398,7 +398,9 @@ def test_interleave_reverses_the_order_every_other_round_and_keeps_each_sides_re
     rounds = list(interleave({"a": side("a"), "b": side("b")}, 3))
     assert ran == ["a", "b", "b", "a", "a", "b"]
     assert per_side(rounds) == {"a": ["a0", "a1", "a2"], "b": ["b0", "b1", "b2"]}
-    assert all(others is None or others >= 0.0 for _, others in rounds)
+    # Each round also says how busy other processes kept the host: a share of cores on Linux, else unknown.
+    assert all((others is None) if sys.platform != "linux" else (isinstance(others, float) and others >= 0.0)
+               for _, others in rounds)
 
 
 def test_bad_input_is_one_line_and_exit_2():

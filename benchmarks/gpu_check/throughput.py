@@ -26,7 +26,7 @@ from profiling import workload
 from profiling.cli import comma_choices, comma_counts, comma_names, parse_profiler_args
 from profiling.measure import timed_steps
 from profiling.report import json_ready
-from profiling.timing import NullTimer, mean_std
+from profiling.timing import mean_std
 from training.checkpoint.files import write_atomic
 from training.distributed.strategy import make_strategy
 from training.errors import UsageError
@@ -54,7 +54,7 @@ def profiler_args(config, opts):
         "--synthetic-windows-per-subject", str(opts.synthetic_windows_per_subject)])
 
 
-def measure(args, load_data=load_har_data):
+def measure(args, load_data):
     """One configuration: build the workload, warm up, time `repeats` runs of `steps` steps."""
     strategy = make_strategy(args.run)
     device = strategy.device
@@ -66,7 +66,7 @@ def measure(args, load_data=load_har_data):
         # At least one whole epoch, so every batch shape (the shorter last one too) has had its
         # cuDNN autotuning before the clock starts.
         for _ in range(max(args.warmup_steps, work.steps_per_epoch)):
-            workload.optimizer_step(work, sync_gradients=True, timer=NullTimer())
+            workload.optimizer_step(work, sync_gradients=True)
         taken = [0]
         work.batches = counted(work.batches, taken)
         runs, rates = [], []
