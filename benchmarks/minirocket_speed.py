@@ -22,8 +22,8 @@ import torch
 from benchmarks import entry_parser, run_in_repo, write_json
 from benchmarks.common import epoch_rates, format_rates, paired_ratio
 from models import build_model
-from profiling.cli import check_at_least
 from profiling.interleave import interleave, per_side
+from training.config.settings import check_at_least
 from training.errors import run_entry_point
 
 

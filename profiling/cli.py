@@ -6,7 +6,7 @@ import os
 
 from profiling.report import DEFAULT_ROOT
 from training.config.cli import build_parser, parse_with_config
-from training.config.settings import SHARDED_OR_DDP, RunConfig, distributed_env
+from training.config.settings import SHARDED_OR_DDP, RunConfig, check_at_least, distributed_env
 from training.errors import UsageError
 
 TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -77,14 +77,6 @@ def parse_profiler_args(argv):
         raise UsageError("under torchrun the profiler needs --multi-gpu ddp or fsdp")
     args.command_line = list(argv)  # what the host-sharing neighbours run
     return args
-
-
-def check_at_least(*checks):
-    """Each (flag, value or list of values, lowest): a UsageError for the first value below its lowest."""
-    for flag, values, lowest in checks:
-        for value in values if isinstance(values, list) else [values]:
-            if value < lowest:
-                raise UsageError(f"{flag} must be at least {lowest}, got {value}")
 
 
 def comma_counts(text):

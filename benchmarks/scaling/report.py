@@ -13,9 +13,10 @@ from benchmarks import entry_parser, run_in_repo
 from benchmarks.scaling.figures import write_figures
 from benchmarks.scaling.tables import write_csv, write_latex, write_text_report
 from models import MODELS
-from profiling.cli import check_at_least, comma_choices, comma_counts, env_without_torchrun
+from profiling.cli import comma_choices, comma_counts, env_without_torchrun
 from profiling.report import PROFILE_JSON
 from profiling.scaling import scaling_rows
+from training.config.settings import check_at_least
 from training.errors import run_entry_point
 
 

@@ -344,9 +344,15 @@ def check_counts(args):
         positive["--stop-after-epochs"] = args.stop_after_epochs
     if args.nproc_per_node is not None:
         positive["--nproc-per-node"] = args.nproc_per_node
-    for flag, value in positive.items():
-        if value < 1:
-            raise UsageError(f"{flag} must be at least 1, got {value}")
+    check_at_least(*((flag, value, 1) for flag, value in positive.items()))
+
+
+def check_at_least(*checks):
+    """Each (flag, value or list of values, lowest): a UsageError for the first value below its lowest."""
+    for flag, values, lowest in checks:
+        for value in values if isinstance(values, list) else [values]:
+            if value < lowest:
+                raise UsageError(f"{flag} must be at least {lowest}, got {value}")
 
 
 def canonical_recipe_text(args):
