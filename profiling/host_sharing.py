@@ -109,7 +109,10 @@ def measure_host_effects(work, args, timed_steps, lone_step_samples_s):
     for n in host_rank_counts(args.predict_gpus, work.strategy.device, threads):
         with Neighbours(args.command_line, n - 1, threads) as neighbours:
             def steps_after(switch):
-                return lambda _: (switch(), timed_steps(work, args.steps, sync_gradients=True))[1]
+                def switched_then_timed(_round_index):
+                    switch()
+                    return timed_steps(work, args.steps, sync_gradients=True)
+                return switched_then_timed
             runs = per_side(interleave({"alone": steps_after(neighbours.pause),
                                         "shared": steps_after(neighbours.resume)}, args.repeats))
         shared_runs = runs["shared"]

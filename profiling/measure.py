@@ -179,4 +179,3 @@ def write_trace(work, trace_dir):
     work.strategy.synchronize()
     barrier(work.strategy)  # every rank's file is written before any rank lists them
     return sorted(str(path) for path in set(trace_dir.glob(pattern)) - before)
-
