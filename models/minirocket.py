@@ -10,6 +10,7 @@ biases and the feature statistics are buffers, so checkpoints, DDP, FSDP, ensemb
 and export carry them like any weights; fit(signals) sets the data-dependent ones once, before
 training, from (normalised) training windows.
 """
+import contextlib
 import functools
 import itertools
 from concurrent.futures import ThreadPoolExecutor
@@ -88,7 +89,8 @@ class MiniRocket(nn.Module):
         parts = x.split(TRANSFORM_CHUNK.get(x.device.type, TRANSFORM_CHUNK_ELSEWHERE))
         if x.device.type == "cpu" and len(parts) > 1 and torch.get_num_threads() > 1:
             return torch.cat(one_chunk_per_core(self._chunk_ppv, parts))
-        return torch.cat([self._chunk_ppv(part) for part in parts])
+        with full_fp32_convolutions(x.device):
+            return torch.cat([self._chunk_ppv(part) for part in parts])
 
     def _chunk_ppv(self, x):
         # One scratch tensor for every comparison of the chunk: a fresh one each time would cost page
@@ -133,8 +135,12 @@ class MiniRocket(nn.Module):
         and std of the features over those windows. `signals` [N, C, T]: an array, a tensor, or a
         window store's signals; only the max_windows drawn are read."""
         generator = torch.Generator().manual_seed(QUANTILE_SEED)
-        positions = torch.randperm(len(signals), generator=generator)[:max_windows].numpy()
-        sample = torch.as_tensor(np.asarray(signals[positions], dtype=np.float32)).to(self.weights.device)
+        positions = torch.randperm(len(signals), generator=generator)[:max_windows]
+        if isinstance(signals, torch.Tensor):  # on any device (a GPU tensor has no numpy view)
+            sample = signals[positions.to(signals.device)].float()
+        else:
+            sample = torch.as_tensor(np.asarray(signals[positions.numpy()], dtype=np.float32))
+        sample = sample.to(self.weights.device)
         kernels = len(KERNEL_TWOS)
         quantiles = torch.rand(len(self.dilations), kernels, self.biases_per_kernel, generator=generator)
         # MiniRocket takes the quantiles of one random window's output per kernel and dilation; the
@@ -143,12 +149,29 @@ class MiniRocket(nn.Module):
         for d, (dilation, padding) in enumerate(zip(self.dilations, self.paddings, strict=True)):
             # Kernel k on its own window: one grouped convolution for the dilation's 84 kernels.
             windows = sample[drawn[d].to(sample.device)].reshape(1, -1, sample.shape[2])  # [1, 84 x C, T]
-            outputs = nn.functional.conv1d(windows, self.weights[d], padding=padding, dilation=dilation,
-                                           groups=kernels)[0]  # [84, T']
+            with full_fp32_convolutions(windows.device):
+                outputs = nn.functional.conv1d(windows, self.weights[d], padding=padding, dilation=dilation,
+                                               groups=kernels)[0]  # [84, T']
             self.biases[d] = -row_quantiles(outputs, quantiles[d].to(outputs.device))
         features = self.transform(sample)
         self.feature_mean.copy_(features.mean(dim=0))
         self.feature_std.copy_(features.std(dim=0).clamp_min(1e-3))
+
+
+@contextlib.contextmanager
+def full_fp32_convolutions(device):
+    """cuDNN's convolutions in full fp32 inside the block. By default they round fp32 inputs to TF32
+    (10 bits of mantissa) on Ampere and newer GPUs: as coarse as the fp16 that `features` keeps out,
+    and every comparison it flips against a bias fitted in fp32 is a changed feature."""
+    if device.type != "cuda":
+        yield
+        return
+    cudnn = torch.backends.cudnn
+    saved, cudnn.allow_tf32 = cudnn.allow_tf32, False
+    try:
+        yield
+    finally:
+        cudnn.allow_tf32 = saved
 
 
 def one_chunk_per_core(function, chunks):
