@@ -91,3 +91,22 @@ def requires_cuda(test):
     for mark in CUDA_MARKS:
         test = mark(test)
     return test
+
+
+class CudaFailuresAtOnce:
+    """Prints a CUDA test's failure the moment it happens. A GPU is lent for minutes: a run stopped
+    at its time limit never reaches pytest's closing summary, and its log would say only 'F'."""
+
+    def __init__(self, terminal):
+        self.terminal = terminal
+
+    def pytest_runtest_logreport(self, report):
+        if report.failed and "cuda" in report.keywords:
+            self.terminal.write_line(f"\nFAILED {report.nodeid} ({report.when}):\n{report.longreprtext}")
+
+
+@pytest.hookimpl(trylast=True)  # after pytest has made its terminal reporter
+def pytest_configure(config):
+    terminal = config.pluginmanager.get_plugin("terminalreporter")
+    if terminal is not None:
+        config.pluginmanager.register(CudaFailuresAtOnce(terminal))

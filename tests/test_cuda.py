@@ -491,3 +491,70 @@ def test_data_parallel_keeps_the_random_stream_of_every_replica_gpu():
     torch.rand(4, device="cuda:1")  # move the stream on
     restore_random_streams(saved, torch.device("cuda", 0))
     assert torch.equal(torch.rand(4, device="cuda:1"), expected)
+
+
+# ---------------------------------------------------------------------------
+# Compiled and CUDA-graph training, long fp16 runs, the default model's features
+# ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def eager_fp32_epoch(tmp_path_factory):
+    """One eager fp32 epoch at batch 32: what compiled and graph-replayed training must reproduce."""
+    save_dir = tmp_path_factory.mktemp("eager")
+    with full_fp32():
+        code, _, err = run_in_process("main.py", [*EQUIVALENT, *CUDA, "--no-amp", "--epochs", "1",
+                                                  "--save-dir", save_dir])
+    assert code == 0, err
+    return load_checkpoint(save_dir / "last.pt")
+
+
+@pytest.mark.parametrize("flags", [
+    ["--compile"],
+    ["--compile-mode", "reduce-overhead"],  # CUDA graphs recorded once, replayed every step
+    ["--compile", "--batch-size", "16", "--grad-accum-steps", "2"],  # 2 x 16 per step is the same 32
+], ids=["compile", "cuda-graphs", "compile-accumulating"])
+def test_compiled_and_graph_replayed_training_give_the_eager_weights(tmp_path, eager_fp32_epoch, flags):
+    with full_fp32():
+        code, _, err = run_in_process("main.py", [*EQUIVALENT, *CUDA, "--no-amp", "--epochs", "1", *flags,
+                                                  "--save-dir", tmp_path])
+    assert code == 0, err
+    checkpoint = load_checkpoint(tmp_path / "last.pt")
+    assert checkpoint["step"] == eager_fp32_epoch["step"] == STEPS_PER_EPOCH
+    assert max_abs_difference(checkpoint["model"], eager_fp32_epoch["model"]) < CUDA_WEIGHT_TOLERANCE
+
+
+def test_fp16_keeps_a_batchnorm_model_finite_over_many_steps(tmp_path):
+    epochs = 8
+    code, _, err = run_in_process("main.py", [*TINY_DATA, *CUDA, "--amp", "--amp-dtype", "fp16",
+                                              "--epochs", str(epochs), "--save-dir", tmp_path])
+    assert code == 0, err
+    checkpoint = load_checkpoint(tmp_path / "last.pt")
+    assert checkpoint["step"] == epochs * STEPS_PER_EPOCH
+    assert_finite(checkpoint["model"])  # the BatchNorm running statistics are in it
+    assert_finite(checkpoint["ema"]["weights"])
+    variances = [tensor for name, tensor in checkpoint["model"].items() if name.endswith("running_var")]
+    assert variances and all((tensor > 0).all() for tensor in variances)
+    assert checkpoint["scaler"]["scale"] >= 1.0  # a scale that kept halving would mean every step overflowed
+    losses = [record["train_loss"] for record in read_metrics(tmp_path)]
+    assert all(math.isfinite(loss) for loss in losses) and losses[-1] < losses[0]
+
+
+def test_minirocket_features_on_cuda_equal_the_cpus_under_every_precision():
+    from models import build_model
+    torch.manual_seed(0)
+    windows = torch.randn(1024, 9, 128).cumsum(dim=2) * 0.1
+    model = build_model("minirocket", 9, 6).eval()
+    model.fit(windows)
+    expected = model.features(windows)
+    fitted_on_gpu = build_model("minirocket", 9, 6).eval().cuda()
+    fitted_on_gpu.fit(windows.cuda())
+    assert torch.allclose(fitted_on_gpu.biases.cpu(), model.biases, rtol=1e-5, atol=1e-5)
+    model.cuda()
+    for dtype in (None, torch.bfloat16, torch.float16):
+        with torch.autocast("cuda", dtype=dtype or torch.float16, enabled=dtype is not None):
+            features = model.features(windows.cuda())
+        assert features.dtype == torch.float32
+        # Sums taken in another order may flip the rare comparison that sits on its bias; TF32 or
+        # half-precision inputs flip several percent of the features.
+        flipped = ((features.cpu() - expected).abs() > 1e-4).float().mean().item()
+        assert flipped < 1e-3, (dtype, flipped)
