@@ -1,5 +1,6 @@
 """benchmarks.gpu_check without a GPU: its plan, budgets, the recording of failed and hung steps, the
 figures it reads from each step's output, the markdown page and the command line."""
+import importlib.util
 import itertools
 import json
 import os
@@ -15,7 +16,16 @@ import torch
 from benchmarks.gpu_check import __main__ as cli
 from benchmarks.gpu_check import runner, throughput
 from benchmarks.gpu_check.page import markdown_report
-from benchmarks.gpu_check.plan import COMPILE_VARIANTS, FULL, GROUP_BUDGET_S, OVERHEAD_BATCHES, QUICK, Step, build_plan
+from benchmarks.gpu_check.plan import (
+    COMPILE_VARIANTS,
+    DEFAULT_GROUPS,
+    FULL,
+    GROUP_BUDGET_S,
+    OVERHEAD_BATCHES,
+    QUICK,
+    Step,
+    build_plan,
+)
 from benchmarks.gpu_check.runner import (
     REPO,
     TAIL_CHARS,
@@ -47,10 +57,12 @@ def python_step(tmp_path, code, group="epoch", name="fake", **extra):
 def test_the_plan_runs_every_group_in_budget_order_with_the_documented_commands(tmp_path):
     plan = build_plan(tmp_path)
     assert list(dict.fromkeys(step.group for step in plan)) == list(GROUP_BUDGET_S)
-    assert sum(GROUP_BUDGET_S.values()) <= 570  # half a minute of the ten for start-up and writing
+    # The default groups leave two of a device command's ten minutes for start-up and writing.
+    assert "tests" not in DEFAULT_GROUPS and sum(GROUP_BUDGET_S[group] for group in DEFAULT_GROUPS) <= 480
     by_group = {group: [step for step in plan if step.group == group] for group in GROUP_BUDGET_S}
     (tests,) = by_group["tests"]
-    assert tests.command[1:] == ["-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider"]
+    assert tests.command[1:8] == ["-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider"]
+    assert tests.command[8:] == (["-n", "4"] if importlib.util.find_spec("xdist") else [])
     (matrix,) = by_group["profile"]  # the whole matrix in one process
     assert matrix.command[1:3] == ["-m", "benchmarks.gpu_check.throughput"]
     assert flag(matrix.command, "--device") == "cuda" and "--quick" not in matrix.command
@@ -326,6 +338,16 @@ def test_a_dry_run_prints_the_plan_without_a_gpu(monkeypatch, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == len(OVERHEAD_BATCHES) * len(COMPILE_VARIANTS)
     assert all("-m benchmarks.overhead --device cuda" in line for line in lines)
+
+
+def test_the_default_check_leaves_the_cuda_tests_to_a_command_of_their_own(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["--dry-run"]) == 0
+    plan = capsys.readouterr().out
+    assert "-m pytest" not in plan and "-m benchmarks.gpu_check.throughput" in plan
+    assert cli.main(["--dry-run", "--only", "tests"]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    assert " -m pytest -q -m cuda " in line
 
 
 def test_the_shell_wrapper_runs_the_package_from_any_folder(tmp_path):

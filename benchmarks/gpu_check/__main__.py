@@ -1,7 +1,8 @@
-"""One command for a lent GPU: the CUDA tests, the training-step throughput of every model x batch x
-precision, the two data paths, a one-rank NCCL profile, one UCI-sized epoch end to end and the
-trainer's overhead (eager, compiled, CUDA graphs), each step in its own time budget so the whole
-check stays under ten minutes; one JSON and one markdown table out.
+"""One command for a lent GPU: the training-step throughput of every model x batch x precision, the
+two data paths, a one-rank NCCL profile, one UCI-sized epoch end to end and the trainer's overhead
+(eager, compiled, CUDA graphs), each step in its own time budget so that the whole check fits one
+ten-minute command; one JSON and one markdown table out. The CUDA tests are a group of their own
+(`--only tests`, about seven minutes): run them as a command of their own.
 
     python -m benchmarks.gpu_check [--out DIR] [--quick] [--only GROUP,...] [--budget-s S] [--dry-run]
 
@@ -23,7 +24,7 @@ import torch
 
 from benchmarks import entry_parser
 from benchmarks.gpu_check.page import markdown_report
-from benchmarks.gpu_check.plan import GROUP_BUDGET_S, build_plan
+from benchmarks.gpu_check.plan import DEFAULT_GROUPS, GROUP_BUDGET_S, build_plan
 from benchmarks.gpu_check.runner import Budget, run_command, run_plan
 from profiling.cli import comma_choices, env_without_torchrun
 from profiling.report import json_ready
@@ -33,13 +34,15 @@ def main(argv=None):
     parser = entry_parser("benchmarks.gpu_check", __doc__)
     parser.add_argument("--out", default=None, help="output folder (default gpu_check/<gpu>-<date>)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: few steps and rounds, smaller epochs")
-    parser.add_argument("--only", type=comma_choices(GROUP_BUDGET_S), default=list(GROUP_BUDGET_S),
-                        help="comma-separated groups")
-    parser.add_argument("--budget-s", type=float, default=sum(GROUP_BUDGET_S.values()),
-                        help="seconds for all steps together")
+    parser.add_argument("--only", type=comma_choices(GROUP_BUDGET_S), default=list(DEFAULT_GROUPS),
+                        help=f"comma-separated groups of {', '.join(GROUP_BUDGET_S)} (default: all but tests)")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="seconds for all steps together (default: the sum of the chosen groups' shares)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands and exit")
     parser.add_argument("--allow-cpu", action="store_true", help=argparse.SUPPRESS)  # tests run the plan on CPU
     opts = parser.parse_args(argv)
+    if opts.budget_s is None:
+        opts.budget_s = float(sum(GROUP_BUDGET_S[group] for group in opts.only))
     has_gpu = torch.cuda.is_available()
     if not (has_gpu or opts.allow_cpu or opts.dry_run):
         print(f"no CUDA GPU: torch {torch.__version__} sees none (torch.cuda.is_available() is False); run this "
