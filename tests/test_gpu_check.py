@@ -293,7 +293,9 @@ def configuration(precision, status="ok", **figures):
 def sample_result():
     matrix = record("throughput matrix", "profile", "failed", returncode=1, tail="cnn1d bs32 fp16: failed: ...",
                     figures={"finished": True, "configurations": [
-                        *(configuration(p, samples_per_s=12345.6, peak_allocated_gib=0.05) for p in ("fp32", "bf16")),
+                        configuration("fp32", samples_per_s=12345.6, peak_allocated_gib=0.05,
+                                      timed_peak_allocated_gib=0.04),
+                        configuration("bf16", samples_per_s=12345.6, peak_allocated_gib=0.05),  # a file from before
                         configuration("fp16", "failed", why="OutOfMemoryError: CUDA out of memory.")]})
     tests = record("pytest -m cuda", "tests", "failed", figures={"counts": {"passed": 20, "failed": 1},
                                                                  "failures": ["FAILED tests/test_cuda.py::test_x"]})
@@ -310,7 +312,7 @@ def test_markdown_page_has_a_table_per_group_and_the_failures():
     assert page.startswith("# GPU check: NVIDIA H100 80GB HBM3, 2026-11-23")
     assert "20 passed, 1 failed" in page and "- `FAILED tests/test_cuda.py::test_x`" in page
     assert "| model | batch | fp32 | bf16 | fp16 |" in page
-    assert "| cnn1d | 32 | 12,346 (0.050) | 12,346 (0.050) | failed |" in page
+    assert "| cnn1d | 32 | 12,346 (0.050 / 0.040) | 12,346 (0.050) | failed |" in page
     assert "- cnn1d bs32 fp16: failed: OutOfMemoryError: CUDA out of memory." in page
     assert "| 8 | eager | 900 | 1,000 | 0.900 | 0.910 |" in page
     assert "Data path" not in page  # groups that did not run leave no empty table

@@ -78,6 +78,7 @@ def test_a_tiny_matrix_on_cpu_measures_and_skips_fp16(tmp_path):
     fp32, fp16 = written["configurations"]
     assert (fp32["model"], fp32["batch_size"], fp32["precision"], fp32["status"]) == ("cnn1d", 16, "fp32", "ok")
     assert fp32["samples_per_s"] > 0 and fp32["step_time_ms"] > 0 and fp32["peak_allocated_gib"] is None
+    assert fp32["timed_peak_allocated_gib"] is None
     assert fp16["status"] == "skipped" and "fp16 needs CUDA" in fp16["why"]
     assert record["figures"] == parse_throughput(out.read_text())
     page = markdown_report({**sample_result(), "steps": [record]})

@@ -50,12 +50,13 @@ def configurations(steps):
 
 
 def matrix_cell(entry):
-    """samples/s (peak allocated GiB) of one configuration, or its status when it has none; n/a: no
-    CUDA allocator peak to read (a CPU run)."""
+    """samples/s (peak allocated GiB / the timed steps' own peak) of one configuration, or its status
+    when it has none; n/a: no CUDA allocator peak to read (a CPU run)."""
     if entry is None or entry.get("status") != "ok" or entry.get("samples_per_s") is None:
         return (entry or {}).get("status") or "not run"
-    peak = entry.get("peak_allocated_gib")
-    return f"{entry['samples_per_s']:,.0f} ({'n/a' if peak is None else format(peak, '.3f')})"
+    peaks = [entry.get(key) for key in ("peak_allocated_gib", "timed_peak_allocated_gib")]
+    shown = " / ".join(format(peak, ".3f") for peak in peaks if peak is not None)
+    return f"{entry['samples_per_s']:,.0f} ({shown or 'n/a'})"
 
 
 def matrix_rows(steps):
@@ -80,7 +81,8 @@ def per_step(*cells):
 # (group, title, columns, rows of the group's steps, lines under the table), in the order of the page
 TABLES = (
     ("profile", "Training-step throughput (benchmarks.gpu_check.throughput, one process, one GPU): "
-                "samples/s (peak allocated GiB)", ["model", "batch", *PRECISIONS], matrix_rows, matrix_notes),
+                "samples/s (peak allocated GiB / of the timed steps alone)",
+     ["model", "batch", *PRECISIONS], matrix_rows, matrix_notes),
     ("data_path", "Data path (benchmarks.data_path): device-resident against DataLoader",
      ["device samples/s", "DataLoader samples/s", "ratio (per round)", "bare iteration ratio"],
      per_step(("device_samples_per_s", ",.0f"), ("dataloader_samples_per_s", ",.0f"),

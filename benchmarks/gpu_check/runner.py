@@ -20,7 +20,8 @@ GRACE_S = 10.0  # after SIGTERM, for torchrun to pass it on and a trainer to sav
 FIGURE_ERRORS = (OSError, ValueError, KeyError, TypeError, IndexError)
 TAIL_CHARS = 3000
 CONFIGURATION_KEYS = ("model", "batch_size", "precision", "status", "samples_per_s", "samples_per_s_std",
-                      "step_time_ms", "data_wait_share", "peak_allocated_gib", "peak_reserved_gib", "wall_s", "why")
+                      "step_time_ms", "data_wait_share", "peak_allocated_gib", "peak_reserved_gib",
+                      "timed_peak_allocated_gib", "wall_s", "why")
 
 
 class Budget:

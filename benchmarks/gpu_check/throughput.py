@@ -34,8 +34,8 @@ from training.reporting.logger import GIB
 
 WHAT = ("samples_per_s: samples the timed steps took (an epoch's shorter last batch counts its own size, not "
         "the batch size) per second of those steps, mean over repeats; warm-up: at least one epoch; "
-        "peak_*_gib: CUDA allocator peaks from before the workload was built to the end of its timing "
-        "(null on CPU)")
+        "peak_*_gib: CUDA allocator peaks from before the workload was built to the end of its timing, "
+        "timed_peak_allocated_gib: over the timed steps alone, after the warm-up (null on CPU)")
 # batch_size is per GPU; precision is a key of PRECISIONS.
 Configuration = namedtuple("Configuration", "model batch_size precision")
 
@@ -67,6 +67,9 @@ def measure(args, load_data):
         # cuDNN autotuning before the clock starts.
         for _ in range(max(args.warmup_steps, work.steps_per_epoch)):
             workload.optimizer_step(work, sync_gradients=True)
+        if cuda:  # the timed steps' own peak, apart from the warm-up's (cuDNN's algorithm search among them)
+            warmup_peaks = torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
+            torch.cuda.reset_peak_memory_stats(device)
         taken = [0]
         work.batches = counted(work.batches, taken)
         runs, rates = [], []
@@ -78,10 +81,19 @@ def measure(args, load_data):
         return {"samples_per_s": samples_per_s, "samples_per_s_std": samples_per_s_std,
                 "step_time_ms": statistics.mean(run["step_time_s"] for run in runs) * 1e3,
                 "data_wait_share": statistics.mean(run["data_wait_share"] for run in runs),
-                "peak_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB if cuda else None,
-                "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / GIB if cuda else None}
+                **(peaks(device, warmup_peaks) if cuda else dict.fromkeys(PEAK_KEYS))}
     finally:
         strategy.close()
+
+
+PEAK_KEYS = ("peak_allocated_gib", "peak_reserved_gib", "timed_peak_allocated_gib")
+
+
+def peaks(device, warmup_peaks):
+    """The allocator's peaks over the whole configuration, and over its timed steps alone."""
+    timed = torch.cuda.max_memory_allocated(device)
+    whole = max(warmup_peaks[0], timed), max(warmup_peaks[1], torch.cuda.max_memory_reserved(device))
+    return dict(zip(PEAK_KEYS, (whole[0] / GIB, whole[1] / GIB, timed / GIB), strict=True))
 
 
 def counted(batches, taken):
