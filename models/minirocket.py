@@ -78,19 +78,23 @@ class MiniRocket(nn.Module):
         self.register_buffer("feature_std", torch.ones(num_features))
         self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(num_features, num_classes))
 
-    def transform(self, x):
-        """[B, C, T] -> PPV features [B, D x 84 x biases] (no gradient flows into them)."""
+    def transform(self, x, one_bias_at_a_time=True):
+        """[B, C, T] -> PPV features [B, D x 84 x biases] (no gradient flows into them).
+        one_bias_at_a_time: compare a kernel's output with its biases in turn, through a scratch
+        tensor that stays in a CPU's caches; False compares with all of them at once, in fewer and
+        larger operations (the same features; benchmarks.gpu_check.minirocket times both)."""
         if torch.jit.is_tracing() or torch.compiler.is_compiling():
             # A graph being recorded (export, compile): one pass over the batch, whose size the
             # graph must leave free, and no writes into a scratch tensor of a recorded size.
             return self._ppv(x, scratch=None)
         if not len(x):
             return self._ppv(x, None)
+        chunk = self._chunk_ppv if one_bias_at_a_time else functools.partial(self._ppv, scratch=None)
         parts = x.split(TRANSFORM_CHUNK.get(x.device.type, TRANSFORM_CHUNK_ELSEWHERE))
         if x.device.type == "cpu" and len(parts) > 1 and torch.get_num_threads() > 1:
-            return torch.cat(one_chunk_per_core(self._chunk_ppv, parts))
+            return torch.cat(one_chunk_per_core(chunk, parts))
         with full_fp32_convolutions(x.device):
-            return torch.cat([self._chunk_ppv(part) for part in parts])
+            return torch.cat([chunk(part) for part in parts])
 
     def _chunk_ppv(self, x):
         # One scratch tensor for every comparison of the chunk: a fresh one each time would cost page

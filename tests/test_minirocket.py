@@ -126,6 +126,7 @@ def test_the_fast_transform_and_fit_equal_the_straightforward_ones_bit_for_bit()
         for count in (1, 2):  # one thread, and a chunk per thread at a time
             torch.set_num_threads(count)
             assert torch.equal(model.transform(windows), expected)
+            assert torch.equal(model.transform(windows, one_bias_at_a_time=False), expected)
             assert torch.get_num_threads() == count
     finally:
         torch.set_num_threads(threads)
