@@ -57,8 +57,8 @@ def python_step(tmp_path, code, group="epoch", name="fake", **extra):
 def test_the_plan_runs_every_group_in_budget_order_with_the_documented_commands(tmp_path):
     plan = build_plan(tmp_path)
     assert list(dict.fromkeys(step.group for step in plan)) == list(GROUP_BUDGET_S)
-    # The default groups leave two of a device command's ten minutes for start-up and writing.
-    assert "tests" not in DEFAULT_GROUPS and sum(GROUP_BUDGET_S[group] for group in DEFAULT_GROUPS) <= 480
+    # The default groups leave a minute and a half of a device command's ten for start-up and writing.
+    assert "tests" not in DEFAULT_GROUPS and sum(GROUP_BUDGET_S[group] for group in DEFAULT_GROUPS) <= 510
     by_group = {group: [step for step in plan if step.group == group] for group in GROUP_BUDGET_S}
     (tests,) = by_group["tests"]
     assert tests.command[1:8] == ["-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider"]
@@ -68,6 +68,13 @@ def test_the_plan_runs_every_group_in_budget_order_with_the_documented_commands(
     assert flag(matrix.command, "--device") == "cuda" and "--quick" not in matrix.command
     assert Path(flag(matrix.command, "--json")) == matrix.output and matrix.output.is_relative_to(tmp_path)
     assert matrix.partial and not matrix.cuda_only
+    (minirocket,) = by_group["minirocket"]
+    assert minirocket.command[1:3] == ["-m", "benchmarks.gpu_check.minirocket"]
+    assert flag(minirocket.command, "--json") == str(minirocket.output)
+    (trace,) = by_group["trace"]
+    assert trace.command[1] == "profiler.py" and "--trace" in trace.command
+    assert (flag(trace.command, "--model"), flag(trace.command, "--batch-size")) == ("cnn1d", "32")
+    assert trace.output == Path(flag(trace.command, "--output-dir")) / "profile.json"
     (data_path,) = by_group["data_path"]
     assert data_path.command[1:3] == ["-m", "benchmarks.data_path"] and flag(data_path.command, "--device") == "cuda"
     assert flag(data_path.command, "--json") == str(data_path.output)
@@ -106,6 +113,37 @@ def test_on_cpu_what_needs_cuda_is_skipped_not_failed(tmp_path):
     step = next(step for step in plan if step.cuda_only)
     record = run_step(step, Budget(GROUP_BUDGET_S, 100), "cpu")
     assert record["status"] == "skipped" and record["why"] == "needs CUDA" and "wall_s" not in record
+
+
+def test_the_minirocket_and_trace_steps_leave_their_figures_and_the_trace_is_kept(tmp_path):
+    plan = {step.group: step for step in build_plan(tmp_path / "scratch", device="cpu", quick=True)}
+    (tmp_path / "scratch").mkdir()
+    records = [run_step(plan[group], Budget(GROUP_BUDGET_S, 300), "cpu") for group in ("minirocket", "trace")]
+    assert [record["status"] for record in records] == ["ok", "ok"], [record.get("tail") for record in records]
+    minirocket, trace = (record["figures"] for record in records)
+    assert set(minirocket["windows_per_s"]) == {"256", "1024"} and minirocket["fit_s"] > 0
+    assert all(rate > 0 for ways in minirocket["windows_per_s"].values() for rate in ways.values())
+    assert trace["steps"] == 3 and trace["step_ms"] > 0
+    assert trace["kernels"] == 0 and trace["device_busy_ms"] == 0  # a CPU trace has no device work
+    cli.keep_traces(records, tmp_path / "out")
+    kept = tmp_path / "out" / trace["trace_file"]
+    assert trace["trace_file"].startswith("trace/") and kept.is_file()
+    assert "traceEvents" in json.loads(kept.read_text())
+    page = markdown_report({**sample_result(), "steps": records})
+    assert "| batch | one bias at a time | all biases at once |" in page
+    assert f"| {trace['step_ms']:.2f} | 0.00 | 0 |" in page
+
+
+def test_trace_figures_count_device_work_and_runtime_calls_per_step(tmp_path):
+    events = [{"name": "ProfilerStep#3", "dur": 4000.0}, {"name": "ProfilerStep#4", "dur": 2000.0},
+              *({"cat": "kernel", "name": "k", "dur": 10.0} for _ in range(6)),
+              {"cat": "gpu_memcpy", "name": "copy", "dur": 40.0},
+              *({"cat": "cuda_runtime", "name": "cudaLaunchKernel", "dur": 5.0} for _ in range(8)),
+              {"cat": "cpu_op", "name": "aten::mm", "dur": 900.0}]
+    (tmp_path / "t.json").write_text(json.dumps({"traceEvents": events}))
+    figures = runner.parse_trace(json.dumps({"trace_files": [str(tmp_path / "t.json")]}))
+    assert figures == {"step_ms": 3.0, "device_busy_ms": 0.05, "kernels": 3.0, "runtime_calls": 4.0, "steps": 2,
+                       "trace_file": str(tmp_path / "t.json")}
 
 
 # ---------------------------------------------------------------------------

@@ -1,7 +1,8 @@
-"""One command for a lent GPU: the training-step throughput of every model x batch x precision, the
-two data paths, a one-rank NCCL profile, one UCI-sized epoch end to end and the trainer's overhead
-(eager, compiled, CUDA graphs), each step in its own time budget so that the whole check fits one
-ten-minute command; one JSON and one markdown table out. The CUDA tests are a group of their own
+"""One command for a lent GPU: the training-step throughput of every model x batch x precision,
+MiniRocket's transform, the two data paths, a one-rank NCCL profile, one UCI-sized epoch end to end,
+a torch.profiler trace of one small eager step and the trainer's overhead (eager, compiled, CUDA
+graphs), each step in its own time budget so that the whole check fits one ten-minute command; one
+JSON and one markdown table out, and the trace under trace/. The CUDA tests are a group of their own
 (`--only tests`, about seven minutes): run them as a command of their own.
 
     python -m benchmarks.gpu_check [--out DIR] [--quick] [--only GROUP,...] [--budget-s S] [--dry-run]
@@ -16,6 +17,7 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -60,15 +62,27 @@ def main(argv=None):
         print(f"gpu check on {machine.get('gpu') or device}: {len(plan)} steps in at most {opts.budget_s:.0f} s",
               flush=True)
         records = run_plan(plan, budget, device)
+        out_dir = Path(opts.out or Path("gpu_check") / f"{slug(machine.get('gpu') or device)}-{started:%Y%m%d-%H%M}")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        keep_traces(records, out_dir)
     result = {"machine": machine, "started": started.isoformat(timespec="seconds"), "quick": opts.quick,
               "device": device, "wall_s": (datetime.datetime.now(datetime.timezone.utc) - started).total_seconds(),
               "budget_s": opts.budget_s, "steps": records}
-    out_dir = Path(opts.out or Path("gpu_check") / f"{slug(machine.get('gpu') or device)}-{started:%Y%m%d-%H%M}")
-    out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "gpu_check.json").write_text(json.dumps(json_ready(result), indent=2, allow_nan=False) + "\n")
     (out_dir / "gpu_check.md").write_text(markdown_report(result))
     print(f"wrote {out_dir / 'gpu_check.json'} and {out_dir / 'gpu_check.md'}")
     return 1 if any(record["status"] in ("failed", "timeout") for record in records) else 0
+
+
+def keep_traces(records, out_dir):
+    """Trace files move from the scratch folder to out_dir/trace/; their records name them from out_dir."""
+    for record in records:
+        figures = record.get("figures") or {}
+        if figures.get("trace_file"):
+            kept = out_dir / "trace" / Path(figures["trace_file"]).name
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(figures["trace_file"], kept)
+            figures["trace_file"] = str(kept.relative_to(out_dir))
 
 
 def machine_info():

@@ -1,4 +1,5 @@
 """The check's JSON as one markdown page: a table per group that ran, then what did not finish."""
+from benchmarks.gpu_check.minirocket import WAYS
 from benchmarks.gpu_check.plan import PRECISIONS
 
 
@@ -73,6 +74,18 @@ def matrix_notes(steps):
     return lines + [""] if lines else []
 
 
+def minirocket_rows(steps):
+    rates = {batch: ways for step in steps for batch, ways in ((step.get("figures") or {}).get("windows_per_s")
+                                                               or {}).items()}
+    return [[batch, *(format(ways[way], ",.0f") if way in ways else "not run" for way in WAYS)]
+            for batch, ways in rates.items()]
+
+
+def minirocket_notes(steps):
+    return [f"Fit: {step['figures']['fit_s']:.2f} s (median of 3) for {step['figures']['features']:,} features."
+            for step in steps if (step.get("figures") or {}).get("fit_s") is not None] + [""]
+
+
 def per_step(*cells):
     """Rows of one step each: (figure key, format) pairs, or a function of the step for other cells."""
     return lambda steps: [[part(s) if callable(part) else cell(s, *part) for part in cells] for s in steps]
@@ -83,6 +96,8 @@ TABLES = (
     ("profile", "Training-step throughput (benchmarks.gpu_check.throughput, one process, one GPU): "
                 "samples/s (peak allocated GiB / of the timed steps alone)",
      ["model", "batch", *PRECISIONS], matrix_rows, matrix_notes),
+    ("minirocket", "MiniRocket's transform (benchmarks.gpu_check.minirocket): windows/s",
+     ["batch", *WAYS], minirocket_rows, minirocket_notes),
     ("data_path", "Data path (benchmarks.data_path): device-resident against DataLoader",
      ["device samples/s", "DataLoader samples/s", "ratio (per round)", "bare iteration ratio"],
      per_step(("device_samples_per_s", ",.0f"), ("dataloader_samples_per_s", ",.0f"),
@@ -96,6 +111,10 @@ TABLES = (
      ["process wall s", "epoch s", "training samples/s", "val macro-F1"],
      per_step(lambda s: f"{s['wall_s']:.1f}" if "wall_s" in s else s["status"], ("epoch_time_s", ".1f"),
               ("samples_per_s", ",.0f"), ("val_macro_f1", ".3f")), None),
+    ("trace", "One eager cnn1d step at batch 32 under torch.profiler (profiler.py --trace), per step",
+     ["step ms", "device busy ms", "kernels", "CUDA runtime calls", "trace file"],
+     per_step(("step_ms", ".2f"), ("device_busy_ms", ".2f"), ("kernels", ".0f"), ("runtime_calls", ".0f"),
+              ("trace_file", "s")), None),
     ("overhead", "Trainer against a minimal loop (benchmarks.overhead)",
      ["batch", "compile", "trainer samples/s", "minimal samples/s", "ratio", "per-round ratio"],
      per_step(lambda s: s["params"]["batch_size"], lambda s: s["params"]["compile"],

@@ -14,7 +14,10 @@ COMPILE_VARIANTS = {"eager": [], "compile": ["--compile"], "reduce-overhead": ["
 # 36 configurations in one process 87 s, the data path 19, the one-rank DDP profile 21, the epoch 16,
 # the overhead benchmarks 239 (eager 18 + 35, compiled 50 + 59, CUDA graphs 38 + 38: each compiled
 # variant compiles the model twice, trainer and minimal loop, before its rounds).
-GROUP_BUDGET_S = {"tests": 420, "profile": 110, "data_path": 25, "ddp_profile": 30, "epoch": 25, "overhead": 290}
+# MiniRocket's transform and the trace of one eager cnn1d step were added after that run (their
+# shares are guesses).
+GROUP_BUDGET_S = {"tests": 420, "profile": 110, "minirocket": 40, "data_path": 25, "ddp_profile": 30, "epoch": 25,
+                  "trace": 30, "overhead": 250}
 # The CUDA tests ran past 190 s there (stopped after 19 of 34), so they are a group of their own,
 # asked for by name (--only tests): the rest fits one ten-minute command with start-up to spare.
 DEFAULT_GROUPS = tuple(group for group in GROUP_BUDGET_S if group != "tests")
@@ -59,6 +62,11 @@ def build_plan(scratch, device="cuda", quick=False):
     steps.append(Step("throughput matrix", "profile", [
         python, "-m", "benchmarks.gpu_check.throughput", "--device", device, *(["--quick"] if quick else []),
         *effort.windows, "--json", str(matrix)], output=matrix, partial=True))
+    steps.append(Step("minirocket transform", "minirocket", [
+        python, "-m", "benchmarks.gpu_check.minirocket", "--device", device, "--rounds", str(effort.rounds + 2),
+        *(["--windows", "1024", "--batch-sizes", "256,1024"] if quick else []),
+        "--json", str(scratch / "minirocket.json")],
+        output=scratch / "minirocket.json"))
     steps.append(Step("data path", "data_path", [
         python, "-m", "benchmarks.data_path", "--device", device, "--rounds", str(effort.rounds),
         "--iteration-passes", str(effort.passes), *effort.windows, "--json", str(scratch / "data_path.json")],
@@ -70,6 +78,11 @@ def build_plan(scratch, device="cuda", quick=False):
     steps.append(Step("one epoch, main.py", "epoch", [
         python, "main.py", "--device", device, "--epochs", "1", "--no-resume", *effort.windows,
         "--save-dir", str(scratch / "epoch-run")], output=scratch / "epoch-run" / "metrics.jsonl"))
+    # Where the time of one small eager step goes (the launch-bound regime the step-rate targets are in).
+    steps.append(Step("trace cnn1d bs32", "trace", [
+        python, "profiler.py", "--model", "cnn1d", "--batch-size", "32", "--device", device, "--trace", *timing,
+        *effort.windows, "--output-dir", str(scratch / "trace-profile")],
+        output=scratch / "trace-profile" / "profile.json"))
     for variant, flags in COMPILE_VARIANTS.items():  # eager first: the compiled ones are the slow ones
         for batch in OVERHEAD_BATCHES:
             path = scratch / f"overhead-bs{batch}-{variant}.json"  # in a folder that exists: the benchmark makes none

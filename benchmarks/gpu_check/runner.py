@@ -133,8 +133,9 @@ def tail(text):
 def read_figures(step, stdout):
     if step.group == "tests":
         return parse_pytest(stdout)
-    reader = {"profile": parse_throughput, "ddp_profile": parse_profile, "data_path": parse_data_path,
-              "overhead": parse_overhead, "epoch": parse_epoch}[step.group]
+    reader = {"profile": parse_throughput, "minirocket": parse_minirocket, "ddp_profile": parse_profile,
+              "data_path": parse_data_path, "epoch": parse_epoch, "trace": parse_trace,
+              "overhead": parse_overhead}[step.group]
     return reader(Path(step.output).read_text())
 
 
@@ -168,6 +169,35 @@ def parse_profile(text):
             "peak_reserved_gib": max((rank.get("peak_reserved_gib") or 0.0) for rank in ranks),
             "model": config["model"], "batch_size": config["batch_size"], "precision": config["precision"],
             "world_size": config["world_size"], "backend": config["backend"]}
+
+
+def parse_minirocket(text):
+    """benchmarks.gpu_check.minirocket --json: windows/s per batch size and way, the fit's median seconds."""
+    figures = json.loads(text)
+    return {"windows_per_s": figures["windows_per_s"], "fit_s": statistics.median(figures["fit_s"]),
+            "features": figures["features"]}
+
+
+# Where a device's time goes in a torch.profiler trace: its kernels and copies, and the host's calls
+# into the CUDA runtime and driver that start them.
+DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
+RUNTIME_CALLS = ("cuda_runtime", "cuda_driver")
+
+
+def parse_trace(text):
+    """The trace that profiler.py --trace wrote beside its profile.json, per recorded step: its wall
+    time, the device's busy time (kernels and copies, summed), kernels and runtime calls."""
+    profile = json.loads(text)
+    (path, *_) = profile["trace_files"]
+    events = json.loads(Path(path).read_text())["traceEvents"]
+    steps = [event["dur"] for event in events if str(event.get("name", "")).startswith("ProfilerStep#")]
+    per_step = len(steps) or 1
+    busy_us = sum(event.get("dur", 0) for event in events if event.get("cat") in DEVICE_WORK)
+    return {"step_ms": statistics.mean(steps) / 1e3 if steps else None,
+            "device_busy_ms": busy_us / per_step / 1e3,
+            "kernels": sum(event.get("cat") == "kernel" for event in events) / per_step,
+            "runtime_calls": sum(event.get("cat") in RUNTIME_CALLS for event in events) / per_step,
+            "steps": len(steps), "trace_file": path}
 
 
 def parse_overhead(text):
