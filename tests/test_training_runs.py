@@ -1,5 +1,6 @@
 """End-to-end runs through the real entry points, and the equivalences proven on weights."""
 import json
+import os
 import sys
 
 import pytest
@@ -286,6 +287,25 @@ def test_compiled_ddp_accumulation_gives_the_eager_weights(tmp_path):
         assert checkpoint["step"] == 17 and checkpoint["config"]["compile"] == bool(extra)
         weights[name] = checkpoint["model"]
     assert max_abs_difference(weights["eager"], weights["compiled"]) < COMPILE_TOLERANCE
+
+
+def test_deterministic_runs_choose_the_same_algorithms_in_every_process(tmp_path, monkeypatch):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    cudnn = torch.backends.cudnn
+    saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+             cudnn.deterministic, cudnn.benchmark)
+    try:
+        code, out, err = run_in_process("main.py", [*TINY_DATA, "--synthetic-windows-per-subject", "4", "--epochs",
+                                                    "1", "--deterministic", "--save-dir", tmp_path])
+        assert code == 0, err
+        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+        assert cudnn.deterministic and not cudnn.benchmark
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    finally:
+        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+        cudnn.deterministic, cudnn.benchmark = saved[2:]
+    assert "| deterministic algorithms" in out
+    assert load_checkpoint(tmp_path / "last.pt")["config"]["deterministic"] is True
 
 
 def test_cuda_graph_compile_modes_are_refused_on_cpu(tmp_path):

@@ -605,7 +605,8 @@ def _build_model(config, data, strategy, log):
         strategy.shard_like(ema.module)
         ema.weights = strategy.module_state(ema.module)
     log.info(f"run: {strategy.describe()} | model {config.model.name} ({size}): {count_parameters(model):,} "
-             f"parameters, {gradient_mb:.2f} MB of gradients per step | {precision.describe()}")
+             f"parameters, {gradient_mb:.2f} MB of gradients per step | {precision.describe()}"
+             f"{' | deterministic algorithms' if config.hardware.deterministic else ''}")
     return model, train_model, precision, ema
 
 

@@ -114,6 +114,10 @@ class Hardware:
     dist_timeout: float = setting(600.0, "ddp: seconds a collective may wait for the other ranks before the run "
                                   "stops with an error (a stuck or dead rank)")
     sync_bn: bool = setting(False, "ddp on CUDA: synchronise BatchNorm statistics across processes")
+    deterministic: bool = setting(False, "the same kernels every run, so that a repeated or resumed run on a GPU "
+                                  "gives the same weights bit for bit: deterministic cuDNN and PyTorch "
+                                  "algorithms (a warning for an operation that has none), no cuDNN autotuning, "
+                                  "a fixed cuBLAS workspace; slower")
 
 
 @dataclass(frozen=True)

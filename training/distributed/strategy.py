@@ -4,6 +4,7 @@ One device's strategy lives in single.py (with what each method means when there
 agree with), DDP's in ddp.py, FSDP's in fsdp.py; DataParallel's is here, beside the choice
 (make_strategy).
 """
+import os
 from typing import Protocol
 
 import torch
@@ -110,12 +111,24 @@ class _AutocastForward(nn.Module):
             return self.model(*inputs)
 
 
+def choose_deterministic_algorithms():
+    """--deterministic: cuDNN and PyTorch pick the same algorithms in every process (cuDNN's autotuning
+    times candidates and may pick another one run to run), and cuBLAS gets a fixed workspace, which it
+    reads when it starts (so before the first matrix product)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
 def make_strategy(config, placement=None):
     """The strategy for --multi-gpu none, dp, ddp or fsdp, with its device chosen. `placement`: the
     (device type, backend) check_parallel_args already gave for this config, so the checks run once."""
     device_type, backend = placement or check_parallel_args(config)
     hardware, multi_gpu = config.hardware, config.parallel.multi_gpu
-    if device_type == "cuda":
+    if hardware.deterministic:
+        choose_deterministic_algorithms()
+    elif device_type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed window shapes: the tuned kernels are reused every step
     if multi_gpu == "ddp":
         return DistributedStrategy(device_type, backend, hardware.gpu_ids, hardware.sync_bn, hardware.dist_timeout,
