@@ -1,0 +1,75 @@
+"""The default model's fixed part on one device: MiniRocket's transform in windows/s at a few batch
+sizes, comparing a kernel's output with its biases one at a time (the default, made for a CPU's
+caches) and all at once, and the seconds of its fit. Random-walk windows of UCI HAR's shape.
+
+    python -m benchmarks.gpu_check.minirocket --device cuda --json minirocket.json
+
+Each figure is the median of --rounds timed passes over the windows, after one untimed pass per
+batch size (cuDNN tunes its kernels for each new shape there).
+"""
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+from benchmarks import entry_parser, write_json
+from models import build_model
+from profiling.cli import comma_counts
+from training.config.settings import check_at_least
+from training.errors import run_entry_point
+
+WAYS = {"one bias at a time": True, "all biases at once": False}
+
+
+def main(argv=None):
+    parser = entry_parser("benchmarks.gpu_check.minirocket", __doc__)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--windows", type=int, default=8192, help="windows in each timed pass")
+    parser.add_argument("--batch-sizes", type=comma_counts, default=[256, 1024, 8192],
+                        help="windows per call of the transform")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json", default=None, help="also write the figures here")
+    opts = parser.parse_args(argv)
+    check_at_least(("--windows", opts.windows, 1), ("--rounds", opts.rounds, 1), ("--batch-sizes", opts.batch_sizes, 1))
+    if opts.device == "cuda" and not torch.cuda.is_available():
+        parser.exit(2, "error: --device cuda: torch sees no CUDA GPU; pass --device cpu\n")
+    device = torch.device(opts.device)
+    walks = np.random.default_rng(0).normal(size=(opts.windows, 9, 128)).cumsum(axis=2).astype(np.float32)
+    windows = torch.from_numpy(walks).to(device)
+    model = build_model("minirocket", 9, 6).to(device).eval()
+    fit_s = [timed(device, model.fit, windows) for _ in range(3)]
+    print(f"fit: {statistics.median(fit_s):.3f} s (median of 3, {min(len(windows), 512)} windows drawn)")
+    rates = {}
+    for batch in opts.batch_sizes:
+        for way, one_at_a_time in WAYS.items():
+            transform_all(model, windows, batch, one_at_a_time)  # untimed: cuDNN tunes for the new shapes
+            seconds = statistics.median(timed(device, transform_all, model, windows, batch, one_at_a_time)
+                                        for _ in range(opts.rounds))
+            rates.setdefault(str(batch), {})[way] = len(windows) / seconds
+            print(f"batch {batch}, {way}: {len(windows) / seconds:,.0f} windows/s", flush=True)
+    write_json(opts.json, {"device": str(device), "torch": torch.__version__, "windows": opts.windows,
+                           "features": model.feature_mean.numel(), "fit_s": fit_s, "windows_per_s": rates})
+    return 0
+
+
+@torch.no_grad()
+def transform_all(model, windows, batch, one_bias_at_a_time):
+    for chunk in windows.split(batch):
+        model.transform(chunk, one_bias_at_a_time=one_bias_at_a_time)
+
+
+def timed(device, function, *args):
+    """Seconds of function(*args), the device's queued work included."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    function(*args)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+if __name__ == "__main__":
+    sys.exit(run_entry_point(main))
