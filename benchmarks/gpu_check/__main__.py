@@ -3,7 +3,7 @@ MiniRocket's transform, the two data paths, a one-rank NCCL profile, one UCI-siz
 a torch.profiler trace of one small eager step and the trainer's overhead (eager, compiled, CUDA
 graphs), each step in its own time budget so that the whole check fits one ten-minute command; one
 JSON and one markdown table out, and the trace under trace/. The CUDA tests are a group of their own
-(`--only tests`, about seven minutes): run them as a command of their own.
+(`--only tests`; they ran past 190 s on an H200): run them as a command of their own.
 
     python -m benchmarks.gpu_check [--out DIR] [--quick] [--only GROUP,...] [--budget-s S] [--dry-run]
 
