@@ -1,15 +1,19 @@
-"""Fold ensembles: the models of a cross-validation (and its refit) as one checkpoint that loads as
-one model, for predict.py, export.py and the run's own test report. Each member keeps its own
-normalisation (a fold's statistics come from its own training subjects); the ensemble's "logits" are
-the log of the members' mean probabilities, so that softmax gives that mean back and everything that
-reads a single model's logits reads an ensemble's unchanged."""
+"""Ensembles: the models of a cross-validation (and its refit), or runs trained apart (`python -m
+inference.ensemble`), as one checkpoint that loads as one model, for predict.py, export.py and the
+run's own test report. Each member keeps its own normalisation (a fold's statistics come from its
+own training subjects); the ensemble's "logits" are the log of the members' mean probabilities, so
+that softmax gives that mean back and everything that reads a single model's logits reads an
+ensemble's unchanged."""
+import argparse
 import math
+import sys
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from training.checkpoint.files import inference_weights, load_checkpoint, save_checkpoint
-from training.errors import UsageError
+from training.errors import UsageError, run_entry_point
 
 ENSEMBLE_FILE = "ensemble.pt"
 ENSEMBLE_KIND = "fold-ensemble"  # the "kind" of an ensemble checkpoint; single runs' checkpoints have none
@@ -46,3 +50,30 @@ def write_ensemble(member_paths, path, config):
                         **{key: checkpoint[key] for key in MEMBER_KEYS}})
     save_checkpoint({"kind": ENSEMBLE_KIND, "members": members, "config": config, **shared}, path)
     return path
+
+
+def main(argv=None):
+    """python -m inference.ensemble RUN/best.pt RUN2/best.pt ... --out ensemble.pt: runs trained apart
+    (other --seed, say) as one checkpoint for predict.py and export.py."""
+    parser = argparse.ArgumentParser(prog="python -m inference.ensemble", description=main.__doc__)
+    parser.add_argument("members", nargs="+", help="checkpoints of runs on the same windows and classes")
+    parser.add_argument("--out", required=True, help="the ensemble checkpoint to write")
+    parser.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    parser.add_argument("--debug", action="store_true", help="full tracebacks instead of one-line errors")
+    opts = parser.parse_args(argv)
+    if len(opts.members) < 2:
+        raise UsageError("an ensemble needs at least two checkpoints; give more runs' best.pt")
+    for member in map(Path, opts.members):
+        if not member.is_file():
+            raise UsageError(f"{member} is not a checkpoint file; give runs' best.pt or last.pt")
+        if load_checkpoint(member).get("kind") == ENSEMBLE_KIND:
+            raise UsageError(f"{member} is an ensemble already; give the checkpoints of its members")
+    if Path(opts.out).exists() and not opts.overwrite:
+        raise UsageError(f"{opts.out} exists; pass --overwrite to replace it, or choose another --out")
+    path = write_ensemble(opts.members, opts.out, load_checkpoint(opts.members[0])["config"])
+    print(f"wrote {path}: {len(opts.members)} models averaging their probabilities")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_entry_point(main))

@@ -111,3 +111,27 @@ def test_cross_validation_writes_and_reports_its_ensemble(tmp_path):
     summary = json.loads((tmp_path / "cv_report.json").read_text())
     assert summary["ensemble"]["test_accuracy"] == report["accuracy"]
     assert "test split, the ensemble of 3 models" in out
+
+
+def test_runs_trained_apart_become_one_ensemble_from_the_command_line(members, ensemble, tmp_path):
+    from inference.bundle import load_bundle, probabilities
+    code, out, err = run_script("inference.ensemble", [*members, "--out", tmp_path / "apart.pt"])
+    assert code == 0, err
+    assert f"wrote {tmp_path / 'apart.pt'}: 3 models" in out
+    windows = raw_windows(5, 128, seed=4)
+    np.testing.assert_array_equal(probabilities(load_bundle(tmp_path / "apart.pt"), windows, torch.device("cpu")),
+                                  probabilities(load_bundle(ensemble), windows, torch.device("cpu")))
+
+
+def test_the_ensemble_command_refuses_in_one_line_and_keeps_what_is_on_disk(members, ensemble, tmp_path):
+    before = ensemble.read_bytes()
+    assert_refused(run_script("inference.ensemble", [members[0], "--out", tmp_path / "one.pt"]), "at least two")
+    assert_refused(run_script("inference.ensemble", [members[0], tmp_path / "none.pt", "--out", tmp_path / "x.pt"]),
+                   "none.pt", "not a checkpoint")
+    assert_refused(run_script("inference.ensemble", [ensemble, members[0], "--out", tmp_path / "x.pt"]),
+                   "an ensemble already")
+    assert_refused(run_script("inference.ensemble", [*members, "--out", ensemble]), "--overwrite")
+    assert ensemble.read_bytes() == before and not (tmp_path / "one.pt").exists() and not (tmp_path / "x.pt").exists()
+    code, _, err = run_script("inference.ensemble", [*members[:2], "--out", ensemble, "--overwrite"])
+    assert code == 0, err
+    assert ensemble.read_bytes() != before

@@ -2,6 +2,7 @@
 without training; every bad input refused in one line with nothing in --out touched."""
 import contextlib
 import csv
+import importlib
 import io
 import json
 
@@ -19,8 +20,9 @@ OUTPUTS = ("windows.csv", "timeline.csv", "timeline.png")
 
 
 def run_script(module_name, argv):
-    """(exit code, stdout, stderr) of predict.py or export.py's main, through the CLI wrapper."""
-    module = __import__(module_name)
+    """(exit code, stdout, stderr) of an entry point's main (predict, export, inference.ensemble),
+    through the CLI wrapper."""
+    module = importlib.import_module(module_name)
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
