@@ -1,0 +1,70 @@
+"""Would an ensemble of runs trained apart pay? For each outer fold of studies.nested_cv, the best.pt
+of every named configuration (the same training command with another --seed, say) as one ensemble
+(inference.ensemble: their class probabilities averaged), scored on the fold's held-out people.
+
+  python -m studies.nested_cv --data-dir ../hapt-all21 --out runs/nested --name s1 -- --seed 1
+  python -m studies.ensemble_nested --out runs/nested --names default,s1,s2
+
+Prints, as studies.nested_cv --summary does, the mean over the outer folds, the worst fold, the
+worst and the median person, and writes ensemble_report.json under --out/ensemble-<names>/.
+Inference only: no training.
+"""
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from benchmarks import entry_parser
+from evaluation.metrics import per_subject_accuracy, summary_metrics
+from inference.bundle import load_bundle, pick_device, probabilities
+from inference.ensemble import write_ensemble
+from inference.evaluate import splits_as_trained
+from studies import outer_fold_dirs
+from studies.nested_cv import REPORT, format_summary, summarise
+from training.checkpoint.files import load_checkpoint
+from training.errors import UsageError, run_entry_point
+
+
+def score_outer_fold(members, device, scratch):
+    """One outer fold's row as studies.nested_cv reports it, for the ensemble of `members`."""
+    path = write_ensemble(members, scratch / "ensemble.pt", load_checkpoint(members[0])["config"])
+    bundle = load_bundle(path)
+    test = splits_as_trained(bundle.config, bundle.config.data.dataset, bundle.config.data.data_dir).test
+    predictions = probabilities(bundle, test.signals, device).argmax(axis=1)
+    people, _ = per_subject_accuracy(test.labels, predictions, test.subjects)
+    figures = summary_metrics(test.labels, predictions, len(bundle.class_names))
+    return {"accuracy": figures["acc"], "macro_f1": figures["macro_f1"], "per_subject": people}
+
+
+def main(argv=None):
+    parser = entry_parser("studies.ensemble_nested", __doc__)
+    parser.add_argument("--out", required=True, help="the --out of studies.nested_cv")
+    parser.add_argument("--names", required=True, type=lambda text: [n for n in text.split(",") if n],
+                        help="comma-separated configurations (--name) under --out, two or more")
+    parser.add_argument("--device", default="auto")
+    opts = parser.parse_args(argv)
+    if len(opts.names) < 2:
+        raise UsageError("--names needs two configurations or more, e.g. --names default,s1")
+    folds = {name: {d.name: d / "best.pt" for d in outer_fold_dirs(Path(opts.out) / name, "best.pt")}
+             for name in opts.names}
+    shared = sorted(set.intersection(*(set(found) for found in folds.values())), key=lambda d: int(d.split("-")[1]))
+    if not shared:
+        raise UsageError(f"no outer fold has a best.pt under every one of {', '.join(opts.names)} in {opts.out}; "
+                         "run studies.nested_cv for each first")
+    device, rows = pick_device(opts.device), []
+    with tempfile.TemporaryDirectory(prefix="ensemble-nested-") as scratch:
+        for fold_dir in shared:
+            members = [folds[name][fold_dir] for name in opts.names]
+            row = score_outer_fold(members, device, Path(scratch))
+            rows.append({"fold": int(fold_dir.split("-")[1]), "subjects": sorted(map(int, row["per_subject"])),
+                         **row})
+    report_dir = Path(opts.out) / f"ensemble-{'+'.join(opts.names)}"
+    report_dir.mkdir(exist_ok=True)
+    (report_dir / REPORT).write_text(json.dumps(summarise(rows, [f"ensemble of {', '.join(opts.names)}"],
+                                                          len(rows)), indent=2))
+    print(format_summary(opts.out, only=report_dir.name))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_entry_point(main))
