@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from training.checkpoint.files import inference_weights, load_checkpoint, save_checkpoint
+from training.config.cli import usage_error
 from training.errors import UsageError, run_entry_point
 
 ENSEMBLE_FILE = "ensemble.pt"
@@ -60,6 +61,7 @@ def main(argv=None):
     parser.add_argument("--out", required=True, help="the ensemble checkpoint to write")
     parser.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     parser.add_argument("--debug", action="store_true", help="full tracebacks instead of one-line errors")
+    parser.error = usage_error(parser.prog)  # one line, like every other bad input
     opts = parser.parse_args(argv)
     if len(opts.members) < 2:
         raise UsageError("an ensemble needs at least two checkpoints; give more runs' best.pt")

@@ -125,6 +125,7 @@ def test_runs_trained_apart_become_one_ensemble_from_the_command_line(members, e
 
 def test_the_ensemble_command_refuses_in_one_line_and_keeps_what_is_on_disk(members, ensemble, tmp_path):
     before = ensemble.read_bytes()
+    assert_refused(run_script("inference.ensemble", [*members]), "--out")
     assert_refused(run_script("inference.ensemble", [members[0], "--out", tmp_path / "one.pt"]), "at least two")
     assert_refused(run_script("inference.ensemble", [members[0], tmp_path / "none.pt", "--out", tmp_path / "x.pt"]),
                    "none.pt", "not a checkpoint")
