@@ -6,12 +6,13 @@ of every named configuration (the same training command with another --seed, say
   python -m studies.ensemble_nested --out runs/nested --names default,s1,s2
 
 Prints, as studies.nested_cv --summary does, the mean over the outer folds, the worst fold, the
-worst and the median person, and writes ensemble_report.json under --out/ensemble-<names>/.
-Inference only: no training.
+worst and the median person. --out/ensemble-<a+b+c>/ then reads as a nested configuration: its
+nested_report.json, and per outer fold the ensemble as best.pt (studies.recording_accuracy --nested
+scores it on whole recordings). Inference only: no training.
 """
 import json
+import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from benchmarks import entry_parser
@@ -20,14 +21,18 @@ from inference.bundle import load_bundle, pick_device, probabilities
 from inference.ensemble import write_ensemble
 from inference.evaluate import splits_as_trained
 from studies import outer_fold_dirs
-from studies.nested_cv import REPORT, format_summary, summarise
+from studies.nested_cv import IDENTITY, REPORT, format_summary, summarise
 from training.checkpoint.files import load_checkpoint
 from training.errors import UsageError, run_entry_point
 
 
-def score_outer_fold(members, device, scratch):
-    """One outer fold's row as studies.nested_cv reports it, for the ensemble of `members`."""
-    path = write_ensemble(members, scratch / "ensemble.pt", load_checkpoint(members[0])["config"])
+def score_outer_fold(members, device, run_dir):
+    """One outer fold's row as studies.nested_cv reports it, for the ensemble of `members`, which is
+    kept as run_dir/best.pt beside the first member's nested_identity.json: the folder then reads as
+    a nested configuration's outer fold (studies.recording_accuracy --nested, say)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(members[0].parent / IDENTITY, run_dir / IDENTITY)
+    path = write_ensemble(members, run_dir / "best.pt", load_checkpoint(members[0])["config"])
     bundle = load_bundle(path)
     test = splits_as_trained(bundle.config, bundle.config.data.dataset, bundle.config.data.data_dir).test
     predictions = probabilities(bundle, test.signals, device).argmax(axis=1)
@@ -45,21 +50,17 @@ def main(argv=None):
     opts = parser.parse_args(argv)
     if len(opts.names) < 2:
         raise UsageError("--names needs two configurations or more, e.g. --names default,s1")
-    folds = {name: {d.name: d / "best.pt" for d in outer_fold_dirs(Path(opts.out) / name, "best.pt")}
+    folds = {name: {d.name: d / "best.pt" for d in outer_fold_dirs(Path(opts.out) / name, "best.pt", IDENTITY)}
              for name in opts.names}
     shared = sorted(set.intersection(*(set(found) for found in folds.values())), key=lambda d: int(d.split("-")[1]))
     if not shared:
         raise UsageError(f"no outer fold has a best.pt under every one of {', '.join(opts.names)} in {opts.out}; "
                          "run studies.nested_cv for each first")
     device, rows = pick_device(opts.device), []
-    with tempfile.TemporaryDirectory(prefix="ensemble-nested-") as scratch:
-        for fold_dir in shared:
-            members = [folds[name][fold_dir] for name in opts.names]
-            row = score_outer_fold(members, device, Path(scratch))
-            rows.append({"fold": int(fold_dir.split("-")[1]), "subjects": sorted(map(int, row["per_subject"])),
-                         **row})
     report_dir = Path(opts.out) / f"ensemble-{'+'.join(opts.names)}"
-    report_dir.mkdir(exist_ok=True)
+    for fold_dir in shared:
+        row = score_outer_fold([folds[name][fold_dir] for name in opts.names], device, report_dir / fold_dir)
+        rows.append({"fold": int(fold_dir.split("-")[1]), "subjects": sorted(map(int, row["per_subject"])), **row})
     (report_dir / REPORT).write_text(json.dumps(summarise(rows, [f"ensemble of {', '.join(opts.names)}"],
                                                           len(rows)), indent=2))
     print(format_summary(opts.out, only=report_dir.name))

@@ -9,7 +9,7 @@ from data.splits import channel_names
 from data.uci_har import CLASS_NAMES
 from inference.bundle import load_bundle, probabilities
 from studies.ensemble_nested import main
-from studies.nested_cv import REPORT
+from studies.nested_cv import IDENTITY, REPORT
 from tests.inference_fixtures import make_checkpoint
 from training.errors import UsageError
 
@@ -29,6 +29,7 @@ def outer_folds(tmp_path, configurations, folds=2):
                  channel_names=np.array(NAMES), sample_rate_hz=50.0)
         for seed, name in enumerate(configurations):
             (tmp_path / name / f"outer-{fold}").mkdir(parents=True, exist_ok=True)
+            (tmp_path / name / f"outer-{fold}" / IDENTITY).write_text(json.dumps({"inputs": {"subjects": [5, 6]}}))
             make_checkpoint(tmp_path / name / f"outer-{fold}" / "best.pt", seed=10 * fold + seed, config={
                 "model": "cnn1d", "mode": "flatten", "norm": "batch", "dropout": 0.0, "seed": 42,
                 "val_fraction": 0.0, "dataset": "npz", "data_dir": str(data)})
@@ -49,6 +50,11 @@ def test_each_outer_fold_scores_its_members_probabilities_averaged(tmp_path, cap
     assert report["mean"]["accuracy"] == pytest.approx(np.mean(expected))
     assert [row["subjects"] for row in report["folds"]] == [[5, 6], [5, 6]]
     assert "ensemble-a+b" in capsys.readouterr().out
+    # Kept as a nested configuration's outer folds: the ensemble as best.pt, the held-out people beside it.
+    for fold in range(2):
+        kept = tmp_path / "ensemble-a+b" / f"outer-{fold}"
+        assert load_bundle(kept / "best.pt").members == 2
+        assert json.loads((kept / IDENTITY).read_text())["inputs"]["subjects"] == [5, 6]
 
 
 def test_one_configuration_or_no_shared_outer_fold_is_refused(tmp_path):
