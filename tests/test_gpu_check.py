@@ -78,9 +78,13 @@ def test_the_plan_runs_every_group_in_budget_order_with_the_documented_commands(
     (data_path,) = by_group["data_path"]
     assert data_path.command[1:3] == ["-m", "benchmarks.data_path"] and flag(data_path.command, "--device") == "cuda"
     assert flag(data_path.command, "--json") == str(data_path.output)
-    (ddp,) = by_group["ddp_profile"]
-    assert flag(ddp.command, "--multi-gpu") == "ddp" and flag(ddp.command, "--nproc-per-node") == "1"
-    assert ddp.output == Path(flag(ddp.command, "--output-dir")) / "profile.json"
+    nccl, gloo = by_group["ddp_profile"]
+    assert flag(nccl.command, "--multi-gpu") == "ddp" and flag(nccl.command, "--nproc-per-node") == "1"
+    assert (flag(gloo.command, "--nproc-per-node"), flag(gloo.command, "--backend"),
+            flag(gloo.command, "--gpu-ids")) == ("2", "gloo", "0")
+    for ddp in (nccl, gloo):
+        assert ddp.output == Path(flag(ddp.command, "--output-dir")) / "profile.json"
+    assert nccl.output != gloo.output
     (epoch,) = by_group["epoch"]
     assert epoch.command[1] == "main.py" and flag(epoch.command, "--epochs") == "1"
     assert "--synthetic-windows-per-subject" not in epoch.command  # the default has UCI HAR's size
@@ -109,7 +113,7 @@ def test_quick_shrinks_steps_rounds_and_data_but_keeps_the_grid(tmp_path):
 def test_on_cpu_what_needs_cuda_is_skipped_not_failed(tmp_path):
     plan = build_plan(tmp_path, device="cpu")
     assert {step.name for step in plan if step.cuda_only} == {step.name for step in plan
-                                                              if "reduce-overhead" in step.name}
+                                                              if "reduce-overhead" in step.name or "gloo" in step.name}
     step = next(step for step in plan if step.cuda_only)
     record = run_step(step, Budget(GROUP_BUDGET_S, 100), "cpu")
     assert record["status"] == "skipped" and record["why"] == "needs CUDA" and "wall_s" not in record
@@ -288,6 +292,10 @@ def test_ddp_profile_figures_match_what_the_profiler_writes():
     cpu = parse_profile(profile_json(memory=[{"rank": 0, "peak_rss_gib": 0.4}], backend="gloo"))
     assert cpu["peak_memory_gib"] == 0.4 and cpu["memory_kind"] == "rss" and cpu["backend"] == "gloo"
     assert parse_profile(profile_json(samples_per_s=None))["samples_per_s"] is None  # inf is null in the file
+    page = markdown_report({**sample_result(), "steps": [record("ddp profile, 1 rank", "ddp_profile",
+                                                                figures=figures)]})
+    assert "| model | backend | ranks | samples/s | step ms | peak allocated GiB |" in page
+    assert "| cnn1d | nccl | 1 | 1,234 | 20.00 | 0.250 |" in page
 
 
 def test_overhead_figures_from_its_json_interface():

@@ -1,8 +1,9 @@
 """One command for a lent GPU: the training-step throughput of every model x batch x precision,
-MiniRocket's transform, the two data paths, a one-rank NCCL profile, one UCI-sized epoch end to end,
-a torch.profiler trace of one small eager step and the trainer's overhead (eager, compiled, CUDA
-graphs), each step in its own time budget so that the whole check fits one ten-minute command; one
-JSON and one markdown table out, and the trace under trace/. The CUDA tests are a group of their own
+MiniRocket's transform, the two data paths, DDP profiles (one NCCL rank, two gloo ranks sharing the
+GPU), one UCI-sized epoch end to end, a torch.profiler trace of one small eager step and the
+trainer's overhead (eager, compiled, CUDA graphs), each step in its own time budget so that the
+whole check fits one ten-minute command; one JSON and one markdown table out, and the trace under
+trace/. The CUDA tests are a group of their own
 (`--only tests`; they ran past 190 s on an H200): run them as a command of their own.
 
     python -m benchmarks.gpu_check [--out DIR] [--quick] [--only GROUP,...] [--budget-s S] [--dry-run]
