@@ -386,6 +386,13 @@ def resume(save_dir, run=RUN_CUDA):
     return resumed
 
 
+def test_deterministic_cuda_runs_repeat_bit_for_bit(tmp_path, cuda_uninterrupted):
+    again = run_subprocess([*RUN_CUDA, "--save-dir", tmp_path], env=FP32_ENV)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "| deterministic algorithms" in again.stdout
+    assert_same_state(load_checkpoint(cuda_uninterrupted / "last.pt"), load_checkpoint(tmp_path / "last.pt"))
+
+
 def test_cuda_random_stream_comes_back_after_a_mid_epoch_kill(tmp_path, cuda_uninterrupted):
     """Dropout and augmentation draw from the GPU's generator: a resumed run must take it up where
     the killed one saved it, and with --deterministic give the uninterrupted run's state bit for bit."""
