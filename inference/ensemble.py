@@ -36,12 +36,16 @@ class ProbabilityAverage(nn.Module):
         return torch.logsumexp(log_probabilities, dim=0) - math.log(len(self.members))
 
 
-def write_ensemble(member_paths, path, config):
+def write_ensemble(member_paths, path, config=None):
     """One checkpoint of the runs' inference weights (the moving average where kept), each with
-    its normalisation and settings; `config` is the cross-validation's own flat flags."""
+    its normalisation and settings; `config` is the cross-validation's own flat flags (None: the
+    first member's). An ensemble is refused as a member: its members are to be given instead."""
     members, shared = [], None
     for member_path in member_paths:
         checkpoint = load_checkpoint(member_path)
+        if checkpoint.get("kind") == ENSEMBLE_KIND:
+            raise UsageError(f"{member_path} is an ensemble already; give the checkpoints of its members")
+        config = checkpoint["config"] if config is None else config
         these = {key: checkpoint[key] for key in SHARED_KEYS}
         if shared is not None and these != shared:
             raise UsageError(f"{member_path} was trained on other windows or classes than {member_paths[0]}; "
@@ -65,14 +69,12 @@ def main(argv=None):
     opts = parser.parse_args(argv)
     if len(opts.members) < 2:
         raise UsageError("an ensemble needs at least two checkpoints; give more runs' best.pt")
-    for member in map(Path, opts.members):
-        if not member.is_file():
-            raise UsageError(f"{member} is not a checkpoint file; give runs' best.pt or last.pt")
-        if load_checkpoint(member).get("kind") == ENSEMBLE_KIND:
-            raise UsageError(f"{member} is an ensemble already; give the checkpoints of its members")
+    missing = [member for member in opts.members if not Path(member).is_file()]
+    if missing:
+        raise UsageError(f"{missing[0]} is not a checkpoint file; give runs' best.pt or last.pt")
     if Path(opts.out).exists() and not opts.overwrite:
         raise UsageError(f"{opts.out} exists; pass --overwrite to replace it, or choose another --out")
-    path = write_ensemble(opts.members, opts.out, load_checkpoint(opts.members[0])["config"])
+    path = write_ensemble(opts.members, opts.out)
     print(f"wrote {path}: {len(opts.members)} models averaging their probabilities")
     return 0
 

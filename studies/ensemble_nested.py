@@ -22,7 +22,6 @@ from inference.ensemble import write_ensemble
 from inference.evaluate import splits_as_trained
 from studies import outer_fold_dirs
 from studies.nested_cv import IDENTITY, REPORT, format_summary, summarise
-from training.checkpoint.files import load_checkpoint
 from training.errors import UsageError, run_entry_point
 
 
@@ -32,7 +31,7 @@ def score_outer_fold(members, device, run_dir):
     a nested configuration's outer fold (studies.recording_accuracy --nested, say)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(members[0].parent / IDENTITY, run_dir / IDENTITY)
-    path = write_ensemble(members, run_dir / "best.pt", load_checkpoint(members[0])["config"])
+    path = write_ensemble(members, run_dir / "best.pt")
     bundle = load_bundle(path)
     test = splits_as_trained(bundle.config, bundle.config.data.dataset, bundle.config.data.data_dir).test
     predictions = probabilities(bundle, test.signals, device).argmax(axis=1)
