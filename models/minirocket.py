@@ -150,13 +150,13 @@ class MiniRocket(nn.Module):
         # MiniRocket takes the quantiles of one random window's output per kernel and dilation; the
         # draws come in the order a loop over dilations, then kernels, would take them.
         drawn = torch.randint(len(sample), (len(self.dilations), kernels), generator=generator)
-        for d, (dilation, padding) in enumerate(zip(self.dilations, self.paddings, strict=True)):
-            # Kernel k on its own window: one grouped convolution for the dilation's 84 kernels.
-            windows = sample[drawn[d].to(sample.device)].reshape(1, -1, sample.shape[2])  # [1, 84 x C, T]
-            with full_fp32_convolutions(windows.device):
+        with full_fp32_convolutions(sample.device):
+            for d, (dilation, padding) in enumerate(zip(self.dilations, self.paddings, strict=True)):
+                # Kernel k on its own window: one grouped convolution for the dilation's 84 kernels.
+                windows = sample[drawn[d].to(sample.device)].reshape(1, -1, sample.shape[2])  # [1, 84 x C, T]
                 outputs = nn.functional.conv1d(windows, self.weights[d], padding=padding, dilation=dilation,
                                                groups=kernels)[0]  # [84, T']
-            self.biases[d] = -row_quantiles(outputs, quantiles[d].to(outputs.device))
+                self.biases[d] = -row_quantiles(outputs, quantiles[d].to(outputs.device))
         features = self.transform(sample)
         self.feature_mean.copy_(features.mean(dim=0))
         self.feature_std.copy_(features.std(dim=0).clamp_min(1e-3))
