@@ -10,8 +10,9 @@ PRECISIONS = {"fp32": ["--no-amp"], "bf16": ["--amp", "--amp-dtype", "bf16"], "f
 OVERHEAD_BATCHES = (32, 8)
 COMPILE_VARIANTS = {"eager": [], "compile": ["--compile"], "reduce-overhead": ["--compile-mode", "reduce-overhead"]}
 # Seconds per group, in running order; what a group leaves unused passes to the next. Each is what
-# the group took on an NVIDIA H200 (torch 2.11, 2026-11-26) and about a quarter more: the matrix's
-# 36 configurations in one process 87 s, the data path 19, the one-rank DDP profile 21, the epoch 16,
+# the group took on an NVIDIA H200 (torch 2.11, 2026-11-26) with some room (the overhead group none,
+# to keep the default groups within 510 s): the matrix's 36 configurations in one process 87 s, the
+# data path 19, the one-rank DDP profile 21, the epoch 16,
 # the overhead benchmarks 239 (eager 18 + 35, compiled 50 + 59, CUDA graphs 38 + 38: each compiled
 # variant compiles the model twice, trainer and minimal loop, before its rounds).
 # MiniRocket's transform, the trace of one eager cnn1d step and the two gloo ranks' profile were
