@@ -4,7 +4,7 @@ GPU), one UCI-sized epoch end to end, a torch.profiler trace of one small eager 
 trainer's overhead (eager, compiled, CUDA graphs), each step in its own time budget so that the
 whole check fits one ten-minute command; one JSON and one markdown table out, and the trace under
 trace/. The CUDA tests are a group of their own
-(`--only tests`; they ran past 190 s on an H200): run them as a command of their own.
+(`--only tests`; 105 s on an H200 four at a time): run them as a command of their own.
 
     python -m benchmarks.gpu_check [--out DIR] [--quick] [--only GROUP,...] [--budget-s S] [--dry-run]
 

@@ -10,17 +10,17 @@ PRECISIONS = {"fp32": ["--no-amp"], "bf16": ["--amp", "--amp-dtype", "bf16"], "f
 OVERHEAD_BATCHES = (32, 8)
 COMPILE_VARIANTS = {"eager": [], "compile": ["--compile"], "reduce-overhead": ["--compile-mode", "reduce-overhead"]}
 # Seconds per group, in running order; what a group leaves unused passes to the next. Each is what
-# the group took on an NVIDIA H200 (torch 2.11, 2026-11-26) with some room (the overhead group none,
-# to keep the default groups within 510 s): the matrix's 36 configurations in one process 87 s, the
-# data path 19, the one-rank DDP profile 21, the epoch 16,
-# the overhead benchmarks 239 (eager 18 + 35, compiled 50 + 59, CUDA graphs 38 + 38: each compiled
-# variant compiles the model twice, trainer and minimal loop, before its rounds).
-# MiniRocket's transform, the trace of one eager cnn1d step and the two gloo ranks' profile were
-# added after that run (their shares are guesses).
+# the group took in the first run on an NVIDIA H200 (torch 2.11, 2026-11-26) with some room (the
+# overhead group none, to keep the default groups within 510 s): the matrix's 36 configurations in
+# one process 87 s, the data path 19, the one-rank DDP profile 21, the epoch 16, the overhead
+# benchmarks 239 (each compiled variant compiles the model twice, trainer and minimal loop, before
+# its rounds). The second run took 62, 13, 14, 9 and 184 s for those, and 6 s for MiniRocket's
+# transform, 16 for the two gloo ranks and 9 for the trace: 317 s in all.
 GROUP_BUDGET_S = {"tests": 420, "profile": 100, "minirocket": 40, "data_path": 25, "ddp_profile": 50, "epoch": 25,
                   "trace": 30, "overhead": 240}
-# The CUDA tests ran past 190 s there (stopped after 19 of 34), so they are a group of their own,
-# asked for by name (--only tests): the rest fits one ten-minute command with start-up to spare.
+# The CUDA tests ran past 190 s one at a time (stopped after 19 of 34) and took 105 s four at a time,
+# so they are a group of their own, asked for by name (--only tests): the rest fits one ten-minute
+# command with start-up to spare.
 DEFAULT_GROUPS = tuple(group for group in GROUP_BUDGET_S if group != "tests")
 # pytest-xdist, where installed, runs the CUDA tests four at a time: each spends most of its
 # seconds starting a process or a CUDA context, not on the GPU.
