@@ -348,7 +348,8 @@ def sample_result():
     overhead = record("overhead bs8 eager", "overhead", params={"batch_size": 8, "compile": "eager"},
                       figures={"trainer_samples_per_s": 900.0, "minimal_samples_per_s": 1000.0, "ratio": 0.9,
                                "paired_ratio": 0.91})
-    return {"machine": {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.13.0+cu130", "cuda": "13.0", "gpu_count": 1},
+    return {"machine": {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.13.0+cu130", "cuda": "13.0", "gpu_count": 1,
+                        "cpu": "Example CPU 9000", "cpu_cores": 16},
             "started": "2026-11-23T14:00:00+00:00", "quick": False, "device": "cuda", "wall_s": 512.3,
             "steps": [tests, matrix, overhead]}
 
@@ -356,6 +357,7 @@ def sample_result():
 def test_markdown_page_has_a_table_per_group_and_the_failures():
     page = markdown_report(sample_result())
     assert page.startswith("# GPU check: NVIDIA H100 80GB HBM3, 2026-11-23")
+    assert "16 CPU cores (Example CPU 9000)" in page  # host-bound steps move with the host: name it
     assert "20 passed, 1 failed" in page and "- `FAILED tests/test_cuda.py::test_x`" in page
     assert "| model | batch | fp32 | bf16 | fp16 |" in page
     assert "| cnn1d | 32 | 12,346 (0.050 / 0.040) | 12,346 (0.050) | failed |" in page
@@ -370,6 +372,17 @@ def test_a_matrix_that_left_no_figures_has_no_table_only_its_failure():
     result["steps"][1] = record("throughput matrix", "profile", "timeout", tail="CUDA init hung")
     page = markdown_report(result)
     assert "Training-step throughput" not in page and "| throughput matrix | timeout | None |" in page
+
+
+def test_the_machine_probe_names_the_host_cpu():
+    info = cli.machine_info()
+    assert info["cpu_cores"] == os.cpu_count()
+    cpuinfo = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+             if line.startswith("model name")] if cpuinfo.exists() else []
+    if not names:
+        pytest.skip("this host's /proc/cpuinfo names no CPU model")
+    assert info["cpu"] == names[0]
 
 
 def test_no_gpu_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):

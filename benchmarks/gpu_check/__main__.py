@@ -89,7 +89,7 @@ def keep_traces(records, out_dir):
 def machine_info():
     """Versions and the GPU. Run in a child process, so the check itself never holds a CUDA context."""
     info = {"host": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
-            "cuda": torch.version.cuda, "cpu_cores": os.cpu_count(), "gpu": None}
+            "cuda": torch.version.cuda, "cpu": cpu_model(), "cpu_cores": os.cpu_count(), "gpu": None}
     if torch.cuda.is_available():
         properties = torch.cuda.get_device_properties(0)
         info.update(gpu=torch.cuda.get_device_name(0), gpu_count=torch.cuda.device_count(),
@@ -100,6 +100,18 @@ def machine_info():
         except (AttributeError, RuntimeError):
             info["nccl"] = None
     return info
+
+
+def cpu_model():
+    """The host CPU's model name where Linux says it, else whatever platform knows: small GPU steps
+    are bound by the host, so two runs on the same GPU differ with it."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
 
 
 def probe_machine():

@@ -12,7 +12,8 @@ def markdown_report(result):
     lines = [f"# GPU check: {machine.get('gpu') or result['device']}, {result['started'][:10]}", "",
              f"torch {machine.get('torch')}, CUDA {machine.get('cuda')}, cuDNN {machine.get('cudnn')}, NCCL "
              f"{machine.get('nccl')}; {machine.get('gpu_count', 0)} GPU(s) of {machine.get('gpu_memory_gib')} GiB; "
-             f"{machine.get('cpu_cores')} CPU cores; commit {machine.get('commit')}; "
+             f"{machine.get('cpu_cores')} CPU cores ({machine.get('cpu') or 'model unknown'}); "
+             f"commit {machine.get('commit')}; "
              f"{'quick' if result['quick'] else 'full'} check in {result['wall_s']:.0f} s "
              f"({', '.join(f'{n} {status}' for status, n in counts.items())})", ""]
     lines += tests_section(groups.get("tests", []))
