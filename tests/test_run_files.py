@@ -2,6 +2,7 @@
 PNG figures, test_report.json's names, and the lock that keeps two runs out of one --save-dir."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from evaluation import figures
 from profiling.cli import parse_profiler_args
 from training.config.cli import parse_config
 from training.errors import EXIT_USAGE, UsageError
+from training.reporting.phases import process_age_s
 from training.run_inputs import LOCK_NAME, SaveDirLock
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -49,8 +51,9 @@ def config_run(tmp_path_factory):
     """A finished run started from a config file: its save dir, and the file."""
     folder = tmp_path_factory.mktemp("config_run")
     path = write_yaml(folder / "run.yaml", CONFIG)
-    code, _, err = run_in_process("main.py", ["--config", path, "--save-dir", folder / "run"])
+    code, out, err = run_in_process("main.py", ["--config", path, "--save-dir", folder / "run"])
     assert code == 0, err
+    (folder / "stdout.txt").write_text(out)
     return folder / "run", path
 
 
@@ -178,6 +181,30 @@ def test_run_draws_curves_and_confusion_matrix(config_run):
     matrix = torch.tensor(report["confusion_matrix"])
     assert report["accuracy"] == pytest.approx(matrix.diag().sum().item() / matrix.sum().item())
     assert "acc" not in report and 0 <= report["macro_f1"] <= 1
+
+
+def test_a_run_ends_with_where_its_time_went(config_run):
+    save_dir, _ = config_run
+    lines = [line for line in (save_dir.parent / "stdout.txt").read_text().splitlines() if line.startswith("time: ")]
+    assert len(lines) == 1, lines
+    laps, _, age = lines[0][len("time: "):].partition("; this process has run ")
+    found = re.findall(r"([a-z-]+(?: \([^)]*\))?) (\d+\.\d) s", laps)
+    names, seconds = [name for name, _ in found], [float(value) for _, value in found]
+    assert names == ["set-up (data, model, features)", "training", "evaluation", "figures"]
+    assert all(value >= 0 for value in seconds) and seconds[0] > 0
+    if process_age_s() is not None:  # Linux: the laps lie inside the process's own age
+        assert float(age.removesuffix(" s")) >= sum(seconds) - 0.2
+
+
+def test_process_age_counts_from_the_process_start():
+    started = time.perf_counter()
+    child = subprocess.run([sys.executable, "-c", "import time; time.sleep(0.6); "
+                            "from training.reporting.phases import process_age_s; print(process_age_s())"],
+                           cwd=REPO, capture_output=True, text=True, timeout=60, check=True)
+    wall = time.perf_counter() - started
+    if child.stdout.strip() == "None":
+        pytest.skip("no /proc here: the age is not known")
+    assert 0.6 <= float(child.stdout) <= wall + 0.02
 
 
 def test_failure_to_draw_is_a_warning(tmp_path):

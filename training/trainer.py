@@ -57,6 +57,7 @@ from training.loop.step import (
 )
 from training.loop.tally import NO_NONFINITE_STEP, EpochTally
 from training.reporting.logger import GIB, RunLogger, free_bytes
+from training.reporting.phases import PhaseClock
 from training.run_inputs import read_run_inputs
 
 EVAL_BATCH_MIN = 256
@@ -96,14 +97,20 @@ def train(config):
     strategy = make_strategy(config, placement)
     stop_signals = StopSignals().install()
     trainer = None
+    clock = PhaseClock()
     try:
         trainer = Trainer.build(config, strategy, stop_signals, inputs=inputs)
+        clock.lap("set-up (data, model, features)")
         outcome = trainer.fit()
+        clock.lap("training")
         if outcome == "complete":
             trainer.report_best_weights()
+            clock.lap("evaluation")
         # A preempted job's grace time is for saving.
         if outcome != "preempted" and strategy.is_main and config.output.figures:
             write_run_figures(trainer.save_dir, trainer.log.warn, use_test=not config.data.no_test)
+            clock.lap("figures")
+        trainer.log.info(clock.line())
         trainer.log.info(f"{trainer.save_dir} holds: {', '.join(_run_files(trainer.save_dir))}")
         trainer.log.close()
         return EXIT_PREEMPTED if outcome == "preempted" else 0

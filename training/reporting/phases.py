@@ -1,0 +1,38 @@
+"""Where a run's wall time went, said in one line at its end: a slow run then shows whether the
+time was its set-up (data, model fit, features), training, evaluation, the figures, or what came
+before any of them (the interpreter, imports, the first use of a GPU)."""
+import os
+import time
+from pathlib import Path
+
+
+class PhaseClock:
+    """Laps of a run, each named when it ends."""
+
+    def __init__(self):
+        self.laps = []  # (name, seconds)
+        self._last = time.perf_counter()
+
+    def lap(self, name):
+        now = time.perf_counter()
+        self.laps.append((name, now - self._last))
+        self._last = now
+
+    def line(self):
+        parts = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.laps)
+        age = process_age_s()
+        tail = f"; this process has run {age:.1f} s" if age is not None else ""
+        return f"time: {parts}{tail}"
+
+
+def process_age_s():
+    """Seconds since this process started, from Linux's /proc (the kernel's start time of the process
+    against the time since boot, both in clock ticks' resolution); None where there is no /proc."""
+    try:
+        # Field 22 of /proc/self/stat, counted after the command name's closing parenthesis (the name
+        # may hold spaces): the 20th field from there.
+        started_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime_s = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(0.0, uptime_s - started_ticks / os.sysconf("SC_CLK_TCK"))
