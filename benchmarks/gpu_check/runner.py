@@ -14,6 +14,7 @@ from pathlib import Path
 from benchmarks import REPO, descendants
 from benchmarks.gpu_check.plan import STEP_LIMIT_S
 from profiling.cli import env_without_torchrun
+from training.reporting.phases import read_time_line
 
 MIN_STEP_S = 5.0  # less than this left: the step is skipped, not started to be killed
 GRACE_S = 10.0  # after SIGTERM, for torchrun to pass it on and a trainer to save, before SIGKILL
@@ -133,9 +134,10 @@ def tail(text):
 def read_figures(step, stdout):
     if step.group == "tests":
         return parse_pytest(stdout)
+    if step.group == "epoch":
+        return parse_epoch(Path(step.output).read_text(), stdout)
     reader = {"profile": parse_throughput, "minirocket": parse_minirocket, "ddp_profile": parse_profile,
-              "data_path": parse_data_path, "epoch": parse_epoch, "trace": parse_trace,
-              "overhead": parse_overhead}[step.group]
+              "data_path": parse_data_path, "trace": parse_trace, "overhead": parse_overhead}[step.group]
     return reader(Path(step.output).read_text())
 
 
@@ -221,7 +223,13 @@ def parse_data_path(text):
             "iteration_ratio": iteration["ratio"]}
 
 
-def parse_epoch(text):
-    """The epoch record main.py appended to metrics.jsonl."""
+def parse_epoch(text, stdout=""):
+    """The epoch record main.py appended to metrics.jsonl, and from its output where the run's time
+    went: its set-up, and what came before it (the process's age less the laps)."""
     record = json.loads(text.splitlines()[-1])
-    return {key: record[key] for key in ("samples_per_s", "train_time_s", "epoch_time_s", "val_macro_f1")}
+    figures = {key: record[key] for key in ("samples_per_s", "train_time_s", "epoch_time_s", "val_macro_f1")}
+    laps = read_time_line(stdout)
+    age = laps.pop("process", None)
+    set_up = next((seconds for name, seconds in laps.items() if name.startswith("set-up")), None)
+    figures.update(set_up_s=set_up, before_set_up_s=None if age is None else max(0.0, age - sum(laps.values())))
+    return figures

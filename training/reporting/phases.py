@@ -2,8 +2,12 @@
 time was its set-up (data, model fit, features), training, evaluation, the figures, or what came
 before any of them (the interpreter, imports, the first use of a GPU)."""
 import os
+import re
 import time
 from pathlib import Path
+
+LINE_START = "time: "
+AGE_TEXT = "; this process has run "
 
 
 class PhaseClock:
@@ -21,8 +25,22 @@ class PhaseClock:
     def line(self):
         parts = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.laps)
         age = process_age_s()
-        tail = f"; this process has run {age:.1f} s" if age is not None else ""
-        return f"time: {parts}{tail}"
+        tail = f"{AGE_TEXT}{age:.1f} s" if age is not None else ""
+        return f"{LINE_START}{parts}{tail}"
+
+
+def read_time_line(output):
+    """The laps of the last time line in a run's output, {name: seconds} in their order, with the
+    process's age under "process" where the line gives it; {} when there is none."""
+    lines = [line for line in output.splitlines() if line.startswith(LINE_START)]
+    if not lines:
+        return {}
+    laps, _, age = lines[-1][len(LINE_START):].partition(AGE_TEXT)
+    # A name may hold commas inside its parentheses: "set-up (data, model, features) 8.9 s".
+    found = {name: float(value) for name, value in re.findall(r"([a-z-]+(?: \([^)]*\))?) (\d+\.\d+) s", laps)}
+    if age:
+        found["process"] = float(age.removesuffix(" s"))
+    return found
 
 
 def process_age_s():
