@@ -57,7 +57,7 @@ from training.loop.step import (
 )
 from training.loop.tally import NO_NONFINITE_STEP, EpochTally
 from training.reporting.logger import GIB, RunLogger, free_bytes
-from training.reporting.phases import PhaseClock
+from training.reporting.phases import SET_UP_LAP, PhaseClock
 from training.run_inputs import read_run_inputs
 
 EVAL_BATCH_MIN = 256
@@ -100,7 +100,7 @@ def train(config):
     clock = PhaseClock()
     try:
         trainer = Trainer.build(config, strategy, stop_signals, inputs=inputs)
-        clock.lap("set-up (data, model, features)")
+        clock.lap(SET_UP_LAP)
         outcome = trainer.fit()
         clock.lap("training")
         if outcome == "complete":

@@ -14,7 +14,7 @@ from pathlib import Path
 from benchmarks import REPO, descendants
 from benchmarks.gpu_check.plan import STEP_LIMIT_S
 from profiling.cli import env_without_torchrun
-from training.reporting.phases import read_time_line
+from training.reporting.phases import SET_UP_LAP, read_time_line
 
 MIN_STEP_S = 5.0  # less than this left: the step is skipped, not started to be killed
 GRACE_S = 10.0  # after SIGTERM, for torchrun to pass it on and a trainer to save, before SIGKILL
@@ -230,6 +230,6 @@ def parse_epoch(text, stdout=""):
     figures = {key: record[key] for key in ("samples_per_s", "train_time_s", "epoch_time_s", "val_macro_f1")}
     laps = read_time_line(stdout)
     age = laps.pop("process", None)
-    set_up = next((seconds for name, seconds in laps.items() if name.startswith("set-up")), None)
-    figures.update(set_up_s=set_up, before_set_up_s=None if age is None else max(0.0, age - sum(laps.values())))
+    before = None if age is None else max(0.0, age - sum(laps.values()))
+    figures.update(set_up_s=laps.get(SET_UP_LAP), before_set_up_s=before)
     return figures

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 LINE_START = "time: "
+SET_UP_LAP = "set-up (data, model, features)"  # a run's first lap; the GPU check reads it by this name
 AGE_TEXT = "; this process has run "
 
 
