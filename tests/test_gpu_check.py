@@ -321,16 +321,16 @@ def test_data_path_figures_from_what_benchmarks_data_path_writes():
 def test_epoch_figures_from_the_last_metrics_line_and_the_time_line():
     lines = [{"epoch": 1, "samples_per_s": 5000.0, "train_time_s": 1.5, "epoch_time_s": 2.0, "val_macro_f1": 0.8}]
     clock = PhaseClock()
-    clock.laps = [("set-up (data, model, features)", 3.25), ("training", 2.0), ("evaluation", 0.5)]
+    clock.laps = [("data", 0.25), ("set-up (device, model, features)", 3.0), ("training", 2.0), ("evaluation", 0.5)]
     output = f"epoch 1/1 | ...\n{clock.line()}\nsaved\n"
     figures = parse_epoch("\n".join(map(json.dumps, lines)) + "\n", output)
     assert {key: figures[key] for key in ("samples_per_s", "train_time_s", "epoch_time_s", "val_macro_f1")} == {
         "samples_per_s": 5000.0, "train_time_s": 1.5, "epoch_time_s": 2.0, "val_macro_f1": 0.8}
-    assert figures["set_up_s"] == pytest.approx(3.2, abs=0.051)  # the line keeps one decimal
-    if process_age_s() is not None:  # this test process is older than the laps' 5.75 s or not
-        assert figures["before_set_up_s"] == pytest.approx(max(0.0, process_age_s() - 5.7), abs=0.3)
+    assert figures["set_up_s"] == pytest.approx(3.0) and figures["data_s"] == pytest.approx(0.2)  # as printed
+    if process_age_s() is not None:  # start-up: the process's age less the laps as printed (5.7 s), or 0
+        assert figures["start_up_s"] == pytest.approx(max(0.0, process_age_s() - 5.7), abs=0.3)
     bare = parse_epoch("\n".join(map(json.dumps, lines)) + "\n")  # a run from before the time line
-    assert bare["set_up_s"] is None and bare["before_set_up_s"] is None
+    assert bare["set_up_s"] is None and bare["data_s"] is None and bare["start_up_s"] is None
 
 
 # ---------------------------------------------------------------------------

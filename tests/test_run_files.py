@@ -188,8 +188,8 @@ def test_a_run_ends_with_where_its_time_went(config_run):
     assert sum(line.startswith("time: ") for line in output.splitlines()) == 1
     laps = read_time_line(output)
     age = laps.pop("process", None)
-    assert list(laps) == ["set-up (data, model, features)", "training", "evaluation", "figures"]
-    assert all(value >= 0 for value in laps.values()) and laps["set-up (data, model, features)"] > 0
+    assert list(laps) == ["data", "set-up (device, model, features)", "training", "evaluation", "figures"]
+    assert all(value >= 0 for value in laps.values()) and laps["set-up (device, model, features)"] > 0
     if process_age_s() is not None:  # Linux: the laps lie inside the process's own age
         assert age >= sum(laps.values()) - 0.2
 

@@ -1,13 +1,15 @@
 """Where a run's wall time went, said in one line at its end: a slow run then shows whether the
-time was its set-up (data, model fit, features), training, evaluation, the figures, or what came
-before any of them (the interpreter, imports, the first use of a GPU)."""
+time went to reading the data, the set-up (the device, the model's fit, MiniRocket's features),
+training, evaluation, the figures, or what came before all of them (the interpreter, imports)."""
 import os
 import re
 import time
 from pathlib import Path
 
 LINE_START = "time: "
-SET_UP_LAP = "set-up (data, model, features)"  # a run's first lap; the GPU check reads it by this name
+# A run's first two laps; the GPU check reads them by these names.
+DATA_LAP = "data"
+SET_UP_LAP = "set-up (device, model, features)"
 AGE_TEXT = "; this process has run "
 
 
@@ -37,7 +39,7 @@ def read_time_line(output):
     if not lines:
         return {}
     laps, _, age = lines[-1][len(LINE_START):].partition(AGE_TEXT)
-    # A name may hold commas inside its parentheses: "set-up (data, model, features) 8.9 s".
+    # A name may hold commas inside its parentheses: "set-up (device, model, features) 8.9 s".
     found = {name: float(value) for name, value in re.findall(r"([a-z-]+(?: \([^)]*\))?) (\d+\.\d+) s", laps)}
     if age:
         found["process"] = float(age.removesuffix(" s"))
