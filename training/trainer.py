@@ -57,7 +57,7 @@ from training.loop.step import (
 )
 from training.loop.tally import NO_NONFINITE_STEP, EpochTally
 from training.reporting.logger import GIB, RunLogger, free_bytes
-from training.reporting.phases import DATA_LAP, SET_UP_LAP, PhaseClock
+from training.reporting.phases import INPUTS_LAP, SET_UP_LAP, PhaseClock
 from training.run_inputs import read_run_inputs
 
 EVAL_BATCH_MIN = 256
@@ -91,10 +91,10 @@ class StopSignals:
 
 def train(config):
     """Train as `config` (a RunConfig) says; returns the process exit code."""
-    clock = PhaseClock()
     placement = check_parallel_args(config)  # first: a flag the machine cannot serve is named before the data
+    clock = PhaseClock()
     inputs = read_run_inputs(config)  # before any process group, so bad input fails alike on every rank
-    clock.lap(DATA_LAP)
+    clock.lap(INPUTS_LAP)
     lock = inputs.lock
     strategy = make_strategy(config, placement)
     stop_signals = StopSignals().install()

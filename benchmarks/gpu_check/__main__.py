@@ -102,11 +102,11 @@ def machine_info():
     return info
 
 
-def cpu_model():
+def cpu_model(cpuinfo=Path("/proc/cpuinfo")):
     """The host CPU's model name where Linux says it, else whatever platform knows: small GPU steps
     are bound by the host, so two runs on the same GPU differ with it."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
+        for line in cpuinfo.read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     except OSError:

@@ -14,7 +14,7 @@ from pathlib import Path
 from benchmarks import REPO, descendants
 from benchmarks.gpu_check.plan import STEP_LIMIT_S
 from profiling.cli import env_without_torchrun
-from training.reporting.phases import DATA_LAP, SET_UP_LAP, read_time_line
+from training.reporting.phases import INPUTS_LAP, SET_UP_LAP, START_UP, read_time_line
 
 MIN_STEP_S = 5.0  # less than this left: the step is skipped, not started to be killed
 GRACE_S = 10.0  # after SIGTERM, for torchrun to pass it on and a trainer to save, before SIGKILL
@@ -225,11 +225,9 @@ def parse_data_path(text):
 
 def parse_epoch(text, stdout=""):
     """The epoch record main.py appended to metrics.jsonl, and from its output where the run's time
-    went: reading the data, the set-up, and the start-up before both (the process's age less the laps)."""
+    went: its start-up (how far into the process the run started), inputs and set-up."""
     record = json.loads(text.splitlines()[-1])
     figures = {key: record[key] for key in ("samples_per_s", "train_time_s", "epoch_time_s", "val_macro_f1")}
     laps = read_time_line(stdout)
-    age = laps.pop("process", None)
-    start_up = None if age is None else max(0.0, age - sum(laps.values()))
-    figures.update(start_up_s=start_up, data_s=laps.get(DATA_LAP), set_up_s=laps.get(SET_UP_LAP))
+    figures.update(start_up_s=laps.get(START_UP), inputs_s=laps.get(INPUTS_LAP), set_up_s=laps.get(SET_UP_LAP))
     return figures
