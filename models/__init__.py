@@ -27,6 +27,11 @@ def build_model(name, in_channels, num_classes, dropout=None, norm="batch", wind
     return model(in_channels, num_classes, dropout=dropout, norm=norm, **shape, **resolve_size(name, **size))
 
 
+def label_smoothing_of(name, given=None):
+    """--label-smoothing where given, else the model's own LABEL_SMOOTHING."""
+    return MODELS[name].LABEL_SMOOTHING if given is None else given
+
+
 def resolve_size(name, **size):
     """The model's size knobs with defaults filled in; ValueError for one it does not have or a
     combination that cannot be built."""

@@ -7,6 +7,7 @@ from models.blocks import conv_block
 class CNN1D(nn.Module):
     SIZES = ("width",)  # channels of the last two layers; the first two have a quarter and a half of it
     DROPOUT = 0.1  # when --dropout is not given
+    LABEL_SMOOTHING = 0.1  # when --label-smoothing is not given
 
     @staticmethod
     def resolve_size(width=128):

@@ -7,6 +7,7 @@ from models.blocks import conv_block
 class CNNLSTM(nn.Module):
     SIZES = ("width",)  # convolution filters and LSTM hidden units
     DROPOUT = 0.1  # when --dropout is not given
+    LABEL_SMOOTHING = 0.1  # when --label-smoothing is not given
 
     @staticmethod
     def resolve_size(width=64):

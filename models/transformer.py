@@ -10,6 +10,7 @@ from models.blocks import conv_block
 class HARTransformer(nn.Module):
     SIZES = ("width", "depth", "heads", "ffn")  # d_model, encoder blocks, attention heads, FFN hidden size
     DROPOUT = 0.1  # when --dropout is not given
+    LABEL_SMOOTHING = 0.1  # when --label-smoothing is not given
 
     @staticmethod
     def resolve_size(width=64, depth=2, heads=4, ffn=None):

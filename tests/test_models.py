@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from conftest import TINY_DATA
 from models import MODELS, NORMS, build_model, count_parameters
 
 
@@ -70,6 +71,22 @@ def test_without_a_dropout_rate_each_model_takes_its_own_and_a_given_rate_wins()
     assert dropout_rates(build_model("cnn1d", 9, 6)) == {0.1}
     assert dropout_rates(build_model("minirocket", 9, 6, dropout=0.3, width=84)) == {0.3}
     assert dropout_rates(build_model("cnn1d", 9, 6, dropout=0.0)) == {0.0}
+
+
+@pytest.mark.parametrize(("argv", "expected"), [([], 0.2), (["--label-smoothing", "0"], 0.0),
+                                                ([*TINY_DATA], 0.1), ([*TINY_DATA, "--label-smoothing", "0.05"], 0.05)])
+def test_without_a_label_smoothing_each_model_takes_its_own_and_a_given_one_wins(argv, expected, tmp_path):
+    """The trainer's step smooths as the model says (minirocket's head 0.2, cnn1d 0.1) unless the
+    flag is given, 0 included."""
+    from training.config.cli import parse_config
+    from training.distributed.strategy import make_strategy
+    from training.trainer import Trainer
+
+    config = parse_config(["--dataset", "synthetic", "--synthetic-windows-per-subject", "4", *argv,
+                           "--save-dir", str(tmp_path), "--no-resume", "--feature-views", "0"])
+    assert config.recipe.label_smoothing == (float(argv[-1]) if "--label-smoothing" in argv else None)
+    trainer = Trainer.build(config, make_strategy(config), quiet=True)
+    assert trainer.step.label_smoothing == expected
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))

@@ -29,7 +29,7 @@ from evaluation.metrics import (
     per_subject_accuracy,
     summary_metrics,
 )
-from models import count_parameters, resolve_size, training_bytes
+from models import count_parameters, label_smoothing_of, resolve_size, training_bytes
 from training import faults
 from training.checkpoint import files as ckpt
 from training.checkpoint.manager import CheckpointManager, restore_parts
@@ -201,9 +201,10 @@ class Trainer:
 
         scheduler = _position_schedule(optimizer, optim, len(loaders["train"]), state, global_batch, peak_lr,
                                        strategy.data_parallel_size, log)
+        smoothing = label_smoothing_of(config.model.name, config.recipe.label_smoothing)
         step = TrainStep(train_model, [p for p in model.parameters() if p.requires_grad], strategy, precision,
                          optimizer, scheduler, grad_scaler, optim.grad_accum_steps, optim.max_grad_norm,
-                         config.recipe.label_smoothing, augment, ema, skipped_steps(model, precision, grad_scaler))
+                         smoothing, augment, ema, skipped_steps(model, precision, grad_scaler))
         metadata = _checkpoint_metadata(config, data, normalization, strategy, global_batch, layout)
         checkpoints = CheckpointManager(save_dir, config.output.keep_last, strategy, state,
                                         {**parts, "scheduler": scheduler}, metadata)

@@ -189,7 +189,8 @@ class Recipe:
                                          "--aug-rotate-wide-classes")
     ema_decay: float = setting(0.998, "decay per optimizer step of the weights' moving average used for "
                                "validation, best.pt and the test; 0 turns it off")
-    label_smoothing: float = setting(0.1, "cross-entropy label smoothing")
+    label_smoothing: float | None = setting(None, "cross-entropy label smoothing (default: the model's own, 0.2 for "
+                                            "minirocket's head, 0.1 for the others)")
     # Chosen on the nested subject-wise estimate (docs/training.md).
     feature_views: int = setting(4, "minirocket: transform the training windows once, as this many views (the "
                                  "first as they are, the others through --augment), each epoch training the head on "
@@ -375,7 +376,7 @@ def check_recipe_strengths(args):
         raise UsageError(f"--ema-decay must be in [0, 1), got {args.ema_decay}")
     if args.feature_views < 0:
         raise UsageError(f"--feature-views must be 0 (off) or more, got {args.feature_views}")
-    if not 0 <= args.label_smoothing < 1:
+    if args.label_smoothing is not None and not 0 <= args.label_smoothing < 1:
         raise UsageError(f"--label-smoothing must be in [0, 1), got {args.label_smoothing}")
     if not 0 <= args.aug_rotate_deg <= 180 or not 0 <= args.aug_rotate_wide_deg <= 180 \
             or not 0 <= args.aug_scale < 1 or args.aug_jitter < 0 or args.aug_shift_steps < 0:
