@@ -39,7 +39,7 @@ from benchmarks.gpu_check.runner import (
     run_command,
     run_step,
 )
-from training.reporting.phases import INPUTS_LAP, SET_UP_LAP, PhaseClock
+from training.reporting.logger import INPUTS_LAP, SET_UP_LAP, PhaseClock
 
 
 def flag(command, name):

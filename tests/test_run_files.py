@@ -18,7 +18,7 @@ from evaluation import figures
 from profiling.cli import parse_profiler_args
 from training.config.cli import parse_config
 from training.errors import EXIT_USAGE, UsageError
-from training.reporting.phases import process_age_s, read_time_line
+from training.reporting.logger import process_age_s, read_time_line
 from training.run_inputs import LOCK_NAME, SaveDirLock
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -199,7 +199,7 @@ def test_a_run_ends_with_where_its_time_went(config_run):
 def test_process_age_counts_from_the_process_start():
     started = time.perf_counter()
     child = subprocess.run([sys.executable, "-c", "import time; time.sleep(0.6); "
-                            "from training.reporting.phases import process_age_s; print(process_age_s())"],
+                            "from training.reporting.logger import process_age_s; print(process_age_s())"],
                            cwd=REPO, capture_output=True, text=True, timeout=60, check=True)
     wall = time.perf_counter() - started
     if child.stdout.strip() == "None":

@@ -56,8 +56,7 @@ from training.loop.step import (
     steps_per_epoch,
 )
 from training.loop.tally import NO_NONFINITE_STEP, EpochTally
-from training.reporting.logger import GIB, RunLogger, free_bytes
-from training.reporting.phases import INPUTS_LAP, SET_UP_LAP, PhaseClock
+from training.reporting.logger import GIB, INPUTS_LAP, SET_UP_LAP, PhaseClock, RunLogger, free_bytes
 from training.run_inputs import read_run_inputs
 
 EVAL_BATCH_MIN = 256

@@ -14,7 +14,7 @@ from pathlib import Path
 from benchmarks import REPO, descendants
 from benchmarks.gpu_check.plan import STEP_LIMIT_S
 from profiling.cli import env_without_torchrun
-from training.reporting.phases import INPUTS_LAP, SET_UP_LAP, START_UP, read_time_line
+from training.reporting.logger import INPUTS_LAP, SET_UP_LAP, START_UP, read_time_line
 
 MIN_STEP_S = 5.0  # less than this left: the step is skipped, not started to be killed
 GRACE_S = 10.0  # after SIGTERM, for torchrun to pass it on and a trainer to save, before SIGKILL
