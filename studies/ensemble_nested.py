@@ -20,7 +20,7 @@ from evaluation.metrics import per_subject_accuracy, summary_metrics
 from inference.bundle import load_bundle, pick_device, probabilities
 from inference.ensemble import write_ensemble
 from inference.evaluate import splits_as_trained
-from studies import outer_fold_dirs
+from studies import outer_fold_dirs, outer_fold_number
 from studies.nested_cv import IDENTITY, REPORT, format_summary, summarise
 from training.errors import UsageError, run_entry_point
 
@@ -51,7 +51,7 @@ def main(argv=None):
         raise UsageError("--names needs two configurations or more, e.g. --names default,s1")
     folds = {name: {d.name: d / "best.pt" for d in outer_fold_dirs(Path(opts.out) / name, "best.pt", IDENTITY)}
              for name in opts.names}
-    shared = sorted(set.intersection(*(set(found) for found in folds.values())), key=lambda d: int(d.split("-")[1]))
+    shared = sorted(set.intersection(*(set(found) for found in folds.values())), key=outer_fold_number)
     if not shared:
         raise UsageError(f"no outer fold has a best.pt under every one of {', '.join(opts.names)} in {opts.out}; "
                          "run studies.nested_cv for each first")
@@ -59,7 +59,7 @@ def main(argv=None):
     report_dir = Path(opts.out) / f"ensemble-{'+'.join(opts.names)}"
     for fold_dir in shared:
         row = score_outer_fold([folds[name][fold_dir] for name in opts.names], device, report_dir / fold_dir)
-        rows.append({"fold": int(fold_dir.split("-")[1]), "subjects": sorted(map(int, row["per_subject"])), **row})
+        rows.append({"fold": outer_fold_number(fold_dir), "subjects": sorted(map(int, row["per_subject"])), **row})
     (report_dir / REPORT).write_text(json.dumps(summarise(rows, [f"ensemble of {', '.join(opts.names)}"],
                                                           len(rows)), indent=2))
     print(format_summary(opts.out, only=report_dir.name))
