@@ -290,7 +290,10 @@ def test_compiled_ddp_accumulation_gives_the_eager_weights(tmp_path):
 
 
 def test_deterministic_runs_choose_the_same_algorithms_in_every_process(tmp_path, monkeypatch):
-    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    # Set, then removed, so that monkeypatch takes away what the run sets as well (a delenv of an
+    # absent name records nothing to undo).
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "")
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
     cudnn = torch.backends.cudnn
     saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
              cudnn.deterministic, cudnn.benchmark)
