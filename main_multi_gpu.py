@@ -1,11 +1,10 @@
 """Train a HAR model with nn.DataParallel (--multi-gpu dp), DDP (--multi-gpu ddp) or FSDP (--multi-gpu
 fsdp). See README.md."""
-import sys
 
 from training.config.cli import parse_config
-from training.config.settings import SHARDED_OR_DDP, distributed_env, launched_by_torchrun
+from training.config.settings import SHARDED_OR_DDP, distributed_env
 from training.distributed.launch import launch_under_torchrun
-from training.errors import UsageError, run_entry_point
+from training.errors import UsageError, exit_process, launched_by_torchrun, run_entry_point
 
 
 def main(argv):
@@ -24,4 +23,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(run_entry_point(main))
+    exit_process(run_entry_point(main))

@@ -1,12 +1,11 @@
 """Profile the training step: timing, phases, memory, all-reduce cost and multi-GPU predictions. See README.md."""
-import sys
 
 from profiling.cli import parse_profiler_args
 from profiling.measure import PerformanceProfiler
 from profiling.report import format_summary, write_profile
-from training.config.settings import SHARDED_OR_DDP, launched_by_torchrun
+from training.config.settings import SHARDED_OR_DDP
 from training.distributed.launch import processes_per_node, run_torchrun, torchrun_arguments
-from training.errors import run_entry_point
+from training.errors import exit_process, launched_by_torchrun, run_entry_point
 from training.run_inputs import check_data
 
 __all__ = ["PerformanceProfiler", "main"]
@@ -28,4 +27,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(run_entry_point(main))
+    exit_process(run_entry_point(main))

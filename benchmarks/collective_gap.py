@@ -8,7 +8,6 @@ collectives after the step's busy time and takes the mean (profiling/allreduce_b
 why on the machine at hand.
 """
 import statistics
-import sys
 
 import torch
 
@@ -16,7 +15,7 @@ from benchmarks import entry_parser
 from profiling.allreduce_bench import all_reduce_call, timed_calls_s
 from training.config.settings import distributed_env
 from training.distributed.ddp import DistributedStrategy
-from training.errors import UsageError, run_entry_point
+from training.errors import UsageError, exit_process, run_entry_point
 
 
 def main(argv=None):
@@ -49,4 +48,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(run_entry_point(main))
+    exit_process(run_entry_point(main))

@@ -14,8 +14,9 @@ from data.synthetic import DEFAULT_WINDOWS_PER_SUBJECT
 from models import MODELS
 from profiling.interleave import interleave, per_side
 from profiling.workload import RECIPE_OFF
-from training.config.settings import COMPILE_MODES, RunConfig, launched_by_torchrun
+from training.config.settings import COMPILE_MODES, RunConfig
 from training.distributed.strategy import make_strategy
+from training.errors import launched_by_torchrun
 from training.trainer import Trainer
 
 TRAINER_SIDE = ("Trainer.train_epoch: the run's TrainStep over its loader, with the progress bar, loss read and "

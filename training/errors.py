@@ -66,6 +66,24 @@ def run_entry_point(main, argv=None):
         return EXIT_INTERRUPTED
 
 
+def launched_by_torchrun():
+    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def exit_process(code):
+    """sys.exit(code); a torchrun worker instead leaves at once, its output flushed, without the
+    interpreter's teardown. torch's DistributedDataParallel keeps its process group, and gloo's
+    worker threads with it, alive after destroy_process_group; a worker thread that frees a finished
+    collective's tensor while the interpreter tears down needs the interpreter and aborts the process
+    ("terminate called without an active exception", SIGABRT) after a run that succeeded. By the
+    time main returns, the run has closed its files and its process group."""
+    if not launched_by_torchrun():
+        sys.exit(code)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0 if code is None else code)
+
+
 def one_line(exc):
     """The message of `exc`. A DataLoader worker's error comes back as "Caught X in DataLoader
     worker process N. Original Traceback ..." with the worker's traceback, then `module.X: message`

@@ -21,7 +21,7 @@ from data.augment import AUGMENTATIONS, AugmentConfig, parse_kinds
 from data.splits import CHANNEL_MODES
 from data.synthetic import DEFAULT_WINDOWS_PER_SUBJECT
 from models import MODELS, NORMS, build_model, resolve_size
-from training.errors import UsageError
+from training.errors import UsageError, launched_by_torchrun
 
 DEFAULT_WARMUP_EPOCHS = 2.0
 DEFAULT_LR = 1e-3  # the reference LR of one device at the default --batch-size
@@ -479,10 +479,6 @@ def distributed_env():
     """(rank, local_rank, world_size) from the variables torchrun sets; (0, 0, 1) without them."""
     return (int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)),
             int(os.environ.get("WORLD_SIZE", 1)))
-
-
-def launched_by_torchrun():
-    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
 def resolve_device_type(requested):

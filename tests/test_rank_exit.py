@@ -1,0 +1,49 @@
+"""A torchrun worker leaves through training.errors.exit_process, not through the interpreter's
+teardown, where a gloo worker thread that still touches Python aborts the process."""
+import sys
+
+from conftest import REPO, run_subprocess
+
+# Rank 0 leaves while its all-reduce still waits for rank 1; the all-reduce's Python callback then runs
+# on a gloo worker thread. A slow teardown (the object's __del__) keeps the interpreter tearing down
+# when rank 1 arrives, so a plain sys.exit would die by SIGABRT there; exit_process never tears down.
+WORKER = """
+import os, sys, time
+import torch
+import torch.distributed as dist
+from training.errors import exit_process
+
+dist.init_process_group("gloo")
+marker = sys.argv[1]
+if dist.get_rank() == 1:
+    while not os.path.exists(marker):
+        time.sleep(0.05)
+    time.sleep(0.5)  # rank 0 is inside exit_process by now
+    try:
+        dist.all_reduce(torch.ones(1))
+    except RuntimeError:
+        pass  # rank 0 has gone: expected once it leaves without waiting
+    exit_process(0)
+
+
+class SlowTeardown:
+    def __del__(self):
+        time.sleep(3)
+
+
+keep = SlowTeardown()
+dist.all_reduce(torch.ones(1), async_op=True).get_future().then(lambda future: future.value())
+print("rank 0 leaving")
+open(marker, "w").close()
+exit_process(0)
+"""
+
+
+def test_torchrun_worker_leaves_without_teardown_while_gloo_threads_are_busy(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    result = run_subprocess([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                             script, tmp_path / "rank0-left"], timeout=120, env={"PYTHONPATH": str(REPO)})
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert "rank 0 leaving" in result.stdout and "terminate called" not in output
