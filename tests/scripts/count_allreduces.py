@@ -13,6 +13,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: E
 
 from training.config.cli import parse_config  # noqa: E402
 from training.distributed.strategy import make_strategy  # noqa: E402
+from training.errors import exit_process  # noqa: E402
 from training.trainer import Trainer  # noqa: E402
 
 
@@ -41,3 +42,4 @@ def main(out, save_dir, flags):
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2], sys.argv[3:])
+    exit_process(0)  # as the trainer's workers leave: DDP's gloo threads outlive the closed group
