@@ -370,9 +370,6 @@ class Trainer:
                                                "fitted_on": "the run's validation split", "windows": len(labels)})
         return temperature
 
-    def close(self):
-        self.log.close()
-
     def _end_epoch(self, epoch, result, epoch_start):
         """Validate, update the train state, checkpoint and log the epoch's record."""
         if self.has_validation:
