@@ -72,11 +72,12 @@ def launched_by_torchrun():
 
 def exit_process(code):
     """sys.exit(code); a torchrun worker instead leaves at once, its output flushed, without the
-    interpreter's teardown. torch's DistributedDataParallel keeps its process group, and gloo's
-    worker threads with it, alive after destroy_process_group; a worker thread that frees a finished
-    collective's tensor while the interpreter tears down needs the interpreter and aborts the process
-    ("terminate called without an active exception", SIGABRT) after a run that succeeded. By the
-    time main returns, the run has closed its files and its process group."""
+    interpreter's teardown. In torch 2.13 the process group outlives destroy_process_group once DDP
+    or FSDP has used it (torch._dynamo, first imported by DDP's constructor, keeps references to the
+    groups that exist then; DTensor's sharding caches keep FSDP's mesh), and gloo's worker threads
+    with it; one that frees a finished collective's tensor while the interpreter tears down aborts
+    the process ("terminate called without an active exception", SIGABRT) after a run that
+    succeeded. By the time main returns, the run has closed its files and its process group."""
     if not launched_by_torchrun():
         sys.exit(code)
     sys.stdout.flush()
