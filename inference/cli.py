@@ -59,7 +59,7 @@ def predict_parser():
                             "--synthetic-windows-per-subject)")
     group.add_argument("--split", choices=("train", "val", "test"), default="test",
                        help="val and train are rebuilt with the checkpoint's --val-subjects (or "
-                            "--val-fraction) and --seed")
+                            "--val-fraction) and --seed; the report is <split>_report.json")
     parser.add_argument("--debug", action="store_true", help="full tracebacks instead of one-line errors")
     parser.error = usage_error(parser.prog)  # one line, like every other bad input
     return parser

@@ -17,11 +17,15 @@ from inference.temperature import temperature_choice, write_calibration
 from training.checkpoint.files import write_atomic
 from training.errors import UsageError
 
-OUTPUTS = ("test_report.json", "confusion_matrix.png", CALIBRATION_FILE)
+
+def outputs_of(split):
+    """The files an evaluation of `split` writes: its report is named after it, as training names its own."""
+    return f"{split}_report.json", "confusion_matrix.png", CALIBRATION_FILE
 
 
 def evaluate_checkpoint(args):
-    check_out_dir(args.out, OUTPUTS, args.overwrite)
+    outputs = outputs_of(args.split)
+    check_out_dir(args.out, outputs, args.overwrite)
     temperature = temperature_choice(args.temperature, args.checkpoint)
     bundle = load_bundle(args.checkpoint)
     device = pick_device(args.device)
@@ -38,15 +42,15 @@ def evaluate_checkpoint(args):
     report = report_of(bundle, split, device,
                        {"checkpoint": str(bundle.path), "split": args.split, "data": data.description},
                        temperature, adapt)
-    out = prepare_out_dir(args.out, OUTPUTS, args.overwrite)
-    write_report_files(report, bundle.class_names, out, f"{args.split} split")
+    out = prepare_out_dir(args.out, outputs, args.overwrite)
+    write_report_files(report, bundle.class_names, out, f"{args.split} split", report_name=outputs[0])
     if fitted is not None:
         write_calibration(out / CALIBRATION_FILE, temperature, {**fitted, "checkpoint": str(bundle.path),
                                                                 "features_per_subject": adapt})
     print(f"{bundle.describe()}\n{data.description}\n{args.split} split:\n{format_report(report)}")
     print(format_people(report))
     print(format_calibration(report, fitted))
-    print(f"wrote {', '.join(str(out / name) for name in OUTPUTS if (out / name).exists())}")
+    print(f"wrote {', '.join(str(out / name) for name in outputs if (out / name).exists())}")
     return 0
 
 
@@ -89,8 +93,8 @@ def report_of(bundle, split, device, about, temperature=1.0, adapt=False):
     return {**report, **about}
 
 
-def write_report_files(report, class_names, out, title, figure=True):
-    write_atomic(out / "test_report.json",
+def write_report_files(report, class_names, out, title, figure=True, report_name="test_report.json"):
+    write_atomic(out / report_name,
                  lambda partial: Path(partial).write_text(json.dumps(report, indent=2)))
     if figure:
         write_atomic(out / "confusion_matrix.png", lambda partial: plot_confusion_matrix(

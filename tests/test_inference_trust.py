@@ -48,6 +48,17 @@ def test_evaluating_a_synthetic_run_reproduces_its_test_report(synthetic_run, tm
     assert "synthetic (generated, seed 3)" in out
 
 
+def test_evaluating_the_validation_split_writes_its_own_report(synthetic_run, tmp_path):
+    # Named as training names it, so that evaluating the val split never reads as a test figure.
+    code, _, err = evaluate(synthetic_run / "best.pt", tmp_path / "eval", "--dataset", "synthetic", "--split", "val")
+    assert code == 0, err
+    assert not (tmp_path / "eval" / "test_report.json").exists()
+    ours = json.loads((tmp_path / "eval" / "val_report.json").read_text())
+    theirs = json.loads((synthetic_run / "val_report.json").read_text())
+    assert ours["split"] == "val" and ours["confusion_matrix"] == theirs["confusion_matrix"]
+    assert ours["per_subject"] == theirs["per_subject"]
+
+
 def test_advice_on_a_folder_without_data_is_a_command_that_works(synthetic_run, tmp_path):
     empty = tmp_path / "data"
     empty.mkdir()
