@@ -33,12 +33,23 @@ def parse_config(argv=None, multi_gpu=False):
     return RunConfig.from_flags(vars(args)).validate()
 
 
+class DefaultsInHelp(argparse.ArgumentDefaultsHelpFormatter):
+    """Each flag's default after its help, except where the help says it in words ("default: the
+    model's own") or the default is None (then the help says what happens without the flag)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or action.default is None:
+            return text
+        return super()._get_help_string(action)
+
+
 def build_parser(multi_gpu):
     """multi_gpu=True adds the multi-GPU group used by main_multi_gpu.py."""
     parser = argparse.ArgumentParser(
         prog="main_multi_gpu.py" if multi_gpu else "main.py",
         description="Train a Human Activity Recognition model on UCI HAR or synthetic data.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsInHelp)
     for group, items in flag_groups():
         if group.type is Parallel and not multi_gpu:
             continue

@@ -123,9 +123,10 @@ class Hardware:
 @dataclass(frozen=True)
 class Data:
     """Which windows, and how the training subjects split into training and validation."""
-    dataset: str = setting("auto", "auto: UCI HAR when --data-dir holds it, else the built-in synthetic data; "
-                           "npz: your own windows in an .npz file (see docs/using_a_model.md); store: a window "
-                           "store made by python -m data.build_store, streamed from disk",
+    dataset: str = setting("auto", "auto: UCI HAR from --data-dir (refused when it does not hold it), the "
+                           "built-in synthetic data when no --data-dir is given; npz: your own windows in an "
+                           ".npz file (see docs/using_a_model.md); store: a window store made by python -m "
+                           "data.build_store, streamed from disk",
                            choices=("auto", "uci-har", "synthetic", "npz", "store"))
     data_dir: str | None = setting(None, "the 'UCI HAR Dataset' folder or the folder that holds it; with "
                                    "--dataset npz, the .npz file; with --dataset store, the store's folder")
@@ -146,7 +147,7 @@ class Data:
 @dataclass(frozen=True)
 class Model:
     """The network and its size."""
-    name: str = setting(DEFAULT_MODEL, choices=tuple(MODELS), flag="model")
+    name: str = setting(DEFAULT_MODEL, "the network, from the models/ registry", choices=tuple(MODELS), flag="model")
     dropout: float | None = setting(None, "dropout rate (default: the model's own, 0 for minirocket's head, 0.1 "
                                     "for the others)")
     norm: str = setting("batch", "normalisation in the convolutional layers; group and none do not depend on the "
@@ -220,7 +221,7 @@ class Recipe:
 @dataclass(frozen=True)
 class Optimisation:
     """Epochs, batch, learning rate and its schedule, precision, seed."""
-    epochs: int = setting(20)
+    epochs: int = setting(20, "passes over the training windows")
     batch_size: int = setting(32, "per GPU (per process on CPU)")
     lr: float = setting(DEFAULT_LR, "reference learning rate for ONE device with no accumulation")
     lr_scaling: str = setting("linear", "peak lr = lr x (global batch / batch size), its square root, or lr",
@@ -236,7 +237,8 @@ class Optimisation:
                                     choices=("bf16", "fp16"))
     early_stopping_patience: int = setting(0, "stop after this many epochs without a better validation macro-F1; "
                                            "0 = off")
-    seed: int = setting(42, "initialisation, shuffling and dropout")
+    seed: int = setting(42, "initial weights, shuffling, dropout, augmentation, validation subjects and "
+                        "cross-validation folds")
 
     @property
     def planned_warmup_epochs(self):
