@@ -23,6 +23,7 @@ from profiling.comm_model import (
     comm_split,
     ddp_bucket_count,
     fit_ring_link,
+    predict_strategy,
     predict_world,
     ring_allreduce_time_s,
     speedup,
@@ -184,6 +185,21 @@ def test_recommendation_numbers():
     assert advice["batch size"]["figures"]["new_batch_size"] == 256
     assert advice["gradient accumulation"]["figures"]["speedup_with"] > advice["gradient accumulation"]["figures"][
         "speedup_without"]
+
+
+def test_half_precision_advice_agrees_with_the_strategy_table():
+    # A backend that sums fp16 slowly (gloo on CPU): the table and the advice must tell the same story.
+    fast, slow = Link(1.0 * GB_PER_S, 1e-4, "fp32"), Link(0.3 * GB_PER_S, 1e-4, "fp16")
+    links = {"allreduce": fast, "allreduce_fp16": slow, "all_gather": fast, "reduce_scatter": fast}
+    table = {name: [predict_strategy(name, 0.001, 4_000_000, n, links) for n in (1, 2, 4)]
+             for name in ("ddp", "ddp_fp16")}
+    figures = Figures(compute_s=0.001, gradient_bytes=4_000_000, link=fast, batch_size=32, amp_enabled=False,
+                      data_wait_share=0.0, strategies=table)
+    advice = next(item for item in recommendations(figures, [1, 2, 4]) if item["topic"] == "precision")
+    assert advice["figures"]["speedup_fp32_grads"] == table["ddp"][2]["speedup"]
+    assert advice["figures"]["speedup_half_grads"] == table["ddp_fp16"][2]["speedup"]
+    assert advice["figures"]["speedup_half_grads"] < advice["figures"]["speedup_fp32_grads"]
+    assert "does not pay" in advice["text"]
 
 
 def test_expected_maximum_of_several_draws_from_the_measured_step_times():
@@ -421,7 +437,6 @@ def test_a_batch_larger_than_the_data_is_one_line_not_an_endless_wait(tmp_path):
 
 
 def test_fsdp_keeping_gathered_parameters_sends_one_all_gather_less():
-    from profiling.comm_model import predict_strategy
     link = Link(1e9, 1e-4, "made up")
     links = dict.fromkeys(("allreduce", "allreduce_fp16", "all_gather", "reduce_scatter"), link)
     resharded, kept = (predict_strategy("fsdp", 0.01, 4e6, 4, links, units=3, reshard_after_forward=flag)
