@@ -66,9 +66,12 @@ def _ring_pass_call(kind, num_elements, strategy):
     parameters; reduce_scatter reduces the buffer and keeps one shard of the sum, as FSDP's gradients."""
     shard = torch.zeros(-(-num_elements // strategy.world_size), device=strategy.device)
     full = torch.zeros(shard.numel() * strategy.world_size, device=strategy.device)
+    # torch 2.13 renamed the two (*_single); older torch has only the first names.
     if kind == "all_gather":
-        return lambda: dist.all_gather_into_tensor(full, shard)
-    return lambda: dist.reduce_scatter_tensor(shard, full)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        return lambda: gather(full, shard)
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return lambda: scatter(shard, full)
 
 
 def timed_calls_s(strategy, call, iterations, gap_s):
