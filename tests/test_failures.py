@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from conftest import REPO, TINY_DATA, load_checkpoint, requires_cuda, run_subprocess
+from conftest import REPO, TINY_DATA, load_checkpoint, requires_cuda, run_in_process, run_subprocess
 from training.errors import EXIT_DIVERGED, EXIT_PREEMPTED, EXIT_RANK_LOST
 
 SINGLE = [sys.executable, "main.py", *TINY_DATA, "--epochs", "4", "--batch-size", "16"]
@@ -124,6 +124,19 @@ def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, save_
     last = load_checkpoint(tmp_path / "last.pt")
     assert last["step"] == last_good_step
     assert all(torch.isfinite(tensor).all() for tensor in last["model"].values() if tensor.is_floating_point())
+
+
+def test_weights_that_overflow_under_a_finite_loss_are_never_saved(tmp_path):
+    """At --lr 1e6 over 6 steps BatchNorm's running variance overflows while the loss stays finite: the
+    save refuses the weights, and the earlier run's files in the folder (--no-resume) stay as they were."""
+    flags = [*TINY_DATA, "--synthetic-windows-per-subject", "20", "--batch-size", "64", "--epochs", "1",
+             "--save-dir", tmp_path]
+    assert run_in_process("main.py", flags)[0] == 0
+    before = {path.name: path.read_bytes() for path in tmp_path.iterdir() if path.suffix in (".pt", ".yaml")}
+    code, _, err = run_in_process("main.py", [*flags, "--lr", "1e6", "--no-resume"])
+    assert code == EXIT_DIVERGED and "Traceback" not in err, err
+    assert "the weights became NaN/inf (model." in err and "is an earlier run's" in err
+    assert {name: (tmp_path / name).read_bytes() for name in before} == before
 
 
 def test_a_nonfinite_loss_on_one_rank_stops_every_rank_and_is_never_saved(tmp_path):

@@ -34,7 +34,7 @@ from training import faults
 from training.checkpoint import files as ckpt
 from training.checkpoint.manager import CheckpointManager, restore_parts
 from training.checkpoint.train_state import RandomStreams, TrainState
-from training.config.cli import record_run_config
+from training.config.cli import warn_changed_flags, write_resolved_config
 from training.config.settings import DEFAULT_LR, RunConfig, check_parallel_args
 from training.distributed.lost_rank import explain_lost_rank
 from training.distributed.strategy import Strategy, make_strategy
@@ -196,7 +196,7 @@ class Trainer:
                 log.info("the checkpoint has no weight average: it starts from the resumed weights")
                 ema.restart()
         strategy.check_same_on_all_ranks(state.step, "the optimizer steps already taken")
-        record_run_config(config, save_dir, checkpoint, log, strategy.is_main)
+        warn_changed_flags(config, save_dir, checkpoint, log)
 
         scheduler = _position_schedule(optimizer, optim, len(loaders["train"]), state, global_batch, peak_lr,
                                        strategy.data_parallel_size, log)
@@ -206,7 +206,8 @@ class Trainer:
                          smoothing, augment, ema, skipped_steps(model, precision, grad_scaler))
         metadata = _checkpoint_metadata(config, data, normalization, strategy, global_batch, layout)
         checkpoints = CheckpointManager(save_dir, config.output.keep_last, strategy, state,
-                                        {**parts, "scheduler": scheduler}, metadata)
+                                        {**parts, "scheduler": scheduler}, metadata, resumed=resume_from is not None,
+                                        before_first_save=lambda: write_resolved_config(config, save_dir))
         return cls(config, strategy, log, save_dir, data, model, precision, loaders, loader_batch, global_batch,
                    step, state, rng, checkpoints, stop_signals or StopSignals(), exact_resume)
 
@@ -437,9 +438,7 @@ class Trainer:
         self._raise_if_diverged(*self.strategy.max_ints(self._health(tally)))
 
     def _raise_if_diverged(self, negative_earliest, longest_skip_run):
-        last = self.checkpoints.last_path
-        kept = f"{last} still holds the last good state" if last.exists() else "nothing was saved"
-        where = f"(epoch {self.state.epoch + 1}); {kept}"
+        where = f"(epoch {self.state.epoch + 1}); {self.checkpoints.kept()}"
         if -negative_earliest != NO_NONFINITE_STEP:
             raise TrainingDiverged(f"the training loss became NaN/inf at step {-negative_earliest} {where}. Lower "
                                    "--lr, keep --max-grad-norm on, or check the data for extreme values")

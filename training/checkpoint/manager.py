@@ -1,15 +1,25 @@
 """The checkpoint manager: one place that writes a run's stateful parts into checkpoints and reads them back."""
+import torch
+
 from training.checkpoint import files
+from training.errors import TrainingDiverged
+
+WEIGHT_PARTS = ("model", "ema")  # the parts a checkpoint predicts with: never saved unless finite
 
 
 class CheckpointManager:
     """Writes last.pt (and the numbered and best copies) from the train state, every stateful part
     (anything with state_dict/load_state_dict, under its own key) and what the file needs to be
-    used without the trainer: the run's flags, normalisation, class and channel names."""
+    used without the trainer: the run's flags, normalisation, class and channel names.
 
-    def __init__(self, save_dir, keep_last, strategy, state, parts, metadata):
+    `resumed`: last.pt already holds this run (else it holds nothing, or an earlier run's until the
+    first save). `before_first_save`: what rank 0 writes with the first checkpoint (config.yaml), so
+    that a fresh run that stops before saving leaves an earlier run's folder as it was."""
+
+    def __init__(self, save_dir, keep_last, strategy, state, parts, metadata, resumed=False, before_first_save=None):
         self.save_dir, self.keep_last, self.strategy = save_dir, keep_last, strategy
         self.state, self.parts, self.metadata = state, parts, metadata
+        self.holds_this_run, self.before_first_save = resumed, before_first_save
 
     @property
     def last_path(self):
@@ -19,13 +29,43 @@ class CheckpointManager:
     def best_path(self):
         return self.save_dir / files.BEST
 
+    def kept(self):
+        """What the folder holds for this run, for the message of a run that stops without saving."""
+        if self.holds_this_run:
+            return f"{self.last_path} still holds the last good state"
+        if self.last_path.exists():
+            return f"nothing of this run was saved ({self.last_path} is an earlier run's)"
+        return "nothing was saved"
+
     def save(self, is_best):
         """Every rank takes part, since a part's state may be gathered from all of them (the random
-        streams); rank 0 writes."""
+        streams); rank 0 checks that the weights are finite, and writes."""
         parts = {key: part.state_dict() if part is not None else None for key, part in self.parts.items()}
+        # A loss can stay finite while the weights or BatchNorm's statistics overflow (a learning rate
+        # far too high); such a file would replace the last good one and be refused by every reader.
+        bad = nonfinite_entry({key: parts.get(key) for key in WEIGHT_PARTS}) if self.strategy.is_main else None
+        if self.strategy.max_ints([int(bad is not None)])[0]:
+            raise TrainingDiverged(f"the weights became NaN/inf ({bad or 'seen by rank 0'}) by step {self.state.step}; "
+                                   f"{self.kept()}. Lower --lr, keep --max-grad-norm on, or check the data for "
+                                   "extreme values")
         if self.strategy.is_main:
+            if self.before_first_save is not None:
+                self.before_first_save()
             files.save_run_checkpoint({**self.metadata, **self.state.state_dict(), **parts}, self.save_dir,
                                       self.keep_last, is_best)
+        self.before_first_save, self.holds_this_run = None, True
+
+
+def nonfinite_entry(tree, prefix=""):
+    """The dotted name of the first floating tensor in nested dicts that holds NaN or infinity, else None."""
+    if isinstance(tree, torch.Tensor):
+        return prefix or "a tensor" if tree.is_floating_point() and not bool(torch.isfinite(tree).all()) else None
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            found = nonfinite_entry(value, f"{prefix}.{key}" if prefix else str(key))
+            if found is not None:
+                return found
+    return None
 
 
 def restore_parts(checkpoint, state, parts):

@@ -269,10 +269,8 @@ def changed_flags(saved, config, save_dir):
             for key in now if key not in NOT_COMPARED_ON_RESUME and key in saved and saved[key] != now[key]]
 
 
-def record_run_config(config, save_dir, checkpoint, log, is_main):
-    """Say which flags a resumed run changed (one line each), then write config.yaml on rank 0."""
+def warn_changed_flags(config, save_dir, checkpoint, log):
+    """Say which flags a resumed run changed, one line each (config.yaml follows with its first save)."""
     if checkpoint is not None:
         for line in changed_flags(checkpoint["config"], config, save_dir):
             log.warn(f"resumed with a changed flag: {line}")
-    if is_main:
-        write_resolved_config(config, save_dir)
