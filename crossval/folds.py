@@ -86,11 +86,12 @@ def cross_validate(config):
         if verdict is not None and verdict.matches:
             print(f"{label} already finished ({about}); skipping", flush=True)
             continue
-        if verdict is None or verdict.damaged:
-            # --no-resume, or a finished job whose files changed since: that job alone starts over.
-            if verdict is not None:
-                print(f"{label}: {verdict.describe()} (damaged since it finished?); training it again from the "
-                      "start", flush=True)
+        if verdict is not None and verdict.damaged:
+            # A finished job whose files changed since: that job alone starts over. Under --no-resume the
+            # job's folder stays until its new run saves over it, as a single run's does: a refused flag
+            # or a diverged start leaves the finished fold's files as they were.
+            print(f"{label}: {verdict.describe()} (damaged since it finished?); training it again from the "
+                  "start", flush=True)
             shutil.rmtree(run_dir, ignore_errors=True)
         (run_dir / IDENTITY).unlink(missing_ok=True)  # counts as finished again only once it is
         print(f"\n=== {label}: {about} -> {job_config.output.save_dir}", flush=True)
