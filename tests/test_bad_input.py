@@ -92,6 +92,9 @@ def refuse(script, flags, save_dir, *names, via_subprocess=False, env=None):
 # ---------------------------------------------------------------------------
 
 FLAG_CASES = [
+    ("main.py", ["--seed", "-1"], "--seed"),
+    ("main.py", ["--seed", str(2 ** 64)], "--seed"),
+    ("main.py", ["--synthetic-seed", "-1"], "--synthetic-seed"),
     ("main.py", ["--batch-size", "0"], "--batch-size"),
     ("main.py", ["--batch-size", "-1"], "--batch-size"),
     ("main.py", ["--grad-accum-steps", "0"], "--grad-accum-steps"),
@@ -220,7 +223,8 @@ def test_resume_from_a_folder(save_dir):
     assert any(word in line for word in ("folder", "directory", "not a file")), line
 
 
-@pytest.mark.parametrize("content", [b"", np.random.default_rng(0).bytes(4096)], ids=["empty", "random-bytes"])
+@pytest.mark.parametrize("content", [b"", np.random.default_rng(0).bytes(4096), b"hello", b"a", b"epochs: 1\n"],
+                         ids=["empty", "random-bytes", "a-word", "one-letter", "yaml"])
 def test_resume_from_a_file_that_is_not_a_checkpoint(content, save_dir, tmp_path):
     path = tmp_path / "garbage.pt"
     path.write_bytes(content)

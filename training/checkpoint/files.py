@@ -3,6 +3,7 @@ import os
 import pickle
 import re
 import shutil
+import struct
 import zipfile
 from pathlib import Path
 
@@ -139,6 +140,9 @@ def load_checkpoint(path):
                              f"not loaded ({forbidden[0]}); only load checkpoints this trainer wrote") from None
         raise UnreadableCheckpoint(f"checkpoint {path} is unreadable or truncated (not a complete "
                                    "checkpoint file)") from None
+    except (KeyError, IndexError, struct.error):
+        # A few bytes of text, read as a legacy pickle, fail inside the unpickler with these.
+        raise UnreadableCheckpoint(f"checkpoint {path} is unreadable or truncated (not a checkpoint file)") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as exc:
         raise UnreadableCheckpoint(f"checkpoint {path} is unreadable or truncated ({_first_line(exc)})") from None
 

@@ -299,9 +299,9 @@ class RunConfig:
         one-line UsageError for the first value that cannot work, before anything is loaded or written."""
         values = SimpleNamespace(**self.flags())
         # In this order: where several flags are wrong, the first of these checks names its own.
-        for check in (check_finite, check_counts, canonical_recipe_text, check_recipe_strengths, check_model_size,
-                      check_compile, check_parallel_modes, check_cross_validation, check_data_source, check_rates,
-                      check_dist_timeout, check_not_negative, check_early_stopping, check_warmup):
+        for check in (check_finite, check_counts, check_seeds, canonical_recipe_text, check_recipe_strengths,
+                      check_model_size, check_compile, check_parallel_modes, check_cross_validation, check_data_source,
+                      check_rates, check_dist_timeout, check_not_negative, check_early_stopping, check_warmup):
             check(values)
         return RunConfig.from_flags(vars(values))
 
@@ -352,6 +352,15 @@ def check_counts(args):
     if args.nproc_per_node is not None:
         positive["--nproc-per-node"] = args.nproc_per_node
     check_at_least(*((flag, value, 1) for flag, value in positive.items()))
+
+
+SEED_LIMIT = 2 ** 32  # numpy's seeds; epoch seeds made from one stay inside torch's range too
+
+
+def check_seeds(args):
+    for flag, value in (("--seed", args.seed), ("--synthetic-seed", args.synthetic_seed)):
+        if not 0 <= value < SEED_LIMIT:
+            raise UsageError(f"{flag} must be between 0 and {SEED_LIMIT - 1}, got {value}")
 
 
 def check_at_least(*checks):
