@@ -7,9 +7,10 @@ from training.errors import run_entry_point
 def main(argv):
     from inference.bundle import load_bundle
     from inference.cli import export_parser
-    from inference.export import check_out_file, export
+    from inference.export import export
+    from inference.outputs import check_out_file
     args = export_parser().parse_args(argv)
-    out = check_out_file(args.out, args.overwrite)
+    out = check_out_file(args.out, args.overwrite, reads=[args.checkpoint])
     bundle = load_bundle(args.checkpoint)
     difference = export(bundle, args.format, out)
     print(bundle.describe())

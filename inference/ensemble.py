@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from inference.checkpoint_checks import check_declared_shapes, check_model_part
+from inference.outputs import check_out_file
 from training.checkpoint.files import inference_weights, load_checkpoint, save_checkpoint
 from training.config.cli import usage_error
 from training.errors import UsageError, run_entry_point
@@ -43,8 +45,9 @@ def write_ensemble(member_paths, path, config=None):
     members, shared = [], None
     for member_path in member_paths:
         checkpoint = load_checkpoint(member_path)
-        if checkpoint.get("kind") == ENSEMBLE_KIND:
+        if isinstance(checkpoint, dict) and checkpoint.get("kind") == ENSEMBLE_KIND:
             raise UsageError(f"{member_path} is an ensemble already; give the checkpoints of its members")
+        check_member(checkpoint, member_path)
         config = checkpoint["config"] if config is None else config
         these = {key: checkpoint[key] for key in SHARED_KEYS}
         if shared is not None and these != shared:
@@ -55,6 +58,18 @@ def write_ensemble(member_paths, path, config=None):
                         **{key: checkpoint[key] for key in MEMBER_KEYS}})
     save_checkpoint({"kind": ENSEMBLE_KIND, "members": members, "config": config, **shared}, path)
     return path
+
+
+def check_member(checkpoint, path):
+    """What predicting with a member needs, checked as predict.py checks a checkpoint: its keys, the
+    shapes it declares, finite weights and normalisation."""
+    missing = [key for key in ("model", *SHARED_KEYS, *MEMBER_KEYS) if key not in checkpoint] \
+        if isinstance(checkpoint, dict) else ["everything"]
+    if missing:
+        raise UsageError(f"{path} lacks {', '.join(dict.fromkeys(missing))}: not a checkpoint of this trainer; give "
+                         "runs' best.pt or last.pt")
+    check_declared_shapes(checkpoint, path)
+    check_model_part(checkpoint, path, inference_weights(checkpoint))
 
 
 def main(argv=None):
@@ -72,9 +87,10 @@ def main(argv=None):
     missing = [member for member in opts.members if not Path(member).is_file()]
     if missing:
         raise UsageError(f"{missing[0]} is not a checkpoint file; give runs' best.pt or last.pt")
-    if Path(opts.out).exists() and not opts.overwrite:
-        raise UsageError(f"{opts.out} exists; pass --overwrite to replace it, or choose another --out")
-    path = write_ensemble(opts.members, opts.out)
+    if len({Path(member).resolve() for member in opts.members}) < len(opts.members):
+        raise UsageError("a checkpoint is named twice; give each member once")
+    out = check_out_file(opts.out, opts.overwrite, reads=opts.members)
+    path = write_ensemble(opts.members, out)
     print(f"wrote {path}: {len(opts.members)} models averaging their probabilities")
     return 0
 

@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from inference.outputs import check_writable
 from training.errors import UsageError
 
 ONNX_OPSET = 18  # the lowest the exporter built on torch.export writes without converting
@@ -118,16 +117,3 @@ def check_parity(difference, reference, fmt, path):
         raise UsageError(f"--out {path} not written: the {fmt} model's logits differ from the PyTorch model's by "
                          f"{difference:.2e}, above the tolerance {tolerance:.1e}, so it does not compute what the "
                          f"checkpoint does; try --format {other}")
-
-
-def check_out_file(out, overwrite):
-    """Refuse, before any work, an --out that is a folder, exists (without overwrite), or cannot be written."""
-    out = Path(out)
-    if out.is_dir():
-        raise UsageError(f"--out {out} is a folder; give a file name such as {out / 'model.onnx'}")
-    if out.exists() and not overwrite:
-        raise UsageError(f"--out {out} exists; choose another name or pass --overwrite")
-    if not out.parent.is_dir():
-        raise UsageError(f"--out {out}: folder {out.parent} does not exist")
-    check_writable(out.parent, f"--out {out}: folder {out.parent} is not writable")
-    return out

@@ -10,23 +10,23 @@ from training.checkpoint.files import write_atomic
 from training.errors import UsageError
 
 
-def check_out_dir(out, names, overwrite=False):
+def check_out_dir(out, names, overwrite=False, flag="--out"):
     """Refuse, without creating anything, an `out` that is a file, lies under a file, cannot be written
     or created, or (without overwrite) already holds one of `names`. Returns `out` as a Path."""
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file; point it at a folder")
+        raise UsageError(f"{flag} {out} is a file; point it at a folder")
     if out.is_dir():
         taken = [name for name in names if (out / name).exists()]
         if taken and not overwrite:
-            raise UsageError(f"--out {out} already holds {', '.join(taken)}; choose another folder or pass "
+            raise UsageError(f"{flag} {out} already holds {', '.join(taken)}; choose another folder or pass "
                              "--overwrite")
-        check_writable(out, f"--out {out} is not writable")
+        check_writable(out, f"{flag} {out} is not writable")
         return out
     existing = next(parent for parent in out.absolute().parents if parent.exists())
     if not existing.is_dir():
-        raise UsageError(f"--out {out} cannot be created: {existing} is a file, not a folder")
-    check_writable(existing, f"--out {out} cannot be created in {existing}")
+        raise UsageError(f"{flag} {out} cannot be created: {existing} is a file, not a folder")
+    check_writable(existing, f"{flag} {out} cannot be created in {existing}")
     return out
 
 
@@ -55,3 +55,19 @@ def write_csv(path, header, rows):
     writer.writerow(header)
     writer.writerows(rows)
     write_atomic(path, lambda partial: Path(partial).write_text(buffer.getvalue()))
+
+
+def check_out_file(out, overwrite, reads=()):
+    """Refuse, before any work, an --out that is a folder, is one of the files the command `reads`,
+    exists (without overwrite), or cannot be written. Returns `out` as a Path."""
+    out = Path(out)
+    if out.is_dir():
+        raise UsageError(f"--out {out} is a folder; give the name of a file inside it")
+    if any(out.resolve() == Path(path).resolve() for path in reads):
+        raise UsageError(f"--out {out} is a checkpoint this command reads; write the result under another name")
+    if out.exists() and not overwrite:
+        raise UsageError(f"--out {out} exists; choose another name or pass --overwrite")
+    if not out.parent.is_dir():
+        raise UsageError(f"--out {out}: folder {out.parent} does not exist")
+    check_writable(out.parent, f"--out {out}: folder {out.parent} is not writable")
+    return out

@@ -132,6 +132,22 @@ def test_the_ensemble_command_refuses_in_one_line_and_keeps_what_is_on_disk(memb
     assert_refused(run_script("inference.ensemble", [ensemble, members[0], "--out", tmp_path / "x.pt"]),
                    "an ensemble already")
     assert_refused(run_script("inference.ensemble", [*members, "--out", ensemble]), "--overwrite")
+    member_bytes = members[0].read_bytes()
+    assert_refused(run_script("inference.ensemble", [*members, "--out", members[0], "--overwrite"]),
+                   "a checkpoint this command reads")
+    assert_refused(run_script("inference.ensemble", [*members, members[0], "--out", tmp_path / "x.pt"]), "twice")
+    assert_refused(run_script("inference.ensemble", [*members, "--out", tmp_path / "missing" / "x.pt"]),
+                   "does not exist")
+    torch.save({"model": {}}, tmp_path / "keyless.pt")
+    assert_refused(run_script("inference.ensemble", [members[0], tmp_path / "keyless.pt", "--out", tmp_path / "x.pt"]),
+                   "keyless.pt lacks")
+    diverged = load_checkpoint(members[1])
+    next(iter(diverged["model"].values())).fill_(float("nan"))
+    diverged.pop("ema", None)
+    torch.save(diverged, tmp_path / "diverged.pt")
+    assert_refused(run_script("inference.ensemble", [members[0], tmp_path / "diverged.pt", "--out", tmp_path / "x.pt"]),
+                   "NaN or infinity")
+    assert members[0].read_bytes() == member_bytes
     assert ensemble.read_bytes() == before and not (tmp_path / "one.pt").exists() and not (tmp_path / "x.pt").exists()
     code, _, err = run_script("inference.ensemble", [*members[:2], "--out", ensemble, "--overwrite"])
     assert code == 0, err

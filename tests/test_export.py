@@ -84,6 +84,10 @@ def test_export_refuses_bad_input(tmp_path):
     assert existing.read_bytes() == b"keep me"
     assert_refused(run_script("export", ["--checkpoint", checkpoint, "--format", "onnx", "--out", tmp_path]),
                    "is a folder")
+    checkpoint_bytes = checkpoint.read_bytes()
+    assert_refused(run_script("export", ["--checkpoint", checkpoint, "--format", "torchscript", "--out", checkpoint,
+                                         "--overwrite"]), "a checkpoint this command reads")
+    assert checkpoint.read_bytes() == checkpoint_bytes
     assert_refused(run_script("export", ["--checkpoint", checkpoint, "--format", "tflite", "--out", existing]),
                    "--format")
     marker = tmp_path / "code-ran"

@@ -426,6 +426,16 @@ def test_bad_input_is_one_line_and_exit_2():
     assert "Traceback" not in result.stderr
 
 
+def test_an_output_dir_that_cannot_be_a_folder_is_refused_before_measuring(tmp_path):
+    from profiling.cli import parse_profiler_args
+    from training.errors import UsageError
+    (tmp_path / "file").write_text("keep me")
+    for out, says in ((tmp_path / "file", "is a file"), (tmp_path / "file" / "p", "cannot be created")):
+        with pytest.raises(UsageError, match=f"--output-dir {out} {says}"):
+            parse_profiler_args([*TINY_DATA, "--device", "cpu", "--output-dir", str(out)])
+    assert (tmp_path / "file").read_text() == "keep me"
+
+
 def test_a_batch_larger_than_the_data_is_one_line_not_an_endless_wait(tmp_path):
     # The profiler times full batches only; with none to draw it must say so instead of looping.
     result = run_subprocess([sys.executable, "profiler.py", *TINY_DATA, "--synthetic-windows-per-subject", "4",
