@@ -13,6 +13,9 @@ MAX_RATE_RATIO = 20.0
 JITTER_TOLERANCE = 0.01  # time steps within 1% of the median count as uniform
 RATE_AGREEMENT = 0.02  # --sample-rate and the time column may differ by 2%
 MAX_RATIO_DENOMINATOR = 1000  # resampling ratios are rounded to a fraction with at most this below
+# Longer than this without a sample, the interpolation would invent the motion of a good part of a
+# window (2.56 s): a phone that stopped recording, not jitter.
+MAX_GAP_S = 1.0
 
 
 def source_rate_hz(time_s, sample_rate_hz, path):
@@ -28,6 +31,18 @@ def source_rate_hz(time_s, sample_rate_hz, path):
         raise DataError(f"--sample-rate {sample_rate_hz:g} disagrees with the time_s column of {path} "
                          f"({from_time:.4g} Hz); drop --sample-rate or fix the time stamps")
     return from_time
+
+
+def check_no_gap(time_s, path):
+    """Refuse a recording with more than MAX_GAP_S between two samples: windows across the gap would
+    be classified from interpolated, not measured, motion."""
+    if time_s is None or len(time_s) < 2:
+        return
+    steps = np.diff(time_s)
+    where = int(np.argmax(steps))
+    if steps[where] > MAX_GAP_S:
+        raise DataError(f"{path}: no samples for {steps[where]:.3g} s after {time_s[where]:.3f} s (sample "
+                        f"{where + 1}); split the recording at the gap into files of their own")
 
 
 def to_uniform(values, time_s, rate_hz):
@@ -58,6 +73,7 @@ def on_model_clock(recording, model_rate_hz, sample_rate_hz=None):
         raise DataError(f"{recording.path} runs at {rate_hz:.4g} Hz by {where}, far from the model's "
                         f"{model_rate_hz:g} Hz (accepted: {MIN_RATE_RATIO * model_rate_hz:g} to "
                         f"{MAX_RATE_RATIO * model_rate_hz:g} Hz); check the rate or the time unit")
+    check_no_gap(recording.time_s, recording.path)
     start_s = float(recording.time_s[0]) if recording.time_s is not None else 0.0
     signals = recording.acc_g if recording.gyro_rad_s is None else np.hstack([recording.acc_g, recording.gyro_rad_s])
     signals = resample(to_uniform(signals, recording.time_s, rate_hz), rate_hz, model_rate_hz)

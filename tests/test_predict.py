@@ -223,6 +223,8 @@ def bad_recording(tmp_path, case):
         return write_csv(path, time_s, acc, gyro)
     if case == "time-in-ms":
         return write_csv(path, time_s * 1000, acc, gyro)
+    if case == "gap":  # the phone stopped for an hour after sample 250
+        return write_csv(path, np.where(np.arange(len(time_s)) >= 250, time_s + 3600.0, time_s), acc, gyro)
     raise ValueError(case)
 
 
@@ -234,6 +236,7 @@ def bad_recording(tmp_path, case):
     ("inf", ["NaN or infinity", "sample 201"]),
     ("time-backwards", ["time_s does not increase", "sample 301"]),
     ("time-in-ms", ["0.05 Hz", "time"]),
+    ("gap", ["no samples for 3.6e+03 s", "sample 250", "split the recording"]),
 ])
 def test_bad_recording(case, names, checkpoint, out_dir, tmp_path):
     recording = bad_recording(tmp_path, case)
