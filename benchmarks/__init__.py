@@ -7,6 +7,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from training.config.cli import usage_error
 from training.errors import UsageError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -17,7 +18,28 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpF
 
 
 def entry_parser(module, doc):
-    return argparse.ArgumentParser(prog=f"python -m {module}", description=doc, formatter_class=_Help)
+    """The parser of a measurement entry point: its errors are one line (run_entry_point prints them)."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=doc, formatter_class=_Help)
+    parser.error = usage_error(parser.prog)
+    return parser
+
+
+def at_least(lowest):
+    """An argparse type: a whole number no smaller than `lowest` (counts of rounds, steps, ranks)."""
+    def parse(text):
+        value = int(text)
+        if value < lowest:
+            raise argparse.ArgumentTypeError(f"must be at least {lowest}, got {value}")
+        return value
+    return parse
+
+
+def positive(text):
+    """An argparse type: a finite number above zero (a rate, a size)."""
+    value = float(text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
 
 
 def write_json(path, figures):

@@ -7,20 +7,22 @@ moving average and AdamW's two moments of a model that size.
 """
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from benchmarks import entry_parser
+from benchmarks import at_least, entry_parser, positive
 from training.checkpoint.files import place_copy, save_checkpoint
+from training.errors import run_entry_point
 
 
 def main(argv=None):
     parser = entry_parser("benchmarks.checkpoint_copies", __doc__)
-    parser.add_argument("--mparams", type=float, default=10.6, help="model parameters, in millions")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--mparams", type=positive, default=10.6, help="model parameters, in millions")
+    parser.add_argument("--repeats", type=at_least(1), default=3)
     parser.add_argument("--dir", default=None, help="folder on the filesystem to measure (default: the temp folder)")
     args = parser.parse_args(argv)
     values = int(args.mparams * 1e6)
@@ -42,4 +44,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_entry_point(main))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import at_least
 from data.synthetic import DEFAULT_WINDOWS_PER_SUBJECT
 from models import MODELS
 from profiling.interleave import interleave, per_side
@@ -27,11 +28,11 @@ TRAINER_SIDE = ("Trainer.train_epoch: the run's TrainStep over its loader, with 
 def add_run_flags(parser):
     """The flags that shape the run every benchmark builds."""
     parser.add_argument("--model", choices=tuple(MODELS), default="cnn1d")
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batch-size", type=at_least(1), default=32)
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
-    parser.add_argument("--rounds", type=int, default=3, help="timed rounds per side, taken in turn")
-    parser.add_argument("--epochs-per-round", type=int, default=1)
-    parser.add_argument("--synthetic-windows-per-subject", type=int, default=DEFAULT_WINDOWS_PER_SUBJECT,
+    parser.add_argument("--rounds", type=at_least(1), default=3, help="timed rounds per side, taken in turn")
+    parser.add_argument("--epochs-per-round", type=at_least(1), default=1)
+    parser.add_argument("--synthetic-windows-per-subject", type=at_least(1), default=DEFAULT_WINDOWS_PER_SUBJECT,
                         help="30 subjects; the default matches UCI HAR's size")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model on every side")
     parser.add_argument("--compile-mode", choices=COMPILE_MODES, default=None, help="as training's (implies --compile)")

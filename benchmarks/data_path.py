@@ -17,6 +17,7 @@ from benchmarks.common import (
     trainer_runs,
 )
 from profiling.workload import RECIPE_OFF
+from training.errors import run_entry_point
 
 
 def iterate_loader(run, epoch):
@@ -75,4 +76,4 @@ def figures(opts, device, iteration, training):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_entry_point(main))

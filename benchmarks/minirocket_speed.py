@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks import entry_parser, run_in_repo, write_json
+from benchmarks import at_least, entry_parser, run_in_repo, write_json
 from benchmarks.common import epoch_rates, format_rates, paired_ratio
 from models import build_model
 from profiling.interleave import interleave, per_side
@@ -30,9 +30,9 @@ from training.errors import run_entry_point
 def main(argv=None):
     parser = entry_parser("benchmarks.minirocket_speed", __doc__)
     parser.add_argument("--threads", type=int, default=1, help="torch's intra-op threads and aeon's n_jobs")
-    parser.add_argument("--windows", type=int, default=2048, help="windows transformed per round by each side")
-    parser.add_argument("--batch-size", type=int, default=256, help="windows per call of our transform")
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--windows", type=at_least(1), default=2048, help="windows transformed per round by each side")
+    parser.add_argument("--batch-size", type=at_least(1), default=256, help="windows per call of our transform")
+    parser.add_argument("--rounds", type=at_least(1), default=4)
     parser.add_argument("--data-dir", default=None, help="a UCI HAR layout: also time main.py against aeon")
     parser.add_argument("--model-rounds", type=int, default=1, help="rounds of the time-to-model comparison")
     parser.add_argument("--json", default=None, help="also write the figures here")

@@ -25,6 +25,7 @@ from benchmarks.common import (
     train_trainer_epoch,
 )
 from training.distributed.ddp import ddp_module
+from training.errors import UsageError, run_entry_point
 from training.loop.step import compile_for_training
 
 # Below these the trainer costs more than noise explains on CPU.
@@ -39,7 +40,7 @@ class MinimalLoop:
     def __init__(self, run, features):
         config, device = run.config, run.strategy.device
         if run.precision.needs_grad_scaler:
-            raise SystemExit("the minimal loop has no GradScaler: run on CPU or a bf16-capable GPU")
+            raise UsageError("the minimal loop has no GradScaler: run on CPU or a bf16-capable GPU")
         torch.manual_seed(config.optim.seed)  # the seed the trainer builds its model under: the same initial weights
         train = run.data.train  # already normalised by the trainer
         _, channels, window_steps = train.signals.shape
@@ -155,4 +156,4 @@ def report(opts, run, rates, other_cores):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_entry_point(main))

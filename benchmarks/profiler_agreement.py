@@ -11,7 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks import entry_parser, run_in_repo
+from benchmarks import at_least, entry_parser, run_in_repo
 from profiling.interleave import interleave
 from training.errors import run_entry_point
 
@@ -32,8 +32,9 @@ def samples_per_s(script, flags, epochs):
 
 def main(argv=None):
     parser = entry_parser("benchmarks.profiler_agreement", __doc__)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--epochs", type=int, default=4, help="main.py epochs per round (the first is not counted)")
+    parser.add_argument("--rounds", type=at_least(1), default=3)
+    parser.add_argument("--epochs", type=at_least(2), default=4,
+                        help="main.py epochs per round (the first is not counted)")
     parser.add_argument("flags", nargs="*", help="training flags for both, after --")
     opts = parser.parse_args(argv)
     sides = {script: lambda _, script=script: samples_per_s(script, opts.flags, opts.epochs)

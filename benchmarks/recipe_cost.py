@@ -14,6 +14,7 @@ from benchmarks.common import (
 )
 from data.augment import AUGMENTATIONS
 from profiling.workload import RECIPE_OFF
+from training.errors import run_entry_point
 
 TARGET_RATIO = 0.9  # the augmentation may cost at most a tenth of a step
 FULL_AUGMENT = {**RECIPE_OFF, "augment": ",".join(AUGMENTATIONS)}
@@ -44,4 +45,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_entry_point(main))

@@ -15,20 +15,21 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import REPO, entry_parser
+from benchmarks import REPO, at_least, entry_parser
 from models import MODELS
+from training.errors import run_entry_point
 
 STOPPED = re.compile(r"stopped after step (\d+)")
 
 
 def main(argv=None):
     parser = entry_parser("benchmarks.stop_latency", __doc__)
-    parser.add_argument("--ranks", type=int, default=2, help="1: main.py; more: DDP ranks under torchrun")
+    parser.add_argument("--ranks", type=at_least(1), default=2, help="1: main.py; more: DDP ranks under torchrun")
     parser.add_argument("--model", choices=tuple(MODELS), default="cnn1d")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--log-interval", type=int, default=10, help="the check-in interval in steps")
+    parser.add_argument("--batch-size", type=at_least(1), default=32)
+    parser.add_argument("--log-interval", type=at_least(1), default=10, help="the check-in interval in steps")
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="cpu")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=at_least(1), default=3)
     parser.add_argument("--seed", type=int, default=0, help="for the random delays")
     opts = parser.parse_args(argv)
     draw = random.Random(opts.seed)
@@ -70,4 +71,4 @@ def one_stop(opts, save_dir, delay_s):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_entry_point(main))

@@ -22,7 +22,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
-from benchmarks import descendants, entry_parser, run_in_repo, write_json
+from benchmarks import at_least, descendants, entry_parser, run_in_repo, write_json
 
 STARTED_S = time.time()  # before the imports below: a side's time to first step counts them
 import numpy as np  # noqa: E402
@@ -46,12 +46,12 @@ def main(argv=None):
     make.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     measure = commands.add_parser("measure")
     measure.add_argument("--store", required=True)
-    measure.add_argument("--rounds", type=int, default=3)
-    measure.add_argument("--steps", type=int, default=300)
+    measure.add_argument("--rounds", type=at_least(1), default=3)
+    measure.add_argument("--steps", type=at_least(1), default=300)
     measure.add_argument("--warmup-steps", type=int, default=30)
     measure.add_argument("--json", default=None)
     side = commands.add_parser("side")  # one side of `measure`, in a process of its own
-    side.add_argument("--steps", type=int, required=True)
+    side.add_argument("--steps", type=at_least(1), required=True)
     side.add_argument("--warmup-steps", type=int, required=True)
     side.add_argument("flags", nargs="*")
     convert = commands.add_parser("convert")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks import entry_parser, run_in_repo
+from benchmarks import at_least, entry_parser, run_in_repo
 from crossval.folds import fold_subjects
 from data.splits import load_har_data
 from training.errors import run_entry_point
@@ -25,7 +25,7 @@ def main(argv=None):
     parser.add_argument("--out", required=True, help="one folder per compression and fold; results.json")
     parser.add_argument("--folds", type=int, default=7)
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--ranks", type=at_least(1), default=2)
     parser.add_argument("--compressions", default="none,fp16")
     parser.add_argument("flags", nargs="*", help="more training flags, after --")
     opts = parser.parse_args(argv)

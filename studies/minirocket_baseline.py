@@ -17,6 +17,7 @@ from benchmarks import entry_parser, write_json
 from crossval.folds import fold_subjects
 from data.splits import Split, load_har_data
 from evaluation.metrics import classification_report, per_subject_accuracy
+from training.errors import run_entry_point
 
 
 def main(argv=None):
@@ -74,4 +75,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_entry_point(main))

@@ -13,6 +13,7 @@ turned by each of --degrees about --axis (every sensor's x/y/z together), infere
 Development data only: nothing in the tests needs it.
 """
 import statistics
+import sys
 
 import numpy as np
 
@@ -22,6 +23,7 @@ from data.splits import load_har_data
 from inference.bundle import load_bundle, pick_device, probabilities
 from inference.evaluate import splits_as_trained
 from studies.tta_nested import transformed
+from training.errors import UsageError, run_entry_point
 
 PAIRS = (("WALKING", "WALKING_UPSTAIRS"), ("SITTING", "STANDING"))
 
@@ -89,7 +91,7 @@ def print_turned(checkpoint, person, axis, degrees, device):
     data = splits_as_trained(bundle.config, bundle.config.data.dataset, bundle.config.data.data_dir)
     chosen = data.test.subjects == person
     if not chosen.any():
-        raise SystemExit(f"error: person {person} is not in {checkpoint}'s test split")
+        raise UsageError(f"person {person} is not in {checkpoint}'s test split; name one of its test people")
     windows, labels = data.test.signals[chosen], data.test.labels[chosen]
     triples = sensor_triples(data.channel_names)
     print(f"person {person}, {len(labels)} windows, turned about {'xyz'[axis]}:")
@@ -123,4 +125,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_entry_point(main))

@@ -5,12 +5,15 @@ wholly inside one activity 1..6, recordings in name order) and prints the larges
 from the windows the loader reads. Development data only: nothing in the tests needs it.
 """
 
+import sys
+
 import numpy as np
 
 from benchmarks import entry_parser
 from data.preprocess import cut_windows, uci_har_channels
 from data.uci_har import SAMPLE_RATE_HZ, SIGNAL_NAMES, WINDOW_STEPS, find_root, load_split
 from inference.transitions import recording_classes
+from training.errors import UsageError, run_entry_point
 
 
 def main(argv=None):
@@ -20,7 +23,11 @@ def main(argv=None):
     parser.add_argument("--split", default="test", choices=("train", "test"))
     parser.add_argument("--subjects", default="3,7,15,21,26,29", help="the subjects in --split")
     args = parser.parse_args(argv)
-    loaded, labels, _ = load_split(find_root(args.data_dir), args.split)
+    root = find_root(args.data_dir)
+    if root is None:
+        raise UsageError(f"--data-dir {args.data_dir} does not hold the UCI HAR Dataset; point it at a folder "
+                         "in its layout (../shared/data/hapt-dev's script writes one)")
+    loaded, labels, _ = load_split(root, args.split)
     subjects = {int(s) for s in args.subjects.split(",")}
     archive = np.load(args.recordings, allow_pickle=False)
     ours = []
@@ -34,10 +41,10 @@ def main(argv=None):
                 ours.append(cut_windows(stream, starts, WINDOW_STEPS))
     ours = np.concatenate(ours)
     if ours.shape != loaded.shape:
-        raise SystemExit(f"{len(ours)} windows cut here, {len(loaded)} in the {args.split} split: other subjects?")
+        raise UsageError(f"{len(ours)} windows cut here, {len(loaded)} in the {args.split} split: other --subjects?")
     print(f"{len(ours)} {args.split} windows of {sorted(subjects)}: largest |difference| "
           f"{np.abs(ours - loaded).max():.2e} (the text files keep 8 significant digits)")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_entry_point(main))

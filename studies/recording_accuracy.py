@@ -20,11 +20,12 @@ held-out people (nested_identity.json) and its windows' .npz. Development data o
 the tests needs it.
 """
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks import entry_parser, write_json
+from benchmarks import entry_parser, positive, write_json
 from data.recordings import Recording
 from data.resample import resample
 from evaluation.calibration import fit_temperature, scaled
@@ -36,7 +37,7 @@ from inference.evaluate import splits_as_trained
 from inference.timeline import labels_at, smooth_labels
 from inference.transitions import learn_transitions, recording_classes
 from studies import outer_fold_dirs
-from training.errors import UsageError
+from training.errors import UsageError, run_entry_point
 
 RECORDING_RATE_HZ = 50.0
 SMOOTHINGS = ("none", "median", "hmm", "hmm-learnt", "hmm-learnt-stay")
@@ -186,7 +187,8 @@ def folds_of(nested_dir):
     folds = [(run_dir / "best.pt", json.loads((run_dir / "nested_identity.json").read_text())["inputs"]["subjects"])
              for run_dir in outer_fold_dirs(nested_dir, "nested_identity.json", "best.pt")]
     if not folds:
-        raise SystemExit(f"error: {nested_dir} holds no finished outer fold (outer-*/nested_identity.json)")
+        raise UsageError(f"{nested_dir} holds no finished outer fold (outer-*/nested_identity.json); point --nested "
+                         "at a studies.nested_cv configuration")
     return folds
 
 
@@ -214,7 +216,7 @@ def main(argv=None):
     parser.add_argument("--recordings", default="../shared/data/hapt-dev/hapt_dev_recordings.npz")
     parser.add_argument("--subjects", default="3,7,15,21,26,29", help="held out of training (with --checkpoint)")
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--as-rate", type=float, default=RECORDING_RATE_HZ, metavar="HZ")
+    parser.add_argument("--as-rate", type=positive, default=RECORDING_RATE_HZ, metavar="HZ")
     parser.add_argument("--json", default=None, help="write every figure here")
     args = parser.parse_args(argv)
     device = pick_device(args.device)
@@ -239,4 +241,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_entry_point(main))

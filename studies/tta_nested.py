@@ -10,6 +10,7 @@ that a choice is made on the outer folds, as the nested estimate asks. Inference
 """
 import math
 import statistics
+import sys
 
 import numpy as np
 
@@ -19,6 +20,7 @@ from evaluation.metrics import per_subject_accuracy
 from inference.bundle import load_bundle, pick_device, probabilities
 from inference.evaluate import splits_as_trained
 from studies import outer_fold_dirs
+from training.errors import run_entry_point
 
 SHIFTS = tuple(("shift", steps) for steps in (-8, -4, 4, 8))  # training's shift augmentation draws from +-8
 ROTATIONS = tuple(("rotate", (axis, degrees)) for axis in range(3) for degrees in (-10, 10))  # training: up to 10
@@ -88,4 +90,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_entry_point(main))

@@ -5,7 +5,6 @@ import itertools
 import json
 import sys
 
-import pytest
 import torch
 
 from benchmarks.gpu_check import throughput
@@ -14,6 +13,7 @@ from benchmarks.gpu_check.plan import BATCH_SIZES, FULL, GROUP_BUDGET_S, PRECISI
 from benchmarks.gpu_check.runner import Budget, parse_throughput, run_step
 from models import MODELS
 from test_gpu_check import sample_result
+from training.errors import run_entry_point
 
 TINY_MATRIX = ["--device", "cpu", "--quick", "--models", "cnn1d", "--batch-sizes", "16", "--precisions", "fp32,fp16",
                "--synthetic-windows-per-subject", "8"]
@@ -60,9 +60,8 @@ def test_bad_matrix_flags_are_refused_in_one_line_before_anything_runs(tmp_path,
     out = tmp_path / "throughput.json"
     assert throughput.main(["--json", str(out), "--device", "cpu", "--models", "cnn1d,resnet9000"]) == 2
     assert capsys.readouterr().err.count("\n") == 1 and not out.exists()
-    with pytest.raises(SystemExit) as refused:
-        throughput.main(["--json", str(out), "--precisions", "fp8"])
-    assert refused.value.code == 2
+    assert run_entry_point(throughput.main, ["--json", str(out), "--precisions", "fp8"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1 and not out.exists()
 
 
 def test_a_tiny_matrix_on_cpu_measures_and_skips_fp16(tmp_path):

@@ -31,6 +31,7 @@ from benchmarks.gpu_check.plan import DEFAULT_GROUPS, GROUP_BUDGET_S, build_plan
 from benchmarks.gpu_check.runner import Budget, run_command, run_plan
 from profiling.cli import comma_choices, env_without_torchrun
 from profiling.report import json_ready
+from training.errors import run_entry_point
 
 
 def main(argv=None):
@@ -128,4 +129,4 @@ def slug(text):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_entry_point(main))

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import torch
 
-from benchmarks import entry_parser, write_json
+from benchmarks import at_least, entry_parser, write_json
 from models import build_model
 from profiling.cli import comma_counts
 from training.config.settings import check_at_least
@@ -26,10 +26,10 @@ WAYS = {"one bias at a time": True, "all biases at once": False}
 def main(argv=None):
     parser = entry_parser("benchmarks.gpu_check.minirocket", __doc__)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    parser.add_argument("--windows", type=int, default=8192, help="windows in each timed pass")
+    parser.add_argument("--windows", type=at_least(1), default=8192, help="windows in each timed pass")
     parser.add_argument("--batch-sizes", type=comma_counts, default=[256, 1024, 8192],
                         help="windows per call of the transform")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=at_least(1), default=5)
     parser.add_argument("--json", default=None, help="also write the figures here")
     opts = parser.parse_args(argv)
     check_at_least(("--windows", opts.windows, 1), ("--rounds", opts.rounds, 1), ("--batch-sizes", opts.batch_sizes, 1))

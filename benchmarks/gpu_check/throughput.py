@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import entry_parser
+from benchmarks import at_least, entry_parser
 from benchmarks.gpu_check.plan import BATCH_SIZES, FULL, PRECISIONS, QUICK
 from data.splits import load_har_data
 from data.synthetic import DEFAULT_WINDOWS_PER_SUBJECT
@@ -29,7 +29,7 @@ from profiling.report import json_ready
 from profiling.timing import mean_std
 from training.checkpoint.files import write_atomic
 from training.distributed.strategy import make_strategy
-from training.errors import UsageError
+from training.errors import UsageError, run_entry_point
 from training.reporting.logger import GIB
 
 WHAT = ("samples_per_s: samples the timed steps took (an epoch's shorter last batch counts its own size, not "
@@ -160,10 +160,11 @@ def parse(argv):
     parser.add_argument("--models", type=comma_names, default=list(MODELS))
     parser.add_argument("--batch-sizes", type=comma_counts, default=list(BATCH_SIZES), help="per GPU")
     parser.add_argument("--precisions", type=comma_choices(PRECISIONS), default=list(PRECISIONS))
-    parser.add_argument("--synthetic-windows-per-subject", type=int, default=DEFAULT_WINDOWS_PER_SUBJECT)
+    parser.add_argument("--synthetic-windows-per-subject", type=at_least(1), default=DEFAULT_WINDOWS_PER_SUBJECT)
     parser.add_argument("--warmup-steps", type=int, default=None, help="default: 10, 2 with --quick")
-    parser.add_argument("--steps", type=int, default=None, help="steps timed per repeat; default: 30, 5 with --quick")
-    parser.add_argument("--repeats", type=int, default=None, help="default: 2, 1 with --quick")
+    parser.add_argument("--steps", type=at_least(1), default=None,
+                        help="steps timed per repeat; default: 30, 5 with --quick")
+    parser.add_argument("--repeats", type=at_least(1), default=None, help="default: 2, 1 with --quick")
     opts = parser.parse_args(argv)
     defaults = (QUICK if opts.quick else FULL).profile
     for name, default in zip(("warmup_steps", "steps", "repeats"), defaults, strict=True):
@@ -191,4 +192,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_entry_point(main))

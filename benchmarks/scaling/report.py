@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import entry_parser, run_in_repo
+from benchmarks import at_least, entry_parser, run_in_repo
 from benchmarks.scaling.figures import write_figures
 from benchmarks.scaling.tables import write_csv, write_latex, write_text_report
 from models import MODELS
@@ -32,8 +32,8 @@ def build_parser():
                         help="CPU only: OMP_NUM_THREADS of every run, the 1-process baseline included, so "
                              "N processes use N times the cores of one (as N GPUs would)")
     parser.add_argument("--warmup-steps", type=int, default=10)
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=at_least(1), default=40)
+    parser.add_argument("--repeats", type=at_least(1), default=3)
     parser.add_argument("--phase-steps", type=int, default=10)
     parser.add_argument("--predict-gpus", type=comma_counts, default=[1, 2, 4, 8],
                         help="GPU counts for the extrapolation figure")

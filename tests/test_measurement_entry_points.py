@@ -1,0 +1,27 @@
+"""The measurement entry points (benchmarks/, studies/) refuse bad input as the product does: one
+`error:` line, exit 2, no traceback, before any measurement starts."""
+import sys
+
+import pytest
+
+from conftest import run_subprocess
+
+CASES = [
+    ("benchmarks.stop_latency", ["--repeats", "0"], "--repeats: must be at least 1, got 0"),
+    ("benchmarks.overhead", ["--rounds", "0"], "--rounds: must be at least 1, got 0"),
+    ("benchmarks.overhead", ["--epochs-per-round", "0"], "--epochs-per-round: must be at least 1"),
+    ("benchmarks.profiler_agreement", ["--epochs", "1"], "--epochs: must be at least 2, got 1"),
+    ("benchmarks.checkpoint_copies", ["--mparams", "nan"], "--mparams: must be a positive number"),
+    ("benchmarks.recipe_cost", ["--batch-size", "-1"], "--batch-size: must be at least 1"),
+    ("studies.recording_accuracy", ["--nested", "no-such-folder"], "no-such-folder holds no finished outer fold"),
+    ("studies.preprocess_agreement", ["--data-dir", "no-such-folder"], "does not hold the UCI HAR Dataset"),
+]
+
+
+@pytest.mark.parametrize("module, flags, says", CASES, ids=[f"{m}:{' '.join(f)}" for m, f, _ in CASES])
+def test_bad_input_is_one_line(module, flags, says):
+    result = run_subprocess([sys.executable, "-m", module, *flags], timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], result.stderr
