@@ -35,6 +35,8 @@ def load_npz_windows(path):
     if not path.is_file():
         what = "is a folder" if path.is_dir() else "does not exist"
         raise DataError(f"--data-dir {path} {what}; --dataset npz needs an .npz file of windows")
+    if not zipfile.is_zipfile(path):  # np.load would take any other file for a pickle and say so
+        raise DataError(f"{path} is not an .npz archive; write the windows with np.savez (see docs/using_a_model.md)")
     try:
         with np.load(path, allow_pickle=False) as archive:
             arrays = {name: archive[name] for name in archive.files}

@@ -1,6 +1,7 @@
 """Read a continuous recording (CSV or .npz) into accelerometer in g and gyroscope in rad/s."""
 import csv
 import math
+import warnings
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,7 +87,9 @@ def _read_csv(path, extra=()):
         raise DataError(f"{path}: {problem} in the header; expected {TIME_COLUMN} (optional), "
                         f"{', '.join(ACC_AXES)}, {', '.join(GYRO_AXES)}" + "".join(f", {name}" for name in extra))
     try:
-        values = np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2, dtype=np.float64)
+        with warnings.catch_warnings():  # a header without rows: said below, as one line
+            warnings.simplefilter("ignore", UserWarning)
+            values = np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2, dtype=np.float64)
     except (ValueError, UnicodeDecodeError) as exc:
         raise DataError(f"{path}: not a table of numbers ({str(exc).splitlines()[0]})") from None
     if values.size == 0:

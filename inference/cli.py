@@ -86,8 +86,11 @@ def parse_predict_args(argv):
     if args.uncertain_below is not None and not (math.isfinite(args.uncertain_below) and
                                                  0 < args.uncertain_below < 1):
         raise UsageError(f"--uncertain-below must be a probability between 0 and 1, got {args.uncertain_below}")
-    if not recording and (args.transitions is not None or args.uncertain_below is not None):
-        raise UsageError("--transitions and --uncertain-below shape a recording's timeline; use them with --recording")
+    timeline_only = [flag for flag, value in (("--transitions", args.transitions),
+                                              ("--uncertain-below", args.uncertain_below)) if value is not None]
+    if not recording and timeline_only:
+        raise UsageError(f"{' and '.join(timeline_only)} only shape a recording's timeline; use "
+                         f"{'it' if len(timeline_only) == 1 else 'them'} with --recording")
     wanted = "recording" if recording else "subject"
     if args.adapt not in ("none", wanted):
         raise UsageError(f"--adapt {args.adapt} is for {'an evaluation' if recording else 'a recording'}; "

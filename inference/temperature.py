@@ -38,6 +38,7 @@ def run_temperature(checkpoint):
 
 def read_temperature(value):
     """--temperature as a positive number: given as such, or the temperature of a calibration.json."""
+    where = ""
     try:
         temperature = float(value)
     except ValueError:
@@ -48,6 +49,8 @@ def read_temperature(value):
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise UsageError(f"--temperature {value} is not a {CALIBRATION_FILE} with a temperature "
                              f"({type(exc).__name__})") from None
+        where = f" in {value}"
     if not (math.isfinite(temperature) and temperature > 0):
-        raise UsageError(f"--temperature must be a positive number or a {CALIBRATION_FILE}, got {value}")
+        raise UsageError(f"--temperature must be a positive number or a {CALIBRATION_FILE} holding one, got "
+                         f"{temperature:g}{where}")
     return temperature

@@ -108,6 +108,9 @@ def test_predict_refuses_windows_it_cannot_rebuild(extra, names, tmp_path):
 
 
 def bad_file(tmp_path, case):
+    if case == "text":
+        (tmp_path / "text.npz").write_text("signals,labels\n")
+        return tmp_path / "text.npz"
     arrays = windows()
     count = len(arrays["labels"])
     if case == "no-labels":
@@ -157,6 +160,7 @@ def bad_file(tmp_path, case):
     ("float-labels", ["labels must be integers"]),
     ("short-subjects", ["subjects must be integers", "[48]"]),
     ("pickled-names", ["Python objects"]),
+    ("text", ["is not an .npz archive"]),
     ("bad-split", ["'validation'"]),
     ("train-only", ["both 'train' and 'test'"]),
     ("two-subjects", ["at least three"]),

@@ -256,6 +256,14 @@ def test_recording_that_is_not_a_table(content, names, checkpoint, out_dir, tmp_
            "odd.csv", *names)
 
 
+def test_a_header_without_rows_is_one_line(checkpoint, out_dir, tmp_path, recwarn):
+    path = tmp_path / "header.csv"
+    path.write_text("time_s,acc_x,acc_y,acc_z,gyro_x,gyro_y,gyro_z\n")
+    code, _, err = run_script("predict", ["--checkpoint", checkpoint, "--recording", path, "--out", out_dir])
+    assert code == 2 and err.count("\n") == 1 and "header.csv" in err, err
+    assert not [str(warning.message) for warning in recwarn if "loadtxt" in str(warning.message)]
+
+
 def test_missing_accelerometer_axis(checkpoint, out_dir, tmp_path):
     time_s, acc, gyro = synthetic_stream(10.0)
     path = tmp_path / "two-axes.csv"

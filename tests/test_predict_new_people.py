@@ -67,6 +67,13 @@ def test_learnt_transitions_and_uncertain_windows(checkpoint, recording, tmp_pat
                            "--stride", "32"), "--stride 64")
     assert_refused(predict(checkpoint, recording, tmp_path / "c", "--uncertain-below", "1.5"), "between 0 and 1")
     assert_refused(predict(checkpoint, recording, tmp_path / "d", "--temperature", "fit"), "validation split")
+    (tmp_path / "negative.json").write_text('{"temperature": -1}')
+    assert_refused(predict(checkpoint, recording, tmp_path / "e", "--temperature", tmp_path / "negative.json"),
+                   f"got -1 in {tmp_path / 'negative.json'}")
+    root = write_fake_uci(tmp_path / "UCI HAR Dataset")
+    evaluation = ["--checkpoint", checkpoint, "--data-dir", root, "--out", tmp_path / "f", "--uncertain-below", "0.5"]
+    line = assert_refused(run_script("predict", evaluation), "--uncertain-below only shape")
+    assert "--transitions" not in line  # only the flag that was given is named
 
 
 def test_evaluation_reports_calibration_and_fits_a_temperature(checkpoint, minirocket, tmp_path):
