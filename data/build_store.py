@@ -41,7 +41,7 @@ from data.provenance import array_identity, check, file_identity, make_record, r
 from data.recordings import read_recording
 from data.resample import on_model_clock
 from data.splits import NPZ_TEST_FRACTION, NPZ_TEST_SEED, hold_out_subjects
-from data.store import PARTS, SHARD_DIR, VERSION, finish_store, shard_paths, write_atomic
+from data.store import MANIFEST, PARTS, SHARD_DIR, VERSION, finish_store, shard_paths, write_atomic
 
 MAX_NAME_CHARACTERS = 120  # of a recording's file name in its job's name
 SHARD_WINDOWS = 8_192  # windows per shard file at most (19 MB of float16 9 x 128 windows)
@@ -53,9 +53,9 @@ LABEL_RULE = ("a window takes the label most of its samples carry; windows whose
 def main(argv=None):
     options = parse(argv)
     source = Path(options.src)
-    out = Path(options.out)
-    (out / SHARD_DIR).mkdir(parents=True, exist_ok=True)
+    out = check_store_folder(Path(options.out))
     jobs, layout = plan(source, options)
+    (out / SHARD_DIR).mkdir(parents=True, exist_ok=True)
     done, redo = {}, []
     for job in jobs:
         job["inputs"] = job_inputs(job, options.dtype)
@@ -96,6 +96,19 @@ def job_inputs(job, dtype):
     else:
         source = {"windows": array_identity(job["signals"], job["labels"]), "subject": job["subject"]}
     return {**source, "dtype": dtype, "version": VERSION}
+
+
+def check_store_folder(out):
+    """--out must be a new folder or a store's own (a build resumes there): never a file, and never a
+    folder of other things, such as a training run, which the store's files would be mixed into."""
+    if out.exists() and not out.is_dir():
+        raise DataError(f"--out {out} is a file; give a folder for the store")
+    if out.is_dir() and any(out.iterdir()) and not ((out / SHARD_DIR).is_dir() or (out / MANIFEST).is_file()):
+        raise DataError(f"--out {out} holds other files and no store; give a new or empty folder")
+    under = next((parent for parent in out.absolute().parents if parent.exists()), None)
+    if under is not None and not under.is_dir():
+        raise DataError(f"--out {out} cannot be created: {under} is a file, not a folder")
+    return out
 
 
 def remove_stale_files(out, jobs):

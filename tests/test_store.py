@@ -386,3 +386,18 @@ def test_a_build_refuses_windows_that_are_not_finite_as_stored(tmp_path):
     names = ["subject 2", "window 3 (channel 4, step 10)", "1e+06 is beyond float16's range", "--dtype float32"]
     assert all(name in str(refused.value) for name in names), refused.value
     assert not (tmp_path / "store" / "manifest.json").exists()
+
+
+def test_a_build_out_that_is_a_file_or_another_folder_is_refused_and_left_alone(tmp_path):
+    from data import build_store
+    from data.errors import DataError
+    source = synthetic_npz(tmp_path / "windows.npz")
+    (tmp_path / "file").write_text("keep me")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "best.pt").write_bytes(b"a run's checkpoint")
+    for out, says in ((tmp_path / "file", "is a file"), (tmp_path / "file" / "store", "cannot be created"),
+                      (run, "holds other files and no store")):
+        with pytest.raises(DataError, match=says):
+            build_store.main([str(source), "--out", str(out), "--workers", "1"])
+    assert (tmp_path / "file").read_text() == "keep me" and sorted(p.name for p in run.iterdir()) == ["best.pt"]
