@@ -174,13 +174,16 @@ def test_main_py_under_torchrun_is_refused(save_dir):
     refuse("main.py", [], save_dir, "main_multi_gpu.py", via_subprocess=True, env=TORCHRUN_ENV)
 
 
-def test_self_launch_checks_once_before_starting_any_worker(save_dir, tmp_path):
-    # Without torchrun, `--multi-gpu ddp` launches the workers itself; a bad --resume must stop it first.
+@pytest.mark.parametrize("flags, names", [(["--resume", "missing.pt"], ["missing.pt"]),
+                                           (["--augment", "flip", "--aug-flip-classes", "NOPE"], ["'NOPE'"])])
+def test_self_launch_checks_once_before_starting_any_worker(save_dir, flags, names):
+    # Without torchrun, `--multi-gpu ddp` launches the workers itself; a bad --resume or a class the
+    # data lacks must stop it first, in one line rather than one per worker and torchrun's report.
     code, out, err = run("main_multi_gpu.py", [*TINY_DATA, "--multi-gpu", "ddp", "--device", "cpu",
-                                               "--nproc-per-node", "2", "--save-dir", save_dir,
-                                               "--resume", tmp_path / "missing.pt"], via_subprocess=True)
-    assert_refused((code, out, err), "missing.pt")
-    assert "launching" not in out
+                                               "--nproc-per-node", "2", "--save-dir", save_dir, *flags],
+                         via_subprocess=True)
+    assert_refused((code, out, err), *names)
+    assert "launching" not in out and err.count("\n") == 1
 
 
 # ---------------------------------------------------------------------------

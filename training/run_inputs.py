@@ -25,11 +25,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from data.splits import HarData, load_har_data
 from models import SIZE_KNOBS, resolve_size
 from training.checkpoint import files as ckpt
 from training.config.settings import SHARDED_OR_DDP, RunConfig, distributed_env
 from training.errors import UsageError
+from training.loop.recipe import build_augmenter
 
 
 @dataclass
@@ -72,7 +75,10 @@ def check_data(config):
     parsed and cached on the way (so the run starts from the cache); the synthetic data is made
     with one window per subject, which checks the same flags in a fraction of the time."""
     windows = min(config.data.synthetic_windows_per_subject, 1)  # below 1 stays, to be refused
-    load_har_data(**config.data_options(synthetic_windows_per_subject=windows))
+    data = load_har_data(**config.data_options(synthetic_windows_per_subject=windows))
+    # The recipe's class flags name classes of this data: refused here as every worker's build would.
+    unit = {"mean": np.zeros(len(data.channel_names)), "std": np.ones(len(data.channel_names))}
+    build_augmenter(config.recipe, unit, data.channel_names, data.class_names, "cpu", warn=lambda message: None)
 
 
 def _read_save_dir(config, data, hold_lock):

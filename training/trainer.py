@@ -164,7 +164,6 @@ class Trainer:
         if resume_from is None:
             log.start_fresh()
         data, normalization = _normalize_data(config, data, checkpoint, resume_from, log)
-        # Built before config.yaml and checkpoints are written, so that a flag it refuses changes neither.
         augment = build_augmenter(config.recipe, normalization, data.channel_names, data.class_names, strategy.device,
                                   log.warn)
         model, train_model, precision, ema = _build_model(config, data, strategy, log)
