@@ -98,9 +98,12 @@ def test_profiler_reads_a_training_config(config_run):
     ("batch_size: 8\nbatch-size: 16\n", ["batch_size", "batch-size"]),
     ("epochs: [1\n", ["run.yaml", "not valid YAML", "line 2"]),
     ("- 1\n- 2\n", ["run.yaml", "list"]),
-], ids=["misspelt", "unknown", "bad-int", "bad-choice", "bad-bool", "twice", "broken-yaml", "not-a-mapping"])
+    ("lr: 0.1\nepochs: 1\nlr: 0.2\n", ["run.yaml", "line 3", "'lr' is given twice"]),
+    ('{"lr": 0.1, "lr": 0.2}', ["run.json", "'lr' is given twice"]),
+], ids=["misspelt", "unknown", "bad-int", "bad-choice", "bad-bool", "twice", "broken-yaml", "not-a-mapping",
+        "repeated-key", "repeated-json-key"])
 def test_bad_config_file_is_one_line(content, names, tmp_path):
-    path = tmp_path / "run.yaml"
+    path = tmp_path / ("run.json" if content.startswith("{") else "run.yaml")
     path.write_text(content)
     code, out, err = run_in_process("main.py", ["--config", path, "--save-dir", tmp_path / "run"])
     assert code == EXIT_USAGE and "Traceback" not in err, err

@@ -132,6 +132,29 @@ def usage_error(prog, where=None):
     return error
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load's loader, except that a key given twice is an error, not the last one silently winning."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"{key!r} is given twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def _unique_keys(path):
+    def mapping(pairs):
+        keys = [key for key, _ in pairs]
+        repeated = next((key for key in keys if keys.count(key) > 1), None)
+        if repeated is not None:
+            raise UsageError(f"--config {path}: {repeated!r} is given twice; keep one")
+        return dict(pairs)
+    return mapping
+
+
 def load_config_file(path):
     """The mapping of a YAML (or JSON) file, or a one-line error saying what is wrong with it."""
     path = Path(path)
@@ -140,7 +163,8 @@ def load_config_file(path):
                          + "; point it at a YAML or JSON file")
     try:
         text = path.read_text()
-        values = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        values = json.loads(text, object_pairs_hook=_unique_keys(path)) if path.suffix == ".json" else \
+            yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader that also refuses repeated keys
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"--config {path} cannot be read ({exc})") from None
     except json.JSONDecodeError as exc:
