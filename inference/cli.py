@@ -6,15 +6,24 @@ from data.recordings import ACC_UNITS, GYRO_UNITS
 from inference.adaptation import ADAPT_CHOICES
 from inference.export import EXPORT_FORMATS
 from inference.timeline import SMOOTHERS
-from training.config.cli import usage_error
+from training.config.cli import DefaultsInHelp, usage_error
 from training.errors import UsageError
 
 DATASETS = ("auto", "uci-har", "synthetic", "npz", "store")  # main.py's --dataset choices
 
 
+# The options of one mode of predict.py: [True] a recording's, [False] an evaluation's.
+MODE_ONLY = {
+    True: lambda args: (("--sample-rate", args.sample_rate), ("--acc-unit", args.acc_unit),
+                        ("--gyro-unit", args.gyro_unit), ("--stride", args.stride), ("--smooth", args.smooth),
+                        ("--transitions", args.transitions), ("--uncertain-below", args.uncertain_below)),
+    False: lambda args: (("--split", args.split),),
+}
+
+
 def predict_parser():
     parser = argparse.ArgumentParser(
-        prog="predict.py", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="predict.py", formatter_class=DefaultsInHelp,
         description="Classify a whole recording with a trained checkpoint, or evaluate it on a dataset split.")
     parser.add_argument("--checkpoint", required=True, help="best.pt or last.pt written by training")
     source = parser.add_mutually_exclusive_group()
@@ -27,15 +36,15 @@ def predict_parser():
     group = parser.add_argument_group("recording")
     group.add_argument("--sample-rate", type=float, default=None, metavar="HZ",
                        help="the recording's rate when it has no time_s column")
-    group.add_argument("--acc-unit", choices=tuple(ACC_UNITS), default="g")
-    group.add_argument("--gyro-unit", choices=tuple(GYRO_UNITS), default="rad/s")
+    group.add_argument("--acc-unit", choices=tuple(ACC_UNITS), default=None, help="default: g")
+    group.add_argument("--gyro-unit", choices=tuple(GYRO_UNITS), default=None, help="default: rad/s")
     group.add_argument("--stride", type=int, default=None, metavar="STEPS",
                        help="samples (at the model's rate) between window starts; default half a window")
     # median by default: on the nested estimate over 21 people's recordings it matched hmm overall
     # and lifted the worst person more (docs/training.md); hmm can hold a wrong state for long.
-    group.add_argument("--smooth", nargs="?", choices=("none", *SMOOTHERS), const="hmm", default="median",
-                       help="smooth the window sequence: median of the probabilities over 5 windows, hmm (a "
-                            "sticky Viterbi path; what --smooth alone picks), or none")
+    group.add_argument("--smooth", nargs="?", choices=("none", *SMOOTHERS), const="hmm", default=None,
+                       help="smooth the window sequence: median of the probabilities over 5 windows (the "
+                            "default), hmm (a sticky Viterbi path; what --smooth alone picks), or none")
     group.add_argument("--transitions", default=None, metavar="FILE",
                        help="with --smooth hmm: a transition matrix learnt from labelled recordings (python -m "
                             "inference.transitions) in place of the fixed switch probability")
@@ -57,8 +66,8 @@ def predict_parser():
                        help="auto: npz for an .npz file, else uci-har; synthetic: the built-in data, generated "
                             "as the checkpoint's run generated it (its --synthetic-seed and "
                             "--synthetic-windows-per-subject)")
-    group.add_argument("--split", choices=("train", "val", "test"), default="test",
-                       help="val and train are rebuilt with the checkpoint's --val-subjects (or "
+    group.add_argument("--split", choices=("train", "val", "test"), default=None,
+                       help="default: test; val and train are rebuilt with the checkpoint's --val-subjects (or "
                             "--val-fraction) and --seed; the report is <split>_report.json")
     parser.add_argument("--debug", action="store_true", help="full tracebacks instead of one-line errors")
     parser.error = usage_error(parser.prog)  # one line, like every other bad input
@@ -72,8 +81,16 @@ def parse_predict_args(argv):
     recording = args.recording is not None
     if args.sample_rate is not None and not (math.isfinite(args.sample_rate) and args.sample_rate > 0):
         raise UsageError(f"--sample-rate must be a positive number of Hz, got {args.sample_rate}")
-    if args.smooth == "none":
-        args.smooth = None
+    # Each mode's options are refused in the other, so that none is given in vain.
+    other_mode = [flag for flag, value in MODE_ONLY[not recording](args) if value is not None]
+    if other_mode:
+        mode = "classifying a recording (--recording)" if not recording else "an evaluation (--data-dir)"
+        one = len(other_mode) == 1
+        raise UsageError(f"{' and '.join(other_mode)} only appl{'ies' if one else 'y'} to {mode}; drop "
+                         f"{'it' if one else 'them'} here")
+    args.acc_unit, args.gyro_unit = args.acc_unit or "g", args.gyro_unit or "rad/s"
+    args.split = args.split or "test"
+    args.smooth = {None: "median", "none": None}.get(args.smooth, args.smooth)
     if recording and args.dataset != "auto":
         raise UsageError(f"--dataset {args.dataset} picks the data to evaluate on; with --recording drop it")
     if not recording and args.dataset == "synthetic" and args.data_dir is not None:
@@ -86,11 +103,6 @@ def parse_predict_args(argv):
     if args.uncertain_below is not None and not (math.isfinite(args.uncertain_below) and
                                                  0 < args.uncertain_below < 1):
         raise UsageError(f"--uncertain-below must be a probability between 0 and 1, got {args.uncertain_below}")
-    timeline_only = [flag for flag, value in (("--transitions", args.transitions),
-                                              ("--uncertain-below", args.uncertain_below)) if value is not None]
-    if not recording and timeline_only:
-        raise UsageError(f"{' and '.join(timeline_only)} only shape a recording's timeline; use "
-                         f"{'it' if len(timeline_only) == 1 else 'them'} with --recording")
     wanted = "recording" if recording else "subject"
     if args.adapt not in ("none", wanted):
         raise UsageError(f"--adapt {args.adapt} is for {'an evaluation' if recording else 'a recording'}; "

@@ -330,6 +330,20 @@ def test_bad_flags(flags, names, checkpoint, recording, out_dir):
     refuse(["--checkpoint", checkpoint, "--recording", recording, "--out", out_dir, *flags], out_dir, *names)
 
 
+@pytest.mark.parametrize("flags, names", [
+    (["--stride", "32"], ["--stride only applies to classifying a recording"]),
+    (["--smooth", "none", "--acc-unit", "g"], ["--acc-unit and --smooth only apply to classifying a recording"]),
+    (["--sample-rate", "50"], ["--sample-rate"]),
+])
+def test_a_recordings_options_are_refused_in_an_evaluation(flags, names, checkpoint, out_dir):
+    refuse(["--checkpoint", checkpoint, "--dataset", "synthetic", "--out", out_dir, *flags], out_dir, *names)
+
+
+def test_an_evaluations_split_is_refused_with_a_recording(checkpoint, recording, out_dir):
+    refuse(["--checkpoint", checkpoint, "--recording", recording, "--out", out_dir, "--split", "test"], out_dir,
+           "--split only applies to an evaluation")
+
+
 def test_missing_checkpoint(recording, out_dir, tmp_path):
     refuse(["--checkpoint", tmp_path / "nope.pt", "--recording", recording, "--out", out_dir], out_dir,
            "nope.pt", "does not exist")

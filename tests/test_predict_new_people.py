@@ -72,7 +72,7 @@ def test_learnt_transitions_and_uncertain_windows(checkpoint, recording, tmp_pat
                    f"got -1 in {tmp_path / 'negative.json'}")
     root = write_fake_uci(tmp_path / "UCI HAR Dataset")
     evaluation = ["--checkpoint", checkpoint, "--data-dir", root, "--out", tmp_path / "f", "--uncertain-below", "0.5"]
-    line = assert_refused(run_script("predict", evaluation), "--uncertain-below only shape")
+    line = assert_refused(run_script("predict", evaluation), "--uncertain-below only applies to classifying a")
     assert "--transitions" not in line  # only the flag that was given is named
 
 
