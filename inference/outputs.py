@@ -10,23 +10,23 @@ from training.checkpoint.files import write_atomic
 from training.errors import UsageError
 
 
-def check_out_dir(out, names, overwrite=False, flag="--out"):
+def check_out_dir(out, names, overwrite=False):
     """Refuse, without creating anything, an `out` that is a file, lies under a file, cannot be written
     or created, or (without overwrite) already holds one of `names`. Returns `out` as a Path."""
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise UsageError(f"{flag} {out} is a file; point it at a folder")
+        raise UsageError(f"--out {out} is a file; point it at a folder")
     if out.is_dir():
         taken = [name for name in names if (out / name).exists()]
         if taken and not overwrite:
-            raise UsageError(f"{flag} {out} already holds {', '.join(taken)}; choose another folder or pass "
+            raise UsageError(f"--out {out} already holds {', '.join(taken)}; choose another folder or pass "
                              "--overwrite")
-        check_writable(out, f"{flag} {out} is not writable")
+        check_writable(out, f"--out {out} is not writable")
         return out
     existing = next(parent for parent in out.absolute().parents if parent.exists())
     if not existing.is_dir():
-        raise UsageError(f"{flag} {out} cannot be created: {existing} is a file, not a folder")
-    check_writable(existing, f"{flag} {out} cannot be created in {existing}")
+        raise UsageError(f"--out {out} cannot be created: {existing} is a file, not a folder")
+    check_writable(existing, f"--out {out} cannot be created in {existing}")
     return out
 
 

@@ -96,17 +96,17 @@ def _fsync_folder(folder):
         os.close(descriptor)
 
 
-def check_save_dir(save_dir):
+def check_save_dir(save_dir, flag="--save-dir"):
     """Create the output folder, or say in one line why it cannot be used."""
     if save_dir.exists() and not save_dir.is_dir():
-        raise UsageError(f"--save-dir {save_dir} is a file; point it at a folder")
+        raise UsageError(f"{flag} {save_dir} is a file; point it at a folder")
     try:
         save_dir.mkdir(parents=True, exist_ok=True)
         probe = save_dir / f".write-test.{os.getpid()}"  # one per process: ranks probe side by side
         probe.touch()
         probe.unlink()
     except OSError as exc:
-        raise UsageError(f"--save-dir {save_dir} is not writable ({exc.strerror}); choose another folder") from None
+        raise UsageError(f"{flag} {save_dir} is not writable ({exc.strerror}); choose another folder") from None
 
 
 def remove_partial_saves(save_dir):
