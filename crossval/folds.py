@@ -34,6 +34,7 @@ from training.checkpoint.files import BEST, write_atomic
 from training.config.settings import Hardware, Output, Parallel, distributed_env, resolve_device_type
 from training.distributed.ddp import join_process_group
 from training.errors import SAME_ON_EVERY_RANK, UsageError
+from training.run_inputs import check_class_flags
 from training.trainer import train
 
 REPORT = "cv_report.json"
@@ -65,6 +66,7 @@ def cross_validate(config):
                          "run folds on several GPUs at once")
     save_dir = config.save_dir
     data = load_har_data(**config.data_options())
+    check_class_flags(config.recipe, data)  # before --no-resume clears any fold
     training_subjects = np.concatenate([data.train.subjects, data.val.subjects])
     folds = fold_subjects(training_subjects, config.recipe.cv_folds, config.optim.seed)
     rank, local_rank, world_size = distributed_env()
@@ -86,12 +88,11 @@ def cross_validate(config):
         if verdict is not None and verdict.matches:
             print(f"{label} already finished ({about}); skipping", flush=True)
             continue
-        if verdict is not None and verdict.damaged:
-            # A finished job whose files changed since: that job alone starts over. Under --no-resume the
-            # job's folder stays until its new run saves over it, as a single run's does: a refused flag
-            # or a diverged start leaves the finished fold's files as they were.
-            print(f"{label}: {verdict.describe()} (damaged since it finished?); training it again from the "
-                  "start", flush=True)
+        if verdict is None or verdict.damaged:
+            # --no-resume, or a finished job whose files changed since: that job alone starts over.
+            if verdict is not None:
+                print(f"{label}: {verdict.describe()} (damaged since it finished?); training it again from the "
+                      "start", flush=True)
             shutil.rmtree(run_dir, ignore_errors=True)
         (run_dir / IDENTITY).unlink(missing_ok=True)  # counts as finished again only once it is
         print(f"\n=== {label}: {about} -> {job_config.output.save_dir}", flush=True)

@@ -75,10 +75,14 @@ def check_data(config):
     parsed and cached on the way (so the run starts from the cache); the synthetic data is made
     with one window per subject, which checks the same flags in a fraction of the time."""
     windows = min(config.data.synthetic_windows_per_subject, 1)  # below 1 stays, to be refused
-    data = load_har_data(**config.data_options(synthetic_windows_per_subject=windows))
-    # The recipe's class flags name classes of this data: refused here as every worker's build would.
+    check_class_flags(config.recipe, load_har_data(**config.data_options(synthetic_windows_per_subject=windows)))
+
+
+def check_class_flags(recipe, data):
+    """The recipe's class flags name classes of this data: refused before any worker or fold starts,
+    as each one's build would refuse them."""
     unit = {"mean": np.zeros(len(data.channel_names)), "std": np.ones(len(data.channel_names))}
-    build_augmenter(config.recipe, unit, data.channel_names, data.class_names, "cpu", warn=lambda message: None)
+    build_augmenter(recipe, unit, data.channel_names, data.class_names, "cpu", warn=lambda message: None)
 
 
 def _read_save_dir(config, data, hold_lock):
