@@ -137,6 +137,10 @@ def test_weights_that_overflow_under_a_finite_loss_are_never_saved(tmp_path):
     assert code == EXIT_DIVERGED and "Traceback" not in err, err
     assert "the weights became NaN/inf (model." in err and "is an earlier run's" in err
     assert {name: (tmp_path / name).read_bytes() for name in before} == before
+    # Resumed from another folder: this folder holds nothing of it.
+    code, _, err = run_in_process("main.py", [*flags[:-1], tmp_path / "elsewhere", "--resume", tmp_path / "last.pt",
+                                              "--epochs", "3", "--lr", "1e6"])
+    assert code == EXIT_DIVERGED and "nothing was saved" in err, err
 
 
 def test_a_nonfinite_loss_on_one_rank_stops_every_rank_and_is_never_saved(tmp_path):

@@ -16,7 +16,7 @@ import yaml
 from conftest import REPO, TINY_DATA, load_checkpoint, run_in_process
 from evaluation import figures
 from profiling.cli import parse_profiler_args
-from training.config.cli import parse_config
+from training.config.cli import load_config_file, parse_config
 from training.errors import EXIT_USAGE, UsageError
 from training.reporting.logger import process_age_s, read_time_line
 from training.run_inputs import LOCK_NAME, SaveDirLock
@@ -112,6 +112,21 @@ def test_bad_config_file_is_one_line(content, names, tmp_path):
     for name in names:
         assert name in lines[0], lines[0]
     assert not (tmp_path / "run").exists()  # refused before anything was created
+
+
+def test_a_yaml_merge_key_loads_and_later_keys_override_it(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("base: &base {epochs: 1, batch_size: 8}\n<<: *base\nepochs: 2\n")
+    values = load_config_file(path)["values"]
+    assert (values["epochs"], values["batch_size"]) == (2, 8)
+
+
+def test_a_resumed_run_with_nothing_left_to_train_still_writes_its_config(tmp_path):
+    first = [*TINY_DATA, "--epochs", "1", "--save-dir", tmp_path / "a"]
+    assert run_in_process("main.py", first)[0] == 0
+    code, _, err = run_in_process("main.py", [*first[:-1], tmp_path / "b", "--resume", tmp_path / "a" / "last.pt"])
+    assert code == 0, err
+    assert resolved(tmp_path / "b")["epochs"] == 1 and (tmp_path / "b" / "test_report.json").is_file()
 
 
 def test_missing_config_file(tmp_path):

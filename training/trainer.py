@@ -319,6 +319,7 @@ class Trainer:
     def report_best_weights(self):
         """Reload best.pt's weights and report the validation split and, unless --no-test, the test
         split, seen here for the first time."""
+        self.checkpoints.write_pending()
         best_path = self.checkpoints.best_path
         best = None
         if self.strategy.is_main:

@@ -31,11 +31,18 @@ class CheckpointManager:
 
     def kept(self):
         """What the folder holds for this run, for the message of a run that stops without saving."""
-        if self.holds_this_run:
+        if self.holds_this_run and self.last_path.exists():  # resumed from this folder, or saved here
             return f"{self.last_path} still holds the last good state"
         if self.last_path.exists():
             return f"nothing of this run was saved ({self.last_path} is an earlier run's)"
         return "nothing was saved"
+
+    def write_pending(self):
+        """What the first save writes (config.yaml), for a run that reports without having saved: a
+        resumed run with nothing left to train still describes itself."""
+        if self.strategy.is_main and self.before_first_save is not None:
+            self.before_first_save()
+        self.before_first_save = None
 
     def save(self, is_best):
         """Every rank takes part, since a part's state may be gathered from all of them (the random
@@ -48,12 +55,11 @@ class CheckpointManager:
             raise TrainingDiverged(f"the weights became NaN/inf ({bad or 'seen by rank 0'}) by step {self.state.step}; "
                                    f"{self.kept()}. Lower --lr, keep --max-grad-norm on, or check the data for "
                                    "extreme values")
+        self.write_pending()
         if self.strategy.is_main:
-            if self.before_first_save is not None:
-                self.before_first_save()
             files.save_run_checkpoint({**self.metadata, **self.state.state_dict(), **parts}, self.save_dir,
                                       self.keep_last, is_best)
-        self.before_first_save, self.holds_this_run = None, True
+        self.holds_this_run = True
 
 
 def nonfinite_entry(tree, prefix=""):
