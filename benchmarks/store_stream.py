@@ -56,6 +56,8 @@ def main(argv=None):
     side.add_argument("flags", nargs="*")
     convert = commands.add_parser("convert")
     convert.add_argument("--src", required=True)
+    for command in (make, measure, side, convert):
+        command.error = parser.error  # one line, as the top parser's
     options = parser.parse_args(argv)
     return {"make": make_store, "measure": measure_sides, "side": run_side, "convert": convert_speed}[
         options.command](options)
