@@ -2,11 +2,9 @@
 files put in place whole (temp + rename)."""
 import csv
 import io
-import os
-import tempfile
 from pathlib import Path
 
-from training.checkpoint.files import write_atomic
+from training.checkpoint.files import check_folder_can_be_made, check_writable, write_atomic
 from training.errors import UsageError
 
 
@@ -14,29 +12,11 @@ def check_out_dir(out, names, overwrite=False):
     """Refuse, without creating anything, an `out` that is a file, lies under a file, cannot be written
     or created, or (without overwrite) already holds one of `names`. Returns `out` as a Path."""
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file; point it at a folder")
-    if out.is_dir():
-        taken = [name for name in names if (out / name).exists()]
-        if taken and not overwrite:
-            raise UsageError(f"--out {out} already holds {', '.join(taken)}; choose another folder or pass "
-                             "--overwrite")
-        check_writable(out, f"--out {out} is not writable")
-        return out
-    existing = next(parent for parent in out.absolute().parents if parent.exists())
-    if not existing.is_dir():
-        raise UsageError(f"--out {out} cannot be created: {existing} is a file, not a folder")
-    check_writable(existing, f"--out {out} cannot be created in {existing}")
+    taken = [name for name in names if (out / name).exists()] if out.is_dir() else []
+    if taken and not overwrite:
+        raise UsageError(f"--out {out} already holds {', '.join(taken)}; choose another folder or pass --overwrite")
+    check_folder_can_be_made(out, "--out")
     return out
-
-
-def check_writable(folder, problem):
-    """Make and remove a folder in `folder`: the one test that also holds for root, ACLs and read-only
-    mounts; refused as `problem`."""
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".write-test.", dir=folder))
-    except OSError as exc:
-        raise UsageError(f"{problem} ({exc.strerror}); choose another folder") from None
 
 
 def prepare_out_dir(out, names, overwrite=False):

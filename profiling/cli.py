@@ -3,10 +3,9 @@ types and child-process environment the measurement tools share."""
 import argparse
 import math
 import os
-from pathlib import Path
 
 from profiling.report import DEFAULT_ROOT
-from training.checkpoint.files import check_save_dir
+from training.checkpoint.files import check_folder_can_be_made
 from training.config.cli import build_parser, parse_with_config
 from training.config.settings import SHARDED_OR_DDP, RunConfig, check_at_least, distributed_env
 from training.errors import UsageError
@@ -77,8 +76,8 @@ def parse_profiler_args(argv):
                          "separate (use --multi-gpu ddp)")
     if args.multi_gpu not in SHARDED_OR_DDP and distributed_env()[2] > 1:
         raise UsageError("under torchrun the profiler needs --multi-gpu ddp or fsdp")
-    if args.output_dir:  # made now, or refused, rather than after the whole measurement
-        check_save_dir(Path(args.output_dir), flag="--output-dir")
+    if args.output_dir:  # refused now rather than after the whole measurement
+        check_folder_can_be_made(args.output_dir, "--output-dir")
     args.command_line = list(argv)  # what the host-sharing neighbours run
     return args
 

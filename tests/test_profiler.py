@@ -430,7 +430,7 @@ def test_an_output_dir_that_cannot_be_a_folder_is_refused_before_measuring(tmp_p
     from profiling.cli import parse_profiler_args
     from training.errors import UsageError
     (tmp_path / "file").write_text("keep me")
-    for out, says in ((tmp_path / "file", "is a file"), (tmp_path / "file" / "p", "is not writable")):
+    for out, says in ((tmp_path / "file", "is a file"), (tmp_path / "file" / "p", "cannot be created")):
         with pytest.raises(UsageError, match=f"--output-dir {out} {says}"):
             parse_profiler_args([*TINY_DATA, "--device", "cpu", "--output-dir", str(out)])
     assert (tmp_path / "file").read_text() == "keep me"

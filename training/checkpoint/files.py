@@ -4,6 +4,7 @@ import pickle
 import re
 import shutil
 import struct
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -96,17 +97,41 @@ def _fsync_folder(folder):
         os.close(descriptor)
 
 
-def check_save_dir(save_dir, flag="--save-dir"):
+def check_folder_can_be_made(folder, flag):
+    """Refuse, without creating anything, a `folder` that is a file, lies under a file, or cannot be
+    written or created."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"{flag} {folder} is a file; point it at a folder")
+    if folder.is_dir():
+        check_writable(folder, f"{flag} {folder} is not writable")
+        return
+    existing = next(parent for parent in folder.absolute().parents if parent.exists())
+    if not existing.is_dir():
+        raise UsageError(f"{flag} {folder} cannot be created: {existing} is a file, not a folder")
+    check_writable(existing, f"{flag} {folder} cannot be created in {existing}")
+
+
+def check_writable(folder, problem):
+    """Make and remove a folder in `folder`: the one test that also holds for root, ACLs and read-only
+    mounts; refused as `problem`."""
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".write-test.", dir=folder))
+    except OSError as exc:
+        raise UsageError(f"{problem} ({exc.strerror}); choose another folder") from None
+
+
+def check_save_dir(save_dir):
     """Create the output folder, or say in one line why it cannot be used."""
     if save_dir.exists() and not save_dir.is_dir():
-        raise UsageError(f"{flag} {save_dir} is a file; point it at a folder")
+        raise UsageError(f"--save-dir {save_dir} is a file; point it at a folder")
     try:
         save_dir.mkdir(parents=True, exist_ok=True)
         probe = save_dir / f".write-test.{os.getpid()}"  # one per process: ranks probe side by side
         probe.touch()
         probe.unlink()
     except OSError as exc:
-        raise UsageError(f"{flag} {save_dir} is not writable ({exc.strerror}); choose another folder") from None
+        raise UsageError(f"--save-dir {save_dir} is not writable ({exc.strerror}); choose another folder") from None
 
 
 def remove_partial_saves(save_dir):
