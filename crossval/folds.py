@@ -118,9 +118,10 @@ def cross_validate(config):
 
 
 # Settings that change where and how fast a job runs, not the model it trains: a finished fold
-# stays finished when only these differ. --no-test too: a fold's test report is an extra.
+# stays finished when only these differ. --no-test too: a fold's test report is an extra; and
+# --ensemble, which acts after the folds (folds recorded before it was cleared from theirs still match).
 NOT_THE_MODEL = (*(f.metadata.get("flag", f.name) for group in (Parallel, Hardware, Output)
-                   for f in dataclasses.fields(group)), "no_test")
+                   for f in dataclasses.fields(group)), "no_test", "ensemble")
 
 
 def run_inputs(job_config, sources):
@@ -150,7 +151,11 @@ def data_sources(config):
 
 def _verdict(job_config, sources):
     run_dir = Path(job_config.output.save_dir)
-    return check(read_record(run_dir / IDENTITY), run_inputs(job_config, sources), run_dir)
+    record = read_record(run_dir / IDENTITY)
+    if record is not None:  # a record written before a flag joined NOT_THE_MODEL still matches without it
+        record["inputs"] = {key: value for key, value in record["inputs"].items()
+                            if key[2:].replace("-", "_") not in NOT_THE_MODEL}
+    return check(record, run_inputs(job_config, sources), run_dir)
 
 
 def _write_ensemble(config, save_dir, folds, data):
@@ -241,11 +246,13 @@ def _fold_config(config, save_dir, fold, subjects, local_rank):
             raise UsageError(f"local rank {local_rank} has no GPU: {len(visible)} in use on this node; "
                              "start at most one process per GPU")
         gpu_ids = [visible[local_rank]]
+    # A plain one-process run: none of the cross-validation's or the launch's own flags, so that its
+    # config.yaml repeats it with main.py --config.
+    alone = {"cv_folds": 0, "refit": False, "ensemble": False, "multi_gpu": "none", "gpu_ids": gpu_ids,
+             "backend": "auto", "nproc_per_node": None}
     if fold is None:
-        return config.replace(cv_folds=0, refit=False, val_subjects=None, val_fraction=0.0,
-                              save_dir=str(save_dir / REFIT_DIR), multi_gpu="none", gpu_ids=gpu_ids)
-    return config.replace(cv_folds=0, refit=False, val_subjects=subjects, save_dir=str(save_dir / f"fold-{fold}"),
-                          multi_gpu="none", gpu_ids=gpu_ids)
+        return config.replace(val_subjects=None, val_fraction=0.0, save_dir=str(save_dir / REFIT_DIR), **alone)
+    return config.replace(val_subjects=subjects, save_dir=str(save_dir / f"fold-{fold}"), **alone)
 
 
 def _fold_finished(fold_dir, subjects):

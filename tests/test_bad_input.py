@@ -94,6 +94,7 @@ def refuse(script, flags, save_dir, *names, via_subprocess=False, env=None):
 FLAG_CASES = [
     ("main.py", ["--seed", "-1"], "--seed"),
     ("main_multi_gpu.py", ["--multi-gpu", "dp", "--nproc-per-node", "2"], "--nproc-per-node"),
+    ("main.py", ["--backend", "nccl"], "--backend nccl"),
     ("main.py", ["--seed", str(2 ** 64)], "--seed"),
     ("main.py", ["--synthetic-seed", "-1"], "--synthetic-seed"),
     ("main.py", ["--batch-size", "0"], "--batch-size"),

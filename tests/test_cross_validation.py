@@ -136,6 +136,21 @@ def test_a_finished_cv_run_again_with_another_model_or_schedule_is_refused(unint
     assert run_files(copy) == before  # nothing trained, nothing written
 
 
+def test_a_fold_recorded_with_a_setting_that_no_longer_counts_is_still_finished(uninterrupted, tmp_path):
+    # Folds recorded --ensemble (and the launch's flags) among their settings before those stopped
+    # counting: such a folder still resumes as finished.
+    import shutil
+    copy = tmp_path / "cv"
+    shutil.copytree(uninterrupted[0], copy)
+    identity = copy / "fold-0" / "cv_identity.json"
+    record = json.loads(identity.read_text())
+    record["inputs"].update({"--ensemble": True, "--backend": "gloo"})
+    identity.write_text(json.dumps(record))
+    code, out, err = run_in_process("main.py", [*CV, "--save-dir", copy])
+    assert code == 0, err
+    assert "fold 1/2 already finished" in out and "=== fold" not in out
+
+
 def test_a_fresh_start_with_a_class_the_data_lacks_leaves_the_finished_folds(uninterrupted, tmp_path):
     # --no-resume clears each fold before training it again: a flag every fold would refuse is
     # refused before the first is cleared.
@@ -175,9 +190,12 @@ def test_a_damaged_finished_fold_is_trained_again_alone_and_equals_the_undamaged
 
 def test_folds_and_the_refit_run_concurrently_under_torchrun_with_the_same_results(uninterrupted, tmp_path):
     result = run_subprocess([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             "main_multi_gpu.py", "--multi-gpu", "ddp", "--device", "cpu", *CV, "--refit",
-                             "--save-dir", tmp_path / "cv"], env=ONE_THREAD)
+                             "main_multi_gpu.py", "--multi-gpu", "ddp", "--device", "cpu", "--backend", "gloo", *CV,
+                             "--refit", "--save-dir", tmp_path / "cv"], env=ONE_THREAD)
     assert result.returncode == 0, result.stderr
+    # A fold is a one-process run: its config.yaml repeats it with main.py, without the launch's flags.
+    from training.config.cli import parse_config
+    assert parse_config(["--config", str(tmp_path / "cv" / "fold-0" / "config.yaml")]).hardware.backend == "auto"
     expected_dir, _ = uninterrupted
     report = json.loads((tmp_path / "cv" / "cv_report.json").read_text())
     assert report["folds"] == json.loads((expected_dir / "cv_report.json").read_text())["folds"]

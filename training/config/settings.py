@@ -427,6 +427,9 @@ def check_parallel_modes(args):
     if args.multi_gpu == "fsdp" and args.sync_bn:
         raise UsageError("--sync-bn applies to --multi-gpu ddp; under fsdp BatchNorm keeps each rank's "
                          "statistics and rank 0's are used for evaluation and checkpoints, as under ddp")
+    if args.backend != "auto" and args.multi_gpu not in SHARDED_OR_DDP:
+        raise UsageError(f"--backend {args.backend} is the process group's of --multi-gpu ddp or fsdp; with "
+                         f"--multi-gpu {args.multi_gpu} there is none: drop it")
     if args.nproc_per_node is not None and args.multi_gpu not in SHARDED_OR_DDP:
         raise UsageError(f"--nproc-per-node starts the processes of --multi-gpu ddp or fsdp; with --multi-gpu "
                          f"{args.multi_gpu} it would do nothing (dp takes its GPUs from --gpu-ids)")
