@@ -63,11 +63,12 @@ def write_ensemble(member_paths, path, config=None):
 def check_member(checkpoint, path):
     """What predicting with a member needs, checked as predict.py checks a checkpoint: its keys, the
     shapes it declares, finite weights and normalisation."""
-    missing = [key for key in ("model", *SHARED_KEYS, *MEMBER_KEYS) if key not in checkpoint] \
-        if isinstance(checkpoint, dict) else ["everything"]
+    if not isinstance(checkpoint, dict):
+        raise UsageError(f"{path} is not a checkpoint of this trainer; give runs' best.pt or last.pt")
+    missing = [key for key in dict.fromkeys(("model", *SHARED_KEYS, *MEMBER_KEYS)) if key not in checkpoint]
     if missing:
-        raise UsageError(f"{path} lacks {', '.join(dict.fromkeys(missing))}: not a checkpoint of this trainer; give "
-                         "runs' best.pt or last.pt")
+        raise UsageError(f"{path} lacks {', '.join(missing)}: not a checkpoint of this trainer; give runs' best.pt "
+                         "or last.pt")
     check_declared_shapes(checkpoint, path)
     check_model_part(checkpoint, path, inference_weights(checkpoint))
 
