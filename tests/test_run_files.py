@@ -129,6 +129,15 @@ def test_a_resumed_run_with_nothing_left_to_train_still_writes_its_config(tmp_pa
     assert resolved(tmp_path / "b")["epochs"] == 1 and (tmp_path / "b" / "test_report.json").is_file()
 
 
+def test_help_gives_each_default_once_and_never_as_none():
+    import re
+
+    from training.config.cli import build_parser
+    text = build_parser(multi_gpu=True).format_help()
+    assert "(default: None)" not in text and not re.search(r"\(default:[^)]*\)\s*\(default:", text)
+    assert re.search(r"--model .*\n.*\(default:\s+minirocket\)", text) and "(default: 20)" in text
+
+
 def test_missing_config_file(tmp_path):
     with pytest.raises(UsageError, match="missing.yaml does not exist"):
         parse_args(["--config", str(tmp_path / "missing.yaml")])
