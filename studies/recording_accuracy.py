@@ -220,9 +220,12 @@ def main(argv=None):
     parser.add_argument("--json", default=None, help="write every figure here")
     args = parser.parse_args(argv)
     device = pick_device(args.device)
-    archive = np.load(args.recordings, allow_pickle=False)
     folds = folds_of(args.nested) if args.nested else \
         [(Path(args.checkpoint), [int(s) for s in args.subjects.split(",")])]
+    if not Path(args.recordings).is_file():
+        raise UsageError(f"--recordings {args.recordings} does not exist; point it at hapt_dev_recordings.npz "
+                         "(the development recordings, not needed by the tests)")
+    archive = np.load(args.recordings, allow_pickle=False)
     tally, windows_tally, fitted = RecordingTally(), RecordingTally(), {}
     for checkpoint, held_out in folds:
         about = fitted[str(checkpoint)] = {"held_out": held_out, **score_fold(
