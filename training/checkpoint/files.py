@@ -184,12 +184,17 @@ def load_resumable(path):
     """load_checkpoint, and refuse a trainer checkpoint whose weights, weight average or optimizer
     moments hold NaN or inf (a file of another kind is left for check_compatible to name)."""
     checkpoint = load_checkpoint(path)
-    if isinstance(checkpoint, dict):
-        bad = next((name for name, tensor in _trained_tensors(checkpoint)
-                    if tensor.is_floating_point() and not torch.isfinite(tensor).all()), None)
-        if bad is not None:
-            raise NonFiniteCheckpoint(f"checkpoint {path} holds NaN/inf values ({bad})")
+    bad = nonfinite_tensor(checkpoint) if isinstance(checkpoint, dict) else None
+    if bad is not None:
+        raise NonFiniteCheckpoint(f"checkpoint {path} holds NaN/inf values ({bad})")
     return checkpoint
+
+
+def nonfinite_tensor(checkpoint):
+    """The name of the first weight, weight-average or optimizer-moment tensor of a checkpoint (or of
+    the parts about to become one) that holds NaN or inf, else None."""
+    return next((name for name, tensor in _trained_tensors(checkpoint)
+                 if tensor.is_floating_point() and not torch.isfinite(tensor).all()), None)
 
 
 def _trained_tensors(checkpoint):

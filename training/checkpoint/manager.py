@@ -1,10 +1,6 @@
 """The checkpoint manager: one place that writes a run's stateful parts into checkpoints and reads them back."""
-import torch
-
 from training.checkpoint import files
 from training.errors import TrainingDiverged
-
-WEIGHT_PARTS = ("model", "ema")  # the parts a checkpoint predicts with: never saved unless finite
 
 
 class CheckpointManager:
@@ -46,11 +42,11 @@ class CheckpointManager:
 
     def save(self, is_best):
         """Every rank takes part, since a part's state may be gathered from all of them (the random
-        streams); rank 0 checks that the weights are finite, and writes."""
+        streams); rank 0 checks that what resuming would refuse is finite, and writes."""
         parts = {key: part.state_dict() if part is not None else None for key, part in self.parts.items()}
         # A loss can stay finite while the weights or BatchNorm's statistics overflow (a learning rate
         # far too high); such a file would replace the last good one and be refused by every reader.
-        bad = nonfinite_entry({key: parts.get(key) for key in WEIGHT_PARTS}) if self.strategy.is_main else None
+        bad = files.nonfinite_tensor(parts) if self.strategy.is_main else None
         if self.strategy.max_ints([int(bad is not None)])[0]:
             raise TrainingDiverged(f"the weights became NaN/inf ({bad or 'seen by rank 0'}) by step {self.state.step}; "
                                    f"{self.kept()}. Lower --lr, keep --max-grad-norm on, or check the data for "
@@ -60,18 +56,6 @@ class CheckpointManager:
             files.save_run_checkpoint({**self.metadata, **self.state.state_dict(), **parts}, self.save_dir,
                                       self.keep_last, is_best)
         self.holds_this_run = True
-
-
-def nonfinite_entry(tree, prefix=""):
-    """The dotted name of the first floating tensor in nested dicts that holds NaN or infinity, else None."""
-    if isinstance(tree, torch.Tensor):
-        return prefix or "a tensor" if tree.is_floating_point() and not bool(torch.isfinite(tree).all()) else None
-    if isinstance(tree, dict):
-        for key, value in tree.items():
-            found = nonfinite_entry(value, f"{prefix}.{key}" if prefix else str(key))
-            if found is not None:
-                return found
-    return None
 
 
 def restore_parts(checkpoint, state, parts):
