@@ -12,13 +12,9 @@ from training.errors import UsageError
 DATASETS = ("auto", "uci-har", "synthetic", "npz", "store")  # main.py's --dataset choices
 
 
-# The options of one mode of predict.py: [True] a recording's, [False] an evaluation's.
-MODE_ONLY = {
-    True: lambda args: (("--sample-rate", args.sample_rate), ("--acc-unit", args.acc_unit),
-                        ("--gyro-unit", args.gyro_unit), ("--stride", args.stride), ("--smooth", args.smooth),
-                        ("--transitions", args.transitions), ("--uncertain-below", args.uncertain_below)),
-    False: lambda args: (("--split", args.split),),
-}
+# The options of one mode of predict.py (None when not given): a recording's, an evaluation's.
+RECORDING_ONLY = ("sample_rate", "acc_unit", "gyro_unit", "stride", "smooth", "transitions", "uncertain_below")
+EVALUATION_ONLY = ("split",)
 
 
 def predict_parser():
@@ -82,7 +78,8 @@ def parse_predict_args(argv):
     if args.sample_rate is not None and not (math.isfinite(args.sample_rate) and args.sample_rate > 0):
         raise UsageError(f"--sample-rate must be a positive number of Hz, got {args.sample_rate}")
     # Each mode's options are refused in the other, so that none is given in vain.
-    other_mode = [flag for flag, value in MODE_ONLY[not recording](args) if value is not None]
+    other_mode = [f"--{name.replace('_', '-')}" for name in (EVALUATION_ONLY if recording else RECORDING_ONLY)
+                  if getattr(args, name) is not None]
     if other_mode:
         mode = "classifying a recording (--recording)" if not recording else "an evaluation (--data-dir)"
         one = len(other_mode) == 1
