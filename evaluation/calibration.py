@@ -11,6 +11,11 @@ import torch
 
 ECE_BINS = 15  # equal-width confidence bins, the usual choice since Guo et al. (2017)
 CALIBRATION_FILE = "calibration.json"  # a temperature and where it was fitted, beside a checkpoint or a report
+# The temperatures that still say something: above 100 every gap between log-probabilities shrinks a
+# hundredfold (a window 10^6 times surer of one class comes out 1.15 times surer), so confidences turn
+# uniform; below 0.01 they all become 0 or 1, and near float's smallest numbers NaN. Fitted ones sit
+# at 0.35 to 0.69 (docs/training.md), far inside.
+TEMPERATURE_RANGE = (0.01, 100.0)
 
 
 def expected_calibration_error(probabilities, labels, bins=ECE_BINS):
@@ -40,7 +45,8 @@ def _log_probabilities(probabilities):
 
 
 def fit_temperature(probabilities, labels, steps=100):
-    """The T > 0 minimising the mean NLL under softmax(log p / T): L-BFGS on log T, so no bound to keep."""
+    """The T in TEMPERATURE_RANGE minimising the mean NLL under softmax(log p / T): L-BFGS on log T,
+    then clamped to the range, which is the range's best T since the NLL is convex in 1 / T."""
     if len(labels) == 0:
         return 1.0
     log_p = _log_probabilities(probabilities)
@@ -55,7 +61,8 @@ def fit_temperature(probabilities, labels, steps=100):
         return loss
 
     optimizer.step(closure)
-    return float(log_temperature.detach().exp())
+    low, high = TEMPERATURE_RANGE
+    return min(max(float(log_temperature.detach().exp()), low), high)
 
 
 def scaled(probabilities, temperature):

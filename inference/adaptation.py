@@ -6,6 +6,8 @@ once; centring them on the person undoes the part of that shift the head has not
 The training statistics are MiniRocket.fit's buffers `feature_mean` and `feature_std`; a group's are
 computed the same way, so a group whose statistics equal them gets exactly the model's own probabilities.
 """
+import sys
+
 import numpy as np
 import torch
 
@@ -17,6 +19,9 @@ STD_FLOOR = 1e-3  # MiniRocket.fit's clamp: a feature constant over the group is
 # Class-balanced statistics leave out a class the model gives less than this many windows' worth of
 # probability in the group: its few windows would otherwise weigh as much as a whole activity.
 MIN_CLASS_MASS = 5.0
+# A standard deviation needs two windows: one window's own mean would standardise it to all zeros
+# (NaN before the floor), which the head reads as nothing at all. Fewer keep the training statistics.
+MIN_ADAPT_WINDOWS = 2
 
 
 def adaptable_members(bundle):
@@ -84,11 +89,16 @@ def member_probabilities(members, features_per_member, adapt):
     return (total / len(members)).numpy()
 
 
-def adapted_probabilities(bundle, windows, device):
-    """Class probabilities [N, classes] of one group of windows standardised with its own statistics."""
+def adapted_probabilities(bundle, windows, device, group="the recording"):
+    """Class probabilities [N, classes] of one group of windows standardised with its own statistics;
+    a group of fewer than MIN_ADAPT_WINDOWS keeps the training statistics, said in one line."""
     members = adaptable_members(bundle)
     features = [raw_features(member, windows, device) for member in members]
-    return member_probabilities(members, features, adapt=True)
+    adapt = len(windows) >= MIN_ADAPT_WINDOWS
+    if not adapt:
+        print(f"warning: --adapt: {group} has {len(windows)} window(s), too few for statistics of its own (at least "
+              f"{MIN_ADAPT_WINDOWS}): its features are standardised with the training windows'", file=sys.stderr)
+    return member_probabilities(members, features, adapt=adapt)
 
 
 def adapted_per_group(bundle, windows, groups, device):
@@ -97,5 +107,5 @@ def adapted_per_group(bundle, windows, groups, device):
     result = np.zeros((len(windows), len(bundle.class_names)))
     for group in np.unique(groups):
         where = np.flatnonzero(groups == group)
-        result[where] = adapted_probabilities(bundle, windows[where], device)
+        result[where] = adapted_probabilities(bundle, windows[where], device, f"subject {group}")
     return result

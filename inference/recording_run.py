@@ -1,6 +1,7 @@
 """predict.py --recording: classify a whole recording and write windows.csv, timeline.csv, timeline.png."""
 from data.recordings import read_recording
 from evaluation.calibration import scaled
+from inference.adaptation import MIN_ADAPT_WINDOWS
 from inference.bundle import load_bundle, pick_device
 from inference.classify import check_usable, classify_recording
 from inference.outputs import check_out_dir, prepare_out_dir, write_csv
@@ -57,7 +58,9 @@ def predict_recording(args):
 def _new_people_note(args, temperature, labels, classes):
     """What the options for new people did, for the summary's header."""
     notes = [f"temperature {temperature:.3g}"] if temperature != 1.0 else []
-    notes += ["features standardised on this recording"] if args.adapt == "recording" else []
+    if args.adapt == "recording":  # adapted_probabilities warned where the recording was too short
+        notes.append("features standardised on this recording" if len(labels) >= MIN_ADAPT_WINDOWS
+                     else "too few windows to standardise on: training statistics")
     notes += ["learnt transitions"] if args.transitions is not None else []
     if args.uncertain_below is not None:
         notes.append(f"{int((labels == classes).sum())} windows uncertain (top probability < {args.uncertain_below:g})")

@@ -4,7 +4,7 @@ import json
 import math
 from pathlib import Path
 
-from evaluation.calibration import CALIBRATION_FILE
+from evaluation.calibration import CALIBRATION_FILE, TEMPERATURE_RANGE
 from training.checkpoint.files import write_atomic
 from training.errors import UsageError
 
@@ -37,8 +37,8 @@ def run_temperature(checkpoint):
 
 
 def read_temperature(value):
-    """--temperature as a positive number: given as such, or the temperature of a calibration.json."""
-    where = ""
+    """--temperature as a number in TEMPERATURE_RANGE: given as such, or the temperature of a calibration.json."""
+    from_file = ""
     try:
         temperature = float(value)
     except ValueError:
@@ -49,8 +49,9 @@ def read_temperature(value):
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise UsageError(f"--temperature {value} is not a {CALIBRATION_FILE} with a temperature "
                              f"({type(exc).__name__})") from None
-        where = f" in {value}"
-    if not (math.isfinite(temperature) and temperature > 0):
-        raise UsageError(f"--temperature must be a positive number or a {CALIBRATION_FILE} holding one, got "
-                         f"{temperature:g}{where}")
+        from_file = f"{temperature:g} in {value}"
+    low, high = TEMPERATURE_RANGE
+    if not (math.isfinite(temperature) and low <= temperature <= high):
+        raise UsageError(f"--temperature must be between {low:g} and {high:g} (beyond them every confidence turns "
+                         f"uniform, 0 or 1, or NaN), or a {CALIBRATION_FILE} holding one; got {from_file or value}")
     return temperature

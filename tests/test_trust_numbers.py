@@ -1,0 +1,69 @@
+"""Numbers that would turn into nonsense, flags that would do nothing, and stores the trainer would
+reject: each refused in one line (or, for --adapt on too few windows, done without and said), with
+nothing on disk touched."""
+import json
+
+import numpy as np
+import pytest
+
+from evaluation.calibration import TEMPERATURE_RANGE, fit_temperature
+from inference_fixtures import make_checkpoint, synthetic_stream, write_csv
+from test_bad_input import assert_refused
+from test_predict import read_rows, run_script
+
+
+@pytest.fixture(scope="module")
+def minirocket(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "best.pt", model="minirocket")
+
+
+@pytest.fixture(scope="module")
+def recording(tmp_path_factory):
+    return write_csv(tmp_path_factory.mktemp("rec") / "walk.csv", *synthetic_stream(30.0))
+
+
+def predict(checkpoint, recording, out, *flags):
+    return run_script("predict", ["--checkpoint", checkpoint, "--recording", recording, "--out", out, *flags])
+
+
+# --- Numbers that become nonsense ------------------------------------------------------------------
+
+@pytest.mark.parametrize("temperature", ["1e308", "1e-320", "1000"])
+def test_a_temperature_at_the_edges_of_float_is_refused(minirocket, recording, temperature, tmp_path):
+    assert_refused(predict(minirocket, recording, tmp_path / "given", "--temperature", temperature),
+                   "--temperature must be between", f"got {temperature}")
+    calibration = tmp_path / "calibration.json"
+    calibration.write_text(json.dumps({"temperature": float(temperature)}))
+    assert_refused(predict(minirocket, recording, tmp_path / "file", "--temperature", calibration), str(calibration))
+    assert not (tmp_path / "given").exists() and not (tmp_path / "file").exists()
+
+
+def test_a_fitted_temperature_stays_in_the_range_predict_py_reads():
+    """Windows the model is sure of and always wrong about pull the fit towards infinity."""
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 6, 200)
+    probabilities = np.full((200, 6), 1e-6)
+    probabilities[np.arange(200), (labels + 1) % 6] = 1.0
+    assert TEMPERATURE_RANGE[0] <= fit_temperature(probabilities, labels) <= TEMPERATURE_RANGE[1]
+
+
+def test_adapting_on_one_window_keeps_the_training_statistics_and_says_so(minirocket, tmp_path):
+    one_window = write_csv(tmp_path / "short.csv", *synthetic_stream(2.56))
+    code, out, err = predict(minirocket, one_window, tmp_path / "adapted", "--adapt", "recording")
+    assert code == 0, err
+    assert "too few for statistics of its own" in err and "training statistics" in out
+    code, _, err = predict(minirocket, one_window, tmp_path / "plain")
+    assert code == 0, err
+    adapted, plain = (read_rows(tmp_path / name / "windows.csv") for name in ("adapted", "plain"))
+    assert adapted == plain and np.isfinite(float(adapted[0]["confidence"]))
+
+
+def test_adapting_on_a_channel_that_never_changes_gives_finite_confidences(minirocket, tmp_path):
+    time_s, acc, gyro = synthetic_stream(30.0)
+    gyro[:, 1] = 0.0
+    still = write_csv(tmp_path / "still_gyro.csv", time_s, acc, gyro)
+    code, out, err = predict(minirocket, still, tmp_path / "out", "--adapt", "recording")
+    assert code == 0, err
+    rows = read_rows(tmp_path / "out" / "windows.csv")
+    assert all(np.isfinite(float(row["confidence"])) for row in rows)
+    assert "features standardised on this recording" in out
