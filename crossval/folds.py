@@ -203,15 +203,15 @@ def _write_summary(save_dir, folds, class_names, config, ensemble=None):
         summary["ensemble"] = ensemble
     (save_dir / REPORT).write_text(json.dumps(summary, indent=2))
     print(format_cv_table(summary), flush=True)
-    if not config.output.figures:
-        print(f"wrote {save_dir / REPORT}", flush=True)
-        return
-    try:
-        plot_confusion_matrix(summary["pooled_confusion_matrix"], summary["class_names"],
-                              save_dir / "cv_confusion_matrix.png", title="held-out folds, pooled")
-    except Exception as exc:  # noqa: BLE001 - a picture must never fail the run
-        print(f"warning: could not draw the confusion matrix ({exc})", flush=True)
-    print(f"wrote {save_dir / REPORT} and {save_dir / 'cv_confusion_matrix.png'}", flush=True)
+    written = [save_dir / REPORT]  # and the figure, once it is drawn
+    if config.output.figures:
+        try:
+            plot_confusion_matrix(summary["pooled_confusion_matrix"], summary["class_names"],
+                                  save_dir / "cv_confusion_matrix.png", title="held-out folds, pooled")
+            written.append(save_dir / "cv_confusion_matrix.png")
+        except Exception as exc:  # noqa: BLE001 - a picture must never fail the run
+            print(f"warning: could not draw the confusion matrix ({exc})", flush=True)
+    print(f"wrote {' and '.join(str(path) for path in written)}", flush=True)
 
 
 def _job(config, save_dir, folds, job, local_rank):

@@ -64,7 +64,6 @@ def check_members(checkpoint, path, member_keys):
     if not isinstance(members, list) or not members or not all(isinstance(member, dict) for member in members):
         raise UsageError(f"checkpoint {path}: members must be a non-empty list of models, got {_brief(members)}; "
                          f"{REWRITE_ENSEMBLE}")
-    first_model = None
     for number, member in enumerate(members, start=1):
         missing = [key for key in member_keys if key not in member]
         if missing:
@@ -74,11 +73,20 @@ def check_members(checkpoint, path, member_keys):
                 raise UsageError(f"checkpoint {path}: member {number} has {key} {member[key]!r}, the ensemble "
                                  f"{checkpoint[key]!r}; an ensemble's members must share their windows and classes: "
                                  f"{REWRITE_ENSEMBLE}")
-        model = member["config"].get("model") if isinstance(member["config"], dict) else None
-        first_model = first_model or model
-        if model != first_model:
-            raise UsageError(f"checkpoint {path}: member {number} is a {model} model, member 1 a {first_model}; an "
-                             f"ensemble's members must be one model: {REWRITE_ENSEMBLE}")
+    mixed = other_model([member["config"] for member in members])
+    if mixed:
+        raise UsageError(f"checkpoint {path}: {mixed}: {REWRITE_ENSEMBLE}")
+
+
+def other_model(configs):
+    """The rule that an ensemble's members are one model: "" where the flat configs share their
+    model, else which member differs (counted from 1) and how."""
+    models = [config.get("model") if isinstance(config, dict) else None for config in configs]
+    for number, model in enumerate(models, start=1):
+        if model != models[0]:
+            return (f"member {number} is a {model} model, member 1 a {models[0]}; an ensemble's members must be "
+                    "one model")
+    return ""
 
 
 def _is_count(value):

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from inference.checkpoint_checks import check_declared_shapes, check_model_part
+from inference.checkpoint_checks import check_declared_shapes, check_model_part, other_model
 from inference.outputs import check_out_file
 from training.checkpoint.files import inference_weights, load_checkpoint, save_checkpoint
 from training.config.cli import usage_error
@@ -56,6 +56,9 @@ def write_ensemble(member_paths, path, config=None):
         shared = these
         members.append({"model": inference_weights(checkpoint), "source": str(member_path),
                         **{key: checkpoint[key] for key in MEMBER_KEYS}})
+        mixed = other_model([member["config"] for member in members])
+        if mixed:  # predict.py would refuse the file: refused before it is written
+            raise UsageError(f"{member_path}: {mixed}; give runs of one --model")
     save_checkpoint({"kind": ENSEMBLE_KIND, "members": members, "config": config, **shared}, path)
     return path
 

@@ -27,6 +27,11 @@ def build_model(name, in_channels, num_classes, dropout=None, norm="batch", wind
     return model(in_channels, num_classes, dropout=dropout, norm=norm, **shape, **resolve_size(name, **size))
 
 
+def has_fixed_features(name):
+    """Whether the model's features are fixed (not learnt), so that a pool of them can be computed once."""
+    return getattr(MODELS[name], "FIXED_FEATURES", False)
+
+
 def label_smoothing_of(name, given=None):
     """--label-smoothing where given, else the model's own LABEL_SMOOTHING."""
     return MODELS[name].LABEL_SMOOTHING if given is None else given

@@ -6,9 +6,10 @@ import json
 import numpy as np
 import pytest
 
+from conftest import TINY_DATA
 from evaluation.calibration import TEMPERATURE_RANGE, fit_temperature
 from inference_fixtures import make_checkpoint, synthetic_stream, write_csv
-from test_bad_input import assert_refused
+from test_bad_input import assert_refused, run
 from test_predict import read_rows, run_script
 
 
@@ -67,3 +68,29 @@ def test_adapting_on_a_channel_that_never_changes_gives_finite_confidences(minir
     rows = read_rows(tmp_path / "out" / "windows.csv")
     assert all(np.isfinite(float(row["confidence"])) for row in rows)
     assert "features standardised on this recording" in out
+
+
+# --- Flags that do nothing, said nowhere -----------------------------------------------------------
+
+def test_feature_views_on_a_model_without_fixed_features_is_refused(tmp_path):
+    save_dir = tmp_path / "run"
+    assert_refused(run("main.py", [*TINY_DATA, "--feature-views", "8", "--save-dir", save_dir]),
+                   "--feature-views", "--model cnn1d")
+    assert not save_dir.exists()
+
+
+def test_an_ensemble_of_two_models_is_refused_before_it_is_written(minirocket, tmp_path):
+    cnn = make_checkpoint(tmp_path / "cnn.pt")
+    out = tmp_path / "ensemble.pt"
+    assert_refused(run_script("inference.ensemble", [cnn, minirocket, "--out", out]),
+                   str(minirocket), "must be one model")
+    assert not out.exists()
+
+
+def test_a_run_without_test_or_validation_split_claims_no_report(tmp_path):
+    save_dir = tmp_path / "run"
+    code, out, err = run("main.py", [*TINY_DATA, "--epochs", "1", "--no-test", "--val-fraction", "0",
+                                     "--save-dir", save_dir])
+    assert code == 0, err
+    assert not (save_dir / "val_report.json").exists()
+    assert "val_report.json" not in out + err and "no report was written" in out + err

@@ -355,7 +355,9 @@ class Trainer:
                       **calibration_fields(probabilities, labels, in_order, temperature)}
             self.log.write_json(f"{split}_report.json", report)
         if no_test:
-            self.log.info(f"--no-test: the test split was not evaluated; wrote {self.save_dir / 'val_report.json'}")
+            self.log.info("--no-test: the test split was not evaluated; " + (
+                f"wrote {self.save_dir / 'val_report.json'}" if "val" in splits
+                else "no validation split either (--val-fraction 0), so no report was written"))
             return
         chosen = "best checkpoint by validation macro-F1" if self.has_validation else \
             "last epoch's weights: no validation split"

@@ -20,7 +20,7 @@ import torch
 from data.augment import AUGMENTATIONS, AugmentConfig, parse_kinds
 from data.splits import CHANNEL_MODES
 from data.synthetic import DEFAULT_WINDOWS_PER_SUBJECT
-from models import MODELS, NORMS, build_model, resolve_size
+from models import MODELS, NORMS, build_model, has_fixed_features, resolve_size
 from training.errors import UsageError, launched_by_torchrun
 
 DEFAULT_WARMUP_EPOCHS = 2.0
@@ -196,7 +196,8 @@ class Recipe:
     feature_views: int = setting(4, "minirocket: transform the training windows once, as this many views (the "
                                  "first as they are, the others through --augment), each epoch training the head on "
                                  "the next view; the validation and test windows once too. 0: transform every batch "
-                                 "of every epoch afresh, with new augmentations")
+                                 "of every epoch afresh, with new augmentations; another model takes 0 or leaves "
+                                 "it out")
     cv_folds: int = setting(0, "K > 1: subject-wise cross-validation, K models each validated on one fold of whole "
                             "training subjects (in <save-dir>/fold-k/), summary in cv_report.json; under torchrun "
                             "the folds run concurrently, one process per GPU")
@@ -387,6 +388,10 @@ def check_recipe_strengths(args):
         raise UsageError(f"--ema-decay must be in [0, 1), got {args.ema_decay}")
     if args.feature_views < 0:
         raise UsageError(f"--feature-views must be 0 (off) or more, got {args.feature_views}")
+    # The default stays allowed: a model without fixed features ignores it, and every run carries it.
+    if args.feature_views not in (0, Recipe.feature_views) and not has_fixed_features(args.model):
+        raise UsageError(f"--feature-views pools fixed features, which --model {args.model} does not have (minirocket "
+                         "does): drop --feature-views")
     if args.label_smoothing is not None and not 0 <= args.label_smoothing < 1:
         raise UsageError(f"--label-smoothing must be in [0, 1), got {args.label_smoothing}")
     if not 0 <= args.aug_rotate_deg <= 180 or not 0 <= args.aug_rotate_wide_deg <= 180 \
