@@ -20,12 +20,13 @@ their own, written by --workers processes in parallel. Each finished job leaves 
 its shards (data/provenance.py): what it was made from (the recording's path, size and mtime and
 the options that cut it, or the checksum of the subject's windows; the dtype) and each shard file's
 size and checksum. The same command again reuses a job only when its record matches: a stopped
-build continues, a recording added converts only that one, another --stride, --dtype or
-preprocessing converts every job again, a damaged shard converts its job again, and the files of
-recordings no longer there are removed. The manifest, written last, makes the store usable:
-`python main.py --dataset store --data-dir DIR`.
+build continues, a recording added converts only that one, a damaged shard converts its job again,
+and the files of recordings no longer there are removed. A finished store asked for other windows
+(another --stride, --dtype, rate or preprocessing) is refused: remove its manifest to convert it in
+place. The manifest, written last, makes the store usable: `python main.py --dataset store --data-dir DIR`.
 """
 import argparse
+import math
 import os
 import re
 from concurrent.futures import ProcessPoolExecutor
@@ -43,6 +44,11 @@ from data.resample import on_model_clock
 from data.splits import NPZ_TEST_FRACTION, NPZ_TEST_SEED, hold_out_subjects
 from data.store import MANIFEST, PARTS, SHARD_DIR, VERSION, finish_store, shard_paths, write_atomic
 
+# A window of 2^16 samples is 22 minutes at 50 Hz, far past any activity's; beyond, one window's
+# arrays would be sized without bound (1e20 failed inside numpy).
+MAX_WINDOW_STEPS = 2 ** 16
+# What makes a store's windows what they are: a finished store asked for other values of these is refused.
+STORE_SETTINGS = ("channels", "class_names", "sample_rate_hz", "window_steps", "stride_steps", "preprocessing", "dtype")
 MAX_NAME_CHARACTERS = 120  # of a recording's file name in its job's name
 SHARD_WINDOWS = 8_192  # windows per shard file at most (19 MB of float16 9 x 128 windows)
 JOB_FILE = re.compile(rf"(.*)\.json|(.*)-[^-]*\.(?:{'|'.join(PARTS)})\.npy", re.DOTALL)
@@ -55,6 +61,7 @@ def main(argv=None):
     source = Path(options.src)
     out = check_store_folder(Path(options.out))
     jobs, layout = plan(source, options)
+    check_same_store(out, {**layout, "dtype": options.dtype})
     (out / SHARD_DIR).mkdir(parents=True, exist_ok=True)
     done, redo = {}, []
     for job in jobs:
@@ -111,6 +118,18 @@ def check_store_folder(out):
     return out
 
 
+def check_same_store(out, asked):
+    """A finished store is data a run may have trained on: a build asking for other windows of it (another
+    dtype, rate, window, stride, preprocessing or classes) is refused rather than converted over it. Only
+    its sources may change: a recording added or removed updates the same store."""
+    finished = read_json(out / MANIFEST)
+    differ = [key for key in STORE_SETTINGS if isinstance(finished, dict) and finished.get(key) != asked[key]]
+    if differ:
+        key = differ[0]
+        raise DataError(f"--out {out} holds a finished store whose {key} is {finished.get(key)!r}, not this build's "
+                        f"{asked[key]!r}; give another --out, or remove {out / MANIFEST} to convert it in place")
+
+
 def remove_stale_files(out, jobs):
     """Delete the shards and records of jobs the plan no longer has (a recording removed or renamed,
     another layout), so the folder holds only what its manifest lists."""
@@ -139,16 +158,50 @@ def parse(argv):
     parser.add_argument("--test-subjects", default=None,
                         help="recordings: comma-separated subjects for the test split (default: a fifth held out)")
     parser.add_argument("--preprocessing", choices=("uci-har", "raw"), default="uci-har")
-    parser.add_argument("--sample-rate", type=float, default=uci_har.SAMPLE_RATE_HZ,
-                        help="recordings: the model's rate")
+    parser.add_argument("--sample-rate", type=float, default=None,
+                        help=f"recordings: the model's rate (default {uci_har.SAMPLE_RATE_HZ:g}); an .npz without "
+                             "sample_rate_hz: its windows' rate")
     parser.add_argument("--window-steps", type=int, default=uci_har.WINDOW_STEPS)
     parser.add_argument("--stride", type=int, default=None, help="recordings: window stride (default half a window)")
     parser.add_argument("--class-names", default=",".join(uci_har.CLASS_NAMES),
                         help="recordings: the classes of labels 1..K, in order")
-    options = parser.parse_args(argv)
-    if options.workers < 1 or options.window_steps < 8 or (options.stride is not None and options.stride < 1):
-        parser.error("--workers and --stride must be at least 1, --window-steps at least 8")
+    return check_options(parser.parse_args(argv))
+
+
+def check_options(options):
+    """Options that cannot make a store the trainer reads, refused before any file is touched; the
+    test subjects and class names read into lists."""
+    for flag, value, low, high in (("--workers", options.workers, 1, math.inf),
+                                   ("--window-steps", options.window_steps, 8, MAX_WINDOW_STEPS),
+                                   ("--stride", options.stride, 1, options.window_steps)):  # predict.py's bounds
+        if value is not None and not low <= value <= high:
+            raise DataError(f"{flag} must be " + (f"at least {low}" if high == math.inf else
+                                                  f"between {low} and {high:,}") + f", got {value}")
+    if options.sample_rate is not None and not (math.isfinite(options.sample_rate) and options.sample_rate > 0):
+        raise DataError(f"--sample-rate must be a positive number of Hz, got {options.sample_rate}")
+    try:
+        options.test_subjects = [int(s) for s in (options.test_subjects or "").split(",") if s.strip()]
+    except ValueError:
+        raise DataError(f"--test-subjects takes subject numbers such as 3,7; got {options.test_subjects!r}") from None
+    options.class_names = options.class_names.split(",")
+    names = options.class_names
+    if len(names) < 2 or not all(name.strip() for name in names) or len(set(names)) < len(names):
+        raise DataError(f"--class-names must name at least two distinct classes, comma-separated (such as "
+                        f"WALKING,SITTING); got {','.join(names)!r}")
     return options
+
+
+def source_rate(said, given, source):
+    """The windows' rate: what the source says (NaN: it does not), else --sample-rate; both must agree."""
+    if math.isnan(said):
+        if given is None:
+            raise DataError(f"{source} does not say its windows' sample rate (no sample_rate_hz): give it with "
+                            "--sample-rate HZ")
+        return given
+    if given is not None and given != said:
+        raise DataError(f"{source} holds windows at {said:g} Hz but --sample-rate says {given:g}: drop --sample-rate "
+                        "(it brings recordings to a rate; windows keep theirs)")
+    return said
 
 
 def plan(source, options):
@@ -158,7 +211,8 @@ def plan(source, options):
         splits = {split: uci_har.load_split(root, split) for split in ("train", "test")}
         jobs = [job for split in splits.values() for job in _window_jobs(*split)]
         test = sorted(int(s) for s in np.unique(splits["test"][2]))
-        return jobs, _layout(uci_har.SIGNAL_NAMES, uci_har.CLASS_NAMES, uci_har.SAMPLE_RATE_HZ, uci_har.WINDOW_STEPS,
+        rate = source_rate(uci_har.SAMPLE_RATE_HZ, options.sample_rate, f"UCI HAR layout {root}")
+        return jobs, _layout(uci_har.SIGNAL_NAMES, uci_har.CLASS_NAMES, rate, uci_har.WINDOW_STEPS,
                              uci_har.WINDOW_STEPS // 2, "uci-har", test, f"UCI HAR layout {root}")
     if source.is_file() and source.suffix.lower() == ".npz":
         windows = load_npz_windows(source)
@@ -166,17 +220,19 @@ def plan(source, options):
             test = np.unique(windows.subjects[windows.split == "test"])
         else:
             test = hold_out_subjects(windows.subjects, NPZ_TEST_FRACTION, NPZ_TEST_SEED)
+        rate = source_rate(windows.sample_rate_hz, options.sample_rate, source)
         return (_window_jobs(windows.signals, windows.labels, windows.subjects),
-                _layout(windows.channel_names, windows.class_names, windows.sample_rate_hz, windows.signals.shape[2],
+                _layout(windows.channel_names, windows.class_names, rate, windows.signals.shape[2],
                         None, "npz", sorted(int(s) for s in test), f"windows from {source}"))
     if source.is_dir():
         files = sorted(p for p in source.iterdir() if p.suffix.lower() in (".csv", ".npz"))
         if not files:
             raise DataError(f"{source} holds no .csv or .npz recordings (nor is it a UCI HAR layout)")
+        options.sample_rate = options.sample_rate or uci_har.SAMPLE_RATE_HZ
         jobs = [{"name": name, "recording": str(path), "options": _recording_options(options)}
                 for name, path in zip(_recording_job_names(files), files, strict=True)]
         channels = _recording_channels(options.preprocessing)
-        return jobs, _layout(channels, tuple(options.class_names.split(",")), options.sample_rate,
+        return jobs, _layout(channels, options.class_names, options.sample_rate,
                              options.window_steps, options.stride or options.window_steps // 2, options.preprocessing,
                              None, f"recordings in {source}")
     raise DataError(f"{source} is neither a folder of recordings, a UCI HAR layout nor an .npz file")
@@ -198,7 +254,7 @@ def _window_jobs(signals, labels, subjects):
 def _recording_options(options):
     return {"sample_rate": options.sample_rate, "window_steps": options.window_steps,
             "stride": options.stride or options.window_steps // 2, "preprocessing": options.preprocessing,
-            "classes": len(options.class_names.split(","))}
+            "classes": len(options.class_names)}
 
 
 def _recording_channels(preprocessing):
@@ -261,8 +317,9 @@ def recording_windows(path, sample_rate, window_steps, stride, preprocessing, cl
     labelled by the majority of its samples."""
     recording = read_recording(path, extra=("label", "subject"))
     subjects = np.unique(recording.extra["subject"])
-    if len(subjects) != 1:
-        raise DataError(f"{path}: a recording holds one subject; found {len(subjects)} ({subjects[:5].tolist()})")
+    if len(subjects) != 1 or subjects[0] != np.rint(subjects[0]):
+        raise DataError(f"{path}: a recording holds one subject, numbered by a whole number; found {len(subjects)} "
+                        f"({subjects[:5].tolist()})")
     acc, gyro, start_s, source_hz = on_model_clock(recording, sample_rate)
     if preprocessing == "uci-har" and gyro is None:
         raise DataError(f"{path} has no gyroscope, which --preprocessing uci-har needs; use --preprocessing raw")
@@ -305,9 +362,10 @@ def assemble_manifest(records, layout, options):
     test = layout["test_subjects"]
     if test is None:  # recordings: the subjects asked for, else a fifth held out
         if options.test_subjects:
-            test = sorted(int(s) for s in options.test_subjects.split(","))
+            test = sorted(options.test_subjects)
         else:
             test = hold_out_subjects(np.array(sorted(subjects)), NPZ_TEST_FRACTION, NPZ_TEST_SEED).tolist()
+    _check_test_split(test, subjects, options.src)
     training = [record for record in records if record["subject"] not in test and record["steps"]]
     if not training:
         raise DataError(f"{options.src}: no training windows (every subject is a test subject, or no window "
@@ -321,6 +379,17 @@ def assemble_manifest(records, layout, options):
             "subjects": {str(subject): count for subject, count in sorted(subjects.items())},
             "normalization": {"mean": mean.tolist(), "std": std.tolist(),
                               "over": "every window of the training subjects, validation ones included"}}
+
+
+def _check_test_split(test, subjects, source):
+    """The trainer refuses a store whose test subjects it lacks or whose test split is empty: so does the build."""
+    if set(test) <= set(subjects) and sum(subjects[subject] for subject in test):
+        return
+    having = [str(subject) for subject, count in sorted(subjects.items()) if count]
+    listed = ",".join(having[:10]) + (" ..." if len(having) > 10 else "")
+    raise DataError(f"{source}: test subjects {','.join(map(str, test)) or '(none)'} would leave the test split empty "
+                    f"or name subjects it lacks; the same command with --test-subjects among the subjects with windows "
+                    f"({listed}) finishes the build, its shards kept")
 
 
 def _write_shard(out, name, signals, labels):

@@ -220,8 +220,8 @@ def _check_manifest(root, manifest):
     need(is_int(manifest.get("window_steps")) and manifest["window_steps"] >= 1, "window_steps", "a positive integer")
     need(manifest.get("dtype") in ("float16", "float32"), "dtype", "float16 or float32")
     names = manifest.get("class_names")
-    need(isinstance(names, list) and len(names) >= 2 and all(isinstance(n, str) for n in names), "class_names",
-         "a list of at least two class names")
+    need(isinstance(names, list) and len(names) >= 2 and all(isinstance(n, str) and n.strip() for n in names)
+         and len(set(names)) == len(names), "class_names", "a list of at least two distinct, non-empty class names")
     need(is_number(manifest.get("sample_rate_hz")) and manifest["sample_rate_hz"] > 0, "sample_rate_hz",
          "a positive number")
     need(isinstance(manifest.get("preprocessing"), str), "preprocessing", "a name")
@@ -247,6 +247,9 @@ def _check_manifest(root, manifest):
         raise DataError(f"store {root}: test subject(s) {', '.join(unknown)} of {MANIFEST} have no shard (its "
                         f"subjects: {', '.join(sorted(windows, key=int)[:10])}...); rebuild the store with "
                         "--test-subjects among its subjects")
+    if not sum(windows[str(subject)] for subject in test):
+        raise DataError(f"store {root}: its test split is empty (test subjects {test} hold no window); rebuild the "
+                        "store with --test-subjects among the subjects with windows")
     statistics = manifest.get("normalization")
     for key in ("mean", "std"):
         values = statistics.get(key) if isinstance(statistics, dict) else None

@@ -256,6 +256,7 @@ def write_recording(folder, name, subject, seed):
 
 
 def test_a_rebuild_converts_only_what_changed_and_equals_a_fresh_build(tmp_path):
+    from data.errors import DataError
     source = tmp_path / "recordings"
     source.mkdir()
     for subject in (1, 2):
@@ -266,7 +267,11 @@ def test_a_rebuild_converts_only_what_changed_and_equals_a_fresh_build(tmp_path)
     assert "3 job(s), 2 already done" in printed and "converting again" not in printed
     build_here(source, tmp_path / "fresh", "--test-subjects", "2")
     assert store_bytes(tmp_path / "store") == store_bytes(tmp_path / "fresh")
-    # Another stride changes every job: each is converted again, none reported done.
+    # Another stride changes every job: over a finished store it is refused; with the manifest removed
+    # (the way in place) each job is converted again, none reported done.
+    with pytest.raises(DataError, match="stride_steps is 64"):
+        build_here(source, tmp_path / "store", "--test-subjects", "2", "--stride", "32")
+    (tmp_path / "store" / "manifest.json").unlink()
     printed = build_here(source, tmp_path / "store", "--test-subjects", "2", "--stride", "32")
     assert "0 already done" in printed and "converting again 3 job(s)" in printed and "stride" in printed
     build_here(source, tmp_path / "strided", "--test-subjects", "2", "--stride", "32")

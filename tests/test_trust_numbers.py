@@ -2,15 +2,19 @@
 reject: each refused in one line (or, for --adapt on too few windows, done without and said), with
 nothing on disk touched."""
 import json
+import sys
 
 import numpy as np
 import pytest
 
-from conftest import TINY_DATA
+from conftest import TINY_DATA, run_subprocess
+from data.errors import DataError
+from data.store import WindowStore
 from evaluation.calibration import TEMPERATURE_RANGE, fit_temperature
 from inference_fixtures import make_checkpoint, synthetic_stream, write_csv
-from test_bad_input import assert_refused, run
+from test_bad_input import assert_refused, run, snapshot
 from test_predict import read_rows, run_script
+from test_store import build_here, synthetic_npz, write_recording
 
 
 @pytest.fixture(scope="module")
@@ -94,3 +98,66 @@ def test_a_run_without_test_or_validation_split_claims_no_report(tmp_path):
     assert code == 0, err
     assert not (save_dir / "val_report.json").exists()
     assert "val_report.json" not in out + err and "no report was written" in out + err
+
+
+# --- The store builder: never a store the trainer rejects ------------------------------------------
+
+def build_refused(source, out, *flags):
+    """data.build_store as a command: refused in one line, with no manifest written and a store that
+    was there left as it was."""
+    before = snapshot(out)
+    result = run_subprocess([sys.executable, "-m", "data.build_store", source, "--out", out, "--workers", "1", *flags],
+                            timeout=120)
+    line = assert_refused((result.returncode, result.stdout, result.stderr))
+    assert snapshot(out) == before if before else not (out / "manifest.json").exists()
+    return line
+
+
+@pytest.fixture(scope="module")
+def recordings(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("recordings")
+    for subject in (1, 2, 3):
+        write_recording(folder, f"s{subject}.npz", subject, seed=subject)
+    return folder
+
+
+@pytest.mark.parametrize("flags, names", [
+    (["--test-subjects", "a,b"], ["--test-subjects", "'a,b'"]),
+    (["--window-steps", "100000000000000000000"], ["--window-steps", "65,536"]),
+    (["--test-subjects", "9"], ["test split empty", "(1,2,3)", "shards kept"]),
+    (["--class-names", ","], ["--class-names", "two distinct"]),
+])
+def test_a_build_that_would_fail_or_make_a_store_the_trainer_rejects_is_refused(recordings, tmp_path, flags, names):
+    line = build_refused(recordings, tmp_path / "store", *flags)
+    assert all(name in line for name in names), line
+
+
+@pytest.mark.parametrize("edit, names", [
+    (lambda manifest: manifest.update(test_subjects=[]), ["test split is empty"]),
+    (lambda manifest: manifest.update(class_names=[""] * len(manifest["class_names"])), ["class_names", "non-empty"]),
+])
+def test_a_store_with_no_test_windows_or_blank_class_names_is_refused_when_opened(recordings, tmp_path, edit, names):
+    build_here(recordings, tmp_path / "store", "--test-subjects", "2")
+    manifest_path = tmp_path / "store" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    edit(manifest)
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(DataError) as refused:
+        WindowStore(tmp_path / "store")
+    assert all(name in str(refused.value) for name in names), refused.value
+
+
+def test_a_build_of_another_dtype_over_a_finished_store_is_refused(recordings, tmp_path):
+    build_here(recordings, tmp_path / "store", "--test-subjects", "2")  # float32
+    line = build_refused(recordings, tmp_path / "store", "--test-subjects", "2", "--dtype", "float16")
+    assert "float32" in line and "float16" in line and "another --out" in line
+
+
+def test_windows_without_a_rate_are_refused_until_sample_rate_gives_it(tmp_path):
+    arrays = dict(np.load(synthetic_npz(tmp_path / "windows.npz")))
+    del arrays["sample_rate_hz"]
+    np.savez(tmp_path / "no_rate.npz", **arrays)
+    line = build_refused(tmp_path / "no_rate.npz", tmp_path / "store")
+    assert "--sample-rate" in line
+    build_here(tmp_path / "no_rate.npz", tmp_path / "store", "--sample-rate", "50")
+    assert WindowStore(tmp_path / "store").manifest["sample_rate_hz"] == 50.0
