@@ -6,12 +6,17 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 from conftest import TINY_DATA, run_subprocess
 from data.errors import DataError
 from data.store import WindowStore
 from evaluation.calibration import TEMPERATURE_RANGE, fit_temperature
+from inference.adaptation import adapted_per_group
+from inference.bundle import probabilities
 from inference_fixtures import make_checkpoint, synthetic_stream, write_csv
+from models import build_model
+from test_adaptation import CHANNELS, CLASSES, STEPS, bundle_of
 from test_bad_input import assert_refused, run, snapshot
 from test_predict import read_rows, run_script
 from test_store import build_here, synthetic_npz, write_recording
@@ -61,6 +66,21 @@ def test_adapting_on_one_window_keeps_the_training_statistics_and_says_so(miniro
     assert code == 0, err
     adapted, plain = (read_rows(tmp_path / name / "windows.csv") for name in ("adapted", "plain"))
     assert adapted == plain and np.isfinite(float(adapted[0]["confidence"]))
+
+
+def test_a_person_with_one_window_keeps_the_training_statistics_and_the_others_adapt(capsys):
+    rng = np.random.default_rng(0)
+    training = rng.standard_normal((40, CHANNELS, STEPS)).astype(np.float32)
+    windows = 2 * rng.standard_normal((41, CHANNELS, STEPS)).astype(np.float32) + 0.5  # people unlike the training
+    torch.manual_seed(0)
+    net = build_model("minirocket", CHANNELS, CLASSES, dropout=0.0, window_steps=STEPS, width=840)
+    net.fit(training)
+    bundle, cpu = bundle_of(net), torch.device("cpu")
+    people = np.array([1] * 40 + [2])
+    adapted = adapted_per_group(bundle, windows, people, cpu)
+    assert "subject 2 has 1 window" in capsys.readouterr().err
+    np.testing.assert_allclose(adapted[-1], probabilities(bundle, windows[-1:], cpu)[0], atol=1e-6)
+    assert np.isfinite(adapted).all() and np.abs(adapted[:40] - probabilities(bundle, windows[:40], cpu)).max() > 1e-3
 
 
 def test_adapting_on_a_channel_that_never_changes_gives_finite_confidences(minirocket, tmp_path):
