@@ -1,0 +1,105 @@
+"""A command destroys only what it made, reads inputs within the bounds their format allows, and
+refuses bad input in one line: the download, learnt transitions, config files and the studies."""
+import contextlib
+import dataclasses
+import io
+
+import numpy as np
+import pytest
+
+from data import download
+from test_bad_input import assert_refused, snapshot
+from test_download import OUTER_NAME, run_download, server, sha256, source  # noqa: F401 (fixtures)
+from training.errors import run_entry_point
+
+
+def run_command(main, *argv):
+    """(exit code, stdout, stderr) of an entry point's main, through the command line's wrapper."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = run_entry_point(main, [str(arg) for arg in argv])
+    return code, out.getvalue(), err.getvalue()
+
+
+def walk_then_sit(samples=640):
+    return np.r_[np.full(samples, 1), np.full(samples, 4)].astype(np.int8)
+
+
+@pytest.fixture
+def recordings(tmp_path):
+    path = tmp_path / "recordings.npz"
+    np.savez(path, u01_s0_label=walk_then_sit(), u01_s0_acc=np.zeros((1280, 3), np.float32),
+             u01_s0_gyro=np.zeros((1280, 3), np.float32))
+    return path
+
+
+# ---------------------------------------------------------------------------
+# 1. Only what the command made is overwritten or deleted
+# ---------------------------------------------------------------------------
+
+def test_a_users_file_with_the_archives_name_is_checked_and_kept(server, source, tmp_path):  # noqa: F811
+    url = server.serve(f"/{OUTER_NAME}", source["outer"])
+    (tmp_path / OUTER_NAME).write_bytes(b"my own notes, saved under an unlucky name")
+    before = snapshot(tmp_path)
+    line = assert_refused(run_download("--dest", tmp_path, "--url", url), OUTER_NAME, "left as it is")
+    assert "removed" not in line
+    assert snapshot(tmp_path) == before
+    assert server.requests == []
+
+
+# ---------------------------------------------------------------------------
+# 4. Inputs bounded by what their format can be
+# ---------------------------------------------------------------------------
+
+def small_known_archive(monkeypatch, size_bytes, **bounds):
+    """The dataset with one recorded archive of `size_bytes` (and the unpacking bounds given)."""
+    dataset = download.DATASETS["uci-har"]
+    known = (download.KnownArchive("0" * 64, size_bytes, "a small archive"),)
+    monkeypatch.setitem(download.DATASETS, "uci-har", dataclasses.replace(dataset, known=known, **bounds))
+
+
+@pytest.mark.parametrize("length", [True, False], ids=["too-long", "no-length"])
+def test_a_download_stops_at_the_largest_archive_that_could_pass(server, source, tmp_path, monkeypatch, length):  # noqa: F811
+    small_known_archive(monkeypatch, 1000)
+    url = server.serve(f"/{OUTER_NAME}", source["outer"] * 40, length=length)
+    assert_refused(run_download("--dest", tmp_path, "--url", url, "--retries", "0"), "more than", "1,000")
+    assert list(tmp_path.iterdir()) == []  # the bytes it took were its own: removed
+
+
+@pytest.mark.parametrize("bound", ["max_file_bytes", "max_unpacked_bytes"])
+def test_zip_members_declaring_more_than_the_dataset_are_not_unpacked(source, tmp_path, monkeypatch, bound):  # noqa: F811
+    small_known_archive(monkeypatch, 10**9, **{bound: 2000})
+    archive = tmp_path / "by-hand.zip"
+    archive.write_bytes(source["outer"])
+    dest = tmp_path / "data"
+    line = assert_refused(run_download("--dest", dest, "--archive", archive, "--sha256", sha256(source["outer"])),
+                          "declares", "2,000")
+    assert "nothing was unpacked" in line
+    assert list(dest.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------
+# 5. A transition matrix learnt from nothing is not written
+# ---------------------------------------------------------------------------
+
+# ---------------------------------------------------------------------------
+# 6. One line, not a traceback
+# ---------------------------------------------------------------------------
+
+def bad_recordings(tmp_path, case):
+    path = tmp_path / "recordings.npz"
+    if case == "text file":
+        path.write_text("time_s,acc_x\n0,1\n")
+    elif case == "labels as text":
+        np.savez(path, u01_s0_label=np.array(["walk"] * 1280))
+    elif case == "no subject number":
+        np.savez(path, walk_label=walk_then_sit())
+    elif case == "no signals":
+        np.savez(path, u01_s0_label=walk_then_sit())
+    return path
+
+
+TRANSITIONS_CASES = {"text file": "not a readable .npz", "labels as text": "holds <U4",
+                     "no subject number": "names no person"}
+
+
