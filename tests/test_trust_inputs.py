@@ -8,9 +8,12 @@ import numpy as np
 import pytest
 
 from data import download
+from inference.outputs import check_out_dir
+from inference.transitions import main as transitions_command
+from studies import recording_accuracy
 from test_bad_input import assert_refused, snapshot
 from test_download import OUTER_NAME, run_download, server, sha256, source  # noqa: F401 (fixtures)
-from training.errors import run_entry_point
+from training.errors import UsageError, run_entry_point
 
 
 def run_command(main, *argv):
@@ -45,6 +48,21 @@ def test_a_users_file_with_the_archives_name_is_checked_and_kept(server, source,
     assert "removed" not in line
     assert snapshot(tmp_path) == before
     assert server.requests == []
+
+
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+def test_transitions_never_write_over_the_recordings_they_read(recordings, overwrite):
+    before = snapshot(recordings)
+    assert_refused(run_command(transitions_command, "--recordings", recordings, "--subjects", "1",
+                               "--out", recordings, *overwrite), "a file this command reads")
+    assert snapshot(recordings) == before
+
+
+def test_an_output_folder_never_takes_an_input_s_name(tmp_path):
+    recording = tmp_path / "windows.csv"  # predict.py --recording windows.csv --out . --overwrite
+    recording.write_text("time_s,acc_x\n")
+    with pytest.raises(UsageError, match="a file this command reads"):
+        check_out_dir(tmp_path, ("windows.csv", "timeline.csv"), overwrite=True, reads=[recording])
 
 
 # ---------------------------------------------------------------------------
@@ -82,6 +100,14 @@ def test_zip_members_declaring_more_than_the_dataset_are_not_unpacked(source, tm
 # 5. A transition matrix learnt from nothing is not written
 # ---------------------------------------------------------------------------
 
+def test_transitions_learnt_from_no_window_pair_are_refused(tmp_path):
+    archive, out = tmp_path / "short.npz", tmp_path / "transitions.json"
+    np.savez(archive, u01_s0_label=np.full(100, 1, np.int8), u02_s0_label=np.zeros(1000, np.int8))
+    assert_refused(run_command(transitions_command, "--recordings", archive, "--subjects", "1,2", "--out", out),
+                   "no two consecutive windows", "not written")
+    assert not out.exists()
+
+
 # ---------------------------------------------------------------------------
 # 6. One line, not a traceback
 # ---------------------------------------------------------------------------
@@ -103,3 +129,28 @@ TRANSITIONS_CASES = {"text file": "not a readable .npz", "labels as text": "hold
                      "no subject number": "names no person"}
 
 
+@pytest.mark.parametrize("case", sorted(TRANSITIONS_CASES))
+def test_transitions_refuse_recordings_they_cannot_read(tmp_path, case):
+    archive = bad_recordings(tmp_path, case)
+    assert_refused(run_command(transitions_command, "--recordings", archive, "--subjects", "1",
+                               "--out", tmp_path / "t.json"), TRANSITIONS_CASES[case])
+
+
+@pytest.mark.parametrize("where, says", [("folder", "is a folder"), ("missing/t.json", "does not exist")])
+def test_transitions_refuse_an_out_they_cannot_write(recordings, where, says):
+    (recordings.parent / "folder").mkdir()
+    assert_refused(run_command(transitions_command, "--recordings", recordings, "--subjects", "1",
+                               "--out", recordings.parent / where), "--out", says)
+
+
+@pytest.mark.parametrize("case, flags, says", [
+    ("text file", [], "not a readable .npz"), ("no subject number", [], "names no person"),
+    ("no signals", [], "u01_s0_acc should be 1280 x 3"), ("labels as text", ["--subjects", "a,b"], "--subjects"),
+    ("labels as text", ["--json", "RECORDINGS"], "a file this command reads")])
+def test_the_recording_study_refuses_bad_input_in_one_line(tmp_path, case, flags, says):
+    archive = bad_recordings(tmp_path, case)
+    before = snapshot(archive)
+    flags = [str(archive) if flag == "RECORDINGS" else flag for flag in flags]
+    assert_refused(run_command(recording_accuracy.main, "--checkpoint", tmp_path / "none.pt",
+                               "--recordings", archive, *flags), says)
+    assert snapshot(archive) == before
