@@ -7,6 +7,7 @@ import io
 import numpy as np
 import pytest
 
+from conftest import run_in_process
 from data import download
 from inference.outputs import check_out_dir
 from inference.transitions import main as transitions_command
@@ -96,6 +97,23 @@ def test_zip_members_declaring_more_than_the_dataset_are_not_unpacked(source, tm
     assert list(dest.iterdir()) == []
 
 
+def test_a_config_of_nested_aliases_is_refused_before_it_expands(tmp_path):
+    # 9 ** 4 values from 27 aliases; a real bomb takes a few more lines for billions.
+    nine = ", ".join
+    lines = [f"a: &a [{nine(['x'] * 9)}]", f"b: &b [{nine(['*a'] * 9)}]", f"c: &c [{nine(['*b'] * 9)}]",
+             f"epochs: [{nine(['*c'] * 9)}]"]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(lines) + "\n")
+    assert_refused(run_in_process("main.py", ["--config", bomb]), "--config", "aliases")
+
+
+def test_a_config_file_larger_than_any_file_of_flags_is_refused_unread(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text("epochs: 1\n" + "# padding\n" * 120_000)
+    # --epochs 0 would be refused too: the file's size must be what stops it, first.
+    assert_refused(run_in_process("main.py", ["--config", config, "--epochs", "0"]), "--config", "bytes")
+
+
 # ---------------------------------------------------------------------------
 # 5. A transition matrix learnt from nothing is not written
 # ---------------------------------------------------------------------------
@@ -141,6 +159,13 @@ def test_transitions_refuse_an_out_they_cannot_write(recordings, where, says):
     (recordings.parent / "folder").mkdir()
     assert_refused(run_command(transitions_command, "--recordings", recordings, "--subjects", "1",
                                "--out", recordings.parent / where), "--out", says)
+
+
+@pytest.mark.parametrize("text", ["[1, 2]: 3\n", "? {epochs: 1}\n: 3\n"], ids=["list", "mapping"])
+def test_a_config_key_that_is_not_a_name_is_refused(tmp_path, text):
+    config = tmp_path / "config.yaml"
+    config.write_text(text)
+    assert_refused(run_in_process("main.py", ["--config", config]), "--config", "a key must be a flag name")
 
 
 @pytest.mark.parametrize("case, flags, says", [
