@@ -11,7 +11,7 @@ from conftest import run_in_process
 from data import download
 from inference.outputs import check_out_dir
 from inference.transitions import main as transitions_command
-from studies import recording_accuracy
+from studies import nested_cv, recording_accuracy
 from test_bad_input import assert_refused, snapshot
 from test_download import OUTER_NAME, run_download, server, sha256, source  # noqa: F401 (fixtures)
 from training.errors import UsageError, run_entry_point
@@ -166,6 +166,14 @@ def test_a_config_key_that_is_not_a_name_is_refused(tmp_path, text):
     config = tmp_path / "config.yaml"
     config.write_text(text)
     assert_refused(run_in_process("main.py", ["--config", config]), "--config", "a key must be a flag name")
+
+
+@pytest.mark.parametrize("text", ["{not json", "[]", '{"folds": 3}', '{"folds": [], "worst_person": {}}'])
+def test_nested_cv_summary_refuses_a_damaged_report(tmp_path, text):
+    (tmp_path / "default").mkdir()
+    (tmp_path / "default" / nested_cv.REPORT).write_text(text)
+    assert_refused(run_command(nested_cv.main, "--out", tmp_path, "--summary"), nested_cv.REPORT, "damaged",
+                   "--name default")
 
 
 @pytest.mark.parametrize("case, flags, says", [
