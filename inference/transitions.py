@@ -62,6 +62,8 @@ def open_recordings(path):
     for key, label in labels.items():
         if not LABEL_KEY.fullmatch(key):
             raise UsageError(f"--recordings {path}: key {key} names no person and session; {hint}")
+        if not isinstance(label, np.ndarray):  # a zip member that is no .npy
+            raise UsageError(f"--recordings {path}: {key} is not an array; {hint}")
         if label.ndim != 1 or not np.issubdtype(label.dtype, np.integer):
             raise UsageError(f"--recordings {path}: {key} holds {label.dtype} of shape {label.shape}; {hint}")
     return archive

@@ -209,8 +209,9 @@ def check_signals(archive, path):
         for sensor in ("acc", "gyro"):
             name = key[:-len("label")] + sensor
             values = archive[name] if name in archive.files else None
-            if values is None or values.shape != (samples, 3) or not np.issubdtype(values.dtype, np.number):
-                found = "nothing" if values is None else f"{values.dtype} of shape {values.shape}"
+            if not isinstance(values, np.ndarray) or values.shape != (samples, 3) \
+                    or not np.issubdtype(values.dtype, np.number):
+                found = f"{values.dtype} of shape {values.shape}" if isinstance(values, np.ndarray) else "nothing"
                 raise UsageError(f"--recordings {path}: {name} should be {samples} x 3 numbers (one row per label), "
                                  f"found {found}")
 

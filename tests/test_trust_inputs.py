@@ -3,6 +3,7 @@ refuses bad input in one line: the download, learnt transitions, config files an
 import contextlib
 import dataclasses
 import io
+import zipfile
 
 import numpy as np
 import pytest
@@ -138,13 +139,16 @@ def bad_recordings(tmp_path, case):
         np.savez(path, u01_s0_label=np.array(["walk"] * 1280))
     elif case == "no subject number":
         np.savez(path, walk_label=walk_then_sit())
+    elif case == "label not an array":
+        with zipfile.ZipFile(path, "w") as archive:
+            archive.writestr("u01_s0_label", "1,1,4,4")
     elif case == "no signals":
         np.savez(path, u01_s0_label=walk_then_sit())
     return path
 
 
 TRANSITIONS_CASES = {"text file": "not a readable .npz", "labels as text": "holds <U4",
-                     "no subject number": "names no person"}
+                     "no subject number": "names no person", "label not an array": "is not an array"}
 
 
 @pytest.mark.parametrize("case", sorted(TRANSITIONS_CASES))
