@@ -108,6 +108,14 @@ def test_a_config_of_nested_aliases_is_refused_before_it_expands(tmp_path):
     assert_refused(run_in_process("main.py", ["--config", bomb]), "--config", "aliases")
 
 
+@pytest.mark.parametrize("name, text", [("deep.yaml", "epochs: " + "[" * 5000 + "]" * 5000 + "\n"),
+                                        ("deep.json", '{"epochs": ' + "[" * 100_000 + "]" * 100_000 + "}")])
+def test_a_config_nested_beyond_reading_is_one_line(tmp_path, name, text):
+    config = tmp_path / name
+    config.write_text(text)
+    assert_refused(run_in_process("main.py", ["--config", config]), "--config", "deeper")
+
+
 def test_a_config_file_larger_than_any_file_of_flags_is_refused_unread(tmp_path):
     config = tmp_path / "config.yaml"
     config.write_text("epochs: 1\n" + "# padding\n" * 120_000)

@@ -195,6 +195,9 @@ def load_config_file(path):
             yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader that also refuses repeated keys
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"--config {path} cannot be read ({exc})") from None
+    except RecursionError:
+        raise UsageError(f"--config {path} nests lists or mappings deeper than Python can read; a file of flags "
+                         "is flat: flag: value") from None
     except _TooManyAliases:
         raise UsageError(f"--config {path} uses more than {MAX_CONFIG_ALIASES} aliases (*name), more than a file "
                          "of flags needs; write the values out") from None
