@@ -123,7 +123,8 @@ def parse(argv):
     parser.add_argument("name", choices=tuple(DATASETS), help="the dataset")
     parser.add_argument("--dest", default=DEFAULT_DEST, metavar="DIR",
                         help="the folder to unpack into, the one you then give to --data-dir (default %(default)s)")
-    parser.add_argument("--url", default=None, help="a mirror of the archive (default: the official one)")
+    parser.add_argument("--url", default=None, type=_web_address,
+                        help="a mirror of the archive (default: the official one)")
     parser.add_argument("--sha256", default=None, type=_hex_digest, metavar="HEX",
                         help="the archive's SHA-256, required for an archive whose checksum is not recorded here")
     parser.add_argument("--archive", default=None, metavar="ZIP",
@@ -137,6 +138,16 @@ def parse(argv):
     if options.archive and options.url:
         parser.error("--archive unpacks a file already on disk; drop --url")
     return options
+
+
+def _web_address(text):
+    try:
+        parts = urllib.parse.urlsplit(text)
+    except ValueError:  # an unclosed [IPv6 address
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http:// or https:// address")
+    return text
 
 
 def _hex_digest(text):

@@ -86,6 +86,13 @@ def test_a_download_stops_at_the_largest_archive_that_could_pass(server, source,
     assert list(tmp_path.iterdir()) == []  # the bytes it took were its own: removed
 
 
+@pytest.mark.parametrize("url", ["notaurl", "http://[::1", "file:///no-such-folder/a.zip"])
+def test_a_url_that_is_no_web_address_is_refused_before_any_request(tmp_path, url):
+    code, _, err = run_download("--dest", tmp_path, "--url", url)
+    assert code == 2 and "Traceback" not in err and "is not an http:// or https:// address" in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("bound", ["max_file_bytes", "max_unpacked_bytes"])
 def test_zip_members_declaring_more_than_the_dataset_are_not_unpacked(source, tmp_path, monkeypatch, bound):  # noqa: F811
     small_known_archive(monkeypatch, 10**9, **{bound: 2000})
