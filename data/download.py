@@ -5,9 +5,13 @@ python -m data.download uci-har [--dest DIR] [--url URL] [--sha256 HEX] [--archi
 The download goes to DEST/<archive name>.part and resumes from there (HTTP Range) when the
 connection breaks, within a run (--retries) or when the same command is run again. The finished
 archive is accepted only when its SHA-256 is one recorded here for that dataset (docs/data.md
-lists them), or the one --sha256 gives; anything else is removed and refused. It is unpacked into
-a temporary folder beside the target, loaded with the project's own reader, and only then renamed
-into place, so a failure never leaves a half-unpacked dataset and never touches one already there.
+lists them), or the one --sha256 gives; a download that fails it is removed and refused. Only what
+the command made is ever removed: a file already in DEST under the archive's name is checked as
+--archive would be, and left there whatever the outcome. No download grows past the largest archive
+that can pass the check, and no zip member is unpacked past the dataset's recorded sizes. It is
+unpacked into a temporary folder beside the target, loaded with the project's own reader, and only
+then renamed into place, so a failure never leaves a half-unpacked dataset and never touches one
+already there.
 """
 import argparse
 import http.client
@@ -34,6 +38,9 @@ TIMEOUT_S = 60
 RETRY_WAIT_S = 2.0  # doubled after each broken attempt
 USER_AGENT = "har-trainer-download/1"
 KnownArchive = namedtuple("KnownArchive", "sha256 size_bytes what")  # an archive with a recorded SHA-256
+# With --sha256 the archive is none recorded here: a repackaging of the same data, allowed this many
+# times the largest recorded size.
+UNRECORDED_ARCHIVE_FACTOR = 4
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,13 @@ class Dataset:
     known: tuple  # of KnownArchive
     citation: str
     reader: ModuleType  # find_root(dir) and load_split(root, split), as training reads the dataset
+    max_unpacked_bytes: int  # bounds what an archive may declare: its files together, and each one
+    max_file_bytes: int
+
+    def max_archive_bytes(self, sha256_given):
+        """The most bytes an archive can have and still pass the checksum check."""
+        largest = max(known.size_bytes for known in self.known)
+        return largest * UNRECORDED_ARCHIVE_FACTOR if sha256_given else largest
 
 
 # Checksums as published by several unrelated projects that pin these archives (docs/data.md says
@@ -58,7 +72,9 @@ DATASETS = {
                          "'UCI HAR Dataset.zip', the archive inside the official one"),
         ),
         citation="Anguita, Ghio, Oneto, Parra, Reyes-Ortiz, ESANN 2013; doi:10.24432/C54S4K; CC BY 4.0",
-        reader=uci_har),
+        reader=uci_har,
+        # By its row counts about 280 MB unpacked, its largest file (train/X_train.txt) about 66 MB.
+        max_unpacked_bytes=1_000_000_000, max_file_bytes=250_000_000),
 }
 
 
@@ -78,21 +94,22 @@ def main(argv=None):
     except OSError as exc:
         raise DataError(f"--dest {dest} cannot be created ({exc.strerror}); choose another folder") from None
     if options.archive:
-        archive = Path(options.archive).expanduser()
+        archive, made_here = Path(options.archive).expanduser(), False
         if not archive.is_file():
             raise DataError(f"--archive {archive}: no such file")
-        consequence = "nothing was unpacked"
     else:
-        archive = fetch(options.url or dataset.url, dest, options.retries)
-        consequence = "it was removed (resuming from corrupt bytes cannot mend them): run again to download afresh"
+        limit = dataset.max_archive_bytes(options.sha256 is not None)
+        archive, made_here = fetch(options.url or dataset.url, dest, options.retries, limit)
+    consequence = ("it was removed (resuming from corrupt bytes cannot mend them): run again to download afresh"
+                   if made_here else "it was left as it is and nothing was unpacked")
     try:
         print(f"{archive.name}: {describe_checksum(archive, dataset, options.sha256, consequence)}", flush=True)
     except DataError:
-        if not options.archive:
+        if made_here:
             archive.unlink()
         raise
     summary = unpack(archive, dest, dataset)
-    if not options.archive and not options.keep_archive:
+    if made_here and not options.keep_archive:
         archive.unlink()
     print(f"{target}: {summary}")
     print(f"cite it: {dataset.citation}")
@@ -106,7 +123,8 @@ def parse(argv):
     parser.add_argument("name", choices=tuple(DATASETS), help="the dataset")
     parser.add_argument("--dest", default=DEFAULT_DEST, metavar="DIR",
                         help="the folder to unpack into, the one you then give to --data-dir (default %(default)s)")
-    parser.add_argument("--url", default=None, help="a mirror of the archive (default: the official one)")
+    parser.add_argument("--url", default=None, type=_web_address,
+                        help="a mirror of the archive (default: the official one)")
     parser.add_argument("--sha256", default=None, type=_hex_digest, metavar="HEX",
                         help="the archive's SHA-256, required for an archive whose checksum is not recorded here")
     parser.add_argument("--archive", default=None, metavar="ZIP",
@@ -122,25 +140,40 @@ def parse(argv):
     return options
 
 
+def _web_address(text):
+    try:
+        parts = urllib.parse.urlsplit(text)
+    except ValueError:  # an unclosed [IPv6 address
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http:// or https:// address")
+    return text
+
+
 def _hex_digest(text):
     if not re.fullmatch(r"[0-9a-fA-F]{64}", text):
         raise argparse.ArgumentTypeError(f"{text!r} is not a SHA-256 (64 hexadecimal digits)")
     return text.lower()
 
 
-def fetch(url, dest, retries):
-    """Download `url` into dest, resuming from a .part file; return the finished file's path."""
+def fetch(url, dest, retries, limit_bytes):
+    """Download `url` into dest, resuming from a .part file, refusing more than `limit_bytes`; return
+    (the finished file's path, whether this command made it)."""
     name = Path(urllib.parse.unquote(urllib.parse.urlsplit(url).path)).name or "archive.zip"
     finished, part = dest / name, dest / f"{name}.part"
-    if finished.is_file():
-        print(f"{finished} was downloaded before: checking it instead of downloading", flush=True)
-        return finished
+    if finished.exists():
+        # Whoever put it there (a hand download, a kept archive, a file of the same name), it is not
+        # this command's: checked, never removed.
+        if not finished.is_file():
+            raise DataError(f"{finished} is in the way of the download; move it away or choose another --dest")
+        print(f"{finished} is already there: checking it instead of downloading (it is left in place)", flush=True)
+        return finished, False
     attempt = 0
     while True:
         try:
-            _fetch_once(url, part)
+            _fetch_once(url, part, limit_bytes)
             part.replace(finished)
-            return finished
+            return finished, True
         except urllib.error.HTTPError as exc:
             raise DataError(f"{url} answered HTTP {exc.code} {exc.reason}; check the address or pass "
                             "--url a mirror") from None
@@ -160,8 +193,9 @@ def fetch(url, dest, retries):
             time.sleep(wait_s)
 
 
-def _fetch_once(url, part):
-    """One request for the bytes `part` lacks, appended to it; raises on a short or broken transfer."""
+def _fetch_once(url, part, limit_bytes):
+    """One request for the bytes `part` lacks, appended to it; raises on a short or broken transfer,
+    and DataError on a file larger than `limit_bytes` (before writing when the server says its size)."""
     offset = part.stat().st_size if part.exists() else 0
     headers = {"User-Agent": USER_AGENT, **({"Range": f"bytes={offset}-"} if offset else {})}
     try:
@@ -183,21 +217,29 @@ def _fetch_once(url, part):
                 print(f"the server does not resume from byte {offset:,}: downloading from the start", flush=True)
             offset, length = 0, response.headers.get("Content-Length")
             total = int(length) if length and length.isdigit() else None
+        if total is not None and total > limit_bytes:
+            raise DataError(f"{url} is {total:,} bytes, more than the archive can be ({limit_bytes:,}); nothing "
+                            "more was downloaded: check --url")
         size = f" ({total / 1e6:.1f} MB)" if total else ""
         resumed = f", resuming at {offset / 1e6:.1f} MB" if offset else ""
         print(f"downloading {url}{size}{resumed}", flush=True)
         with open(part, "ab" if offset else "wb") as handle:
-            _copy(response, handle, offset, total)
+            _copy(response, handle, offset, total, limit_bytes)
+    if part.stat().st_size > limit_bytes:
+        part.unlink()
+        raise DataError(f"{url} sent more than {limit_bytes:,} bytes, more than the archive can be; the download "
+                        "was stopped and removed: check --url")
     have = part.stat().st_size
     if total is not None and have != total:
         raise ConnectionError(f"the server sent {have:,} of {total:,} bytes")
 
 
-def _copy(response, handle, have, total):
-    """Stream the body into the file, with a progress line every tenth (or every 10 MB)."""
+def _copy(response, handle, have, total, limit_bytes):
+    """Stream the body into the file, with a progress line every tenth (or every 10 MB), stopping one
+    chunk past `limit_bytes`."""
     step = total // 10 if total else 10_000_000
     next_report = (have // step + 1) * step
-    while chunk := response.read(CHUNK_BYTES):
+    while have <= limit_bytes and (chunk := response.read(CHUNK_BYTES)):
         handle.write(chunk)
         have += len(chunk)
         if have >= next_report:
@@ -241,11 +283,12 @@ def unpack(archive, dest, dataset):
         with source:
             nested = f"{folder}.zip"
             if nested in source.namelist() and not _members_under(source, folder):
+                _check_sizes([source.getinfo(nested)], dataset, archive)
                 source.extract(nested, scratch)
                 with _open_zip(scratch / nested) as inner:
-                    _extract_folder(inner, folder, scratch, archive)
+                    _extract_folder(inner, dataset, scratch, archive)
             else:
-                _extract_folder(source, folder, scratch, archive)
+                _extract_folder(source, dataset, scratch, archive)
         summary = _check_layout(dataset.reader, scratch / folder, archive)
         if (dest / folder).exists():  # another run finished first: keep its copy
             raise DataError(f"{dest / folder} appeared while unpacking; nothing was replaced")
@@ -266,12 +309,27 @@ def _members_under(source, folder):
     return [info for info in source.infolist() if info.filename.startswith(f"{folder}/")]
 
 
-def _extract_folder(source, folder, scratch, archive):
-    """Extract only `folder`/... (a Mac's __MACOSX/ copies stay behind); ZipFile.extract keeps every
-    name inside scratch, whatever `..` or absolute path a member claims."""
+def _check_sizes(members, dataset, archive):
+    """Refuse, before writing a byte, members that declare more than the dataset can hold (zipfile
+    never writes more than a member declares)."""
+    big = next((info for info in members if info.file_size > dataset.max_file_bytes), None)
+    if big is not None:
+        raise DataError(f"{archive}: {big.filename} declares {big.file_size:,} bytes, more than any file of the "
+                        f"dataset ({dataset.max_file_bytes:,}); nothing was unpacked")
+    total = sum(info.file_size for info in members)
+    if total > dataset.max_unpacked_bytes:
+        raise DataError(f"{archive} declares {total:,} bytes unpacked, more than the dataset "
+                        f"({dataset.max_unpacked_bytes:,}); nothing was unpacked")
+
+
+def _extract_folder(source, dataset, scratch, archive):
+    """Extract only the dataset's folder (a Mac's __MACOSX/ copies stay behind); ZipFile.extract keeps
+    every name inside scratch, whatever `..` or absolute path a member claims."""
+    folder = dataset.folder
     members = _members_under(source, folder)
     if not members:
         raise DataError(f"{archive} holds no '{folder}/' folder (nor a '{folder}.zip'); nothing was unpacked")
+    _check_sizes(members, dataset, archive)
     try:
         for info in members:
             source.extract(info, scratch)

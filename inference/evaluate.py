@@ -25,7 +25,9 @@ def outputs_of(split):
 
 def evaluate_checkpoint(args):
     outputs = outputs_of(args.split)
-    check_out_dir(args.out, outputs, args.overwrite)
+    # The run's calibration.json is read by --temperature run; an evaluation writes its own elsewhere.
+    reads = [args.checkpoint, Path(args.checkpoint).parent / CALIBRATION_FILE, args.temperature]
+    check_out_dir(args.out, outputs, args.overwrite, reads)
     temperature = temperature_choice(args.temperature, args.checkpoint)
     bundle = load_bundle(args.checkpoint)
     device = pick_device(args.device)

@@ -8,10 +8,13 @@ from training.checkpoint.files import check_folder_can_be_made, check_writable, 
 from training.errors import UsageError
 
 
-def check_out_dir(out, names, overwrite=False):
+def check_out_dir(out, names, overwrite=False, reads=()):
     """Refuse, without creating anything, an `out` that is a file, lies under a file, cannot be written
-    or created, or (without overwrite) already holds one of `names`. Returns `out` as a Path."""
+    or created, would put one of `names` over a file the command `reads`, or (without overwrite)
+    already holds one of `names`. Returns `out` as a Path."""
     out = Path(out)
+    for name in names:
+        _refuse_an_input(out / name, reads, f"--out {out}: its {name}")
     taken = [name for name in names if (out / name).exists()] if out.is_dir() else []
     if taken and not overwrite:
         raise UsageError(f"--out {out} already holds {', '.join(taken)}; choose another folder or pass --overwrite")
@@ -37,17 +40,22 @@ def write_csv(path, header, rows):
     write_atomic(path, lambda partial: Path(partial).write_text(buffer.getvalue()))
 
 
-def check_out_file(out, overwrite, reads=()):
-    """Refuse, before any work, an --out that is a folder, is one of the files the command `reads`,
-    exists (without overwrite), or cannot be written. Returns `out` as a Path."""
+def check_out_file(out, overwrite, reads=(), flag="--out"):
+    """Refuse, before any work, an output file (`flag`) that is a folder, is one of the files the
+    command `reads`, exists (without overwrite), or cannot be written. Returns `out` as a Path."""
     out = Path(out)
     if out.is_dir():
-        raise UsageError(f"--out {out} is a folder; give the name of a file inside it")
-    if any(out.resolve() == Path(path).resolve() for path in reads):
-        raise UsageError(f"--out {out} is a checkpoint this command reads; write the result under another name")
+        raise UsageError(f"{flag} {out} is a folder; give the name of a file inside it")
+    _refuse_an_input(out, reads, f"{flag} {out}")
     if out.exists() and not overwrite:
-        raise UsageError(f"--out {out} exists; choose another name or pass --overwrite")
+        raise UsageError(f"{flag} {out} exists; choose another name or pass --overwrite")
     if not out.parent.is_dir():
-        raise UsageError(f"--out {out}: folder {out.parent} does not exist")
-    check_writable(out.parent, f"--out {out}: folder {out.parent} is not writable")
+        raise UsageError(f"{flag} {out}: folder {out.parent} does not exist; create it or choose another")
+    check_writable(out.parent, f"{flag} {out}: folder {out.parent} is not writable")
     return out
+
+
+def _refuse_an_input(path, reads, what):
+    """A command overwrites only its own outputs: never a file it was given to read, --overwrite or not."""
+    if any(Path(path).resolve() == Path(read).resolve() for read in reads if read is not None):
+        raise UsageError(f"{what} would be written over a file this command reads; write it under another name")

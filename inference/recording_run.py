@@ -16,7 +16,7 @@ OUTPUTS = ("windows.csv", "timeline.csv", "timeline.png")
 
 def predict_recording(args):
     """Everything that can be refused is refused before the first file is written, --out first of all."""
-    check_out_dir(args.out, OUTPUTS, args.overwrite)
+    check_out_dir(args.out, OUTPUTS, args.overwrite, reads=[args.checkpoint, args.recording, args.transitions])
     bundle = load_bundle(args.checkpoint)
     device = pick_device(args.device)
     if args.stride is not None and not 1 <= args.stride <= bundle.window_steps:

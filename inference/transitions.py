@@ -6,17 +6,21 @@ window's activity follows another's at the stride predict.py steps its windows b
 """
 import argparse
 import json
+import re
+import zipfile
 from pathlib import Path
 
 import numpy as np
 
 from data.preprocess import window_starts
 from data.uci_har import CLASS_NAMES
+from inference.outputs import check_out_file
 from training.checkpoint.files import write_atomic
 from training.config.cli import usage_error
 from training.errors import UsageError, run_entry_point
 
 WINDOW_STEPS = 128  # UCI HAR's windows at 50 Hz
+LABEL_KEY = re.compile(r"u(\d+)_s\d+_label")  # person and session of a labelled recording
 
 
 def window_labels(sample_classes, window_steps, stride_steps):
@@ -42,11 +46,44 @@ def transition_matrix(counts):
     return smoothed / smoothed.sum(axis=1, keepdims=True)
 
 
+def open_recordings(path):
+    """A hapt-dev style archive (keys uSS_sK_label: one integer label per sample), refused in one line
+    when it is none, so that every reader of it may take its keys and labels as they should be."""
+    if not Path(path).is_file():
+        raise UsageError(f"--recordings {path} is not a file")
+    hint = "give an .npz with uSS_sK_label keys (integer labels, one per sample)"
+    try:
+        archive = np.load(path, allow_pickle=False)
+        labels = {key: archive[key] for key in getattr(archive, "files", ()) if key.endswith("_label")}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile):
+        raise UsageError(f"--recordings {path} is not a readable .npz archive; {hint}") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise UsageError(f"--recordings {path} holds a single array, not an archive of recordings; {hint}")
+    for key, label in labels.items():
+        if not LABEL_KEY.fullmatch(key):
+            raise UsageError(f"--recordings {path}: key {key} names no person and session; {hint}")
+        if not isinstance(label, np.ndarray):  # a zip member that is no .npy
+            raise UsageError(f"--recordings {path}: {key} is not an array; {hint}")
+        if label.ndim != 1 or not np.issubdtype(label.dtype, np.integer):
+            raise UsageError(f"--recordings {path}: {key} holds {label.dtype} of shape {label.shape}; {hint}")
+    return archive
+
+
+def subject_of(label_key):
+    """The person of a uSS_sK_label key that open_recordings accepted."""
+    return int(LABEL_KEY.fullmatch(label_key).group(1))
+
+
+def recording_subjects(archive):
+    """The people with a labelled recording in an archive open_recordings accepted."""
+    return sorted({subject_of(key) for key in archive.files if key.endswith("_label")})
+
+
 def recording_classes(archive, subjects):
     """{recording name: per-sample class index (-1 for transitions and unlabelled samples)} of the
-    given subjects in a hapt-dev style archive (keys uSS_sK_label, labels 1..6 the activities)."""
-    names = sorted({key.rsplit("_", 1)[0] for key in archive.files if key.endswith("_label")
-                    and int(key[1:3]) in subjects})
+    given subjects in an archive open_recordings accepted (labels 1..6 the activities)."""
+    names = sorted(key[:-len("_label")] for key in archive.files if key.endswith("_label")
+                   and subject_of(key) in subjects)
     result = {}
     for name in names:
         label = archive[f"{name}_label"].astype(np.int64)
@@ -100,7 +137,8 @@ def main(argv):
     parser.add_argument("--subjects", required=True, help="comma-separated: the training people only")
     parser.add_argument("--window-steps", type=int, default=WINDOW_STEPS)
     parser.add_argument("--stride", type=int, default=None, help="default half a window, as predict.py")
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", required=True, help="the transitions file to write (never one of the inputs)")
+    parser.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     parser.add_argument("--debug", action="store_true", help="full tracebacks instead of one-line errors")
     parser.error = usage_error(parser.prog)  # one line, like every other bad input
     args = parser.parse_args(argv)
@@ -111,13 +149,16 @@ def main(argv):
     stride = args.stride or args.window_steps // 2
     if not 1 <= stride <= args.window_steps:
         raise UsageError(f"--stride must be between 1 and --window-steps ({args.window_steps}), got {stride}")
-    if not Path(args.recordings).is_file():
-        raise UsageError(f"--recordings {args.recordings} is not a file")
-    classes = recording_classes(np.load(args.recordings, allow_pickle=False), subjects)
+    check_out_file(args.out, args.overwrite, reads=[args.recordings])
+    classes = recording_classes(open_recordings(args.recordings), subjects)
     if not classes:
         raise UsageError(f"{args.recordings} holds no labelled recording (uSS_sK_label) of subjects "
                          f"{', '.join(map(str, sorted(subjects)))}")
     counts, matrix = learn_transitions(classes.values(), args.window_steps, stride)
+    if not counts.sum():  # the matrix would be the +1 smoothing alone: uniform, learnt from nothing
+        raise UsageError(f"the {len(classes)} recordings of subjects {', '.join(map(str, sorted(subjects)))} hold "
+                         "no two consecutive windows of activities 1..6 (too short, or unlabelled): nothing was "
+                         f"learnt and {args.out} was not written; give more people or longer recordings")
     write_transitions(args.out, counts, CLASS_NAMES, args.window_steps, stride,
                       {"recordings": str(args.recordings), "subjects": sorted(subjects)})
     print(f"{len(classes)} recordings, {int(counts.sum())} window pairs; wrote {args.out}")

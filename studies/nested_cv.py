@@ -25,7 +25,8 @@ trained again, alone.
 
 Each configuration's nested_report.json holds per outer fold its subjects, accuracy and macro-F1,
 every person's accuracy, the mean, the worst fold and the worst person. The same command again
-continues where a killed one stopped (finished outer folds are kept).
+continues where a killed one stopped (finished outer folds are kept) and rewrites that report;
+--summary refuses a damaged one in one line, naming the --name that rewrites it.
 """
 import argparse
 import json
@@ -228,16 +229,22 @@ def format_summary(out, only=None):
     lines = [f"{'configuration':<22} {'outer mean':>10} {'macro-F1':>8} {'worst fold':>10} {'worst person':>15} "
              f"{'median person':>13} {'person std':>10}  flags"]
     for report_path in sorted(Path(out).glob(f"{only or '*'}/{REPORT}")):
-        summary = json.loads(report_path.read_text())
-        worst = summary["worst_person"]
-        name, finished = report_path.parent.name, len(summary["folds"])
-        if finished < summary.get("outer_folds", finished):
-            name += f" ({finished} of {summary['outer_folds']})"
-        lines.append(f"{name:<22} {summary['mean']['accuracy']:>10.4f} "
-                     f"{summary['mean']['macro_f1']:>8.4f} {summary['worst_fold']['accuracy']:>10.4f} "
-                     f"{worst['accuracy']:>8.4f} ({worst['subject']:>3}) {summary['people']['median']:>13.4f} "
-                     f"{person_std(summary['folds']):>10.4f}  {' '.join(summary['flags']) or '(defaults)'}")
+        try:
+            lines.append(_summary_line(report_path.parent.name, json.loads(report_path.read_text())))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, statistics.StatisticsError) as exc:
+            raise UsageError(f"{report_path} is damaged ({type(exc).__name__}: {exc}); run that configuration "
+                             f"again (--name {report_path.parent.name}) to rewrite it") from None
     return "\n".join(lines)
+
+
+def _summary_line(name, summary):
+    worst, finished = summary["worst_person"], len(summary["folds"])
+    if finished < summary.get("outer_folds", finished):
+        name += f" ({finished} of {summary['outer_folds']})"
+    return (f"{name:<22} {summary['mean']['accuracy']:>10.4f} "
+            f"{summary['mean']['macro_f1']:>8.4f} {summary['worst_fold']['accuracy']:>10.4f} "
+            f"{worst['accuracy']:>8.4f} ({worst['subject']:>3}) {summary['people']['median']:>13.4f} "
+            f"{person_std(summary['folds']):>10.4f}  {' '.join(summary['flags']) or '(defaults)'}")
 
 
 def person_std(rows):

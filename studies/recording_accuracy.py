@@ -34,8 +34,9 @@ from inference.adaptation import adaptable_members, member_probabilities, raw_fe
 from inference.bundle import load_bundle, pick_device, probabilities
 from inference.classify import recording_windows
 from inference.evaluate import splits_as_trained
+from inference.outputs import check_out_file
 from inference.timeline import labels_at, smooth_labels
-from inference.transitions import learn_transitions, recording_classes
+from inference.transitions import learn_transitions, open_recordings, recording_classes, recording_subjects, subject_of
 from studies import outer_fold_dirs
 from training.errors import UsageError, run_entry_point
 
@@ -79,7 +80,7 @@ def score_fold(bundle, archive, held_out, device, as_rate, tally, windows_tally)
     """Tally every option on the held-out people's recordings; returns what was learnt or fitted on
     the run's own people (temperatures, threshold, transition counts)."""
     scorer = Scorer(bundle, device)
-    trained_on = sorted({int(key[1:3]) for key in archive.files if key.endswith("_label")} - held_out)
+    trained_on = sorted(set(recording_subjects(archive)) - held_out)
     counts, learnt = learn_transitions(recording_classes(archive, set(trained_on)).values(), bundle.window_steps,
                                        bundle.window_steps // 2, len(bundle.class_names))
     fitted = {"transitions_from": trained_on, "transition_counts": counts.tolist(), "transitions": learnt.tolist()}
@@ -162,7 +163,7 @@ def _tally_recording(scorer, archive, name, classes, as_rate, temperatures, lear
     window_of = labels_at(np.arange(len(classes)) / RECORDING_RATE_HZ, np.arange(len(start_s)), start_s,
                           start_s + bundle.window_steps / bundle.sample_rate_hz)
     scored = (classes >= 0) & (window_of >= 0)
-    at, truth, person = window_of[scored], classes[scored], int(name[1:3])
+    at, truth, person = window_of[scored], classes[scored], subject_of(f"{name}_label")
     matrices = {"hmm-learnt": learnt, "hmm-learnt-stay": stay_only(learnt)}
     for mode, probs in scorer.per_mode(cut.windows).items():
         prefix, paths = f"{mode} statistics", {}
@@ -184,12 +185,35 @@ def _tally_recording(scorer, archive, name, classes, as_rate, temperatures, lear
 
 def folds_of(nested_dir):
     """[(best.pt, held-out people)] of every finished outer fold."""
-    folds = [(run_dir / "best.pt", json.loads((run_dir / "nested_identity.json").read_text())["inputs"]["subjects"])
+    folds = [(run_dir / "best.pt", _held_out(run_dir / "nested_identity.json"))
              for run_dir in outer_fold_dirs(nested_dir, "nested_identity.json", "best.pt")]
     if not folds:
         raise UsageError(f"{nested_dir} holds no finished outer fold (outer-*/nested_identity.json); point --nested "
                          "at a studies.nested_cv configuration")
     return folds
+
+
+def _held_out(identity):
+    try:
+        subjects = json.loads(identity.read_text())["inputs"]["subjects"]
+        return [int(subject) for subject in subjects]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"{identity} is damaged ({type(exc).__name__}: {exc}); run studies.nested_cv again for "
+                         "that outer fold, or remove its folder") from None
+
+
+def check_signals(archive, path):
+    """Every labelled recording has its acc and gyro: [samples, 3] numbers, as many samples as labels."""
+    for key in (key for key in archive.files if key.endswith("_label")):
+        samples = len(archive[key])
+        for sensor in ("acc", "gyro"):
+            name = key[:-len("label")] + sensor
+            values = archive[name] if name in archive.files else None
+            if not isinstance(values, np.ndarray) or values.shape != (samples, 3) \
+                    or not np.issubdtype(values.dtype, np.number):
+                found = f"{values.dtype} of shape {values.shape}" if isinstance(values, np.ndarray) else "nothing"
+                raise UsageError(f"--recordings {path}: {name} should be {samples} x 3 numbers (one row per label), "
+                                 f"found {found}")
 
 
 def print_table(title, tally):
@@ -220,12 +244,14 @@ def main(argv=None):
     parser.add_argument("--json", default=None, help="write every figure here")
     args = parser.parse_args(argv)
     device = pick_device(args.device)
-    folds = folds_of(args.nested) if args.nested else \
-        [(Path(args.checkpoint), [int(s) for s in args.subjects.split(",")])]
+    folds = folds_of(args.nested) if args.nested else [(Path(args.checkpoint), _subject_list(args.subjects))]
     if not Path(args.recordings).is_file():
         raise UsageError(f"--recordings {args.recordings} does not exist; point it at hapt_dev_recordings.npz "
                          "(the development recordings, not needed by the tests)")
-    archive = np.load(args.recordings, allow_pickle=False)
+    if args.json:
+        check_out_file(args.json, True, reads=[args.recordings, args.checkpoint], flag="--json")
+    archive = open_recordings(args.recordings)
+    check_signals(archive, args.recordings)
     tally, windows_tally, fitted = RecordingTally(), RecordingTally(), {}
     for checkpoint, held_out in folds:
         about = fitted[str(checkpoint)] = {"held_out": held_out, **score_fold(
@@ -241,6 +267,13 @@ def main(argv=None):
         "calibration": {option: tally.calibration_summary(option) for option in sorted(tally.calibration)},
         "windows": {option: windows_tally.summary(option) for option in sorted(windows_tally.samples)},
         "fitted": fitted})
+
+
+def _subject_list(text):
+    try:
+        return [int(subject) for subject in text.split(",")]
+    except ValueError:
+        raise UsageError(f"--subjects must be numbers separated by commas, got {text!r}") from None
 
 
 if __name__ == "__main__":

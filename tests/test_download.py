@@ -52,6 +52,7 @@ class Route:
     body: bytes
     ranges: bool = True  # honours Range requests
     cuts: list = dataclasses.field(default_factory=list)  # the next responses break off after this many bytes
+    length: bool = True  # sends Content-Length (else the body ends when the connection closes)
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -75,13 +76,17 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
         else:
             self.send_response(200)
-        self.send_header("Content-Length", str(len(body) - start))
+        if route.length:
+            self.send_header("Content-Length", str(len(body) - start))
         self.end_headers()
         payload = body[start:]
         if route.cuts:
             payload = payload[:route.cuts.pop(0)]
             self.close_connection = True
-        self.wfile.write(payload)
+        try:
+            self.wfile.write(payload)
+        except (BrokenPipeError, ConnectionResetError):  # a client that stopped reading
+            return
         server.bytes_served += len(payload)
 
     def log_message(self, *args):

@@ -134,7 +134,7 @@ def test_the_ensemble_command_refuses_in_one_line_and_keeps_what_is_on_disk(memb
     assert_refused(run_script("inference.ensemble", [*members, "--out", ensemble]), "--overwrite")
     member_bytes = members[0].read_bytes()
     assert_refused(run_script("inference.ensemble", [*members, "--out", members[0], "--overwrite"]),
-                   "a checkpoint this command reads")
+                   "a file this command reads")
     assert_refused(run_script("inference.ensemble", [*members, members[0], "--out", tmp_path / "x.pt"]), "twice")
     assert_refused(run_script("inference.ensemble", [*members, "--out", tmp_path / "missing" / "x.pt"]),
                    "does not exist")

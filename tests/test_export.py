@@ -86,7 +86,7 @@ def test_export_refuses_bad_input(tmp_path):
                    "is a folder")
     checkpoint_bytes = checkpoint.read_bytes()
     assert_refused(run_script("export", ["--checkpoint", checkpoint, "--format", "torchscript", "--out", checkpoint,
-                                         "--overwrite"]), "a checkpoint this command reads")
+                                         "--overwrite"]), "a file this command reads")
     assert checkpoint.read_bytes() == checkpoint_bytes
     assert_refused(run_script("export", ["--checkpoint", checkpoint, "--format", "tflite", "--out", existing]),
                    "--format")

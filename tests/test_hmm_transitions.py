@@ -134,6 +134,8 @@ def test_the_command_learns_from_the_people_it_is_given(tmp_path):
     assert counts.sum() == np.sum((centres >= 1) & (centres <= 6)) - 1  # consecutive activity windows
     assert read_transitions(out, ("WALKING", "WALKING_UPSTAIRS", "WALKING_DOWNSTAIRS", "SITTING", "STANDING",
                                   "LAYING"), 64).shape == (6, 6)
-    assert_refused(learn("--recordings", archive, "--subjects", "9", "--out", out),
+    assert_refused(learn("--recordings", archive, "--subjects", "9", "--out", out, "--overwrite"),
                    "no labelled recording")
-    assert_refused(learn("--recordings", tmp_path / "none.npz", "--subjects", "1", "--out", out), "not a file")
+    assert_refused(learn("--recordings", tmp_path / "none.npz", "--subjects", "1", "--out", out, "--overwrite"),
+                   "not a file")
+    assert_refused(learn("--recordings", archive, "--subjects", "1", "--out", out), "exists", "--overwrite")

@@ -11,6 +11,7 @@ import platform
 import subprocess
 import sys
 import typing
+from collections.abc import Hashable
 from dataclasses import fields
 from pathlib import Path
 
@@ -132,8 +133,27 @@ def usage_error(prog, where=None):
     return error
 
 
+# A file of flags is small and flat. Aliases (*name) share one node however often they repeat it, so
+# that a few lines of nested aliases stand for billions of values once anything walks them.
+MAX_CONFIG_BYTES = 1 << 20
+MAX_CONFIG_ALIASES = 20
+
+
+class _TooManyAliases(yaml.YAMLError):
+    pass
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.safe_load's loader, except that a key given twice is an error, not the last one silently winning."""
+    """yaml.safe_load's loader, except that a key given twice is an error, not the last one silently
+    winning, and that it stops after MAX_CONFIG_ALIASES aliases."""
+    aliases_seen = 0
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            self.aliases_seen += 1
+            if self.aliases_seen > MAX_CONFIG_ALIASES:
+                raise _TooManyAliases()
+        return super().compose_node(parent, index)
 
     def construct_mapping(self, node, deep=False):
         seen = set()
@@ -141,6 +161,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults`: later keys may override those
                 continue
             key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, Hashable):
+                raise yaml.constructor.ConstructorError(None, None, f"a key must be a flag name, not a "
+                                                        f"{type(key).__name__}", key_node.start_mark)
             if key in seen:
                 raise yaml.constructor.ConstructorError(None, None, f"{key!r} is given twice", key_node.start_mark)
             seen.add(key)
@@ -163,12 +186,21 @@ def load_config_file(path):
     if not path.is_file():
         raise UsageError(f"--config {path} " + ("is a folder" if path.is_dir() else "does not exist")
                          + "; point it at a YAML or JSON file")
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise UsageError(f"--config {path} is {path.stat().st_size:,} bytes, more than a file of flags can need "
+                         f"(at most {MAX_CONFIG_BYTES:,}); point it at a YAML or JSON file of flags")
     try:
         text = path.read_text()
         values = json.loads(text, object_pairs_hook=_unique_keys(path)) if path.suffix == ".json" else \
             yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader that also refuses repeated keys
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"--config {path} cannot be read ({exc})") from None
+    except RecursionError:
+        raise UsageError(f"--config {path} nests lists or mappings deeper than Python can read; a file of flags "
+                         "is flat: flag: value") from None
+    except _TooManyAliases:
+        raise UsageError(f"--config {path} uses more than {MAX_CONFIG_ALIASES} aliases (*name), more than a file "
+                         "of flags needs; write the values out") from None
     except json.JSONDecodeError as exc:
         raise UsageError(f"--config {path} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
     except yaml.YAMLError as exc:
@@ -237,10 +269,12 @@ def _tokens(action, key, value, parser, path):
         switch = next((a for a in parser._actions if a.dest == action.dest and a.nargs == 0 and a.const is None
                        and a.option_strings), None)
         return [switch.option_strings[0]] if switch else []
+    nested = isinstance(value, (list, tuple)) and any(isinstance(item, (list, tuple, dict)) for item in value)
+    if isinstance(value, (dict, bool)) or nested:  # never printed whole: aliases can make it enormous
+        got = repr(value) if isinstance(value, bool) else f"a {'nested list' if nested else 'mapping'}"
+        raise UsageError(f"--config {path}: {key} takes a value such as {action.default!r}, got {got}")
     if isinstance(value, (list, tuple)):
         value = ",".join(str(item) for item in value)  # --gpu-ids 0,1,3
-    elif isinstance(value, (dict, bool)):
-        raise UsageError(f"--config {path}: {key} takes a value such as {action.default!r}, got {value!r}")
     return [f"{option}={value}"]  # one token, so a value starting with '-' is not taken for a flag
 
 
