@@ -32,6 +32,7 @@ from evaluation.metrics import (
 from models import count_parameters, label_smoothing_of, resolve_size, training_bytes
 from training import faults
 from training.checkpoint import files as ckpt
+from training.checkpoint.earlier_run import earlier_run_files, move_aside
 from training.checkpoint.manager import CheckpointManager, restore_parts
 from training.checkpoint.train_state import RandomStreams, TrainState
 from training.config.cli import warn_changed_flags, write_resolved_config
@@ -161,8 +162,6 @@ class Trainer:
         log = RunLogger(save_dir, strategy.is_main and not quiet)
         for warning in warnings:
             log.warn(warning)
-        if resume_from is None:
-            log.start_fresh()
         data, normalization = _normalize_data(config, data, checkpoint, resume_from, log)
         augment = build_augmenter(config.recipe, normalization, data.channel_names, data.class_names, strategy.device,
                                   log.warn)
@@ -206,7 +205,7 @@ class Trainer:
         metadata = _checkpoint_metadata(config, data, normalization, strategy, global_batch, layout)
         checkpoints = CheckpointManager(save_dir, config.output.keep_last, strategy, state,
                                         {**parts, "scheduler": scheduler}, metadata, resumed=resume_from is not None,
-                                        before_first_save=lambda: write_resolved_config(config, save_dir))
+                                        before_first_save=_first_save(config, strategy, resume_from, checkpoint, log))
         return cls(config, strategy, log, save_dir, data, model, precision, loaders, loader_batch, global_batch,
                    step, state, rng, checkpoints, stop_signals or StopSignals(), exact_resume)
 
@@ -319,7 +318,7 @@ class Trainer:
     def report_best_weights(self):
         """Reload best.pt's weights and report the validation split and, unless --no-test, the test
         split, seen here for the first time."""
-        self.checkpoints.write_pending()
+        self.checkpoints.write_pending()  # still pending only where this invocation trained nothing
         best_path = self.checkpoints.best_path
         best = None
         if self.strategy.is_main:
@@ -533,6 +532,22 @@ def _run_files(save_dir):
     """What a run leaves in its folder, folders marked with a slash; hidden files left out."""
     return [path.name + ("/" if path.is_dir() else "") for path in sorted(save_dir.iterdir())
             if not path.name.startswith(".")]
+
+
+def _first_save(config, strategy, resume_from, checkpoint, log):
+    """What rank 0 does with the run's first save: move an earlier run's files aside (unless this run
+    continues the folder's own checkpoint), then write config.yaml with the settings the weights were
+    trained with: a run that trains nothing records its checkpoint's, not this command's."""
+    save_dir = config.save_dir
+    continues = resume_from is not None and Path(resume_from).resolve().parent == save_dir.resolve()
+    earlier = earlier_run_files(save_dir) if strategy.is_main and not continues else []
+    saved_flags = checkpoint["config"] if checkpoint is not None else None
+
+    def first_save(trained):
+        move_aside(save_dir, earlier, log.info)
+        settings = config if trained or saved_flags is None else RunConfig.from_flags({**config.flags(), **saved_flags})
+        write_resolved_config(settings, save_dir)
+    return first_save
 
 
 def _normalize_data(config, data, checkpoint, resume_from, log):
