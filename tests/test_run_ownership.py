@@ -6,7 +6,9 @@ import json
 import yaml
 
 from conftest import TINY_DATA, load_checkpoint, run_in_process
-from training.errors import EXIT_DIVERGED
+from training.config.cli import parse_config
+from training.errors import EXIT_DIVERGED, EXIT_USAGE
+from training.run_inputs import run_differences
 
 # 17 training subjects x 8 windows: 5 steps of 32 per epoch, about a second an epoch.
 SMALL = [*TINY_DATA, "--synthetic-windows-per-subject", "8"]
@@ -58,3 +60,28 @@ def test_a_finished_run_rerun_with_other_flags_records_the_settings_it_trained_w
     assert code == 0 and "already trained for 1 of 1 epochs" in out, err
     config = yaml.safe_load((tmp_path / "config.yaml").read_text())
     assert config["weight_decay"] == load_checkpoint(tmp_path / "last.pt")["config"]["weight_decay"] != 0.5
+
+
+def test_other_data_at_the_same_path_is_refused_and_the_same_data_elsewhere_resumes(tmp_path):
+    from test_npz_dataset import windows, write_npz
+    data = write_npz(tmp_path / "windows.npz", **windows(subjects=6, per_subject=8))
+    flags = ["--dataset", "npz", "--data-dir", data, "--model", "cnn1d", "--no-figures", "--epochs", "2",
+             "--batch-size", "8", "--save-dir", tmp_path / "run"]
+    assert run_in_process("main.py", [*flags, "--stop-after-epochs", "1"])[0] == 0
+    before = files_in(tmp_path / "run")
+    write_npz(data, **windows(subjects=6, per_subject=8, seed=1))  # other windows under the same name
+    code, out, err = run_in_process("main.py", flags)
+    assert code == EXIT_USAGE and err.count("\n") == 1, err
+    assert f"the data at --data-dir {data} (other windows than the run was trained on)" in err
+    assert "RESUMING" not in out and files_in(tmp_path / "run") == before
+    # The data the run was trained on, under another name: the same run, resumed.
+    moved = write_npz(tmp_path / "renamed.npz", **windows(subjects=6, per_subject=8))
+    code, out, err = run_in_process("main.py", [*flags[:3], moved, *flags[4:]])
+    assert code == 0 and "RESUMING" in out, err
+
+
+def test_a_dataset_kind_is_compared_by_what_it_resolves_to():
+    saved = parse_config(SMALL).flags()  # --dataset synthetic
+    auto = [flag if flag != "synthetic" else "auto" for flag in SMALL]  # no --data-dir: synthetic
+    assert run_differences(saved, parse_config(auto)) == []
+    assert run_differences(saved, parse_config([*auto, "--data-dir", "/data/har"])) != []

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data.splits import HarData, load_har_data
+from data.splits import HarData, load_har_data, resolved_dataset
 from models import SIZE_KNOBS, resolve_size
 from training.checkpoint import files as ckpt
 from training.config.settings import SHARDED_OR_DDP, RunConfig, distributed_env
@@ -96,7 +96,7 @@ def _read_save_dir(config, data, hold_lock):
     try:
         resume_from, checkpoint = ckpt.load_resume_checkpoint(config.output.resume, save_dir, warnings.append)
         if config.output.resume == "auto":  # a checkpoint named with --resume PATH is resumed on purpose
-            check_same_run(config, checkpoint, save_dir)
+            check_same_run(config, checkpoint, save_dir, data.identity if data is not None else None)
     except BaseException:
         lock.release()
         raise
@@ -112,12 +112,13 @@ SCHEDULE = ("epochs", "batch_size", "grad_accum_steps", "lr", "lr_scaling", "war
 DEFINES_THE_RUN = (*DATA, *MODEL, *SCHEDULE, "seed")  # the seed: validation subjects, first weights, order
 
 
-def check_same_run(config, checkpoint, save_dir):
+def check_same_run(config, checkpoint, save_dir, data_identity=None):
     """Refuse, in one line, to resume by itself a checkpoint whose run differs from `config` in a
-    setting of DEFINES_THE_RUN. A file that is not one of this trainer's is left to check_compatible."""
+    setting of DEFINES_THE_RUN or in its data (`data_identity`: HarData.identity, None where the data
+    was not read). A file that is not one of this trainer's is left to check_compatible."""
     if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("config"), dict):
         return
-    differ = run_differences(checkpoint["config"], config)
+    differ = run_differences(checkpoint["config"], config, checkpoint.get("data_identity"), data_identity)
     if not differ:
         return
     saved_epochs = checkpoint["config"].get("epochs", config.optim.epochs)
@@ -132,22 +133,31 @@ def check_same_run(config, checkpoint, save_dir):
                      "pass --no-resume to start afresh there, or use another --save-dir")
 
 
-def run_differences(saved_flags, config):
+def run_differences(saved_flags, config, saved_data=None, data=None):
     """'--flag saved (this run: now)' for every setting of DEFINES_THE_RUN given another value that
     means something else: size knobs count with the model's defaults filled in (--width 64 and no
-    --width are one transformer), --data-dir as the folder it names. A key an older checkpoint
-    lacks counts as unchanged. A default that follows another flag (the warmup follows --epochs)
-    is not listed again."""
+    --width are one transformer), --dataset auto as the kind it resolves to. The data counts by what
+    it is where the checkpoint recorded its identity (`saved_data`; `data` this run's, None where not
+    read: then left to the run that reads it), else --data-dir as the folder it names. A key an older
+    checkpoint lacks counts as unchanged. A default that follows another flag (the warmup follows
+    --epochs) is not listed again."""
     saved = RunConfig.from_flags({**config.flags(), **saved_flags})
     given_before, given_now = saved.flags(), config.flags()
     before, now = _meanings(saved), _meanings(config)
-    return [f"--{flag.replace('_', '-')} {_shown(given_before[flag])} (this run: {_shown(given_now[flag])})"
-            for flag in DEFINES_THE_RUN if before[flag] != now[flag] and given_before[flag] != given_now[flag]]
+    changed = [flag for flag in DEFINES_THE_RUN if before[flag] != now[flag] and given_before[flag] != given_now[flag]
+               and (saved_data is None or flag != "data_dir")]
+    differ = [f"--{flag.replace('_', '-')} {_shown(given_before[flag])} (this run: {_shown(given_now[flag])})"
+              for flag in changed]
+    if None not in (saved_data, data) and saved_data != data and not set(changed) & set(DATA):
+        where = f" at --data-dir {given_now['data_dir']}" if given_now["data_dir"] else ""
+        differ.append(f"the data{where} (other windows than the run was trained on)")
+    return differ
 
 
 def _meanings(config):
     flags = {flag: config.flags()[flag] for flag in DEFINES_THE_RUN}
     flags["warmup_epochs"] = config.optim.planned_warmup_epochs
+    flags["dataset"] = resolved_dataset(config.data.dataset, config.data.data_dir)
     # None stands for the model's default: --width 64 and no --width are one transformer. A model or
     # knobs that cannot be resolved are compared as given.
     with contextlib.suppress(ValueError, KeyError):

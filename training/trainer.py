@@ -670,4 +670,5 @@ def _checkpoint_metadata(config, data, normalization, strategy, global_batch, la
             "channel_names": list(data.channel_names),
             # What predict.py needs to rebuild windows from a recording.
             "sample_rate_hz": float(data.sample_rate_hz), "window_steps": data.train.signals.shape[2],
-            "preprocessing": data.preprocessing}
+            "preprocessing": data.preprocessing,
+            "data_identity": data.identity}  # what the data is, for a resume to compare (run_inputs.py)
