@@ -6,9 +6,9 @@ import json
 import yaml
 
 from conftest import TINY_DATA, load_checkpoint, run_in_process
+from training.checkpoint.judge import run_differences
 from training.config.cli import parse_config
 from training.errors import EXIT_DIVERGED, EXIT_USAGE
-from training.run_inputs import run_differences
 
 # 17 training subjects x 8 windows: 5 steps of 32 per epoch, about a second an epoch.
 SMALL = [*TINY_DATA, "--synthetic-windows-per-subject", "8"]

@@ -35,7 +35,7 @@ from training.checkpoint import files as ckpt
 from training.checkpoint.earlier_run import earlier_run_files, move_aside
 from training.checkpoint.manager import CheckpointManager, restore_parts
 from training.checkpoint.train_state import RandomStreams, TrainState
-from training.config.cli import warn_changed_flags, write_resolved_config
+from training.config.cli import write_resolved_config
 from training.config.settings import DEFAULT_LR, RunConfig, check_parallel_args
 from training.distributed.lost_rank import explain_lost_rank
 from training.distributed.strategy import Strategy, make_strategy
@@ -162,7 +162,7 @@ class Trainer:
         log = RunLogger(save_dir, strategy.is_main and not quiet)
         for warning in warnings:
             log.warn(warning)
-        data, normalization = _normalize_data(config, data, checkpoint, resume_from, log)
+        data, normalization = _normalize_data(data, checkpoint, log)
         augment = build_augmenter(config.recipe, normalization, data.channel_names, data.class_names, strategy.device,
                                   log.warn)
         model, train_model, precision, ema = _build_model(config, data, strategy, log)
@@ -194,7 +194,6 @@ class Trainer:
                 log.info("the checkpoint has no weight average: it starts from the resumed weights")
                 ema.restart()
         strategy.check_same_on_all_ranks(state.step, "the optimizer steps already taken")
-        warn_changed_flags(config, save_dir, checkpoint, log)
 
         scheduler = _position_schedule(optimizer, optim, len(loaders["train"]), state, global_batch, peak_lr,
                                        strategy.data_parallel_size, log)
@@ -550,18 +549,10 @@ def _first_save(config, strategy, resume_from, checkpoint, log):
     return first_save
 
 
-def _normalize_data(config, data, checkpoint, resume_from, log):
+def _normalize_data(data, checkpoint, log):
     """The splits, normalised with the training split's statistics (a resumed run keeps its own)."""
     log.info(data.description)
-    if checkpoint is not None:
-        ckpt.check_compatible(checkpoint, {"model": config.model.name, "norm": config.model.norm, **config.model.size(),
-                                           "mode": config.data.mode, "in_channels": data.train.signals.shape[1],
-                                           "num_classes": len(data.class_names)}, resume_from)
-        saved_channels = checkpoint.get("channel_names")
-        if saved_channels is not None and tuple(saved_channels) != tuple(data.channel_names):
-            raise UsageError(f"checkpoint {resume_from} was trained on channels {', '.join(saved_channels)}; "
-                             f"--data-dir {config.data.data_dir} gives {', '.join(data.channel_names)}: use data "
-                             "with the checkpoint's channels, or --no-resume / another --save-dir")
+    if checkpoint is not None:  # held against this run by run_inputs.py (checkpoint/judge.py)
         mean, std = checkpoint["normalization"]["mean"].numpy(), checkpoint["normalization"]["std"].numpy()
     elif data.normalization is not None:
         mean, std = data.normalization  # a store's, gathered when it was built: no pass over the data here
