@@ -85,3 +85,12 @@ def test_a_dataset_kind_is_compared_by_what_it_resolves_to():
     auto = [flag if flag != "synthetic" else "auto" for flag in SMALL]  # no --data-dir: synthetic
     assert run_differences(saved, parse_config(auto)) == []
     assert run_differences(saved, parse_config([*auto, "--data-dir", "/data/har"])) != []
+
+
+def test_finished_folds_are_compared_by_what_their_settings_mean(tmp_path):
+    cv = [*SMALL, "--cv-folds", "2", "--epochs", "1", "--no-test", "--save-dir", tmp_path]
+    assert run_in_process("main.py", cv)[0] == 0
+    auto = [flag if flag != "synthetic" else "auto" for flag in cv]
+    code, out, err = run_in_process("main.py", auto)
+    assert code == 0, err
+    assert "fold 1/2 already finished" in out and "fold 2/2 already finished" in out and "=== fold" not in out

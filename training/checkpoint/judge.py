@@ -97,17 +97,24 @@ def run_differences(saved_flags, config, saved_data=None, data=None):
     read: then left to the run that reads it), else --data-dir as the folder it names. A key an older
     checkpoint lacks counts as unchanged. A default that follows another flag (the warmup follows
     --epochs) is not listed again."""
-    saved = RunConfig.from_flags({**config.flags(), **saved_flags})
-    given_before, given_now = saved.flags(), config.flags()
-    before, now = _meanings(saved), _meanings(config)
-    changed = [flag for flag in DEFINES_THE_RUN if before[flag] != now[flag] and given_before[flag] != given_now[flag]
-               and (saved_data is None or flag != "data_dir")]
+    compared = [flag for flag in DEFINES_THE_RUN if saved_data is None or flag != "data_dir"]
+    changed = differing_flags(saved_flags, config, compared)
+    given_before, given_now = RunConfig.from_flags({**config.flags(), **saved_flags}).flags(), config.flags()
     differ = [f"--{flag.replace('_', '-')} {_shown(given_before[flag])} (this run: {_shown(given_now[flag])})"
               for flag in changed]
     if None not in (saved_data, data) and saved_data != data and not set(changed) & set(DATA):
         where = f" at --data-dir {given_now['data_dir']}" if given_now["data_dir"] else ""
         differ.append(f"the data{where} (other windows than the run was trained on)")
     return differ
+
+
+def differing_flags(saved_flags, config, compared):
+    """The flags of `compared` that `saved_flags` gave another value meaning something else (by
+    meant_flags); a flag `saved_flags` lacks counts as unchanged."""
+    saved = RunConfig.from_flags({**config.flags(), **saved_flags})
+    given_before, given_now = saved.flags(), config.flags()
+    before, now = meant_flags(saved), meant_flags(config)
+    return [flag for flag in compared if before[flag] != now[flag] and given_before[flag] != given_now[flag]]
 
 
 def changed_flags(saved, config):
@@ -117,8 +124,11 @@ def changed_flags(saved, config):
             for key in now if key not in NOT_COMPARED_ON_RESUME and key in saved and saved[key] != now[key]]
 
 
-def _meanings(config):
-    flags = {flag: config.flags()[flag] for flag in DEFINES_THE_RUN}
+def meant_flags(config):
+    """config.flags() with each setting of DEFINES_THE_RUN as what it means, so that two spellings of one
+    run compare equal: the warmup as planned, the dataset as resolved, the model's sizes filled in,
+    --data-dir as the real path it names."""
+    flags = config.flags()
     flags["warmup_epochs"] = config.optim.planned_warmup_epochs
     flags["dataset"] = resolved_dataset(config.data.dataset, config.data.data_dir)
     # A model or knobs that cannot be resolved are compared as given.
