@@ -74,6 +74,10 @@ def test_other_data_at_the_same_path_is_refused_and_the_same_data_elsewhere_resu
     assert code == EXIT_USAGE and err.count("\n") == 1, err
     assert f"the data at --data-dir {data} (other windows than the run was trained on)" in err
     assert "RESUMING" not in out and files_in(tmp_path / "run") == before
+    # Named with --resume PATH, the other data is taken as meant, and said.
+    code, out, err = run_in_process("main.py", [*flags[:-1], tmp_path / "branch", "--resume", tmp_path / "run" /
+                                                "last.pt"])
+    assert code == 0 and "RESUMING" in out and "resumed on other data than" in err, err
     # The data the run was trained on, under another name: the same run, resumed.
     moved = write_npz(tmp_path / "renamed.npz", **windows(subjects=6, per_subject=8))
     code, out, err = run_in_process("main.py", [*flags[:3], moved, *flags[4:]])

@@ -47,11 +47,13 @@ def judge(checkpoint, path, config, data=None, on_purpose=False):
     if missing:
         return Judgement(f"{path} is not a checkpoint of this trainer (missing: {', '.join(missing)}); "
                          "point --resume at a last.pt or best.pt it wrote")
-    saved = checkpoint["config"]
-    differ = [] if on_purpose else run_differences(saved, config, checkpoint.get("data_identity"),
-                                                   data.identity if data is not None else None)
+    saved, identities = checkpoint["config"], (checkpoint.get("data_identity"), data.identity if data else None)
+    differ = [] if on_purpose else run_differences(saved, config, *identities)
     refusal = (_another_run(checkpoint, config, differ) if differ else _incompatibility(checkpoint, path, config, data))
-    return Judgement(refusal, [f"resumed with a changed flag: {line}" for line in changed_flags(saved, config)])
+    warnings = [f"resumed with a changed flag: {line}" for line in changed_flags(saved, config)]
+    if None not in identities and identities[0] != identities[1]:  # on purpose: else refused above
+        warnings.append(f"resumed on other data than {path} was trained on (other windows)")
+    return Judgement(refusal, warnings)
 
 
 def _another_run(checkpoint, config, differ):
