@@ -13,7 +13,6 @@ writes cv_report.json, prints the table and draws the pooled confusion.
 import dataclasses
 import datetime
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import torch.distributed as dist
 
 from data import uci_har
 from data.provenance import check, file_identity, make_record, read_record, write_record
-from data.splits import load_har_data
+from data.splits import load_har_data, resolved_dataset
 from data.store import LABELS, MANIFEST
 from evaluation.figures import plot_confusion_matrix
 from evaluation.metrics import best_record, format_cv_table, format_people, format_report
@@ -31,7 +30,8 @@ from inference.bundle import load_bundle
 from inference.ensemble import ENSEMBLE_FILE, write_ensemble
 from inference.evaluate import write_report
 from training.checkpoint.files import BEST, write_atomic
-from training.config.settings import Hardware, Output, Parallel, distributed_env, resolve_device_type
+from training.checkpoint.judge import differing_flags, meant_flags
+from training.config.settings import Hardware, Output, Parallel, RunConfig, distributed_env, resolve_device_type
 from training.distributed.ddp import join_process_group
 from training.errors import SAME_ON_EVERY_RANK, UsageError
 from training.run_inputs import check_class_flags
@@ -125,11 +125,9 @@ NOT_THE_MODEL = (*(f.metadata.get("flag", f.name) for group in (Parallel, Hardwa
 
 
 def run_inputs(job_config, sources):
-    """What decides a job's model: every setting but NOT_THE_MODEL (--data-dir as a real path) and the
-    data files' identity."""
-    settings = {flag: value for flag, value in job_config.flags().items() if flag not in NOT_THE_MODEL}
-    if settings["data_dir"] is not None:
-        settings["data_dir"] = os.path.realpath(os.path.expanduser(settings["data_dir"]))
+    """What decides a job's model: every setting but NOT_THE_MODEL, each as what it means (the resume
+    judge's meant_flags), and the data files' identity."""
+    settings = {flag: value for flag, value in meant_flags(job_config).items() if flag not in NOT_THE_MODEL}
     return {**{f"--{flag.replace('_', '-')}": value for flag, value in settings.items()}, **sources}
 
 
@@ -141,7 +139,7 @@ def data_sources(config):
         paths = [Path(data_dir)]
     elif config.data.dataset == "store":
         paths = [Path(data_dir) / MANIFEST, Path(data_dir) / LABELS]
-    elif config.data.dataset == "uci-har" and (root := uci_har.find_root(data_dir)) is not None:
+    elif resolved_dataset(config.data.dataset, data_dir) == "uci-har" and (root := uci_har.find_root(data_dir)):
         paths = [path for split in ("train", "test") for group in uci_har.source_files(root, split)
                  for path in (group if isinstance(group, list) else [group])]
     else:
@@ -152,10 +150,20 @@ def data_sources(config):
 def _verdict(job_config, sources):
     run_dir = Path(job_config.output.save_dir)
     record = read_record(run_dir / IDENTITY)
-    if record is not None:  # a record written before a flag joined NOT_THE_MODEL still matches without it
-        record["inputs"] = {key: value for key, value in record["inputs"].items()
-                            if key[2:].replace("-", "_") not in NOT_THE_MODEL}
-    return check(record, run_inputs(job_config, sources), run_dir)
+    if record is None:
+        return check(None, {}, run_dir)
+    # Compared as the resume judge compares: a setting counts as changed only when its value means
+    # something else (differing_flags); what an older record lacks counts as unchanged, and a flag that
+    # joined NOT_THE_MODEL since no longer counts.
+    recorded = {key[2:].replace("-", "_"): value for key, value in record["inputs"].items() if key.startswith("--")}
+    settings = [flag for flag in job_config.flags() if flag not in NOT_THE_MODEL]
+    then = meant_flags(RunConfig.from_flags({**job_config.flags(), **recorded}))
+    now = run_inputs(job_config, sources)
+    record["inputs"] = {**{key: value for key, value in now.items() if key.startswith("--")},
+                        **{f"--{flag.replace('_', '-')}": then[flag] for flag in
+                           differing_flags(recorded, job_config, settings)},
+                        **{key: value for key, value in record["inputs"].items() if not key.startswith("--")}}
+    return check(record, {key: value for key, value in now.items() if key in record["inputs"]}, run_dir)
 
 
 def _write_ensemble(config, save_dir, folds, data):

@@ -7,7 +7,8 @@ from data import synthetic, uci_har
 from data.errors import DataError
 from data.npz_windows import load_npz_windows
 from data.preprocess import preprocessing_of
-from data.store import StoreSplit, WindowStore
+from data.provenance import array_identity, file_sha256
+from data.store import LABELS, MANIFEST, StoreSplit, WindowStore
 
 CHANNEL_MODES = ("flatten", "average", "first")
 AXES = ("x", "y", "z")
@@ -41,6 +42,17 @@ class HarData:
     # (mean, std) per channel known without a pass over the signals (a window store's), else None:
     # training fits them on its training split.
     normalization: tuple = None
+    # What the data is, whatever path it was read from: one SHA-256 of the source's windows, labels
+    # and subjects (of an .npz's bytes; of a store's manifest, which holds its shards' checksums,
+    # and labels). A checkpoint keeps it, so a resume tells other data at the same path.
+    identity: str | None = None
+
+
+def resolved_dataset(dataset, data_dir):
+    """The kind of data a --dataset value means: auto is UCI HAR with a --data-dir, else synthetic."""
+    if dataset != "auto":
+        return dataset
+    return "uci-har" if data_dir else "synthetic"
 
 
 def load_har_data(dataset="auto", data_dir=None, mode="flatten", val_fraction=0.2, split_seed=0,
@@ -65,13 +77,14 @@ def load_har_data(dataset="auto", data_dir=None, mode="flatten", val_fraction=0.
                    f"{len(np.unique(train.subjects))} subjects, val {len(val)} / {len(val_subjects)} "
                    f"subjects {sorted(int(s) for s in val_subjects)}, test {len(test)} / "
                    f"{len(np.unique(test.subjects))} subjects")
-    return HarData(train, val, test, uci_har.CLASS_NAMES, channel_names(mode), source, description)
+    identity = array_identity(*raw["train"], *raw["test"])
+    return HarData(train, val, test, uci_har.CLASS_NAMES, channel_names(mode), source, description, identity=identity)
 
 
 def _load_source(dataset, data_dir, synthetic_seed, windows_per_subject):
     # A --data-dir that was given must hold the data: training on synthetic windows instead
     # would look like a result on real data.
-    if dataset == "uci-har" or (dataset == "auto" and data_dir):
+    if resolved_dataset(dataset, data_dir) == "uci-har":
         root = uci_har.find_root(data_dir)
         if root is None:
             where = (f"--data-dir {data_dir} does not hold" if data_dir else
@@ -111,7 +124,8 @@ def _load_npz(data_dir, mode, val_fraction, split_seed, val_subjects):
                    f"{whole.signals.shape[2]} steps; train {len(train)} windows, val {len(val)} / subjects "
                    f"{sorted(int(s) for s in val_subjects)}, test {len(test)}")
     return HarData(train, val, test, windows.class_names, windows.channel_names, "npz", description,
-                   sample_rate_hz=windows.sample_rate_hz, preprocessing=preprocessing_of(windows.channel_names))
+                   sample_rate_hz=windows.sample_rate_hz, preprocessing=preprocessing_of(windows.channel_names),
+                   identity=file_sha256(data_dir))
 
 
 def _load_store(data_dir, mode, val_fraction, split_seed, val_subjects):
@@ -130,7 +144,8 @@ def _load_store(data_dir, mode, val_fraction, split_seed, val_subjects):
     normalization = (np.asarray(statistics["mean"], np.float32), np.asarray(statistics["std"], np.float32))
     return HarData(train, val, test, tuple(manifest["class_names"]), store.channels, "store", description,
                    sample_rate_hz=float(manifest["sample_rate_hz"]), preprocessing=manifest["preprocessing"],
-                   normalization=normalization)
+                   normalization=normalization,
+                   identity=array_identity(np.array([file_sha256(store.root / name) for name in (MANIFEST, LABELS)])))
 
 
 def _check_window_source(dataset, data_dir, mode, what):

@@ -67,6 +67,10 @@ def plot_curves(records, path, best_epoch=None):
     plt.close(figure)
 
 
+CURVES, CONFUSION = "curves.png", "confusion_matrix.png"  # what write_run_figures draws in a run folder
+RUN_FIGURES = (CURVES, CONFUSION)
+
+
 def write_run_figures(save_dir, warn, use_test=True):
     """curves.png from metrics.jsonl and confusion_matrix.png from test_report.json (from
     val_report.json when there is none, or when `use_test` is off: --no-test), for whatever of
@@ -79,16 +83,16 @@ def write_run_figures(save_dir, warn, use_test=True):
             records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
             if records:
                 best = best_record(records)["epoch"]
-                plot_curves(records, save_dir / "curves.png", best_epoch=best)
-                written.append(save_dir / "curves.png")
+                plot_curves(records, save_dir / CURVES, best_epoch=best)
+                written.append(save_dir / CURVES)
         for split in ("test", "val") if use_test else ("val",):
             report_path = save_dir / f"{split}_report.json"
             if report_path.is_file():
                 report = json.loads(report_path.read_text())
                 plot_confusion_matrix(report["confusion_matrix"], report["class_names"],
-                                      save_dir / "confusion_matrix.png",
+                                      save_dir / CONFUSION,
                                       title="test split" if split == "test" else "validation split")
-                written.append(save_dir / "confusion_matrix.png")
+                written.append(save_dir / CONFUSION)
                 break
     except Exception as exc:  # noqa: BLE001 - any failure to draw must leave the run's result alone
         warn(f"could not draw the run's figures ({type(exc).__name__}: {exc}); the results are unaffected")

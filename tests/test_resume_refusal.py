@@ -9,11 +9,11 @@ import torch
 
 from conftest import TINY_DATA, load_checkpoint, read_metrics, run_in_process, run_subprocess
 from training.checkpoint import files as ckpt
+from training.checkpoint.judge import run_differences
 from training.config.cli import parse_config
 from training.config.settings import DEFAULT_LR
 from training.errors import EXIT_USAGE, UsageError
 from training.loop.step import scaling_warning
-from training.run_inputs import run_differences
 
 # 17 training subjects x 8 windows: 136 windows, 5 steps of 32 per epoch; a run of one epoch takes
 # about a second.

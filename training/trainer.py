@@ -32,9 +32,10 @@ from evaluation.metrics import (
 from models import count_parameters, label_smoothing_of, resolve_size, training_bytes
 from training import faults
 from training.checkpoint import files as ckpt
+from training.checkpoint.earlier_run import earlier_run_files, move_aside
 from training.checkpoint.manager import CheckpointManager, restore_parts
 from training.checkpoint.train_state import RandomStreams, TrainState
-from training.config.cli import warn_changed_flags, write_resolved_config
+from training.config.cli import write_resolved_config
 from training.config.settings import DEFAULT_LR, RunConfig, check_parallel_args
 from training.distributed.lost_rank import explain_lost_rank
 from training.distributed.strategy import Strategy, make_strategy
@@ -161,9 +162,7 @@ class Trainer:
         log = RunLogger(save_dir, strategy.is_main and not quiet)
         for warning in warnings:
             log.warn(warning)
-        if resume_from is None:
-            log.start_fresh()
-        data, normalization = _normalize_data(config, data, checkpoint, resume_from, log)
+        data, normalization = _normalize_data(data, checkpoint, log)
         augment = build_augmenter(config.recipe, normalization, data.channel_names, data.class_names, strategy.device,
                                   log.warn)
         model, train_model, precision, ema = _build_model(config, data, strategy, log)
@@ -195,7 +194,6 @@ class Trainer:
                 log.info("the checkpoint has no weight average: it starts from the resumed weights")
                 ema.restart()
         strategy.check_same_on_all_ranks(state.step, "the optimizer steps already taken")
-        warn_changed_flags(config, save_dir, checkpoint, log)
 
         scheduler = _position_schedule(optimizer, optim, len(loaders["train"]), state, global_batch, peak_lr,
                                        strategy.data_parallel_size, log)
@@ -206,7 +204,7 @@ class Trainer:
         metadata = _checkpoint_metadata(config, data, normalization, strategy, global_batch, layout)
         checkpoints = CheckpointManager(save_dir, config.output.keep_last, strategy, state,
                                         {**parts, "scheduler": scheduler}, metadata, resumed=resume_from is not None,
-                                        before_first_save=lambda: write_resolved_config(config, save_dir))
+                                        before_first_save=_first_save(config, strategy, resume_from, checkpoint, log))
         return cls(config, strategy, log, save_dir, data, model, precision, loaders, loader_batch, global_batch,
                    step, state, rng, checkpoints, stop_signals or StopSignals(), exact_resume)
 
@@ -319,7 +317,7 @@ class Trainer:
     def report_best_weights(self):
         """Reload best.pt's weights and report the validation split and, unless --no-test, the test
         split, seen here for the first time."""
-        self.checkpoints.write_pending()
+        self.checkpoints.write_pending()  # still pending only where this invocation trained nothing
         best_path = self.checkpoints.best_path
         best = None
         if self.strategy.is_main:
@@ -537,18 +535,26 @@ def _run_files(save_dir):
             if not path.name.startswith(".")]
 
 
-def _normalize_data(config, data, checkpoint, resume_from, log):
+def _first_save(config, strategy, resume_from, checkpoint, log):
+    """What rank 0 does with the run's first save: move an earlier run's files aside (unless this run
+    continues the folder's own checkpoint), then write config.yaml with the settings the weights were
+    trained with: a run that trains nothing records its checkpoint's, not this command's."""
+    save_dir = config.save_dir
+    continues = resume_from is not None and Path(resume_from).resolve().parent == save_dir.resolve()
+    earlier = earlier_run_files(save_dir) if strategy.is_main and not continues else []
+    saved_flags = checkpoint["config"] if checkpoint is not None else None
+
+    def first_save(trained):
+        move_aside(save_dir, earlier, log.info)
+        settings = config if trained or saved_flags is None else RunConfig.from_flags({**config.flags(), **saved_flags})
+        write_resolved_config(settings, save_dir)
+    return first_save
+
+
+def _normalize_data(data, checkpoint, log):
     """The splits, normalised with the training split's statistics (a resumed run keeps its own)."""
     log.info(data.description)
-    if checkpoint is not None:
-        ckpt.check_compatible(checkpoint, {"model": config.model.name, "norm": config.model.norm, **config.model.size(),
-                                           "mode": config.data.mode, "in_channels": data.train.signals.shape[1],
-                                           "num_classes": len(data.class_names)}, resume_from)
-        saved_channels = checkpoint.get("channel_names")
-        if saved_channels is not None and tuple(saved_channels) != tuple(data.channel_names):
-            raise UsageError(f"checkpoint {resume_from} was trained on channels {', '.join(saved_channels)}; "
-                             f"--data-dir {config.data.data_dir} gives {', '.join(data.channel_names)}: use data "
-                             "with the checkpoint's channels, or --no-resume / another --save-dir")
+    if checkpoint is not None:  # held against this run by run_inputs.py (checkpoint/judge.py)
         mean, std = checkpoint["normalization"]["mean"].numpy(), checkpoint["normalization"]["std"].numpy()
     elif data.normalization is not None:
         mean, std = data.normalization  # a store's, gathered when it was built: no pass over the data here
@@ -657,4 +663,5 @@ def _checkpoint_metadata(config, data, normalization, strategy, global_batch, la
             "channel_names": list(data.channel_names),
             # What predict.py needs to rebuild windows from a recording.
             "sample_rate_hz": float(data.sample_rate_hz), "window_steps": data.train.signals.shape[2],
-            "preprocessing": data.preprocessing}
+            "preprocessing": data.preprocessing,
+            "data_identity": data.identity}  # what the data is, for a resume to compare (run_inputs.py)

@@ -10,15 +10,12 @@ from pathlib import Path
 
 import torch
 
-from models import MODELS, SIZE_KNOBS, resolve_size
 from training import faults
 from training.errors import UsageError
 
 LAST = "last.pt"
 BEST = "best.pt"
 NUMBERED = re.compile(r"step-(\d+)\.pt")
-REQUIRED_KEYS = ("model", "optimizer", "scaler", "epoch", "step", "best_metric", "config", "normalization",
-                 "global_batch_size", "in_channels", "num_classes")
 
 
 def save_checkpoint(state, path):
@@ -182,7 +179,7 @@ class NonFiniteCheckpoint(UnreadableCheckpoint):
 
 def load_resumable(path):
     """load_checkpoint, and refuse a trainer checkpoint whose weights, weight average or optimizer
-    moments hold NaN or inf (a file of another kind is left for check_compatible to name)."""
+    moments hold NaN or inf (a file of another kind is left for judge.py to name)."""
     checkpoint = load_checkpoint(path)
     bad = nonfinite_tensor(checkpoint) if isinstance(checkpoint, dict) else None
     if bad is not None:
@@ -253,37 +250,6 @@ def load_resume_checkpoint(resume, save_dir, warn):
 
 def _progress(checkpoint):
     return checkpoint.get("step", -1) if isinstance(checkpoint, dict) else -1
-
-
-def check_compatible(checkpoint, wanted, path):
-    """Refuse, in one line, a checkpoint made for another model, size, norm or channel layout.
-
-    `wanted` maps model, norm, width, depth, heads, ffn, mode, in_channels and num_classes to this
-    run's values."""
-    missing = [key for key in REQUIRED_KEYS if key not in checkpoint] if isinstance(checkpoint, dict) else ["all"]
-    if missing:
-        raise UsageError(f"{path} is not a checkpoint of this trainer (missing: {', '.join(missing)}); "
-                         "point --resume at a last.pt or best.pt it wrote")
-    config = checkpoint["config"]
-    found = {**{key: config.get(key) for key in ("model", "norm", "mode", *SIZE_KNOBS)},
-             "in_channels": checkpoint.get("in_channels"), "num_classes": checkpoint.get("num_classes")}
-    if found["model"] == wanted.get("model") and found["model"] in MODELS:
-        # None means the model's default: --width 64 and no --width are the same model.
-        found, wanted = _sizes_resolved(found), _sizes_resolved(wanted)
-    differ = [f"{key} {found[key]} (this run: {wanted[key]})" for key in wanted if found[key] != wanted[key]]
-    if differ:
-        raise UsageError(f"checkpoint {path} was made with {', '.join(differ)}; match the flags, "
-                         "or use --no-resume / another --save-dir")
-
-
-def _sizes_resolved(settings):
-    """`settings` with the model's size knobs filled in with its defaults (unchanged where the
-    knobs cannot be resolved: the comparison then reports them as they are)."""
-    try:
-        resolved = resolve_size(settings["model"], **{knob: settings.get(knob) for knob in SIZE_KNOBS})
-    except ValueError:
-        return settings
-    return {**settings, **resolved}
 
 
 # Files written whole or not at all: a temporary file in the same folder, then one rename.

@@ -9,8 +9,10 @@ class CheckpointManager:
     used without the trainer: the run's flags, normalisation, class and channel names.
 
     `resumed`: last.pt already holds this run (else it holds nothing, or an earlier run's until the
-    first save). `before_first_save`: what rank 0 writes with the first checkpoint (config.yaml), so
-    that a fresh run that stops before saving leaves an earlier run's folder as it was."""
+    first save). `before_first_save(trained)`: what rank 0 does with the first checkpoint (move an
+    earlier run's files aside, write config.yaml), so that a fresh run that stops before saving
+    leaves an earlier run's folder as it was; `trained` is False when a run reports without having
+    trained anything."""
 
     def __init__(self, save_dir, keep_last, strategy, state, parts, metadata, resumed=False, before_first_save=None):
         self.save_dir, self.keep_last, self.strategy = save_dir, keep_last, strategy
@@ -33,11 +35,11 @@ class CheckpointManager:
             return f"nothing of this run was saved ({self.last_path} is an earlier run's)"
         return "nothing was saved"
 
-    def write_pending(self):
-        """What the first save writes (config.yaml), for a run that reports without having saved: a
-        resumed run with nothing left to train still describes itself."""
+    def write_pending(self, trained=False):
+        """What the first save does, also for a run that reports without having saved: a resumed run
+        with nothing left to train still describes itself (by the settings it was trained with)."""
         if self.strategy.is_main and self.before_first_save is not None:
-            self.before_first_save()
+            self.before_first_save(trained)
         self.before_first_save = None
 
     def save(self, is_best):
@@ -51,7 +53,7 @@ class CheckpointManager:
             raise TrainingDiverged(f"the weights became NaN/inf ({bad or 'seen by rank 0'}) by step {self.state.step}; "
                                    f"{self.kept()}. Lower --lr, keep --max-grad-norm on, or check the data for "
                                    "extreme values")
-        self.write_pending()
+        self.write_pending(trained=True)
         if self.strategy.is_main:
             files.save_run_checkpoint({**self.metadata, **self.state.state_dict(), **parts}, self.save_dir,
                                       self.keep_last, is_best)

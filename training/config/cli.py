@@ -98,8 +98,7 @@ def _point_to_multi_gpu_entry(argv):
                              "torchrun --nproc_per_node=N main_multi_gpu.py --multi-gpu ddp (or fsdp) [flags]")
 
 
-# Run configuration files: --config YAML/JSON in, the resolved <save-dir>/config.yaml out, and
-# the flags a resumed run changed.
+# Run configuration files: --config YAML/JSON in, the resolved <save-dir>/config.yaml out.
 CONFIG_NAME = "config.yaml"
 # Not settings of the run: where the settings came from, and how errors are shown (read from
 # the command line before any file is opened).
@@ -107,8 +106,6 @@ NOT_IN_FILES = ("config", "debug")
 # The multi-GPU flags of main_multi_gpu.py as main.py implies them; a config.yaml written by main.py
 # holds them.
 IMPLIED_BY_MAIN = dataclasses.asdict(Parallel())
-# Flags whose change on resume is the point of resuming, not a change of the run.
-NOT_COMPARED_ON_RESUME = ("resume", "save_dir", "config", "debug", "stop_after_epochs")
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -320,17 +317,3 @@ def write_resolved_config(config, save_dir):
                                          for name, value in found.items())]
     text = "\n".join(header) + "\n" + yaml.safe_dump(resolved_config(config, save_dir), sort_keys=False)
     write_atomic(save_dir / CONFIG_NAME, lambda partial: Path(partial).write_text(text))
-
-
-def changed_flags(saved, config, save_dir):
-    """'--flag: saved -> now' for every setting a resumed run changes; keys older runs lack are skipped."""
-    now = resolved_config(config, save_dir)
-    return [f"--{key.replace('_', '-')}: {saved[key]!r} in the checkpoint's run, {now[key]!r} now"
-            for key in now if key not in NOT_COMPARED_ON_RESUME and key in saved and saved[key] != now[key]]
-
-
-def warn_changed_flags(config, save_dir, checkpoint, log):
-    """Say which flags a resumed run changed, one line each (config.yaml follows with its first save)."""
-    if checkpoint is not None:
-        for line in changed_flags(checkpoint["config"], config, save_dir):
-            log.warn(f"resumed with a changed flag: {line}")

@@ -22,12 +22,6 @@ class RunLogger:
         self.enabled = enabled
         self.save_dir = Path(save_dir)
         self._writer = None
-        self.metrics_mode = "a"  # a resumed run goes on with its lines; a fresh one sets "w" (start_fresh)
-
-    def start_fresh(self):
-        """The run starts at epoch 0: its first epoch line replaces a metrics.jsonl left by an
-        earlier run in the folder (--no-resume), so that summaries never count epochs twice."""
-        self.metrics_mode = "w"
 
     def info(self, message):
         if self.enabled:
@@ -51,9 +45,9 @@ class RunLogger:
         """Append one JSON line, write TensorBoard scalars and print the epoch summary."""
         if not self.enabled:
             return
-        with open(self.save_dir / "metrics.jsonl", self.metrics_mode) as handle:
+        # A resumed run goes on with its lines; a fresh one's folder has none (an earlier run's moved aside).
+        with open(self.save_dir / "metrics.jsonl", "a") as handle:
             handle.write(json.dumps(record) + "\n")
-        self.metrics_mode = "a"
         writer, epoch = self._tensorboard(), record["epoch"]
         for key in ("train_loss", "val_loss", "val_acc", "val_macro_f1", "lr", "samples_per_s", "epoch_time_s"):
             if record[key] is not None:  # no validation figures under --val-fraction 0
