@@ -11,10 +11,12 @@ from data.augment import AugmentConfig, BatchAugmenter
 from data.loaders import ShardedSampler, epoch_order
 from data.splits import Split
 from models import build_model
-from training.loop.recipe import VIEW_SEED_STRIDE, build_feature_pool
+from training.distributed.single import SingleDevice
+from training.loop.recipe import POOL_SHARE_UNIT, VIEW_SEED_STRIDE, build_feature_pool, pool_shares
 
 MINIROCKET = [*TINY_DATA, "--model", "minirocket", "--width", "840", "--synthetic-windows-per-subject", "8",
               "--batch-size", "16"]
+CPU = SingleDevice(torch.device("cpu"))
 
 
 class QuietLog:
@@ -48,7 +50,7 @@ def test_the_pool_holds_the_features_of_each_view_and_of_the_other_splits():
     model, splits = fitted_model(), {"train": split(30, 1), "val": split(7, 2), "test": split(0, 3)}
     augment = BatchAugmenter(AugmentConfig(kinds=("scale", "jitter")), torch.zeros(3), torch.ones(3),
                              ("acc_x", "acc_y", "acc_z"), ("a", "b", "c", "d"))
-    pool, views = build_feature_pool(model, splits, 3, augment, seed=5, device=torch.device("cpu"), log=QuietLog())
+    pool, views = build_feature_pool(model, splits, 3, augment, seed=5, strategy=CPU, log=QuietLog())
     assert views == 3
     train = torch.from_numpy(splits["train"].signals)
     features = torch.from_numpy(pool["train"].signals)
@@ -63,7 +65,36 @@ def test_the_pool_holds_the_features_of_each_view_and_of_the_other_splits():
     assert torch.equal(torch.from_numpy(pool["val"].signals), model.features(torch.from_numpy(splits["val"].signals)))
     assert pool["test"].signals.shape == (0, model.feature_mean.numel())
     # Without an augmenter every view would be the same: one is kept.
-    assert build_feature_pool(model, splits, 3, None, 5, torch.device("cpu"), QuietLog())[1] == 1
+    assert build_feature_pool(model, splits, 3, None, 5, CPU, QuietLog())[1] == 1
+
+
+def test_the_ranks_shares_cover_the_pool_once_in_order_and_evenly():
+    lengths = [2500, 2500, 300, 0, 7]
+    for world_size in (1, 2, 3, 8):
+        shares = pool_shares(lengths, world_size)
+        pieces = [piece for share in shares for piece in share]
+        windows = [(part, index) for part, first, stop in pieces for index in range(first, stop)]
+        assert windows == [(part, index) for part, length in enumerate(lengths) for index in range(length)]
+        assert all(first % POOL_SHARE_UNIT == 0 for _, first, _ in pieces)  # the model's batches, as one process's
+        counts = [sum(stop - first for _, first, stop in share) for share in shares]
+        assert max(counts) - min(counts) <= POOL_SHARE_UNIT, (world_size, counts)
+
+
+def test_two_ranks_build_the_pool_in_shares_bit_for_bit_as_one_process(tmp_path):
+    out = tmp_path / "pools.npz"
+    result = run_subprocess([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             "-m", "tests.scripts.pool_shares", out])
+    assert result.returncode == 0, result.stderr
+    pools = np.load(out)
+    # Each rank transformed its share alone: 3 views of 5,000 training and 300 validation windows, split.
+    shares = pool_shares([5000, 5000, 5000, 300, 0], 2)
+    assert list(pools["transformed"]) == [sum(stop - first for _, first, stop in share) for share in shares]
+    assert sum(pools["transformed"]) == 3 * 5000 + 300 and min(pools["transformed"]) > 7000
+    for name in ("train", "val", "test"):
+        shared, alone = pools[f"shared_{name}"], pools[f"alone_{name}"]
+        assert shared.dtype == alone.dtype and shared.shape == alone.shape, name
+        assert np.array_equal(shared, alone), name
+    assert "2 ranks" in str(pools["line"])
 
 
 def test_the_model_takes_windows_or_their_features_alike():

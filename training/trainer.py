@@ -566,7 +566,7 @@ def _build_loaders(config, data, model, augment, loader_batch, strategy, log):
         # Epoch e trains on view e mod V, so a run of fewer epochs than views never reaches the
         # last ones: they are not built.
         views = min(config.recipe.feature_views, optim.epochs)
-        splits, train_views = build_feature_pool(model, splits, views, augment, optim.seed, strategy.device, log)
+        splits, train_views = build_feature_pool(model, splits, views, augment, optim.seed, strategy, log)
         augment = None
     loaders, data_path = split_loaders(splits, loader_batch, max(EVAL_BATCH_MIN, loader_batch), strategy.device,
                                        strategy.world_size, strategy.rank, optim.seed, config.hardware.data_path,

@@ -128,9 +128,14 @@ def _lists(pairs):
 # Epoch e trains on view e mod V (data.loaders.ShardedSampler), so with 20 epochs and 4 views each
 # augmented view is seen 5 times where per-batch augmentation would have drawn 20 new ones; the
 # nested estimate in docs/training.md is what chose that trade. Validation and test windows are
-# transformed once too. The pool is kept in host memory: (V x training + validation + test windows)
-# x features x 4 bytes.
+# transformed once too. Under torchrun each rank transforms a share of the pool's windows and the
+# ranks then gather it whole: every rank holds the pool, (V x training + validation + test windows)
+# x features x the features' bytes, in host memory.
 POOL_CHUNK = 2048  # windows per call of the model's features(): bounds the memory of one call
+# A rank's share starts and stops at multiples of this inside a chunk, so the model splits it into
+# the batches one process would (MiniRocket: 64 windows on a CPU, 1024 elsewhere) and computes
+# every feature from the same operations: the shared-out pool is the one-process pool bit for bit.
+POOL_SHARE_UNIT = 1024
 VIEW_SEED_STRIDE = 1_000_003  # view v of --seed s is drawn from s x stride + v
 
 
@@ -141,40 +146,86 @@ def wants_feature_pool(model, views, splits):
     return getattr(model, "FIXED_FEATURES", False) and views > 0 and in_memory
 
 
-def build_feature_pool(model, splits, views, augment, seed, device, log):
-    """(splits of features in place of windows, the number of training views). Without an augmenter
-    every view would be the same, so there is one."""
+def pool_shares(lengths, world_size):
+    """Each rank's pieces [(part, first, stop), ...] of parts of these lengths: the parts' windows cut
+    into POOL_SHARE_UNIT pieces, dealt out in order in contiguous runs of about equal windows."""
+    total = max(sum(lengths), 1)
+    shares, done = [[] for _ in range(world_size)], 0
+    for part, length in enumerate(lengths):
+        for first in range(0, length, POOL_SHARE_UNIT):
+            stop = min(first + POOL_SHARE_UNIT, length)
+            middle = done + (stop - first) / 2
+            shares[min(world_size - 1, int(middle * world_size / total))].append((part, first, stop))
+            done += stop - first
+    return shares
+
+
+def build_feature_pool(model, splits, views, augment, seed, strategy, log):
+    """(splits of features in place of windows, the number of training views), every rank building
+    its share. Without an augmenter every view would be the same, so there is one."""
     views = views if augment is not None else 1
-    train = splits["train"]
-    windows = views * len(train) + sum(len(splits[name]) for name in splits if name != "train")
+    train, others = splits["train"], [name for name in splits if name != "train"]
+    parts = [(train, augment if view else None, seed * VIEW_SEED_STRIDE + view) for view in range(views)]
+    parts += [(splits[name], None, seed) for name in others]
+    shares = pool_shares([len(split) for split, _, _ in parts], strategy.world_size)
     start = time.perf_counter()
-    bar = log.progress(windows, "transforming windows once")
-    train_views = [_features(model, train, device, bar, augment if view else None, seed * VIEW_SEED_STRIDE + view)
-                   for view in range(views)]
-    pool = {"train": Split(np.concatenate(train_views), np.tile(train.labels, views),
-                           np.tile(train.subjects, views))}
-    for name, split in splits.items():
-        if name != "train":
-            pool[name] = Split(_features(model, split, device, bar, None, seed), split.labels, split.subjects)
-    bar.close()
-    size_mib = sum(split.signals.nbytes for split in pool.values()) / 2**20
-    log.info(f"features: {views} view(s) of {len(train)} training windows and the other splits' "
-             f"{windows - views * len(train)} windows transformed once, {windows / (time.perf_counter() - start):,.0f} "
-             f"windows/s, {size_mib:,.0f} MiB in memory (--feature-views 0 transforms every batch instead)")
+    mine = _transform_share(model, parts, shares[strategy.rank], strategy.device, log)
+    seconds = time.perf_counter() - start
+    # Every rank's features in rank order are the pool in order; gathered as bytes, whatever their type.
+    gathered = strategy.gather_concat(torch.from_numpy(mine).reshape(-1).view(torch.uint8).to(strategy.device))
+    features = gathered.cpu().view(torch.from_numpy(mine).dtype).reshape(-1, mine.shape[1]).numpy()
+    ends = np.cumsum([len(split) for split, _, _ in parts])
+    train_part, *other_parts = np.split(features, ends[views - 1:-1])
+    pool = {"train": Split(train_part, np.tile(train.labels, views), np.tile(train.subjects, views))}
+    for name, part in zip(others, other_parts, strict=True):
+        pool[name] = Split(part, splits[name].labels, splits[name].subjects)
+    _report_pool(pool, views, len(train), strategy.gather_objects((len(mine), seconds)),
+                 time.perf_counter() - start, log)
     return pool, views
 
 
+def _transform_share(model, parts, pieces, device, log):
+    """This rank's pieces' features [n, F], in order."""
+    bar = log.progress(sum(stop - first for _, first, stop in pieces), "transforming windows once")
+    window = parts[0][0].signals[:0]
+    chunks = [model.features(torch.from_numpy(np.asarray(window)).to(device)).cpu().numpy()]  # [0, F]: the type
+    for index, (split, augment, seed) in enumerate(parts):
+        ranges = [(first, stop) for part, first, stop in pieces if part == index]
+        if ranges:
+            chunks.extend(_features(model, split, device, bar, augment, seed, ranges))
+    bar.close()
+    return np.concatenate(chunks)
+
+
 @torch.no_grad()
-def _features(model, split, device, bar, augment, seed):
-    """The model's features of every window of `split` [N, F], through `augment` when given."""
+def _features(model, split, device, bar, augment, seed, ranges):
+    """The model's features [n, F] of `split`'s windows in `ranges` ((first, stop), in order, none
+    across a chunk), through `augment` when given. With an augmenter every chunk up to the last range
+    is augmented, so each draws the random numbers it draws in one process."""
     chunks = []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
-        for first in range(0, max(len(split), 1), POOL_CHUNK):  # an empty split still has [0, F] features
-            windows = torch.from_numpy(np.asarray(split.signals[first:first + POOL_CHUNK])).to(device)
+        for start in range(0, ranges[-1][1], POOL_CHUNK):
+            inside = [(first - start, stop - start) for first, stop in ranges if start <= first < start + POOL_CHUNK]
+            if not inside and augment is None:
+                continue
+            windows = torch.from_numpy(np.asarray(split.signals[start:start + POOL_CHUNK])).to(device)
             if augment is not None:
-                labels = torch.from_numpy(split.labels[first:first + POOL_CHUNK]).to(device)
+                labels = torch.from_numpy(split.labels[start:start + POOL_CHUNK]).to(device)
                 windows = augment(windows, labels)
-            chunks.append(model.features(windows).cpu().numpy())
-            bar.update(len(windows))
-    return np.concatenate(chunks)
+            for first, stop in inside:
+                chunks.append(model.features(windows[first:stop]).cpu().numpy())
+                bar.update(stop - first)
+    return chunks
+
+
+def _report_pool(pool, views, train_windows, per_rank, seconds, log):
+    """The build's closing line: what was transformed, how fast on each rank and in all, what it holds."""
+    windows = sum(count for count, _ in per_rank)
+    rates = " + ".join(f"{count:,} at {count / max(busy, 1e-9):,.0f}/s" for count, busy in per_rank)
+    where = f"each of {len(per_rank)} ranks' memory (rank by rank: {rates} windows)" if len(per_rank) > 1 else "memory"
+    size_mib = sum(split.signals.nbytes for split in pool.values()) / 2**20
+    log.info(f"features: {views} view(s) of {train_windows:,} training windows and the other splits' "
+             f"{windows - views * train_windows:,} windows transformed once, {windows / seconds:,.0f} windows/s "
+             f"in all, {size_mib:,.0f} MiB of {pool['train'].signals.dtype} in {where} "
+             "(--feature-views 0 transforms every batch instead)")
