@@ -55,14 +55,17 @@ def test_the_pool_holds_the_features_of_each_view_and_of_the_other_splits():
     train = torch.from_numpy(splits["train"].signals)
     features = torch.from_numpy(pool["train"].signals)
     assert features.shape == (90, model.feature_mean.numel())
-    assert torch.equal(features[:30], model.features(train))  # view 0: the windows as they are
+    assert features.dtype == torch.uint8  # counts over T' <= 255 positions
+    # What the head sees from the pool is what it would see from the windows, bit for bit.
+    assert torch.equal(model.from_counts(features[:30]), model.features(train))  # view 0: the windows as they are
     torch.manual_seed(5 * VIEW_SEED_STRIDE + 2)
     augmented = augment(train, torch.from_numpy(splits["train"].labels))
-    assert torch.equal(features[60:], model.features(augmented))  # view 2: its own seeded augmentation
+    assert torch.equal(model.from_counts(features[60:]), model.features(augmented))  # view 2: its own augmentation
     assert not torch.equal(features[30:60], features[:30])
     assert np.array_equal(pool["train"].labels, np.tile(splits["train"].labels, 3))
     assert np.array_equal(pool["train"].subjects, np.tile(splits["train"].subjects, 3))
-    assert torch.equal(torch.from_numpy(pool["val"].signals), model.features(torch.from_numpy(splits["val"].signals)))
+    assert torch.equal(model.from_counts(torch.from_numpy(pool["val"].signals)),
+                       model.features(torch.from_numpy(splits["val"].signals)))
     assert pool["test"].signals.shape == (0, model.feature_mean.numel())
     # Without an augmenter every view would be the same: one is kept.
     assert build_feature_pool(model, splits, 3, None, 5, CPU, QuietLog())[1] == 1

@@ -188,7 +188,7 @@ def _transform_share(model, parts, pieces, device, log):
     """This rank's pieces' features [n, F], in order."""
     bar = log.progress(sum(stop - first for _, first, stop in pieces), "transforming windows once")
     window = parts[0][0].signals[:0]
-    chunks = [model.features(torch.from_numpy(np.asarray(window)).to(device)).cpu().numpy()]  # [0, F]: the type
+    chunks = [model.pool_features(torch.from_numpy(np.asarray(window)).to(device)).cpu().numpy()]  # [0, F]: the type
     for index, (split, augment, seed) in enumerate(parts):
         ranges = [(first, stop) for part, first, stop in pieces if part == index]
         if ranges:
@@ -214,7 +214,7 @@ def _features(model, split, device, bar, augment, seed, ranges):
                 labels = torch.from_numpy(split.labels[start:start + POOL_CHUNK]).to(device)
                 windows = augment(windows, labels)
             for first, stop in inside:
-                chunks.append(model.features(windows[first:stop]).cpu().numpy())
+                chunks.append(model.pool_features(windows[first:stop]).cpu().numpy())
                 bar.update(stop - first)
     return chunks
 
