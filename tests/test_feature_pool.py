@@ -50,7 +50,11 @@ def test_the_pool_holds_the_features_of_each_view_and_of_the_other_splits():
     model, splits = fitted_model(), {"train": split(30, 1), "val": split(7, 2), "test": split(0, 3)}
     augment = BatchAugmenter(AugmentConfig(kinds=("scale", "jitter")), torch.zeros(3), torch.ones(3),
                              ("acc_x", "acc_y", "acc_z"), ("a", "b", "c", "d"))
-    pool, views = build_feature_pool(model, splits, 3, augment, seed=5, strategy=CPU, log=QuietLog())
+    log = QuietLog()
+    pool, views = build_feature_pool(model, splits, 3, augment, seed=5, strategy=CPU, log=log)
+    width = model.feature_mean.numel()
+    assert "3 view(s) of 30 training windows + 7 other windows = 97 transformed once, " in log.line
+    assert f" in host memory ({width:,} B a window, uint8)" in log.line
     assert views == 3
     train = torch.from_numpy(splits["train"].signals)
     features = torch.from_numpy(pool["train"].signals)
@@ -97,7 +101,11 @@ def test_two_ranks_build_the_pool_in_shares_bit_for_bit_as_one_process(tmp_path)
         shared, alone = pools[f"shared_{name}"], pools[f"alone_{name}"]
         assert shared.dtype == alone.dtype and shared.shape == alone.shape, name
         assert np.array_equal(shared, alone), name
-    assert "2 ranks" in str(pools["line"])
+    line = str(pools["line"])  # rank 0's closing line: each rank's windows, the pool's bytes and where
+    first, second = pools["transformed"]
+    assert f"= {3 * 5000 + 300:,} transformed once by 2 ranks ({first:,} at " in line and f" and {second:,} at " in line
+    width = pools["shared_train"].shape[1]
+    assert "windows/s in all" in line and f"in each rank's memory ({width} B a window, uint8)" in line
 
 
 def test_the_model_takes_windows_or_their_features_alike():

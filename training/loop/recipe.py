@@ -220,12 +220,15 @@ def _features(model, split, device, bar, augment, seed, ranges):
 
 
 def _report_pool(pool, views, train_windows, per_rank, seconds, log):
-    """The build's closing line: what was transformed, how fast on each rank and in all, what it holds."""
+    """The build's closing line (rank 0's): windows and views transformed, windows/s on each rank and
+    in all, and the bytes the pool holds where it lives."""
     windows = sum(count for count, _ in per_rank)
-    rates = " + ".join(f"{count:,} at {count / max(busy, 1e-9):,.0f}/s" for count, busy in per_rank)
-    where = f"each of {len(per_rank)} ranks' memory (rank by rank: {rates} windows)" if len(per_rank) > 1 else "memory"
+    features = pool["train"].signals
+    ranks = " and ".join(f"{count:,} at {count / max(busy, 1e-9):,.0f}/s" for count, busy in per_rank)
+    by = f" by {len(per_rank)} ranks ({ranks})" if len(per_rank) > 1 else ""
+    holder = "each rank's" if len(per_rank) > 1 else "host"
     size_mib = sum(split.signals.nbytes for split in pool.values()) / 2**20
-    log.info(f"features: {views} view(s) of {train_windows:,} training windows and the other splits' "
-             f"{windows - views * train_windows:,} windows transformed once, {windows / seconds:,.0f} windows/s "
-             f"in all, {size_mib:,.0f} MiB of {pool['train'].signals.dtype} in {where} "
-             "(--feature-views 0 transforms every batch instead)")
+    log.info(f"features: {views} view(s) of {train_windows:,} training windows + {windows - views * train_windows:,} "
+             f"other windows = {windows:,} transformed once{by}, {windows / seconds:,.0f} windows/s in all; "
+             f"{size_mib:,.0f} MiB in {holder} memory ({features.shape[1] * features.itemsize:,} B a window, "
+             f"{features.dtype}) (--feature-views 0 transforms every batch instead)")
