@@ -1,9 +1,11 @@
 """MiniRocket's features computed once (training.loop.recipe): what the pool holds, which view each
 epoch trains on, and runs through main.py that prove it against transforming every batch."""
+import errno
 import signal
 import sys
 
 import numpy as np
+import pytest
 import torch
 
 from conftest import TINY_DATA, load_checkpoint, run_in_process, run_subprocess
@@ -12,6 +14,7 @@ from data.loaders import ShardedSampler, epoch_order
 from data.splits import Split
 from models import build_model
 from training.distributed.single import SingleDevice
+from training.errors import UsageError
 from training.loop.recipe import POOL_SHARE_UNIT, VIEW_SEED_STRIDE, build_feature_pool, pool_shares
 
 MINIROCKET = [*TINY_DATA, "--model", "minirocket", "--width", "840", "--synthetic-windows-per-subject", "8",
@@ -54,7 +57,7 @@ def test_the_pool_holds_the_features_of_each_view_and_of_the_other_splits():
     pool, views = build_feature_pool(model, splits, 3, augment, seed=5, strategy=CPU, log=log)
     width = model.feature_mean.numel()
     assert "3 view(s) of 30 training windows + 7 other windows = 97 transformed once, " in log.line
-    assert f" in host memory ({width:,} B a window, uint8)" in log.line
+    assert f" MiB in host memory ({width:,} B a window, uint8) (" in log.line
     assert views == 3
     train = torch.from_numpy(splits["train"].signals)
     features = torch.from_numpy(pool["train"].signals)
@@ -151,3 +154,50 @@ def test_a_run_killed_while_training_on_the_pool_resumes_bit_for_bit(tmp_path):
     assert actual["step"] == expected["step"]
     for name, tensor in expected["model"].items():
         assert torch.equal(tensor, actual["model"][name]), name
+
+
+def test_a_pool_on_disk_is_the_pool_in_memory_reused_while_its_identity_holds(tmp_path):
+    model, splits = fitted_model(), {"train": split(2500, 1), "val": split(7, 2), "test": split(0, 3)}
+    augment = BatchAugmenter(AugmentConfig(kinds=("scale", "jitter")), torch.zeros(3), torch.ones(3),
+                             ("acc_x", "acc_y", "acc_z"), ("a", "b", "c", "d"))
+    memory, _ = build_feature_pool(model, splits, 2, augment, 5, CPU, QuietLog())
+
+    def on_disk(seed=5):
+        log = QuietLog()
+        pool, _ = build_feature_pool(model, splits, 2, augment, seed, CPU, log, store_root=tmp_path)
+        everything = {name: part.signals[np.arange(len(part.signals))] for name, part in pool.items()}
+        return everything, log.line
+
+    built, line = on_disk()
+    assert "built: no earlier pool in this folder" in line
+    for name, part in memory.items():
+        assert np.array_equal(built[name], part.signals), name  # read back from the shards, bit for bit
+    assert "reused whole" in on_disk()[1]
+    shard = sorted(tmp_path.glob("*/part1-*.npy"))[1]  # the second view's second piece, cut short
+    shard.write_bytes(shard.read_bytes()[:1000])
+    resumed, line = on_disk()
+    assert "shards reused, the missing or damaged rebuilt" in line
+    assert all(np.array_equal(resumed[name], part.signals) for name, part in memory.items())
+    assert "was of other augmentation" not in on_disk(seed=6)[1] and "other seed" in on_disk(seed=7)[1]
+
+
+def test_a_full_disk_stops_the_build_in_one_line_and_keeps_the_shards_written(tmp_path, monkeypatch):
+    model, splits = fitted_model(), {"train": split(2500, 1), "val": split(7, 2)}
+    saved, real_save = [], np.save
+
+    def save_until_full(path, counts):
+        if len(saved) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_save(path, counts)
+        saved.append(path)
+
+    monkeypatch.setattr("training.loop.feature_store.np.save", save_until_full)
+    with pytest.raises(UsageError, match=r"\(No space left on device\); free space there and run the same command"):
+        build_feature_pool(model, splits, 1, None, 5, CPU, QuietLog(), store_root=tmp_path)
+    assert len(list(tmp_path.glob("*/part*.npy"))) == 2 and not list(tmp_path.glob("*/.*"))  # no partial file
+    monkeypatch.undo()
+    log = QuietLog()
+    pool, _ = build_feature_pool(model, splits, 1, None, 5, CPU, log, store_root=tmp_path)
+    assert "2,048 windows' shards reused, the missing or damaged rebuilt" in log.line
+    memory, _ = build_feature_pool(model, splits, 1, None, 5, CPU, QuietLog())
+    assert np.array_equal(pool["train"].signals[np.arange(2500)], memory["train"].signals)
