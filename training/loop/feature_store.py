@@ -71,8 +71,11 @@ class FeatureStore:
         write_atomic(self.folder / IDENTITY, lambda path: Path(path).write_bytes(payload))
 
     def remove_others(self):
-        """Delete the other pools in `root` (each a folder with an identity file of this format): a
-        finished pool replaces them, so that a folder holds one pool, not one for every change."""
+        """Once every rank has written its shards: delete the partial files a killed build left, and
+        the other pools in `root` (each a folder with an identity file of this format), which a
+        finished pool replaces, so that a folder holds one pool, not one for every change."""
+        for partial in self.folder.glob(".*.tmp.npy"):
+            partial.unlink(missing_ok=True)
         for path in self.root.glob(f"*/{IDENTITY}"):
             if path.parent != self.folder and json.loads(path.read_text()).get("format") == FORMAT:
                 shutil.rmtree(path.parent)
