@@ -132,7 +132,8 @@ def _lists(pairs):
 # nested estimate in docs/training.md is what chose that trade. Validation and test windows are
 # transformed once too. Under torchrun each rank transforms a share of the pool's windows and the
 # ranks then gather it whole: every rank holds the pool, (V x training + validation + test windows)
-# x features x the features' bytes, in host memory.
+# x features x the features' bytes, in host memory; a window store's run keeps it on disk instead
+# (training.loop.feature_store), where a re-run with the same identity finds it.
 POOL_CHUNK = 2048  # windows per call of the model's features(): bounds the memory of one call
 # A rank's share starts and stops at multiples of this inside a chunk, so the model splits it into
 # the batches one process would (MiniRocket: 64 windows on a CPU, 1024 elsewhere) and computes
