@@ -60,7 +60,7 @@ class FeatureStore:
         others = [path for path in others if path.parent != self.folder]
         if not others:
             return "no earlier pool in this folder"
-        earlier = json.loads(others[-1].read_text())
+        earlier = _read_identity(others[-1])
         changed = sorted(key for key in {**earlier, **self.identity} if earlier.get(key) != self.identity.get(key))
         return f"the pool in {others[-1].parent.name} was of other {', '.join(changed)}"
 
@@ -77,7 +77,7 @@ class FeatureStore:
         for partial in self.folder.glob(".*.tmp.npy"):
             partial.unlink(missing_ok=True)
         for path in self.root.glob(f"*/{IDENTITY}"):
-            if path.parent != self.folder and json.loads(path.read_text()).get("format") == FORMAT:
+            if path.parent != self.folder and _read_identity(path).get("format") == FORMAT:
                 shutil.rmtree(path.parent)
 
     def shard_path(self, part, first):
@@ -104,6 +104,14 @@ class FeatureStore:
         """The shards of `pieces` [(part, first, stop), ...] in order, as one array [n, width] on disk."""
         return ShardedRows([self.shard_path(part, first) for part, first, _ in pieces],
                            [stop - first for _, first, stop in pieces], width, dtype)
+
+
+def _read_identity(path):
+    """An identity file's fields; {} when it cannot be read (then every field counts as changed)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 class ShardedRows:
