@@ -10,8 +10,6 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from data.store import StoreSplit
-
 ITER_CHUNK = 65_536  # sampler indices turned into Python ints at a time
 STREAM_BLOCK = 256  # neighbouring windows of a store read together (about 0.3 to 0.6 MB)
 STORE_PREFETCH = 8  # batches a store's reader thread keeps ready ahead of the step
@@ -200,7 +198,7 @@ def make_loader(split, batch_size, sampler, num_workers=0, pin_memory=False):
     """The DataLoader path: host batches, copied to the device by the loop (non_blocking when pinned).
     A window store's split is read by a background thread (StoreStreamLoader), or by DataLoader
     workers when --num-workers asks for them."""
-    streaming = isinstance(split, StoreSplit)
+    streaming = not isinstance(split.signals, np.ndarray)  # a window store's, or a feature pool's shards on disk
     if streaming and num_workers == 0:
         return StoreStreamLoader(split, batch_size, sampler, pin_memory)
     workers = {"persistent_workers": True, "prefetch_factor": 4} if num_workers > 0 else {}
@@ -218,7 +216,7 @@ def split_loaders(splits, train_batch, eval_batch, device, world_size, rank, see
     Training shuffles and pads so ranks step together; evaluation does neither. `train_views`: the
     training split holds that many views of its windows, one per epoch in turn. Returns (loaders,
     a line saying which path the batches take)."""
-    streaming = any(isinstance(split, StoreSplit) for split in splits.values())
+    streaming = any(not isinstance(split.signals, np.ndarray) for split in splits.values())  # read from disk
     on_device = not streaming and keep_on_device(data_path, num_workers, device, split_bytes(*splits.values()))
     loaders = {}
     for name, split in splits.items():

@@ -38,7 +38,8 @@ class MiniRocket(nn.Module):
     # the worst fold higher at four, the worst person at three (docs/training.md); it costs nothing.
     LABEL_SMOOTHING = 0.2
     TAKES_WINDOW_STEPS = True  # the dilations reach across the window
-    FIXED_FEATURES = True  # forward takes windows or features(windows): a pool of them can be computed once
+    # forward takes windows, features(windows) or pool_features(windows): a pool of counts computed once
+    FIXED_FEATURES = True
 
     @staticmethod
     def resolve_size(width=10_000):
@@ -65,7 +66,7 @@ class MiniRocket(nn.Module):
         # kernel-dilation pairs), so that features see both the edges and the middle.
         self.paddings = [(KERNEL_LENGTH - 1) * d // 2 if index % 2 == 0 else 0
                          for index, d in enumerate(self.dilations)]
-        self.biases_per_kernel = per
+        self.biases_per_kernel, self.window_steps = per, window_steps
         # Each kernel at each dilation sums a random subset of channels (1 to all, a few usually).
         subsets = torch.zeros(len(self.dilations), len(KERNEL_TWOS), in_channels, device="cpu")
         for d in range(len(self.dilations)):
@@ -82,42 +83,64 @@ class MiniRocket(nn.Module):
         self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(num_features, num_classes))
 
     def transform(self, x, one_bias_at_a_time=True):
-        """[B, C, T] -> PPV features [B, D x 84 x biases] (no gradient flows into them).
-        one_bias_at_a_time: compare a kernel's output with its biases in turn, through a scratch
+        """[B, C, T] -> PPV features [B, D x 84 x biases] (no gradient flows into them): each feature's
+        count of positive positions over its T' positions, the exact proportion that a mean over them
+        gives. one_bias_at_a_time: compare a kernel's output with its biases in turn, through a scratch
         tensor that stays in a CPU's caches; False compares with all of them at once, in fewer and
         larger operations (the same features; benchmarks.gpu_check.minirocket times both)."""
+        return self._float_counts(x, one_bias_at_a_time) / self.positions(x.shape[2], x.device)
+
+    def positions(self, window_steps, device):
+        """Each feature's T': the positions its kernel's output has over a window of `window_steps`."""
+        lengths = [window_steps + 2 * padding - (KERNEL_LENGTH - 1) * dilation
+                   for dilation, padding in zip(self.dilations, self.paddings, strict=True)]
+        per_dilation = len(KERNEL_TWOS) * self.biases_per_kernel
+        return torch.tensor(lengths, dtype=torch.float32, device=device).repeat_interleave(per_dilation)
+
+    @property
+    def count_dtype(self):
+        """The narrowest type that holds every count exactly (a feature pool's: 1/4 or 1/2 of float32)."""
+        return torch.uint8 if max(self.positions(self.window_steps, "cpu")) <= 255 else torch.uint16
+
+    def pool_features(self, x):
+        """[B, C, T] windows -> each feature's count of positive positions [B, F] as count_dtype: what a
+        feature pool holds; forward turns it back into exactly the features `features` gives."""
+        with torch.no_grad(), torch.autocast(x.device.type, enabled=False):
+            return self._float_counts(x.float()).to(self.count_dtype)
+
+    def _float_counts(self, x, one_bias_at_a_time=True):
         if torch.jit.is_tracing() or torch.compiler.is_compiling():
             # A graph being recorded (export, compile): one pass over the batch, whose size the
             # graph must leave free, and no writes into a scratch tensor of a recorded size.
-            return self._ppv(x, scratch=None)
+            return self._counts(x, scratch=None)
         if not len(x):
-            return self._ppv(x, None)
-        chunk = self._chunk_ppv if one_bias_at_a_time else functools.partial(self._ppv, scratch=None)
+            return self._counts(x, None)
+        chunk = self._chunk_counts if one_bias_at_a_time else functools.partial(self._counts, scratch=None)
         parts = x.split(TRANSFORM_CHUNK.get(x.device.type, TRANSFORM_CHUNK_ELSEWHERE))
         if x.device.type == "cpu" and len(parts) > 1 and torch.get_num_threads() > 1:
             return torch.cat(one_chunk_per_core(chunk, parts))
         with full_fp32_convolutions(x.device):
             return torch.cat([chunk(part) for part in parts])
 
-    def _chunk_ppv(self, x):
+    def _chunk_counts(self, x):
         # One scratch tensor for every comparison of the chunk: a fresh one each time would cost page
         # faults on a CPU.
-        return self._ppv(x, x.new_empty(len(x) * len(KERNEL_TWOS) * x.shape[2]))  # T' <= T
+        return self._counts(x, x.new_empty(len(x) * len(KERNEL_TWOS) * x.shape[2]))  # T' <= T
 
-    def _ppv(self, x, scratch):
+    def _counts(self, x, scratch):
         features = []
         for d, (dilation, padding) in enumerate(zip(self.dilations, self.paddings, strict=True)):
             output = nn.functional.conv1d(x, self.weights[d], padding=padding, dilation=dilation)  # [B, 84, T']
             # output > -bias written as floats, which vectorises where booleans do not; in IEEE
-            # arithmetic it is exactly output + bias > 0, the definition.
+            # arithmetic it is exactly output + bias > 0, the definition. A sum of ones is exact.
             if scratch is None:
                 positive = torch.gt(output[:, :, None, :], -self.biases[d][None, :, :, None]).to(x.dtype)
-                features.append(positive.mean(dim=3).flatten(1))
+                features.append(positive.sum(dim=3).flatten(1))
                 continue
             # One bias at a time into a [B, 84, T'] scratch: written and read back while it is still in
             # the caches, where all biases at once ([B, 84, biases, T']) went out to memory and back.
             positive = scratch[:output.numel()].view(output.shape)
-            shares = [torch.gt(output, -self.biases[d][:, j, None], out=positive).mean(dim=2)
+            shares = [torch.gt(output, -self.biases[d][:, j, None], out=positive).sum(dim=2)
                       for j in range(self.biases_per_kernel)]
             features.append(torch.stack(shares, dim=2).flatten(1))
         return torch.cat(features, dim=1)
@@ -129,9 +152,17 @@ class MiniRocket(nn.Module):
         with torch.no_grad(), torch.autocast(x.device.type, enabled=False):
             return (self.transform(x.float()) - self.feature_mean) / self.feature_std
 
+    def from_counts(self, counts):
+        """pool_features(windows) [B, F] -> features(windows), the same floats bit for bit."""
+        with torch.no_grad(), torch.autocast(counts.device.type, enabled=False):
+            proportions = counts.float() / self.positions(self.window_steps, counts.device)
+            return (proportions - self.feature_mean) / self.feature_std
+
     def forward(self, x):
-        # Windows [B, C, T], or their features [B, F] computed once by `features` (a feature pool).
-        return self.head(x if x.dim() == 2 else self.features(x))
+        # Windows [B, C, T], or computed once (a feature pool): their counts, or their features [B, F].
+        if x.dim() == 2:
+            return self.head(x if x.is_floating_point() else self.from_counts(x))
+        return self.head(self.features(x))
 
     # 512 windows: the feature statistics' transform is most of the fit, and on the 7 nested outer folds
     # 512 scored as 1,024 did (mean 0.9757 both; worst person 0.917 against 0.911, worst fold 0.957

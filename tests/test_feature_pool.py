@@ -1,9 +1,11 @@
 """MiniRocket's features computed once (training.loop.recipe): what the pool holds, which view each
 epoch trains on, and runs through main.py that prove it against transforming every batch."""
+import errno
 import signal
 import sys
 
 import numpy as np
+import pytest
 import torch
 
 from conftest import TINY_DATA, load_checkpoint, run_in_process, run_subprocess
@@ -11,10 +13,13 @@ from data.augment import AugmentConfig, BatchAugmenter
 from data.loaders import ShardedSampler, epoch_order
 from data.splits import Split
 from models import build_model
-from training.loop.recipe import VIEW_SEED_STRIDE, build_feature_pool
+from training.distributed.single import SingleDevice
+from training.errors import UsageError
+from training.loop.recipe import POOL_SHARE_UNIT, VIEW_SEED_STRIDE, build_feature_pool, pool_shares
 
 MINIROCKET = [*TINY_DATA, "--model", "minirocket", "--width", "840", "--synthetic-windows-per-subject", "8",
               "--batch-size", "16"]
+CPU = SingleDevice(torch.device("cpu"))
 
 
 class QuietLog:
@@ -48,22 +53,62 @@ def test_the_pool_holds_the_features_of_each_view_and_of_the_other_splits():
     model, splits = fitted_model(), {"train": split(30, 1), "val": split(7, 2), "test": split(0, 3)}
     augment = BatchAugmenter(AugmentConfig(kinds=("scale", "jitter")), torch.zeros(3), torch.ones(3),
                              ("acc_x", "acc_y", "acc_z"), ("a", "b", "c", "d"))
-    pool, views = build_feature_pool(model, splits, 3, augment, seed=5, device=torch.device("cpu"), log=QuietLog())
+    log = QuietLog()
+    pool, views = build_feature_pool(model, splits, 3, augment, seed=5, strategy=CPU, log=log)
+    width = model.feature_mean.numel()
+    assert "3 view(s) of 30 training windows + 7 other windows = 97 transformed once, " in log.line
+    assert f" MiB in host memory ({width:,} B a window, uint8) (" in log.line
     assert views == 3
     train = torch.from_numpy(splits["train"].signals)
     features = torch.from_numpy(pool["train"].signals)
     assert features.shape == (90, model.feature_mean.numel())
-    assert torch.equal(features[:30], model.features(train))  # view 0: the windows as they are
+    assert features.dtype == torch.uint8  # counts over T' <= 255 positions
+    # What the head sees from the pool is what it would see from the windows, bit for bit.
+    assert torch.equal(model.from_counts(features[:30]), model.features(train))  # view 0: the windows as they are
     torch.manual_seed(5 * VIEW_SEED_STRIDE + 2)
     augmented = augment(train, torch.from_numpy(splits["train"].labels))
-    assert torch.equal(features[60:], model.features(augmented))  # view 2: its own seeded augmentation
+    assert torch.equal(model.from_counts(features[60:]), model.features(augmented))  # view 2: its own augmentation
     assert not torch.equal(features[30:60], features[:30])
     assert np.array_equal(pool["train"].labels, np.tile(splits["train"].labels, 3))
     assert np.array_equal(pool["train"].subjects, np.tile(splits["train"].subjects, 3))
-    assert torch.equal(torch.from_numpy(pool["val"].signals), model.features(torch.from_numpy(splits["val"].signals)))
+    assert torch.equal(model.from_counts(torch.from_numpy(pool["val"].signals)),
+                       model.features(torch.from_numpy(splits["val"].signals)))
     assert pool["test"].signals.shape == (0, model.feature_mean.numel())
     # Without an augmenter every view would be the same: one is kept.
-    assert build_feature_pool(model, splits, 3, None, 5, torch.device("cpu"), QuietLog())[1] == 1
+    assert build_feature_pool(model, splits, 3, None, 5, CPU, QuietLog())[1] == 1
+
+
+def test_the_ranks_shares_cover_the_pool_once_in_order_and_evenly():
+    lengths = [2500, 2500, 300, 0, 7]
+    for world_size in (1, 2, 3, 8):
+        shares = pool_shares(lengths, world_size)
+        pieces = [piece for share in shares for piece in share]
+        windows = [(part, index) for part, first, stop in pieces for index in range(first, stop)]
+        assert windows == [(part, index) for part, length in enumerate(lengths) for index in range(length)]
+        assert all(first % POOL_SHARE_UNIT == 0 for _, first, _ in pieces)  # the model's batches, as one process's
+        counts = [sum(stop - first for _, first, stop in share) for share in shares]
+        assert max(counts) - min(counts) <= POOL_SHARE_UNIT, (world_size, counts)
+
+
+def test_two_ranks_build_the_pool_in_shares_bit_for_bit_as_one_process(tmp_path):
+    out = tmp_path / "pools.npz"
+    result = run_subprocess([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             "-m", "tests.scripts.pool_shares", out])
+    assert result.returncode == 0, result.stderr
+    pools = np.load(out)
+    # Each rank transformed its share alone: 3 views of 5,000 training and 300 validation windows, split.
+    shares = pool_shares([5000, 5000, 5000, 300, 0], 2)
+    assert list(pools["transformed"]) == [sum(stop - first for _, first, stop in share) for share in shares]
+    assert sum(pools["transformed"]) == 3 * 5000 + 300 and min(pools["transformed"]) > 7000
+    for name in ("train", "val", "test"):
+        shared, alone = pools[f"shared_{name}"], pools[f"alone_{name}"]
+        assert shared.dtype == alone.dtype and shared.shape == alone.shape, name
+        assert np.array_equal(shared, alone), name
+    line = str(pools["line"])  # rank 0's closing line: each rank's windows, the pool's bytes and where
+    first, second = pools["transformed"]
+    assert f"= {3 * 5000 + 300:,} transformed once by 2 ranks ({first:,} at " in line and f" and {second:,} at " in line
+    width = pools["shared_train"].shape[1]
+    assert "windows/s in all" in line and f"in each rank's memory ({width} B a window, uint8)" in line
 
 
 def test_the_model_takes_windows_or_their_features_alike():
@@ -109,3 +154,52 @@ def test_a_run_killed_while_training_on_the_pool_resumes_bit_for_bit(tmp_path):
     assert actual["step"] == expected["step"]
     for name, tensor in expected["model"].items():
         assert torch.equal(tensor, actual["model"][name]), name
+
+
+def test_a_pool_on_disk_is_the_pool_in_memory_reused_while_its_identity_holds(tmp_path):
+    model, splits = fitted_model(), {"train": split(2500, 1), "val": split(7, 2), "test": split(0, 3)}
+    augment = BatchAugmenter(AugmentConfig(kinds=("scale", "jitter")), torch.zeros(3), torch.ones(3),
+                             ("acc_x", "acc_y", "acc_z"), ("a", "b", "c", "d"))
+    memory, _ = build_feature_pool(model, splits, 2, augment, 5, CPU, QuietLog())
+
+    def on_disk(seed=5):
+        log = QuietLog()
+        pool, _ = build_feature_pool(model, splits, 2, augment, seed, CPU, log, store_root=tmp_path)
+        everything = {name: part.signals[np.arange(len(part.signals))] for name, part in pool.items()}
+        return everything, log.line
+
+    built, line = on_disk()
+    assert "built: no earlier pool in this folder" in line
+    for name, part in memory.items():
+        assert np.array_equal(built[name], part.signals), name  # read back from the shards, bit for bit
+    assert "reused whole" in on_disk()[1]
+    shard = sorted(tmp_path.glob("*/part1-*.npy"))[1]  # the second view's second piece, cut short
+    shard.write_bytes(shard.read_bytes()[:1000])
+    left = shard.with_name(f".{shard.stem}.999999.tmp.npy")  # what a build killed while writing leaves
+    left.write_bytes(b"partial")
+    resumed, line = on_disk()
+    assert "shards reused, the missing or damaged rebuilt" in line and not left.exists()
+    assert all(np.array_equal(resumed[name], part.signals) for name, part in memory.items())
+    assert "was of other augmentation" not in on_disk(seed=6)[1] and "other seed" in on_disk(seed=7)[1]
+
+
+def test_a_full_disk_stops_the_build_in_one_line_and_keeps_the_shards_written(tmp_path, monkeypatch):
+    model, splits = fitted_model(), {"train": split(2500, 1), "val": split(7, 2)}
+    saved, real_save = [], np.save
+
+    def save_until_full(path, counts):
+        if len(saved) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_save(path, counts)
+        saved.append(path)
+
+    monkeypatch.setattr("training.loop.feature_store.np.save", save_until_full)
+    with pytest.raises(UsageError, match=r"\(No space left on device\); free space there and run the same command"):
+        build_feature_pool(model, splits, 1, None, 5, CPU, QuietLog(), store_root=tmp_path)
+    assert len(list(tmp_path.glob("*/part*.npy"))) == 2 and not list(tmp_path.glob("*/.*"))  # no partial file
+    monkeypatch.undo()
+    log = QuietLog()
+    pool, _ = build_feature_pool(model, splits, 1, None, 5, CPU, log, store_root=tmp_path)
+    assert "2,048 windows' shards reused, the missing or damaged rebuilt" in log.line
+    memory, _ = build_feature_pool(model, splits, 1, None, 5, CPU, QuietLog())
+    assert np.array_equal(pool["train"].signals[np.arange(2500)], memory["train"].signals)

@@ -133,6 +133,22 @@ def test_the_fast_transform_and_fit_equal_the_straightforward_ones_bit_for_bit()
     assert model.transform(windows[:0]).shape == (0, model.feature_mean.numel())
 
 
+def test_a_pool_holds_exact_counts_in_the_narrowest_type_and_the_head_sees_the_same_floats():
+    for steps, dtype in ((128, torch.uint8), (300, torch.uint16)):  # T' <= 255 fits a byte; 300 does not
+        torch.manual_seed(4)
+        model = build_model("minirocket", 3, 6, width=840, window_steps=steps).eval()
+        model.fit(torch.randn(50, 3, steps).cumsum(dim=2) * 0.1)
+        windows = torch.randn(2 * TRANSFORM_CHUNK["cpu"] + 5, 3, steps).cumsum(dim=2) * 0.1
+        counts = model.pool_features(windows)
+        assert counts.dtype == dtype and counts.element_size() < 4
+        assert counts.float().max() > 255 if dtype == torch.uint16 else True  # the wider type is needed there
+        # The straightforward PPV (a mean over each feature's T' positions), standardised: bit for bit.
+        expected = (reference_transform(model, windows) - model.feature_mean) / model.feature_std
+        assert torch.equal(model.from_counts(counts), expected)
+        assert torch.equal(model.features(windows), expected)
+        assert torch.equal(model(counts), model(windows))
+
+
 def test_row_quantiles_equal_torch_quantile_row_by_row():
     rows, quantiles = torch.randn(20, 57), torch.rand(20, 5)
     quantiles[0] = torch.tensor([0.0, 1.0, 0.5, 0.25, 1e-7])  # the ends and exact order statistics

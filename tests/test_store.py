@@ -155,9 +155,18 @@ def test_training_from_a_store_reaches_the_accuracy_of_the_same_windows_in_memor
 
 def test_minirocket_fits_its_biases_from_windows_read_from_the_store(store, tmp_path):
     flags = ["--model", "minirocket", "--width", "840", "--epochs", "2", "--no-resume"]
-    code, out, err = run_in_process("main.py", [*flags, "--dataset", "store", "--data-dir", store,
-                                                "--save-dir", tmp_path / "streamed"])
+    streamed_run = [*flags, "--dataset", "store", "--data-dir", store, "--save-dir", tmp_path / "streamed"]
+    code, out, err = run_in_process("main.py", streamed_run)
     assert code == 0, err
+    # The store's features are built once, on disk in the run's folder, and read back from there.
+    assert f"on disk in {tmp_path / 'streamed' / 'features'}" in out and "built: no earlier pool" in out
+    assert "streamed from the store by a reader thread" in out
+    first = load_checkpoint(tmp_path / "streamed" / "best.pt")
+    code, out, err = run_in_process("main.py", streamed_run)  # --no-resume: a fresh training, the same pool
+    assert code == 0, err
+    assert "reused whole (the same identity)" in out
+    again = load_checkpoint(tmp_path / "streamed" / "best.pt")
+    assert all(torch.equal(tensor, again["model"][name]) for name, tensor in first["model"].items())
     code, _, err = run_in_process("main.py", [*flags, "--dataset", "npz", "--data-dir", store.parent / "windows.npz",
                                               "--save-dir", tmp_path / "memory"])
     assert code == 0, err

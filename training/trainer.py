@@ -40,7 +40,13 @@ from training.config.settings import DEFAULT_LR, RunConfig, check_parallel_args
 from training.distributed.lost_rank import explain_lost_rank
 from training.distributed.strategy import Strategy, make_strategy
 from training.errors import EXIT_PREEMPTED, RankLost, TrainingDiverged, UsageError
-from training.loop.recipe import build_augmenter, build_feature_pool, build_weight_average, wants_feature_pool
+from training.loop.recipe import (
+    build_augmenter,
+    build_feature_pool,
+    build_weight_average,
+    feature_store_root,
+    wants_feature_pool,
+)
 from training.loop.step import (
     MAX_SKIPPED_STEPS,
     Precision,
@@ -570,11 +576,12 @@ def _build_loaders(config, data, model, augment, loader_batch, strategy, log):
     augmenter the step applies (None when the pool's views carry the augmentation)."""
     optim = config.optim
     splits, train_views = {"train": data.train, "val": data.val, "test": data.test}, 1
-    if wants_feature_pool(model, config.recipe.feature_views, splits):
+    if wants_feature_pool(model, config.recipe.feature_views):
         # Epoch e trains on view e mod V, so a run of fewer epochs than views never reaches the
         # last ones: they are not built.
         views = min(config.recipe.feature_views, optim.epochs)
-        splits, train_views = build_feature_pool(model, splits, views, augment, optim.seed, strategy.device, log)
+        splits, train_views = build_feature_pool(model, splits, views, augment, optim.seed, strategy, log,
+                                                 feature_store_root(config.save_dir, splits))
         augment = None
     loaders, data_path = split_loaders(splits, loader_batch, max(EVAL_BATCH_MIN, loader_batch), strategy.device,
                                        strategy.world_size, strategy.rank, optim.seed, config.hardware.data_path,

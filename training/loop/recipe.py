@@ -2,6 +2,7 @@
 and the feature pool of a model whose features do not learn."""
 import copy
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -11,6 +12,7 @@ from data.splits import Split
 from data.store import StoreSplit
 from training.config.settings import DEFAULT_FLIP_CLASSES, DEFAULT_ROTATE_WIDE_CLASSES
 from training.errors import UsageError
+from training.loop.feature_store import FeatureStore, pool_identity
 
 
 def build_augmenter(recipe, normalization, channel_names, class_names, device, warn):
@@ -128,53 +130,157 @@ def _lists(pairs):
 # Epoch e trains on view e mod V (data.loaders.ShardedSampler), so with 20 epochs and 4 views each
 # augmented view is seen 5 times where per-batch augmentation would have drawn 20 new ones; the
 # nested estimate in docs/training.md is what chose that trade. Validation and test windows are
-# transformed once too. The pool is kept in host memory: (V x training + validation + test windows)
-# x features x 4 bytes.
+# transformed once too. Under torchrun each rank transforms a share of the pool's windows and the
+# ranks then gather it whole: every rank holds the pool, (V x training + validation + test windows)
+# x features x the features' bytes, in host memory; a window store's run keeps it on disk instead
+# (training.loop.feature_store), where a re-run with the same identity finds it.
 POOL_CHUNK = 2048  # windows per call of the model's features(): bounds the memory of one call
+# A rank's share starts and stops at multiples of this inside a chunk, so the model splits it into
+# the batches one process would (MiniRocket: 64 windows on a CPU, 1024 elsewhere) and computes
+# every feature from the same operations: the shared-out pool is the one-process pool bit for bit.
+POOL_SHARE_UNIT = 1024
 VIEW_SEED_STRIDE = 1_000_003  # view v of --seed s is drawn from s x stride + v
 
 
-def wants_feature_pool(model, views, splits):
-    """Whether the run trains on a feature pool: a model with fixed features, --feature-views > 0,
-    and windows in memory (a window store's data is beyond memory, and so would its features be)."""
-    in_memory = not any(isinstance(split, StoreSplit) for split in splits.values())
-    return getattr(model, "FIXED_FEATURES", False) and views > 0 and in_memory
+def wants_feature_pool(model, views):
+    """Whether the run trains on a feature pool: a model with fixed features and --feature-views > 0."""
+    return getattr(model, "FIXED_FEATURES", False) and views > 0
 
 
-def build_feature_pool(model, splits, views, augment, seed, device, log):
-    """(splits of features in place of windows, the number of training views). Without an augmenter
-    every view would be the same, so there is one."""
+def feature_store_root(save_dir, splits):
+    """Where the pool lives on disk: a window store's run (its data beyond memory, and so its pool)
+    keeps it in <save-dir>/features; None (in memory) otherwise."""
+    return Path(save_dir) / "features" if any(isinstance(split, StoreSplit) for split in splits.values()) else None
+
+
+def pool_shares(lengths, world_size):
+    """Each rank's pieces [(part, first, stop), ...] of parts of these lengths: the parts' windows cut
+    into POOL_SHARE_UNIT pieces, dealt out in order in contiguous runs of about equal windows."""
+    total = max(sum(lengths), 1)
+    shares, done = [[] for _ in range(world_size)], 0
+    for part, length in enumerate(lengths):
+        for first in range(0, length, POOL_SHARE_UNIT):
+            stop = min(first + POOL_SHARE_UNIT, length)
+            middle = done + (stop - first) / 2
+            shares[min(world_size - 1, int(middle * world_size / total))].append((part, first, stop))
+            done += stop - first
+    return shares
+
+
+def build_feature_pool(model, splits, views, augment, seed, strategy, log, store_root=None):
+    """(splits of features in place of windows, the number of training views), every rank building
+    its share. In memory the ranks then gather the pool whole; with `store_root` (a window store's run)
+    each piece is a shard on disk there, and every rank reads them all memory-mapped. Without an
+    augmenter every view would be the same, so there is one."""
     views = views if augment is not None else 1
-    train = splits["train"]
-    windows = views * len(train) + sum(len(splits[name]) for name in splits if name != "train")
-    start = time.perf_counter()
-    bar = log.progress(windows, "transforming windows once")
-    train_views = [_features(model, train, device, bar, augment if view else None, seed * VIEW_SEED_STRIDE + view)
-                   for view in range(views)]
-    pool = {"train": Split(np.concatenate(train_views), np.tile(train.labels, views),
-                           np.tile(train.subjects, views))}
-    for name, split in splits.items():
-        if name != "train":
-            pool[name] = Split(_features(model, split, device, bar, None, seed), split.labels, split.subjects)
-    bar.close()
-    size_mib = sum(split.signals.nbytes for split in pool.values()) / 2**20
-    log.info(f"features: {views} view(s) of {len(train)} training windows and the other splits' "
-             f"{windows - views * len(train)} windows transformed once, {windows / (time.perf_counter() - start):,.0f} "
-             f"windows/s, {size_mib:,.0f} MiB in memory (--feature-views 0 transforms every batch instead)")
+    train, others = splits["train"], [name for name in splits if name != "train"]
+    parts = [(train, augment if view else None, seed * VIEW_SEED_STRIDE + view) for view in range(views)]
+    parts += [(splits[name], None, seed) for name in others]
+    shares = pool_shares([len(split) for split, _, _ in parts], strategy.world_size)
+    probe = model.pool_features(torch.from_numpy(_windows(train.signals, 0, 0)).to(strategy.device)).cpu().numpy()
+    start, mine = time.perf_counter(), shares[strategy.rank]
+    if store_root is None:
+        transformed = [counts for _, counts in _transformed(model, parts, mine, strategy.device, log)]
+        per_rank = strategy.gather_objects((_windows_in(mine), time.perf_counter() - start))
+        by_part, where = _gathered_parts(np.concatenate([probe, *transformed]), parts, views, strategy), None
+    else:
+        store = FeatureStore(store_root, pool_identity(model, splits, views, augment, seed, probe.dtype, POOL_CHUNK))
+        why = store.describe_change()
+        store.start()
+        mine = [piece for piece in mine if not store.holds(*piece, probe.shape[1], probe.dtype)]
+        for (part, first, _), counts in _transformed(model, parts, mine, strategy.device, log):
+            store.write(part, first, counts)
+        # Also the barrier: every rank's shards are written before any rank opens them.
+        per_rank = strategy.gather_objects((_windows_in(mine), time.perf_counter() - start))
+        pieces = [piece for share in shares for piece in share]
+        groups = [range(views), *([views + index] for index in range(len(others)))]  # training views, then the others
+        by_part = [store.open([piece for piece in pieces if piece[0] in group], *probe.shape[1:], probe.dtype)
+                   for group in groups]
+        where = _where(store, why, per_rank, _windows_in(pieces))
+        if strategy.is_main:
+            store.remove_others()
+    pool = {"train": Split(by_part[0], np.tile(train.labels, views), np.tile(train.subjects, views))}
+    for name, rows in zip(others, by_part[1:], strict=True):
+        pool[name] = Split(rows, splits[name].labels, splits[name].subjects)
+    _report_pool(pool, views, len(train), per_rank, time.perf_counter() - start, log, where)
     return pool, views
 
 
+def _windows_in(pieces):
+    return sum(stop - first for _, first, stop in pieces)
+
+
+def _gathered_parts(mine, parts, views, strategy):
+    """The training views' features [V x n, F], then each other split's, in memory: every rank's
+    `mine` (its pieces' features) gathered, in rank order, which is the pool's order."""
+    # Gathered as bytes, whatever the features' type.
+    gathered = strategy.gather_concat(torch.from_numpy(mine).reshape(-1).view(torch.uint8).to(strategy.device))
+    features = gathered.cpu().view(torch.from_numpy(mine).dtype).reshape(-1, mine.shape[1]).numpy()
+    return np.split(features, np.cumsum([len(split) for split, _, _ in parts])[views - 1:-1])
+
+
+def _where(store, why, per_rank, total):
+    """(where the pool is, what became of it): built, reused whole, or reused in part."""
+    built = sum(count for count, _ in per_rank)
+    place = f"on disk in {store.folder}"
+    if built == 0:
+        return place, ", reused whole (the same identity)"
+    if built == total:
+        return place, f", built: {why}"
+    return place, f", {total - built:,} windows' shards reused, the missing or damaged rebuilt"
+
+
+def _windows(signals, first, stop):
+    """Windows first..stop-1 of a split's signals in memory, or read from a window store's."""
+    return np.asarray(signals[first:stop] if isinstance(signals, np.ndarray) else signals[np.arange(first, stop)])
+
+
+def _transformed(model, parts, pieces, device, log):
+    """(piece, its features [n, F]) of each of this rank's pieces, in order."""
+    bar = log.progress(_windows_in(pieces), "transforming windows once")
+    for index, (split, augment, seed) in enumerate(parts):
+        ranges = [(first, stop) for part, first, stop in pieces if part == index]
+        if ranges:
+            for (first, stop), counts in _features(model, split, device, bar, augment, seed, ranges):
+                yield (index, first, stop), counts
+    bar.close()
+
+
 @torch.no_grad()
-def _features(model, split, device, bar, augment, seed):
-    """The model's features of every window of `split` [N, F], through `augment` when given."""
-    chunks = []
+def _features(model, split, device, bar, augment, seed, ranges):
+    """((first, stop), the model's pool features [n, F]) of `split`'s windows in each of `ranges` (in
+    order, none across a chunk), through `augment` when given. With an augmenter every chunk up to the
+    last range is augmented, so each draws the random numbers it draws in one process."""
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
-        for first in range(0, max(len(split), 1), POOL_CHUNK):  # an empty split still has [0, F] features
-            windows = torch.from_numpy(np.asarray(split.signals[first:first + POOL_CHUNK])).to(device)
+        for start in range(0, ranges[-1][1], POOL_CHUNK):
+            inside = [(first, stop) for first, stop in ranges if start <= first < start + POOL_CHUNK]
+            if not inside and augment is None:
+                continue
+            stop_chunk = min(start + POOL_CHUNK, len(split))
+            windows = torch.from_numpy(_windows(split.signals, start, stop_chunk)).to(device)
             if augment is not None:
-                labels = torch.from_numpy(split.labels[first:first + POOL_CHUNK]).to(device)
+                labels = torch.from_numpy(split.labels[start:stop_chunk].astype(np.int64)).to(device)
                 windows = augment(windows, labels)
-            chunks.append(model.features(windows).cpu().numpy())
-            bar.update(len(windows))
-    return np.concatenate(chunks)
+            for first, stop in inside:
+                yield (first, stop), model.pool_features(windows[first - start:stop - start]).cpu().numpy()
+                bar.update(stop - first)
+
+
+def _report_pool(pool, views, train_windows, per_rank, seconds, log, where=None):
+    """The build's closing line (rank 0's): windows and views in the pool and transformed now, windows/s
+    on each rank and in all, and the bytes the pool holds where it lives."""
+    windows = sum(len(split.signals) for split in pool.values())
+    transformed = sum(count for count, _ in per_rank)
+    features = pool["train"].signals
+    ranks = " and ".join(f"{count:,} at {count / max(busy, 1e-9):,.0f}/s" for count, busy in per_rank)
+    by = f" by {len(per_rank)} ranks ({ranks})" if len(per_rank) > 1 else ""
+    done = " transformed once" if transformed == windows else f", {transformed:,} of them transformed now"
+    done = f"{done}{by}, {transformed / seconds:,.0f} windows/s in all" if transformed else ", none transformed now"
+    held = where or ("in each rank's memory" if len(per_rank) > 1 else "in host memory", "")
+    size_mib = sum(split.signals.nbytes for split in pool.values()) / 2**20
+    log.info(f"features: {views} view(s) of {train_windows:,} training windows + {windows - views * train_windows:,} "
+             f"other windows = {windows:,}{done}; "
+             f"{size_mib:,.0f} MiB {held[0]} ({features.shape[1] * features.dtype.itemsize:,} B a window, "
+             f"{features.dtype}){held[1]} "
+             "(--feature-views 0 transforms every batch instead)")
