@@ -10,9 +10,9 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import at_least
 from data.synthetic import DEFAULT_WINDOWS_PER_SUBJECT
 from models import MODELS
+from profiling.entry_points import at_least
 from profiling.interleave import interleave, per_side
 from profiling.workload import RECIPE_OFF
 from training.config.settings import COMPILE_MODES, RunConfig

@@ -11,7 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks import at_least, entry_parser, run_in_repo
+from profiling.entry_points import at_least, entry_parser, run_in_repo
 from profiling.interleave import interleave
 from training.errors import run_entry_point
 

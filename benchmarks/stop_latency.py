@@ -15,8 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import REPO, at_least, entry_parser
 from models import MODELS
+from profiling.entry_points import REPO, at_least, entry_parser
 from training.errors import run_entry_point
 
 STOPPED = re.compile(r"stopped after step (\d+)")

@@ -22,7 +22,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
-from benchmarks import at_least, descendants, entry_parser, run_in_repo, write_json
+from profiling.entry_points import at_least, descendants, entry_parser, run_in_repo, write_json
 
 STARTED_S = time.time()  # before the imports below: a side's time to first step counts them
 import numpy as np  # noqa: E402

@@ -25,7 +25,6 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks import entry_parser, positive, write_json
 from data.recordings import Recording
 from data.resample import resample
 from evaluation.calibration import fit_temperature, scaled
@@ -36,6 +35,7 @@ from inference.classify import recording_windows
 from inference.evaluate import splits_as_trained
 from inference.timeline import labels_at, smooth_labels
 from inference.transitions import learn_transitions, recording_classes
+from profiling.entry_points import entry_parser, positive, write_json
 from studies import outer_fold_dirs
 from training.errors import UsageError, run_entry_point
 

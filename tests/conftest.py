@@ -15,7 +15,7 @@ from torch._inductor.runtime.cache_dir_utils import cache_dir as inductor_cache_
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from profiling.cli import env_without_torchrun  # noqa: E402  (the project is importable from here on)
+from profiling.entry_points import env_without_torchrun  # noqa: E402  (the project is importable from here on)
 
 # 17 training subjects x 32 windows = 544 windows: 17 full batches of 32, so every variant the
 # equivalence tests compare sees exactly the same samples in each optimizer step.

@@ -20,10 +20,9 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import entry_parser
 from benchmarks.scaling.report import profile_of
-from profiling.cli import comma_choices, comma_counts
 from profiling.comm_model import STRATEGIES, predict_strategy
+from profiling.entry_points import comma_choices, comma_counts, entry_parser
 from profiling.scaling import link_from
 from training.config.cli import usage_error
 from training.config.settings import check_at_least
