@@ -2,7 +2,7 @@
 import sys
 
 from training.config.cli import parse_config
-from training.config.settings import distributed_env
+from training.distributed.strategy import distributed_env
 from training.errors import UsageError, run_entry_point
 
 

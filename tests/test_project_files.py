@@ -7,7 +7,7 @@ import re
 import pytest
 
 from training.config.cli import REPO, build_parser, parse_config
-from training.config.settings import check_parallel_args
+from training.distributed.strategy import check_parallel_args
 from training.errors import UsageError
 
 DOCS = ["README.md", "QUICK_REFERENCE.md", *sorted(f"docs/{page.name}" for page in (REPO / "docs").glob("*.md"))]

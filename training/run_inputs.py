@@ -30,7 +30,8 @@ import numpy as np
 from data.splits import HarData, load_har_data
 from models import SIZE_KNOBS, resolve_size
 from training.checkpoint import files as ckpt
-from training.config.settings import SHARDED_OR_DDP, RunConfig, distributed_env
+from training.config.settings import SHARDED_OR_DDP, RunConfig
+from training.distributed.strategy import distributed_env
 from training.errors import UsageError
 from training.loop.recipe import build_augmenter
 

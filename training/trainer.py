@@ -35,9 +35,9 @@ from training.checkpoint import files as ckpt
 from training.checkpoint.manager import CheckpointManager, restore_parts
 from training.checkpoint.train_state import RandomStreams, TrainState
 from training.config.cli import warn_changed_flags, write_resolved_config
-from training.config.settings import DEFAULT_LR, RunConfig, check_parallel_args
+from training.config.settings import DEFAULT_LR, RunConfig
 from training.distributed.lost_rank import explain_lost_rank
-from training.distributed.strategy import Strategy, make_strategy
+from training.distributed.strategy import Strategy, check_parallel_args, make_strategy
 from training.errors import EXIT_PREEMPTED, RankLost, TrainingDiverged, UsageError
 from training.loop.recipe import build_augmenter, build_feature_pool, build_weight_average, wants_feature_pool
 from training.loop.step import (
