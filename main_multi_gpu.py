@@ -5,7 +5,8 @@ from training.config.cli import parse_config
 from training.config.settings import SHARDED_OR_DDP
 from training.distributed.launch import launch_under_torchrun
 from training.distributed.strategy import distributed_env
-from training.errors import UsageError, exit_process, launched_by_torchrun, run_entry_point
+from training.entry_point import exit_process, launched_by_torchrun, run_entry_point
+from training.errors import UsageError
 
 
 def main(argv):

@@ -17,7 +17,7 @@ from profiling.interleave import interleave, per_side
 from profiling.workload import RECIPE_OFF
 from training.config.settings import COMPILE_MODES, RunConfig
 from training.distributed.strategy import make_strategy
-from training.errors import launched_by_torchrun
+from training.entry_point import launched_by_torchrun
 from training.trainer import Trainer
 
 TRAINER_SIDE = ("Trainer.train_epoch: the run's TrainStep over its loader, with the progress bar, loss read and "

@@ -17,7 +17,7 @@ from benchmarks.common import (
 )
 from profiling.entry_points import entry_parser, write_json
 from profiling.workload import RECIPE_OFF
-from training.errors import run_entry_point
+from training.entry_point import run_entry_point
 
 
 def iterate_loader(run, epoch):

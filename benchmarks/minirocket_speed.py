@@ -24,7 +24,7 @@ from models import build_model
 from profiling.entry_points import at_least, entry_parser, run_in_repo, write_json
 from profiling.interleave import interleave, per_side
 from training.config.settings import check_at_least
-from training.errors import run_entry_point
+from training.entry_point import run_entry_point
 
 
 def main(argv=None):

@@ -25,7 +25,8 @@ from benchmarks.common import (
 )
 from profiling.entry_points import entry_parser, write_json
 from training.distributed.ddp import ddp_module
-from training.errors import UsageError, run_entry_point
+from training.entry_point import run_entry_point
+from training.errors import UsageError
 from training.loop.step import compile_for_training
 
 # Below these the trainer costs more than noise explains on CPU.

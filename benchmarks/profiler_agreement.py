@@ -13,7 +13,7 @@ from pathlib import Path
 
 from profiling.entry_points import at_least, entry_parser, run_in_repo
 from profiling.interleave import interleave
-from training.errors import run_entry_point
+from training.entry_point import run_entry_point
 
 
 def samples_per_s(script, flags, epochs):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from models import MODELS
 from profiling.entry_points import REPO, at_least, entry_parser
-from training.errors import run_entry_point
+from training.entry_point import run_entry_point
 
 STOPPED = re.compile(r"stopped after step (\d+)")
 

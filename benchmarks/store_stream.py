@@ -31,7 +31,7 @@ from data import synthetic, uci_har  # noqa: E402
 from data.build_store import assemble_manifest, job_inputs, run_job  # noqa: E402
 from data.store import SHARD_DIR, finish_store  # noqa: E402
 from profiling.interleave import interleave, per_side  # noqa: E402
-from training.errors import run_entry_point  # noqa: E402
+from training.entry_point import run_entry_point  # noqa: E402
 
 GIB = 2 ** 30
 WINDOW_BYTES_FLOAT16 = len(uci_har.SIGNAL_NAMES) * uci_har.WINDOW_STEPS * 2

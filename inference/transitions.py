@@ -14,7 +14,8 @@ from data.preprocess import window_starts
 from data.uci_har import CLASS_NAMES
 from training.checkpoint.files import write_atomic
 from training.config.cli import usage_error
-from training.errors import UsageError, run_entry_point
+from training.entry_point import run_entry_point
+from training.errors import UsageError
 
 WINDOW_STEPS = 128  # UCI HAR's windows at 50 Hz
 

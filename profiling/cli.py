@@ -3,11 +3,11 @@ import math
 
 from profiling.entry_points import comma_counts
 from profiling.report import DEFAULT_ROOT
-from training.checkpoint.files import check_folder_can_be_made
 from training.config.cli import build_parser, parse_with_config
 from training.config.settings import SHARDED_OR_DDP, RunConfig, check_at_least
 from training.distributed.strategy import distributed_env
 from training.errors import UsageError
+from training.output_folders import check_folder_can_be_made
 
 # Links assumed when one process has no process group to measure (bus bandwidth, latency per ring
 # step). CUDA: PCIe 4.0 x16 without NVLink, which NCCL drives at roughly 20 GB/s bus bandwidth

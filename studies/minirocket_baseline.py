@@ -17,7 +17,7 @@ from crossval.folds import fold_subjects
 from data.splits import Split, load_har_data
 from evaluation.metrics import classification_report, per_subject_accuracy
 from profiling.entry_points import entry_parser, write_json
-from training.errors import run_entry_point
+from training.entry_point import run_entry_point
 
 
 def main(argv=None):

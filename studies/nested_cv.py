@@ -46,7 +46,8 @@ from data.splits import load_har_data
 from profiling.entry_points import REPO, entry_parser
 from training.config.cli import parse_config, usage_error
 from training.config.settings import check_at_least
-from training.errors import UsageError, run_entry_point
+from training.entry_point import run_entry_point
+from training.errors import UsageError
 
 REPORT = "nested_report.json"
 IDENTITY = "nested_identity.json"  # in each outer fold's folder once it reported: its flags and windows

@@ -37,7 +37,8 @@ from inference.timeline import labels_at, smooth_labels
 from inference.transitions import learn_transitions, recording_classes
 from profiling.entry_points import entry_parser, positive, write_json
 from studies import outer_fold_dirs
-from training.errors import UsageError, run_entry_point
+from training.entry_point import run_entry_point
+from training.errors import UsageError
 
 RECORDING_RATE_HZ = 50.0
 SMOOTHINGS = ("none", "median", "hmm", "hmm-learnt", "hmm-learnt-stay")

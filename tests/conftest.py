@@ -57,7 +57,7 @@ def run_in_process(script, argv):
     Returns (exit code, stdout, stderr)."""
     import main as single_entry
     import main_multi_gpu as multi_entry
-    from training.errors import run_entry_point
+    from training.entry_point import run_entry_point
     module = {"main.py": single_entry, "main_multi_gpu.py": multi_entry}[script]
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

@@ -12,7 +12,8 @@ from conftest import TINY_DATA, run_in_process, run_subprocess
 from data.errors import DataError
 from data.uci_har import SIGNAL_NAMES, WINDOW_STEPS
 from training.checkpoint.files import load_checkpoint
-from training.errors import EXIT_USAGE, UsageError, run_entry_point
+from training.entry_point import run_entry_point
+from training.errors import EXIT_USAGE, UsageError
 
 TORCHRUN_ENV = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
                 "MASTER_PORT": "29511"}

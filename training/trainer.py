@@ -37,8 +37,9 @@ from training.checkpoint.train_state import RandomStreams, TrainState
 from training.config.cli import warn_changed_flags, write_resolved_config
 from training.config.settings import DEFAULT_LR, RunConfig
 from training.distributed.lost_rank import explain_lost_rank
-from training.distributed.strategy import Strategy, check_parallel_args, make_strategy
+from training.distributed.strategy import Strategy, check_parallel_args, free_bytes, make_strategy
 from training.errors import EXIT_PREEMPTED, RankLost, TrainingDiverged, UsageError
+from training.loop.evaluation import gather_predictions
 from training.loop.recipe import build_augmenter, build_feature_pool, build_weight_average, wants_feature_pool
 from training.loop.step import (
     MAX_SKIPPED_STEPS,
@@ -49,14 +50,13 @@ from training.loop.step import (
     compile_for_training,
     global_batch_size,
     micro_step_plan,
-    predict,
     scaled_lr,
     scaling_warning,
     skipped_steps,
     steps_per_epoch,
 )
 from training.loop.tally import NO_NONFINITE_STEP, EpochTally
-from training.reporting.logger import GIB, INPUTS_LAP, SET_UP_LAP, PhaseClock, RunLogger, free_bytes
+from training.reporting.logger import GIB, INPUTS_LAP, SET_UP_LAP, PhaseClock, RunLogger
 from training.run_inputs import read_run_inputs
 
 EVAL_BATCH_MIN = 256
@@ -299,8 +299,8 @@ class Trainer:
         """(labels, logits, mean loss) of "val" or "test" over every rank, by `model` or else the
         validation weights (the average when kept)."""
         self._sync_buffers()
-        return predict(model or self.validation_model(), self.loaders[split], self.strategy, self.precision,
-                       len(self.data.class_names))
+        return gather_predictions(model or self.validation_model(), self.loaders[split], self.strategy,
+                                  self.precision, len(self.data.class_names))
 
     @property
     def has_validation(self):

@@ -30,7 +30,7 @@ from benchmarks.gpu_check.plan import DEFAULT_GROUPS, GROUP_BUDGET_S, build_plan
 from benchmarks.gpu_check.runner import Budget, run_command, run_plan
 from profiling.entry_points import comma_choices, entry_parser, env_without_torchrun
 from profiling.report import json_ready
-from training.errors import run_entry_point
+from training.entry_point import run_entry_point
 
 
 def main(argv=None):

@@ -17,7 +17,7 @@ import torch
 from models import build_model
 from profiling.entry_points import at_least, comma_counts, entry_parser, write_json
 from training.config.settings import check_at_least
-from training.errors import run_entry_point
+from training.entry_point import run_entry_point
 
 WAYS = {"one bias at a time": True, "all biases at once": False}
 

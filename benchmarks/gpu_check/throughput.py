@@ -29,7 +29,8 @@ from profiling.report import json_ready
 from profiling.timing import mean_std
 from training.checkpoint.files import write_atomic
 from training.distributed.strategy import make_strategy
-from training.errors import UsageError, run_entry_point
+from training.entry_point import run_entry_point
+from training.errors import UsageError
 from training.reporting.logger import GIB
 
 WHAT = ("samples_per_s: samples the timed steps took (an epoch's shorter last batch counts its own size, not "

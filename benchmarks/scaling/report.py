@@ -23,7 +23,7 @@ from profiling.entry_points import (
 from profiling.report import PROFILE_JSON
 from profiling.scaling import scaling_rows
 from training.config.settings import check_at_least
-from training.errors import run_entry_point
+from training.entry_point import run_entry_point
 
 
 def build_parser():

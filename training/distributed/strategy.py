@@ -15,7 +15,8 @@ from torch import nn
 from training.config.settings import CUDA_GRAPH_MODES, SHARDED_OR_DDP
 from training.distributed.ddp import DistributedStrategy
 from training.distributed.single import SingleDevice
-from training.errors import UsageError, launched_by_torchrun
+from training.entry_point import launched_by_torchrun
+from training.errors import UsageError
 from training.reporting.logger import describe, memory_fields, read_memory, reset_peaks
 
 
@@ -170,6 +171,19 @@ def check_gpu_ids(gpu_ids):
         if gpu >= count:
             raise UsageError(f"--gpu-ids names GPU {gpu}, but {count} GPU(s) are visible"
                              + (f" (0..{count - 1})" if count else "") + "; pick from those")
+
+
+def free_bytes(device):
+    """Memory a new allocation can take on `device`: CUDA's free memory, or the host's MemAvailable
+    (None where /proc/meminfo is not there)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as handle:
+            fields = dict(line.split(":", 1) for line in handle)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
 
 
 def check_parallel_args(config):
