@@ -592,7 +592,7 @@ def _build_model(config, data, strategy, log):
                          "free; use smaller size flags")
     torch.manual_seed(config.optim.seed)  # identical initial weights on every rank
     model = settings.build(channels, len(data.class_names), window_steps).to(strategy.device)
-    if hasattr(model, "fit"):
+    if model.FITS_TO_DATA:
         # Fixed parts that depend on the data (MiniRocket's biases), set once from the training
         # windows (in memory or a store's), before the weight average copies the model; a resumed
         # run then loads its own.
