@@ -579,15 +579,14 @@ def _build_model(config, data, strategy, log):
     """The bare model (what checkpoints hold), the same wrapped and maybe compiled (what the step
     calls), the run's precision, and the weight average (None when off), copied before the strategy
     lays the model out and then laid out the same way."""
-    settings = config.model
+    settings, sizes = config.model, config.model.size()
     _, channels, window_steps = data.train.signals.shape
     # Sizes whose model cannot fit are refused before anything that size is allocated.
-    need = training_bytes(settings.name, channels, len(data.class_names), window_steps=window_steps,
-                          **settings.size())
+    need = training_bytes(settings.name, channels, len(data.class_names), window_steps=window_steps, **sizes)
     free = free_bytes(strategy.device)
     if free is not None and need > free:
-        sizes = "".join(f" --{knob} {value}" for knob, value in settings.size().items() if value is not None)
-        raise UsageError(f"--model {settings.name}{sizes} needs about {need / GIB:,.1f} GiB to train "
+        given = "".join(f" --{knob} {value}" for knob, value in sizes.items() if value is not None)
+        raise UsageError(f"--model {settings.name}{given} needs about {need / GIB:,.1f} GiB to train "
                          f"(weights, gradients and AdamW's state) and {strategy.device} has {free / GIB:,.1f} GiB "
                          "free; use smaller size flags")
     torch.manual_seed(config.optim.seed)  # identical initial weights on every rank
@@ -601,7 +600,7 @@ def _build_model(config, data, strategy, log):
         log.info(f"fitted {settings.name}'s fixed parts to the training windows in "
                  f"{time.perf_counter() - started:.1f} s")
     gradient_mb = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad) / 2**20
-    size = ", ".join(f"{knob} {value}" for knob, value in resolve_size(settings.name, **settings.size()).items())
+    size = ", ".join(f"{knob} {value}" for knob, value in resolve_size(settings.name, **sizes).items())
     ema = build_weight_average(config.recipe, model)
     precision = Precision(strategy.device, config.optim.amp, config.optim.amp_dtype)
     train_model = compile_for_training(strategy.wrap(model, precision), config.hardware)
