@@ -2,6 +2,7 @@
 #   make train [ARGS="--epochs 5"]    train the default model on the built-in data
 #   make test  [ARGS="-k resume"]     lint, then the whole test suite, with failing stand-ins for
 #                                     python, python3 and torchrun on PATH (.ci/without_path_python)
+#   make test-fast [ARGS=...]         the same without the tests that start processes (-m "not slow")
 # The first call creates .venv/ and installs the pinned dependencies (docs/install.md);
 # later calls find the stamp of the requirements' hash and start at once.
 PYTHON ?= python3
@@ -14,13 +15,16 @@ BIN := $(VENV)/bin
 HASH := $(shell cat requirements.txt requirements-without-torch.txt scripts/setup_venv.sh | cksum | cut -d' ' -f1)
 STAMP := $(VENV)/.installed-$(HASH)-$(TORCH)
 
-.PHONY: train test lint setup clean-venv
+.PHONY: train test test-fast lint setup clean-venv
 
 train: $(STAMP)
 	$(BIN)/python main.py $(ARGS)
 
 test: lint
 	.ci/without_path_python $(BIN)/python -m pytest -q $(ARGS)
+
+test-fast: lint
+	.ci/without_path_python $(BIN)/python -m pytest -q -m "not slow" $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/python -m ruff check .

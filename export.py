@@ -1,7 +1,7 @@
 """Export a checkpoint as TorchScript or ONNX: raw-unit windows in, logits out. See README.md."""
 import sys
 
-from training.errors import run_entry_point
+from training.entry_point import run_entry_point
 
 
 def main(argv):

@@ -2,8 +2,9 @@
 import sys
 
 from training.config.cli import parse_config
-from training.config.settings import distributed_env
-from training.errors import UsageError, run_entry_point
+from training.distributed.strategy import distributed_env
+from training.entry_point import run_entry_point
+from training.errors import UsageError
 
 
 def main(argv):

@@ -2,9 +2,11 @@
 fsdp). See README.md."""
 
 from training.config.cli import parse_config
-from training.config.settings import SHARDED_OR_DDP, distributed_env
+from training.config.settings import SHARDED_OR_DDP
 from training.distributed.launch import launch_under_torchrun
-from training.errors import UsageError, exit_process, launched_by_torchrun, run_entry_point
+from training.distributed.strategy import distributed_env
+from training.entry_point import exit_process, launched_by_torchrun, run_entry_point
+from training.errors import UsageError
 
 
 def main(argv):

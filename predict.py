@@ -1,7 +1,7 @@
 """Classify a whole recording with a trained checkpoint, or evaluate one on a split. See README.md."""
 import sys
 
-from training.errors import run_entry_point
+from training.entry_point import run_entry_point
 
 
 def main(argv):

@@ -5,7 +5,7 @@ from profiling.measure import PerformanceProfiler
 from profiling.report import format_summary, write_profile
 from training.config.settings import SHARDED_OR_DDP
 from training.distributed.launch import processes_per_node, run_torchrun, torchrun_arguments
-from training.errors import exit_process, launched_by_torchrun, run_entry_point
+from training.entry_point import exit_process, launched_by_torchrun, run_entry_point
 from training.run_inputs import check_data
 
 __all__ = ["PerformanceProfiler", "main"]

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import at_least
 from data.synthetic import DEFAULT_WINDOWS_PER_SUBJECT
 from models import MODELS
+from profiling.entry_points import at_least
 from profiling.interleave import interleave, per_side
 from profiling.workload import RECIPE_OFF
 from training.config.settings import COMPILE_MODES, RunConfig
 from training.distributed.strategy import make_strategy
-from training.errors import launched_by_torchrun
+from training.entry_point import launched_by_torchrun
 from training.trainer import Trainer
 
 TRAINER_SIDE = ("Trainer.train_epoch: the run's TrainStep over its loader, with the progress bar, loss read and "

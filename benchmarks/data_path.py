@@ -4,7 +4,6 @@ import sys
 
 import torch
 
-from benchmarks import entry_parser, write_json
 from benchmarks.common import (
     TRAINER_SIDE,
     add_run_flags,
@@ -16,8 +15,9 @@ from benchmarks.common import (
     trainer_rates,
     trainer_runs,
 )
+from profiling.entry_points import entry_parser, write_json
 from profiling.workload import RECIPE_OFF
-from training.errors import run_entry_point
+from training.entry_point import run_entry_point
 
 
 def iterate_loader(run, epoch):

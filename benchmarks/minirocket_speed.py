@@ -19,12 +19,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks import at_least, entry_parser, run_in_repo, write_json
 from benchmarks.common import epoch_rates, format_rates, paired_ratio
 from models import build_model
+from profiling.entry_points import at_least, entry_parser, run_in_repo, write_json
 from profiling.interleave import interleave, per_side
 from training.config.settings import check_at_least
-from training.errors import run_entry_point
+from training.entry_point import run_entry_point
 
 
 def main(argv=None):

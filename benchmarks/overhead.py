@@ -12,7 +12,6 @@ import torch
 import torch.nn.functional as F
 from torch.optim.lr_scheduler import LambdaLR
 
-from benchmarks import entry_parser, write_json
 from benchmarks.common import (
     TRAINER_SIDE,
     add_run_flags,
@@ -24,8 +23,10 @@ from benchmarks.common import (
     paired_ratio,
     train_trainer_epoch,
 )
+from profiling.entry_points import entry_parser, write_json
 from training.distributed.ddp import ddp_module
-from training.errors import UsageError, run_entry_point
+from training.entry_point import run_entry_point
+from training.errors import UsageError
 from training.loop.step import compile_for_training
 
 # Below these the trainer costs more than noise explains on CPU.

@@ -20,12 +20,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks import REPO, at_least, entry_parser, run_in_repo, write_json
 from data.splits import Split
 from models import build_model
+from profiling.entry_points import REPO, at_least, entry_parser, run_in_repo, write_json
 from profiling.interleave import interleave, per_side
 from training.distributed.single import SingleDevice
-from training.errors import run_entry_point
+from training.entry_point import run_entry_point
 from training.loop.recipe import build_feature_pool
 from training.reporting.logger import RunLogger
 

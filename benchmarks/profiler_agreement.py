@@ -11,9 +11,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks import at_least, entry_parser, run_in_repo
+from profiling.entry_points import at_least, entry_parser, run_in_repo
 from profiling.interleave import interleave
-from training.errors import run_entry_point
+from training.entry_point import run_entry_point
 
 
 def samples_per_s(script, flags, epochs):

@@ -15,9 +15,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import REPO, at_least, entry_parser
 from models import MODELS
-from training.errors import run_entry_point
+from profiling.entry_points import REPO, at_least, entry_parser
+from training.entry_point import run_entry_point
 
 STOPPED = re.compile(r"stopped after step (\d+)")
 

@@ -22,7 +22,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
-from benchmarks import at_least, descendants, entry_parser, run_in_repo, write_json
+from profiling.entry_points import at_least, descendants, entry_parser, run_in_repo, write_json
 
 STARTED_S = time.time()  # before the imports below: a side's time to first step counts them
 import numpy as np  # noqa: E402
@@ -31,7 +31,7 @@ from data import synthetic, uci_har  # noqa: E402
 from data.build_store import assemble_manifest, job_inputs, run_job  # noqa: E402
 from data.store import SHARD_DIR, finish_store  # noqa: E402
 from profiling.interleave import interleave, per_side  # noqa: E402
-from training.errors import run_entry_point  # noqa: E402
+from training.entry_point import run_entry_point  # noqa: E402
 
 GIB = 2 ** 30
 WINDOW_BYTES_FLOAT16 = len(uci_har.SIGNAL_NAMES) * uci_har.WINDOW_STEPS * 2

@@ -31,8 +31,9 @@ from inference.ensemble import ENSEMBLE_FILE, write_ensemble
 from inference.evaluate import write_report
 from training.checkpoint.files import BEST, write_atomic
 from training.checkpoint.judge import differing_flags, meant_flags
-from training.config.settings import Hardware, Output, Parallel, RunConfig, distributed_env, resolve_device_type
+from training.config.settings import Hardware, Output, Parallel, RunConfig
 from training.distributed.ddp import join_process_group
+from training.distributed.strategy import distributed_env, resolve_device_type
 from training.errors import SAME_ON_EVERY_RANK, UsageError
 from training.run_inputs import check_class_flags
 from training.trainer import train

@@ -11,7 +11,8 @@ from torch import nn
 from inference.checkpoint_checks import check_declared_shapes, check_members, check_model_part
 from inference.ensemble import ENSEMBLE_KIND, MEMBER_KEYS, ProbabilityAverage
 from training.checkpoint.files import inference_weights, load_checkpoint
-from training.config.settings import RunConfig, resolve_device_type
+from training.config.settings import RunConfig
+from training.distributed.strategy import resolve_device_type
 from training.errors import UsageError
 
 NEEDED_KEYS = ("config", "class_names", "channel_names", "in_channels", "num_classes", "sample_rate_hz",

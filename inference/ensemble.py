@@ -16,7 +16,8 @@ from inference.checkpoint_checks import check_declared_shapes, check_model_part,
 from inference.outputs import check_out_file
 from training.checkpoint.files import inference_weights, load_checkpoint, save_checkpoint
 from training.config.cli import usage_error
-from training.errors import UsageError, run_entry_point
+from training.entry_point import run_entry_point
+from training.errors import UsageError
 
 ENSEMBLE_FILE = "ensemble.pt"
 ENSEMBLE_KIND = "fold-ensemble"  # the "kind" of an ensemble checkpoint; single runs' checkpoints have none

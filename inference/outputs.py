@@ -4,8 +4,9 @@ import csv
 import io
 from pathlib import Path
 
-from training.checkpoint.files import check_folder_can_be_made, check_writable, write_atomic
+from training.checkpoint.files import write_atomic
 from training.errors import UsageError
+from training.output_folders import check_folder_can_be_made, check_writable
 
 
 def check_out_dir(out, names, overwrite=False, reads=()):

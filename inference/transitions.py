@@ -17,7 +17,8 @@ from data.uci_har import CLASS_NAMES
 from inference.outputs import check_out_file
 from training.checkpoint.files import write_atomic
 from training.config.cli import usage_error
-from training.errors import UsageError, run_entry_point
+from training.entry_point import run_entry_point
+from training.errors import UsageError
 
 WINDOW_STEPS = 128  # UCI HAR's windows at 50 Hz
 LABEL_KEY = re.compile(r"u(\d+)_s\d+_label")  # person and session of a labelled recording

@@ -8,7 +8,7 @@ from models.transformer import HARTransformer
 
 MODELS = {"cnn1d": CNN1D, "cnn_lstm": CNNLSTM, "transformer": HARTransformer, "minirocket": MiniRocket}
 NORMS = ("batch", "group", "none")
-SIZE_KNOBS = ("width", "depth", "heads", "ffn")  # each model says which it takes in SIZES
+SIZE_KNOBS = ("width", "depth", "heads", "ffn")  # each model says which it takes in SIZES (models/contract.py)
 
 
 def build_model(name, in_channels, num_classes, dropout=None, norm="batch", window_steps=128, **size):
@@ -22,14 +22,14 @@ def build_model(name, in_channels, num_classes, dropout=None, norm="batch", wind
     if norm not in NORMS:
         raise ValueError(f"unknown norm {norm!r}; choose one of {', '.join(NORMS)}")
     model = MODELS[name]
-    shape = {"window_steps": window_steps} if getattr(model, "TAKES_WINDOW_STEPS", False) else {}
+    shape = {"window_steps": window_steps} if model.TAKES_WINDOW_STEPS else {}
     dropout = model.DROPOUT if dropout is None else dropout
     return model(in_channels, num_classes, dropout=dropout, norm=norm, **shape, **resolve_size(name, **size))
 
 
 def has_fixed_features(name):
     """Whether the model's features are fixed (not learnt), so that a pool of them can be computed once."""
-    return getattr(MODELS[name], "FIXED_FEATURES", False)
+    return MODELS[name].FIXED_FEATURES
 
 
 def label_smoothing_of(name, given=None):

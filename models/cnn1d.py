@@ -2,12 +2,11 @@
 from torch import nn
 
 from models.blocks import conv_block
+from models.contract import HARModel
 
 
-class CNN1D(nn.Module):
+class CNN1D(HARModel):
     SIZES = ("width",)  # channels of the last two layers; the first two have a quarter and a half of it
-    DROPOUT = 0.1  # when --dropout is not given
-    LABEL_SMOOTHING = 0.1  # when --label-smoothing is not given
 
     @staticmethod
     def resolve_size(width=128):
@@ -15,7 +14,7 @@ class CNN1D(nn.Module):
             raise ValueError(f"--width {width} is too narrow for cnn1d (its first layer has width / 4 channels)")
         return {"width": width}
 
-    def __init__(self, in_channels, num_classes, dropout=DROPOUT, norm="batch", width=128):
+    def __init__(self, in_channels, num_classes, dropout=HARModel.DROPOUT, norm="batch", width=128):
         super().__init__()
         self.features = nn.Sequential(
             conv_block(in_channels, width // 4, 7, norm),

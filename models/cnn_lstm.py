@@ -2,18 +2,17 @@
 from torch import nn
 
 from models.blocks import conv_block
+from models.contract import HARModel
 
 
-class CNNLSTM(nn.Module):
+class CNNLSTM(HARModel):
     SIZES = ("width",)  # convolution filters and LSTM hidden units
-    DROPOUT = 0.1  # when --dropout is not given
-    LABEL_SMOOTHING = 0.1  # when --label-smoothing is not given
 
     @staticmethod
     def resolve_size(width=64):
         return {"filters": width, "hidden": width}
 
-    def __init__(self, in_channels, num_classes, dropout=DROPOUT, norm="batch", filters=64, hidden=64):
+    def __init__(self, in_channels, num_classes, dropout=HARModel.DROPOUT, norm="batch", filters=64, hidden=64):
         super().__init__()
         self.features = nn.Sequential(*[
             conv_block(in_channels if i == 0 else filters, filters, 5, norm) for i in range(4)

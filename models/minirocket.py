@@ -19,6 +19,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from models.contract import HARModel
+
 KERNEL_LENGTH = 9
 # The 84 kernels: every choice of three positions (of nine) that hold 2; the others hold -1.
 KERNEL_TWOS = tuple(itertools.combinations(range(KERNEL_LENGTH), 3))
@@ -29,7 +31,7 @@ TRANSFORM_CHUNK = {"cpu": 64}
 TRANSFORM_CHUNK_ELSEWHERE = 1024
 
 
-class MiniRocket(nn.Module):
+class MiniRocket(HARModel):
     SIZES = ("width",)  # about this many features (rounded down to a multiple of 84)
     # No dropout before the head: on the nested subject-wise folds it did not pay (docs/training.md),
     # and on a CPU its random mask over 8,820 features cost more than the rest of the head's step.
@@ -40,6 +42,7 @@ class MiniRocket(nn.Module):
     TAKES_WINDOW_STEPS = True  # the dilations reach across the window
     # forward takes windows, features(windows) or pool_features(windows): a pool of counts computed once
     FIXED_FEATURES = True
+    FITS_TO_DATA = True  # fit(signals): the biases and the feature statistics
 
     @staticmethod
     def resolve_size(width=10_000):

@@ -5,12 +5,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.blocks import conv_block
+from models.contract import HARModel
 
 
-class HARTransformer(nn.Module):
+class HARTransformer(HARModel):
     SIZES = ("width", "depth", "heads", "ffn")  # d_model, encoder blocks, attention heads, FFN hidden size
-    DROPOUT = 0.1  # when --dropout is not given
-    LABEL_SMOOTHING = 0.1  # when --label-smoothing is not given
 
     @staticmethod
     def resolve_size(width=64, depth=2, heads=4, ffn=None):
@@ -19,7 +18,7 @@ class HARTransformer(nn.Module):
                              "features; change one of them")
         return {"width": width, "depth": depth, "heads": heads, "ffn": ffn or 2 * width}
 
-    def __init__(self, in_channels, num_classes, dropout=DROPOUT, norm="batch", width=64, depth=2,
+    def __init__(self, in_channels, num_classes, dropout=HARModel.DROPOUT, norm="batch", width=64, depth=2,
                  heads=4, ffn=128, max_tokens=64):
         super().__init__()
         # Two stride-2 convolutions: 128 steps become 32 tokens, each seeing ~0.2 s of signal.

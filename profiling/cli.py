@@ -1,16 +1,14 @@
-"""The profiler's command line (the training flags plus a profiler group, and their checks) and the argument
-types and child-process environment the measurement tools share."""
-import argparse
+"""The profiler's command line: the training flags plus a profiler group, and their checks."""
 import math
-import os
 
+from profiling.entry_points import comma_counts
 from profiling.report import DEFAULT_ROOT
-from training.checkpoint.files import check_folder_can_be_made
 from training.config.cli import build_parser, parse_with_config
-from training.config.settings import SHARDED_OR_DDP, RunConfig, check_at_least, distributed_env
+from training.config.settings import SHARDED_OR_DDP, RunConfig, check_at_least
+from training.distributed.strategy import distributed_env
 from training.errors import UsageError
+from training.output_folders import check_folder_can_be_made
 
-TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 # Links assumed when one process has no process group to measure (bus bandwidth, latency per ring
 # step). CUDA: PCIe 4.0 x16 without NVLink, which NCCL drives at roughly 20 GB/s bus bandwidth
 # (NVLink parts reach hundreds: pass --assumed-bandwidth-gbps). CPU: gloo between two processes
@@ -80,38 +78,3 @@ def parse_profiler_args(argv):
         check_folder_can_be_made(args.output_dir, "--output-dir")
     args.command_line = list(argv)  # what the host-sharing neighbours run
     return args
-
-
-def comma_counts(text):
-    """'4,1,2,2' -> [1, 2, 4]: an argparse type for a set of whole numbers, sorted."""
-    try:
-        counts = sorted({int(part) for part in text.split(",") if part.strip()})
-    except ValueError:
-        counts = []
-    if not counts:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
-    return counts
-
-
-def comma_names(text):
-    """'cnn1d, transformer' -> ['cnn1d', 'transformer']: an argparse type for a list of names."""
-    names = [part.strip() for part in text.split(",") if part.strip()]
-    if not names:
-        raise argparse.ArgumentTypeError("expected comma-separated names")
-    return names
-
-
-def comma_choices(choices):
-    """An argparse type for a comma-separated list of names, each one of `choices`."""
-    def names(text):
-        chosen = comma_names(text)
-        unknown = [name for name in chosen if name not in choices]
-        if unknown:
-            raise argparse.ArgumentTypeError(f"unknown {unknown[0]!r}; choose from {', '.join(choices)}")
-        return chosen
-    return names
-
-
-def env_without_torchrun(**extra):
-    """This environment without torchrun's variables, which would make a child think it is a rank, plus `extra`."""
-    return {**{key: value for key, value in os.environ.items() if key not in TORCHRUN_VARIABLES}, **extra}

@@ -24,8 +24,9 @@ import torch
 import torch.distributed as dist
 from torch.optim.lr_scheduler import LambdaLR
 
-from profiling.cli import env_without_torchrun, parse_profiler_args
+from profiling.cli import parse_profiler_args
 from profiling.comm_model import STRATEGIES
+from profiling.entry_points import env_without_torchrun
 from profiling.interleave import interleave, per_side
 from profiling.workload import build_workload, optimizer_step
 from training.distributed.ddp import compression_hook, ddp_module

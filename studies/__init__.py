@@ -1,4 +1,4 @@
-"""Accuracy and agreement studies: nested evaluation, recordings, tilt, test-time augmentation, baselines."""
+"""Accuracy and agreement studies: nested evaluation, recordings, ensembles, baselines."""
 from pathlib import Path
 
 

@@ -15,14 +15,15 @@ import shutil
 import sys
 from pathlib import Path
 
-from benchmarks import entry_parser
 from evaluation.metrics import per_subject_accuracy, summary_metrics
 from inference.bundle import load_bundle, pick_device, probabilities
 from inference.ensemble import write_ensemble
 from inference.evaluate import splits_as_trained
+from profiling.entry_points import entry_parser
 from studies import outer_fold_dirs, outer_fold_number
 from studies.nested_cv import IDENTITY, REPORT, format_summary, summarise
-from training.errors import UsageError, run_entry_point
+from training.entry_point import run_entry_point
+from training.errors import UsageError
 
 
 def score_outer_fold(members, device, run_dir):

@@ -13,11 +13,11 @@ import time
 
 import numpy as np
 
-from benchmarks import entry_parser, write_json
 from crossval.folds import fold_subjects
 from data.splits import Split, load_har_data
 from evaluation.metrics import classification_report, per_subject_accuracy
-from training.errors import run_entry_point
+from profiling.entry_points import entry_parser, write_json
+from training.entry_point import run_entry_point
 
 
 def main(argv=None):

@@ -39,15 +39,16 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks import REPO, entry_parser
 from crossval.folds import fold_subjects
 from data import uci_har
 from data.errors import DataError
 from data.provenance import check, file_identity, make_record, read_record, write_record
 from data.splits import load_har_data
+from profiling.entry_points import REPO, entry_parser
 from training.config.cli import parse_config, usage_error
 from training.config.settings import check_at_least
-from training.errors import UsageError, run_entry_point
+from training.entry_point import run_entry_point
+from training.errors import UsageError
 
 REPORT = "nested_report.json"
 IDENTITY = "nested_identity.json"  # in each outer fold's folder once it reported: its flags and windows

@@ -25,7 +25,6 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks import entry_parser, positive, write_json
 from data.recordings import Recording
 from data.resample import resample
 from evaluation.calibration import fit_temperature, scaled
@@ -37,8 +36,10 @@ from inference.evaluate import splits_as_trained
 from inference.outputs import check_out_file
 from inference.timeline import labels_at, smooth_labels
 from inference.transitions import learn_transitions, open_recordings, recording_classes, recording_subjects, subject_of
+from profiling.entry_points import entry_parser, positive, write_json
 from studies import outer_fold_dirs
-from training.errors import UsageError, run_entry_point
+from training.entry_point import run_entry_point
+from training.errors import UsageError
 
 RECORDING_RATE_HZ = 50.0
 SMOOTHINGS = ("none", "median", "hmm", "hmm-learnt", "hmm-learnt-stay")

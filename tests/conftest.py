@@ -1,12 +1,18 @@
-"""Helpers shared by the tests: running the real entry points in-process or as subprocesses."""
+"""Helpers shared by the tests: running the real entry points in-process or as subprocesses, and which tests
+start processes (marked `slow`)."""
 import contextlib
+import inspect
 import io
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import types
 from pathlib import Path
 
 import pytest
@@ -15,7 +21,7 @@ from torch._inductor.runtime.cache_dir_utils import cache_dir as inductor_cache_
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from profiling.cli import env_without_torchrun  # noqa: E402  (the project is importable from here on)
+from profiling.entry_points import env_without_torchrun  # noqa: E402  (the project is importable from here on)
 
 # 17 training subjects x 32 windows = 544 windows: 17 full batches of 32, so every variant the
 # equivalence tests compare sees exactly the same samples in each optimizer step.
@@ -51,7 +57,7 @@ def run_in_process(script, argv):
     Returns (exit code, stdout, stderr)."""
     import main as single_entry
     import main_multi_gpu as multi_entry
-    from training.errors import run_entry_point
+    from training.entry_point import run_entry_point
     module = {"main.py": single_entry, "main_multi_gpu.py": multi_entry}[script]
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -110,3 +116,84 @@ def pytest_configure(config):
     terminal = config.pluginmanager.get_plugin("terminalreporter")
     if terminal is not None:
         config.pluginmanager.register(CudaFailuresAtOnce(terminal))
+
+
+# What starts a process: the subprocess helpers, torchrun, the GPU check's step runner, the profiler's
+# neighbour processes and --compile (whose compiler works in a pool of processes). A test that does, itself,
+# through a fixture or through a helper of its own module, is marked `slow`; `make test-fast` (-m "not slow")
+# leaves it out.
+STARTS_A_PROCESS = re.compile(r"\brun_subprocess\(|\bsubprocess\.(?:run|Popen)\(|torch\.distributed\.run|"
+                              r"\brun_step\(|\bNeighbours\(|\"--compile\"")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        module = item.module
+        uses = [item.function, *(getattr(module, name, None) for name in item.fixturenames)]
+        if any(starts_a_process(use, module, set()) for use in uses):
+            item.add_marker(pytest.mark.slow)
+
+
+def starts_a_process(function, module, seen):
+    """Whether `function` (a test, a fixture, a helper), or a function of `module` it names, starts a process."""
+    function = getattr(function, "__wrapped__", function)  # a fixture's own function
+    if not isinstance(function, types.FunctionType) or function in seen:
+        return False
+    seen.add(function)
+    if STARTS_A_PROCESS.search(inspect.getsource(function)):
+        return True
+    helpers = (getattr(module, name, None) for name in names_used(function.__code__))
+    return any(starts_a_process(helper, module, seen) for helper in helpers
+               if getattr(helper, "__module__", None) == module.__name__)
+
+
+def names_used(code):
+    """The global names a function's code (its inner functions included) reads."""
+    names = set(code.co_names)
+    for inner in code.co_consts:
+        if isinstance(inner, types.CodeType):
+            names |= names_used(inner)
+    return names
+
+
+def pytest_addoption(parser):
+    parser.addini("test_time_limit_s", "seconds each phase of a test (setup, call, teardown) may take before it "
+                  "fails with its name; 0: no limit", default="0")
+
+
+class TimeLimitExceeded(Exception):
+    """A test, or one of its fixtures, ran past test_time_limit_s."""
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    return (yield from within_time_limit(item, "setup"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    return (yield from within_time_limit(item, "call"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item):
+    return (yield from within_time_limit(item, "teardown"))
+
+
+def within_time_limit(item, phase):
+    """Runs one phase of `item` under an alarm, so that a hung test fails with its name rather than stalling
+    the suite. A subprocess the test waits on is killed by subprocess.run as the exception unwinds."""
+    limit_s = float(item.config.getini("test_time_limit_s"))
+    if not limit_s or not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        return (yield)
+
+    def stop(signal_number, frame):
+        raise TimeLimitExceeded(f"{item.nodeid} ({phase}) ran past {limit_s:g} s (test_time_limit_s, pyproject.toml)")
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, limit_s)
+    try:
+        return (yield)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

@@ -12,7 +12,8 @@ from conftest import TINY_DATA, run_in_process, run_subprocess
 from data.errors import DataError
 from data.uci_har import SIGNAL_NAMES, WINDOW_STEPS
 from training.checkpoint.files import load_checkpoint
-from training.errors import EXIT_USAGE, UsageError, run_entry_point
+from training.entry_point import run_entry_point
+from training.errors import EXIT_USAGE, UsageError
 
 TORCHRUN_ENV = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
                 "MASTER_PORT": "29511"}
@@ -53,12 +54,15 @@ def snapshot(path):
             for file in sorted(path.rglob("*")) if file.is_file()}
 
 
-def run(script, argv, via_subprocess=False, env=None):
-    """(exit code, stdout, stderr) of one entry point, in this process or as a real command."""
-    if via_subprocess:
-        result = run_subprocess([sys.executable, script, *argv], timeout=180, env=env)
-        return result.returncode, result.stdout, result.stderr
-    return run_in_process(script, argv)
+def as_command(script, argv, env=None):
+    """(exit code, stdout, stderr) of one entry point run as a real command (run_in_process runs it here)."""
+    result = run_subprocess([sys.executable, script, *argv], timeout=180, env=env)
+    return result.returncode, result.stdout, result.stderr
+
+
+def as_torchrun_rank(script, argv):
+    """As a real command that finds torchrun's variables (TORCHRUN_ENV) in its environment."""
+    return as_command(script, argv, env=TORCHRUN_ENV)
 
 
 def assert_refused(result, *names):
@@ -74,11 +78,11 @@ def assert_refused(result, *names):
     return error_lines[0]
 
 
-def refuse(script, flags, save_dir, *names, via_subprocess=False, env=None):
+def refuse(script, flags, save_dir, *names, run=run_in_process):
     """Run with tiny synthetic data into `save_dir`; it must be refused and `save_dir` left as it was."""
     before = snapshot(save_dir)
     argv = [*TINY_DATA, "--epochs", "1", "--save-dir", save_dir, *flags]
-    line = assert_refused(run(script, argv, via_subprocess, env), *names)
+    line = assert_refused(run(script, argv), *names)
     after = snapshot(save_dir)
     changed = [name for name in before if after.get(name) != before[name]]
     assert not changed, f"changed in --save-dir: {changed}"
@@ -163,17 +167,17 @@ def test_more_processes_than_gpus_is_refused(device, save_dir):
     # Run as the real command: if it is not refused, it launches torchrun.
     flags = ["--multi-gpu", "ddp", "--device", device, "--nproc-per-node", str(NPROC_OVER_GPUS),
              "--synthetic-windows-per-subject", "4"]
-    line = refuse("main_multi_gpu.py", flags, save_dir, "GPU", via_subprocess=True)
+    line = refuse("main_multi_gpu.py", flags, save_dir, "GPU", run=as_command)
     assert str(NPROC_OVER_GPUS) in line or "no GPU" in line
 
 
 def test_data_parallel_under_torchrun_is_refused(save_dir):
     refuse("main_multi_gpu.py", ["--multi-gpu", "dp"], save_dir, "--multi-gpu dp", "torchrun",
-           via_subprocess=True, env=TORCHRUN_ENV)
+           run=as_torchrun_rank)
 
 
 def test_main_py_under_torchrun_is_refused(save_dir):
-    refuse("main.py", [], save_dir, "main_multi_gpu.py", via_subprocess=True, env=TORCHRUN_ENV)
+    refuse("main.py", [], save_dir, "main_multi_gpu.py", run=as_torchrun_rank)
 
 
 @pytest.mark.parametrize("flags, names", [(["--resume", "missing.pt"], ["missing.pt"]),
@@ -181,9 +185,8 @@ def test_main_py_under_torchrun_is_refused(save_dir):
 def test_self_launch_checks_once_before_starting_any_worker(save_dir, flags, names):
     # Without torchrun, `--multi-gpu ddp` launches the workers itself; a bad --resume or a class the
     # data lacks must stop it first, in one line rather than one per worker and torchrun's report.
-    code, out, err = run("main_multi_gpu.py", [*TINY_DATA, "--multi-gpu", "ddp", "--device", "cpu",
-                                               "--nproc-per-node", "2", "--save-dir", save_dir, *flags],
-                         via_subprocess=True)
+    code, out, err = as_command("main_multi_gpu.py", [*TINY_DATA, "--multi-gpu", "ddp", "--device", "cpu",
+                                                      "--nproc-per-node", "2", "--save-dir", save_dir, *flags])
     assert_refused((code, out, err), *names)
     assert "launching" not in out and err.count("\n") == 1
 
@@ -312,7 +315,7 @@ def test_the_intact_fake_dataset_trains(uci_root, tmp_path):
 
 def test_data_dir_that_does_not_exist(save_dir, tmp_path):
     refuse("main.py", ["--dataset", "uci-har", "--data-dir", tmp_path / "no-such-folder"], save_dir,
-           "no-such-folder", via_subprocess=True)
+           "no-such-folder", run=as_command)
 
 
 def test_data_dir_that_does_not_exist_with_dataset_auto(save_dir, tmp_path):
@@ -360,7 +363,7 @@ def test_non_finite_value_in_a_signal_file(token, uci_root, save_dir):
 def test_damaged_data_is_refused_before_ddp_workers_start(uci_root, save_dir):
     edit_line(uci_root / "train" / "y_train.txt", 5, lambda line: "9")
     line = refuse("main_multi_gpu.py", ["--multi-gpu", "ddp", "--device", "cpu", "--nproc-per-node", "2",
-                                        *uci_flags(uci_root)], save_dir, "y_train.txt", via_subprocess=True)
+                                        *uci_flags(uci_root)], save_dir, "y_train.txt", run=as_command)
     assert "line 5" in line
 
 

@@ -18,7 +18,7 @@ import pytest
 from conftest import run_subprocess
 from data import download, uci_har
 from test_bad_input import assert_refused, snapshot, write_fake_uci
-from training.errors import run_entry_point
+from training.entry_point import run_entry_point
 
 FOLDER = uci_har.DATASET_FOLDER
 OUTER_NAME = "human+activity+recognition+using+smartphones.zip"

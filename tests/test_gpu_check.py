@@ -39,7 +39,7 @@ from benchmarks.gpu_check.runner import (
     run_command,
     run_step,
 )
-from training.errors import run_entry_point
+from training.entry_point import run_entry_point
 from training.reporting.logger import INPUTS_LAP, SET_UP_LAP, PhaseClock
 
 

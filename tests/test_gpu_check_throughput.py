@@ -13,7 +13,7 @@ from benchmarks.gpu_check.plan import BATCH_SIZES, FULL, GROUP_BUDGET_S, PRECISI
 from benchmarks.gpu_check.runner import Budget, parse_throughput, run_step
 from models import MODELS
 from test_gpu_check import sample_result
-from training.errors import run_entry_point
+from training.entry_point import run_entry_point
 
 TINY_MATRIX = ["--device", "cpu", "--quick", "--models", "cnn1d", "--batch-sizes", "16", "--precisions", "fp32,fp16",
                "--synthetic-windows-per-subject", "8"]

@@ -19,7 +19,8 @@ from inference.transitions import (
 )
 from inference.transitions import main as transitions_command
 from test_bad_input import assert_refused
-from training.errors import UsageError, run_entry_point
+from training.entry_point import run_entry_point
+from training.errors import UsageError
 
 NAMES = ("A", "B", "C")
 

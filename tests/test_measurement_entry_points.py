@@ -12,13 +12,10 @@ CASES = [
     ("benchmarks.overhead", ["--rounds", "0"], "--rounds: must be at least 1, got 0"),
     ("benchmarks.overhead", ["--epochs-per-round", "0"], "--epochs-per-round: must be at least 1"),
     ("benchmarks.profiler_agreement", ["--epochs", "1"], "--epochs: must be at least 2, got 1"),
-    ("benchmarks.checkpoint_copies", ["--mparams", "nan"], "--mparams: must be a positive number"),
-    ("benchmarks.recipe_cost", ["--batch-size", "-1"], "--batch-size: must be at least 1"),
     ("benchmarks.store_stream", ["measure", "--store", "x", "--rounds", "0"], "--rounds: must be at least 1"),
     ("benchmarks.pool_shares", ["--nproc", "1"], "--nproc: must be at least 2, got 1"),
     ("studies.recording_accuracy", ["--nested", "no-such-folder"], "no-such-folder holds no finished outer fold"),
     ("studies.recording_accuracy", ["--checkpoint", "x.pt", "--recordings", "no-such.npz"], "no-such.npz does not"),
-    ("studies.preprocess_agreement", ["--data-dir", "no-such-folder"], "does not hold the UCI HAR Dataset"),
 ]
 
 

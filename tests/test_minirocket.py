@@ -109,14 +109,25 @@ def reference_biases(model, signals, max_windows=1024):
     return biases
 
 
-def test_the_fast_transform_and_fit_equal_the_straightforward_ones_bit_for_bit():
+def test_the_fast_fit_draws_as_the_straightforward_one_and_agrees_to_rounding():
     torch.manual_seed(3)
     model = build_model("minirocket", 9, 6, width=2520)
     signals = torch.randn(300, 9, 128).cumsum(dim=2) * 0.1
     model.fit(signals, max_windows=200)
-    assert torch.equal(model.biases, reference_biases(model, signals, max_windows=200))
-    # Two whole chunks of the CPU's transform and a part of one.
-    windows = torch.randn(2 * TRANSFORM_CHUNK["cpu"] + 7, 9, 128).cumsum(dim=2) * 0.1
+    # The same windows and quantile positions; the grouped and the plain convolution may add their
+    # terms in another order (a CPU's choice), so a bias may differ by the rounding of one output
+    # (about 1e-6 here), far less than a wrong window or position would move it.
+    torch.testing.assert_close(model.biases, reference_biases(model, signals, max_windows=200), rtol=0, atol=1e-5)
+
+
+def test_the_fast_transform_equals_the_straightforward_one_on_exact_outputs():
+    torch.manual_seed(3)
+    model = build_model("minirocket", 9, 6, width=2520)
+    model.fit(torch.randn(300, 9, 128).cumsum(dim=2) * 0.1, max_windows=200)
+    # Two whole chunks of the CPU's transform and a part of one. Whole numbers as signals: the
+    # kernels' weights are whole too, so every convolution output is exact whatever order a CPU adds
+    # in, and the features (comparisons with the biases) are equal on every machine, ties included.
+    windows = torch.randint(-3, 4, (2 * TRANSFORM_CHUNK["cpu"] + 7, 9, 128)).cumsum(dim=2).float()
     # Outputs that meet a bias exactly count as not positive: tie the first bias of every kernel at
     # the first dilation to one output of the first window.
     tied = torch.nn.functional.conv1d(windows[:1], model.weights[0], padding=model.paddings[0])[0, :, 5]
@@ -153,4 +164,7 @@ def test_row_quantiles_equal_torch_quantile_row_by_row():
     rows, quantiles = torch.randn(20, 57), torch.rand(20, 5)
     quantiles[0] = torch.tensor([0.0, 1.0, 0.5, 0.25, 1e-7])  # the ends and exact order statistics
     expected = torch.stack([torch.quantile(row, q) for row, q in zip(rows, quantiles, strict=True)])
-    assert torch.equal(row_quantiles(rows, quantiles), expected)
+    found = row_quantiles(rows, quantiles)
+    # The same order statistics and weights; lerp's vectorised and scalar loops may round an ulp apart.
+    torch.testing.assert_close(found, expected, rtol=1e-6, atol=1e-7)
+    assert torch.equal(found[0, :4], rows[0].sort().values[[0, 56, 28, 14]])  # order statistics: exact

@@ -1,9 +1,12 @@
 """Every registered model maps [B, C, 128] to [B, 6] for each channel mode and norm."""
+import inspect
+
 import pytest
 import torch
 
 from conftest import TINY_DATA
-from models import MODELS, NORMS, build_model, count_parameters
+from models import MODELS, NORMS, SIZE_KNOBS, build_model, count_parameters, label_smoothing_of
+from models.contract import HARModel
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -97,3 +100,22 @@ def test_each_model_declares_its_fsdp_units_and_they_cover_every_parameter_once(
     assert len(units) == (3 + 1 if name == "transformer" else 1)  # one per encoder block, then the root's
     ids = [id(parameter) for unit in units for parameter in unit]
     assert sorted(ids) == sorted(id(parameter) for parameter in model.parameters())
+
+
+def test_every_model_declares_the_contract_and_takes_only_known_size_flags():
+    for name, model in MODELS.items():
+        assert issubclass(model, HARModel), name
+        assert set(model.SIZES) <= set(SIZE_KNOBS), name
+        assert model.resolve_size().keys() <= set(inspect.signature(model).parameters), name
+
+
+def test_a_model_that_declares_nothing_is_built_as_the_contract_says(monkeypatch):
+    class Plain(HARModel):
+        def __init__(self, in_channels, num_classes, dropout, norm):
+            super().__init__()
+            self.dropout, self.head = dropout, torch.nn.Linear(in_channels, num_classes)
+
+    monkeypatch.setitem(MODELS, "plain", Plain)
+    model = build_model("plain", 3, 2)  # no window_steps: it does not take them
+    assert model.dropout == HARModel.DROPOUT and label_smoothing_of("plain") == HARModel.LABEL_SMOOTHING
+    assert model.fsdp_blocks() == [] and not Plain.FITS_TO_DATA and model.fit(torch.zeros(1, 3, 8)) is None

@@ -11,7 +11,7 @@ import pytest
 from conftest import run_subprocess
 from studies import nested_cv
 from test_bad_input import assert_refused, edit_line, write_fake_uci
-from training.errors import run_entry_point
+from training.entry_point import run_entry_point
 
 TRAINING = ["--model", "cnn1d", "--epochs", "1", "--val-fraction", "0", "--batch-size", "4", "--no-figures"]
 

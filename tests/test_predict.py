@@ -14,7 +14,7 @@ from conftest import TINY_DATA, run_in_process
 from data.uci_har import CLASS_NAMES
 from inference_fixtures import RATE_HZ, make_checkpoint, synthetic_stream, write_csv
 from test_bad_input import assert_refused, hostile_checkpoint, snapshot, write_fake_uci
-from training.errors import run_entry_point
+from training.entry_point import run_entry_point
 
 OUTPUTS = ("windows.csv", "timeline.csv", "timeline.png")
 

@@ -145,7 +145,8 @@ BENCHMARK_SCRIPT = """
 import json, time
 from profiling.allreduce_bench import benchmark_allreduce
 from training.distributed.ddp import DistributedStrategy
-strategy = DistributedStrategy("cpu", "gloo", None, False, 60)
+from training.distributed.strategy import distributed_env
+strategy = DistributedStrategy("cpu", "gloo", None, False, 60, ranks=distributed_env())
 started = time.perf_counter()
 result = benchmark_allreduce(strategy, 1000, 4, gap_s=0.05)
 took_s = time.perf_counter() - started

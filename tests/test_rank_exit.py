@@ -1,4 +1,4 @@
-"""A torchrun worker leaves through training.errors.exit_process, not through the interpreter's
+"""A torchrun worker leaves through training.entry_point.exit_process, not through the interpreter's
 teardown, where a gloo worker thread that still touches Python aborts the process."""
 import sys
 
@@ -11,7 +11,7 @@ WORKER = """
 import os, sys, time
 import torch
 import torch.distributed as dist
-from training.errors import exit_process
+from training.entry_point import exit_process
 
 dist.init_process_group("gloo")
 marker = sys.argv[1]

@@ -7,7 +7,7 @@ import pytest
 
 from benchmarks.scaling import map as scaling_map
 from test_bad_input import assert_refused
-from training.errors import run_entry_point
+from training.entry_point import run_entry_point
 
 # Valid for a short sweep, so that a check that is missing would start profiling instead of refusing.
 SHORT = ["--sizes", "0.1M", "--batch-sizes", "16", "--strategies", "ddp", "--device", "cpu", "--steps", "1",

@@ -6,8 +6,9 @@ import sys
 import pytest
 
 from conftest import TINY_DATA, run_subprocess
-from training import errors
-from training.errors import EXIT_USAGE, UsageError, run_entry_point
+from training import entry_point
+from training.entry_point import run_entry_point
+from training.errors import EXIT_USAGE, UsageError
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
 
@@ -52,7 +53,7 @@ def test_only_local_rank_zero_prints_and_every_rank_records(local_rank, prints, 
     error_file = tmp_path / "error.json"
     monkeypatch.setenv("LOCAL_RANK", local_rank)
     monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
-    monkeypatch.setattr(errors, "QUIET_RANK_EXIT_DELAY_S", 0.0)
+    monkeypatch.setattr(entry_point, "QUIET_RANK_EXIT_DELAY_S", 0.0)
     assert run_entry_point(failing_main, []) == EXIT_USAGE
     printed = capsys.readouterr().err
     assert printed == ("error: --lr must be positive, got 0\n" if prints else "")

@@ -15,7 +15,8 @@ from inference.transitions import main as transitions_command
 from studies import nested_cv, recording_accuracy
 from test_bad_input import assert_refused, snapshot
 from test_download import OUTER_NAME, run_download, server, sha256, source  # noqa: F401 (fixtures)
-from training.errors import UsageError, run_entry_point
+from training.entry_point import run_entry_point
+from training.errors import UsageError
 
 
 def run_command(main, *argv):

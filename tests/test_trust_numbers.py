@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import TINY_DATA, run_subprocess
+from conftest import TINY_DATA, run_in_process, run_subprocess
 from data.errors import DataError
 from data.store import WindowStore
 from evaluation.calibration import TEMPERATURE_RANGE, fit_temperature
@@ -17,7 +17,7 @@ from inference.bundle import probabilities
 from inference_fixtures import make_checkpoint, synthetic_stream, write_csv
 from models import build_model
 from test_adaptation import CHANNELS, CLASSES, STEPS, bundle_of
-from test_bad_input import assert_refused, run, snapshot
+from test_bad_input import assert_refused, snapshot
 from test_predict import read_rows, run_script
 from test_store import build_here, synthetic_npz, write_recording
 
@@ -98,7 +98,7 @@ def test_adapting_on_a_channel_that_never_changes_gives_finite_confidences(minir
 
 def test_feature_views_on_a_model_without_fixed_features_is_refused(tmp_path):
     save_dir = tmp_path / "run"
-    assert_refused(run("main.py", [*TINY_DATA, "--feature-views", "8", "--save-dir", save_dir]),
+    assert_refused(run_in_process("main.py", [*TINY_DATA, "--feature-views", "8", "--save-dir", save_dir]),
                    "--feature-views", "--model cnn1d")
     assert not save_dir.exists()
 
@@ -113,7 +113,7 @@ def test_an_ensemble_of_two_models_is_refused_before_it_is_written(minirocket, t
 
 def test_a_run_without_test_or_validation_split_claims_no_report(tmp_path):
     save_dir = tmp_path / "run"
-    code, out, err = run("main.py", [*TINY_DATA, "--epochs", "1", "--no-test", "--val-fraction", "0",
+    code, out, err = run_in_process("main.py", [*TINY_DATA, "--epochs", "1", "--no-test", "--val-fraction", "0",
                                      "--save-dir", save_dir])
     assert code == 0, err
     assert not (save_dir / "val_report.json").exists()

@@ -1,9 +1,5 @@
-"""User-facing errors: one line on stderr and a non-zero exit instead of a traceback."""
-import json
-import os
-import sys
-import time
-
+"""User-facing errors and their exit codes (training/entry_point.py turns them into one line on stderr and a
+non-zero exit instead of a traceback)."""
 from data.errors import DataError
 
 EXIT_USAGE = 2  # a flag, file or data problem the message explains
@@ -12,8 +8,6 @@ EXIT_RANK_LOST = 4  # another rank died, or a collective waited longer than --di
 EXIT_PREEMPTED = 75  # SIGTERM/SIGUSR1: the step finished and a checkpoint was saved; run again to resume
 EXIT_INTERRUPTED = 130
 
-
-QUIET_RANK_EXIT_DELAY_S = 3.0  # how long a silent rank waits for local rank 0 to print
 
 
 class UsageError(ValueError):
@@ -34,83 +28,3 @@ class RankLost(RuntimeError):
 # these read the same on every rank; a lost peer (RankLost) is each rank's own story, and so is an
 # error marked `this_rank_only` (a cross-validation fold that only this rank runs).
 SAME_ON_EVERY_RANK = (UsageError, DataError, TrainingDiverged)
-
-
-def run_entry_point(main, argv=None):
-    """Call main(argv) and turn the errors above into one `error: ...` line and their exit code.
-
-    --debug or HAR_DEBUG=1 lets the traceback through for bug reports.
-    """
-    argv = sys.argv[1:] if argv is None else argv
-    debug = "--debug" in argv or os.environ.get("HAR_DEBUG") == "1"
-    try:
-        return main(argv)
-    except (UsageError, DataError, TrainingDiverged, RankLost) as exc:
-        if debug:
-            raise
-        code = getattr(exc, "exit_code", EXIT_USAGE)
-        shared = isinstance(exc, SAME_ON_EVERY_RANK) and not getattr(exc, "this_rank_only", False)
-        quiet = shared and os.environ.get("LOCAL_RANK", "0") != "0"
-        _record_for_torchrun(exc, delay_s=QUIET_RANK_EXIT_DELAY_S if quiet else 0.0)
-        if quiet:
-            # Local rank 0 says it for the node. Leaving a moment later lets it print before
-            # torchrun, seeing this rank fail, stops the others.
-            time.sleep(QUIET_RANK_EXIT_DELAY_S)
-            return code
-        print(f"error: {one_line(exc)}", file=sys.stderr)
-        return code
-    except KeyboardInterrupt:
-        if debug:
-            raise
-        print("interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-
-
-def launched_by_torchrun():
-    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
-
-
-def exit_process(code):
-    """sys.exit(code); a torchrun worker instead leaves at once, its output flushed, without the
-    interpreter's teardown. In torch 2.13 the process group outlives destroy_process_group once DDP
-    or FSDP has used it (torch._dynamo, first imported by DDP's constructor, keeps references to the
-    groups that exist then; DTensor's sharding caches keep FSDP's mesh), and gloo's worker threads
-    with it; one that frees a finished collective's tensor while the interpreter tears down aborts
-    the process ("terminate called without an active exception", SIGABRT) after a run that
-    succeeded. By the time main returns, the run has closed its files and its process group."""
-    if not launched_by_torchrun():
-        sys.exit(code)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0 if code is None else code)
-
-
-def one_line(exc):
-    """The message of `exc`. A DataLoader worker's error comes back as "Caught X in DataLoader
-    worker process N. Original Traceback ..." with the worker's traceback, then `module.X: message`
-    on its last line: that message alone."""
-    text = str(exc)
-    if "Original Traceback" not in text:
-        return text
-    last = text.rstrip().splitlines()[-1]
-    return last.split(": ", 1)[1] if last.startswith(f"{type(exc).__module__}.{type(exc).__name__}: ") else last
-
-
-def _record_for_torchrun(exc, delay_s):
-    """Under torchrun, leave the message where its failure summary looks (TORCHELASTIC_ERROR_FILE),
-    so the summary shows it instead of a link to the docs on enabling tracebacks.
-
-    torchrun names the failure with the earliest time stamp (whole seconds) as the root cause; a
-    quiet rank dates its record `delay_s` later, so a tie never makes it the root cause instead
-    of the local rank 0 that printed the message."""
-    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if not path:
-        return
-    stamp = str(int(time.time() + delay_s))
-    message = {"message": f"{type(exc).__name__}: {exc}",
-               "extraInfo": {"py_callstack": f"{type(exc).__name__}: {exc}", "timestamp": stamp}}
-    try:
-        with open(path, "w") as handle:
-            json.dump({"message": message}, handle)
-    except OSError:
-        pass  # the summary then says less; the error line itself is unaffected

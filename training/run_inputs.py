@@ -27,7 +27,8 @@ import numpy as np
 from data.splits import HarData, load_har_data
 from training.checkpoint import files as ckpt
 from training.checkpoint.judge import judge
-from training.config.settings import SHARDED_OR_DDP, distributed_env
+from training.config.settings import SHARDED_OR_DDP
+from training.distributed.strategy import distributed_env
 from training.errors import UsageError
 from training.loop.recipe import build_augmenter
 

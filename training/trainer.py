@@ -36,10 +36,11 @@ from training.checkpoint.earlier_run import earlier_run_files, move_aside
 from training.checkpoint.manager import CheckpointManager, restore_parts
 from training.checkpoint.train_state import RandomStreams, TrainState
 from training.config.cli import write_resolved_config
-from training.config.settings import DEFAULT_LR, RunConfig, check_parallel_args
+from training.config.settings import DEFAULT_LR, RunConfig
 from training.distributed.lost_rank import explain_lost_rank
-from training.distributed.strategy import Strategy, make_strategy
+from training.distributed.strategy import Strategy, check_parallel_args, free_bytes, make_strategy
 from training.errors import EXIT_PREEMPTED, RankLost, TrainingDiverged, UsageError
+from training.loop.evaluation import gather_predictions
 from training.loop.recipe import (
     build_augmenter,
     build_feature_pool,
@@ -56,14 +57,13 @@ from training.loop.step import (
     compile_for_training,
     global_batch_size,
     micro_step_plan,
-    predict,
     scaled_lr,
     scaling_warning,
     skipped_steps,
     steps_per_epoch,
 )
 from training.loop.tally import NO_NONFINITE_STEP, EpochTally
-from training.reporting.logger import GIB, INPUTS_LAP, SET_UP_LAP, PhaseClock, RunLogger, free_bytes
+from training.reporting.logger import GIB, INPUTS_LAP, SET_UP_LAP, PhaseClock, RunLogger
 from training.run_inputs import read_run_inputs
 
 EVAL_BATCH_MIN = 256
@@ -303,8 +303,8 @@ class Trainer:
         """(labels, logits, mean loss) of "val" or "test" over every rank, by `model` or else the
         validation weights (the average when kept)."""
         self._sync_buffers()
-        return predict(model or self.validation_model(), self.loaders[split], self.strategy, self.precision,
-                       len(self.data.class_names))
+        return gather_predictions(model or self.validation_model(), self.loaders[split], self.strategy,
+                                  self.precision, len(self.data.class_names))
 
     @property
     def has_validation(self):
@@ -594,20 +594,19 @@ def _build_model(config, data, strategy, log):
     """The bare model (what checkpoints hold), the same wrapped and maybe compiled (what the step
     calls), the run's precision, and the weight average (None when off), copied before the strategy
     lays the model out and then laid out the same way."""
-    settings = config.model
+    settings, sizes = config.model, config.model.size()
     _, channels, window_steps = data.train.signals.shape
     # Sizes whose model cannot fit are refused before anything that size is allocated.
-    need = training_bytes(settings.name, channels, len(data.class_names), window_steps=window_steps,
-                          **settings.size())
+    need = training_bytes(settings.name, channels, len(data.class_names), window_steps=window_steps, **sizes)
     free = free_bytes(strategy.device)
     if free is not None and need > free:
-        sizes = "".join(f" --{knob} {value}" for knob, value in settings.size().items() if value is not None)
-        raise UsageError(f"--model {settings.name}{sizes} needs about {need / GIB:,.1f} GiB to train "
+        given = "".join(f" --{knob} {value}" for knob, value in sizes.items() if value is not None)
+        raise UsageError(f"--model {settings.name}{given} needs about {need / GIB:,.1f} GiB to train "
                          f"(weights, gradients and AdamW's state) and {strategy.device} has {free / GIB:,.1f} GiB "
                          "free; use smaller size flags")
     torch.manual_seed(config.optim.seed)  # identical initial weights on every rank
     model = settings.build(channels, len(data.class_names), window_steps).to(strategy.device)
-    if hasattr(model, "fit"):
+    if model.FITS_TO_DATA:
         # Fixed parts that depend on the data (MiniRocket's biases), set once from the training
         # windows (in memory or a store's), before the weight average copies the model; a resumed
         # run then loads its own.
@@ -616,7 +615,7 @@ def _build_model(config, data, strategy, log):
         log.info(f"fitted {settings.name}'s fixed parts to the training windows in "
                  f"{time.perf_counter() - started:.1f} s")
     gradient_mb = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad) / 2**20
-    size = ", ".join(f"{knob} {value}" for knob, value in resolve_size(settings.name, **settings.size()).items())
+    size = ", ".join(f"{knob} {value}" for knob, value in resolve_size(settings.name, **sizes).items())
     ema = build_weight_average(config.recipe, model)
     precision = Precision(strategy.device, config.optim.amp, config.optim.amp_dtype)
     train_model = compile_for_training(strategy.wrap(model, precision), config.hardware)

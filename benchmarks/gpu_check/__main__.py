@@ -25,13 +25,12 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import entry_parser
 from benchmarks.gpu_check.page import markdown_report
 from benchmarks.gpu_check.plan import DEFAULT_GROUPS, GROUP_BUDGET_S, build_plan
 from benchmarks.gpu_check.runner import Budget, run_command, run_plan
-from profiling.cli import comma_choices, env_without_torchrun
+from profiling.entry_points import comma_choices, entry_parser, env_without_torchrun
 from profiling.report import json_ready
-from training.errors import run_entry_point
+from training.entry_point import run_entry_point
 
 
 def main(argv=None):

@@ -14,11 +14,10 @@ import time
 import numpy as np
 import torch
 
-from benchmarks import at_least, entry_parser, write_json
 from models import build_model
-from profiling.cli import comma_counts
+from profiling.entry_points import at_least, comma_counts, entry_parser, write_json
 from training.config.settings import check_at_least
-from training.errors import run_entry_point
+from training.entry_point import run_entry_point
 
 WAYS = {"one bias at a time": True, "all biases at once": False}
 

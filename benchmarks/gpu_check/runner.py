@@ -11,9 +11,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from benchmarks import REPO, descendants
 from benchmarks.gpu_check.plan import STEP_LIMIT_S
-from profiling.cli import env_without_torchrun
+from profiling.entry_points import REPO, descendants, env_without_torchrun
 from training.reporting.logger import INPUTS_LAP, SET_UP_LAP, START_UP, read_time_line
 
 MIN_STEP_S = 5.0  # less than this left: the step is skipped, not started to be killed

@@ -17,19 +17,20 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import at_least, entry_parser
 from benchmarks.gpu_check.plan import BATCH_SIZES, FULL, PRECISIONS, QUICK
 from data.splits import load_har_data
 from data.synthetic import DEFAULT_WINDOWS_PER_SUBJECT
 from models import MODELS  # every model of the registry is measured
 from profiling import workload
-from profiling.cli import comma_choices, comma_counts, comma_names, parse_profiler_args
+from profiling.cli import parse_profiler_args
+from profiling.entry_points import at_least, comma_choices, comma_counts, comma_names, entry_parser
 from profiling.measure import timed_steps
 from profiling.report import json_ready
 from profiling.timing import mean_std
 from training.checkpoint.files import write_atomic
 from training.distributed.strategy import make_strategy
-from training.errors import UsageError, run_entry_point
+from training.entry_point import run_entry_point
+from training.errors import UsageError
 from training.reporting.logger import GIB
 
 WHAT = ("samples_per_s: samples the timed steps took (an epoch's shorter last batch counts its own size, not "

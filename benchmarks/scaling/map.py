@@ -20,14 +20,13 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import entry_parser
 from benchmarks.scaling.report import profile_of
-from profiling.cli import comma_choices, comma_counts
 from profiling.comm_model import STRATEGIES, predict_strategy
+from profiling.entry_points import comma_choices, comma_counts, entry_parser
 from profiling.scaling import link_from
 from training.config.cli import usage_error
 from training.config.settings import check_at_least
-from training.errors import run_entry_point
+from training.entry_point import run_entry_point
 
 # Transformer sizes from the default (~0.09M parameters) past 10M; the 3M one is the studies' second
 # configuration (d_model 256, 4 blocks, 8 heads, FFN 1024).

@@ -9,15 +9,21 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import at_least, entry_parser, run_in_repo
 from benchmarks.scaling.figures import write_figures
 from benchmarks.scaling.tables import write_csv, write_latex, write_text_report
 from models import MODELS
-from profiling.cli import comma_choices, comma_counts, env_without_torchrun
+from profiling.entry_points import (
+    at_least,
+    comma_choices,
+    comma_counts,
+    entry_parser,
+    env_without_torchrun,
+    run_in_repo,
+)
 from profiling.report import PROFILE_JSON
 from profiling.scaling import scaling_rows
 from training.config.settings import check_at_least
-from training.errors import run_entry_point
+from training.entry_point import run_entry_point
 
 
 def build_parser():

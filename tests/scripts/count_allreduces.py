@@ -13,7 +13,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: E
 
 from training.config.cli import parse_config  # noqa: E402
 from training.distributed.strategy import make_strategy  # noqa: E402
-from training.errors import exit_process  # noqa: E402
+from training.entry_point import exit_process  # noqa: E402
 from training.trainer import Trainer  # noqa: E402
 
 

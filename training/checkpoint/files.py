@@ -4,7 +4,6 @@ import pickle
 import re
 import shutil
 import struct
-import tempfile
 import zipfile
 from pathlib import Path
 
@@ -92,30 +91,6 @@ def _fsync_folder(folder):
         pass
     finally:
         os.close(descriptor)
-
-
-def check_folder_can_be_made(folder, flag):
-    """Refuse, without creating anything, a `folder` that is a file, lies under a file, or cannot be
-    written or created."""
-    folder = Path(folder)
-    if folder.exists() and not folder.is_dir():
-        raise UsageError(f"{flag} {folder} is a file; point it at a folder")
-    if folder.is_dir():
-        check_writable(folder, f"{flag} {folder} is not writable")
-        return
-    existing = next(parent for parent in folder.absolute().parents if parent.exists())
-    if not existing.is_dir():
-        raise UsageError(f"{flag} {folder} cannot be created: {existing} is a file, not a folder")
-    check_writable(existing, f"{flag} {folder} cannot be created in {existing}")
-
-
-def check_writable(folder, problem):
-    """Make and remove a folder in `folder`: the one test that also holds for root, ACLs and read-only
-    mounts; refused as `problem`."""
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".write-test.", dir=folder))
-    except OSError as exc:
-        raise UsageError(f"{problem} ({exc.strerror}); choose another folder") from None
 
 
 def check_save_dir(save_dir):

@@ -10,7 +10,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from training.config.settings import distributed_env
 from training.distributed.single import SingleDevice, model_state_mb
 from training.errors import UsageError
 from training.reporting.logger import describe, memory_fields, read_memory
@@ -27,10 +26,12 @@ def join_process_group(backend, rank, world_size, timeout, prefix, device_id=Non
 
 
 class DistributedStrategy(SingleDevice):
-    """DistributedDataParallel, one process per device, ranks taken from torchrun's environment."""
+    """DistributedDataParallel, one process per device; `ranks`: (rank, local_rank, world_size), as
+    strategy.distributed_env reads them from torchrun's environment."""
 
-    def __init__(self, device_type, backend, gpu_ids, sync_bn, timeout_s, grad_compression="none", label="ddp"):
-        rank, local_rank, world_size = distributed_env()
+    def __init__(self, device_type, backend, gpu_ids, sync_bn, timeout_s, grad_compression="none", label="ddp", *,
+                 ranks):
+        rank, local_rank, world_size = ranks
         if device_type == "cuda":
             visible = gpu_ids or list(range(torch.cuda.device_count()))
             if local_rank >= len(visible) and backend != "gloo":

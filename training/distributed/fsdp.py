@@ -27,8 +27,8 @@ FULL_TO_RANK0 = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 class FullyShardedStrategy(DistributedStrategy):
-    def __init__(self, device_type, backend, gpu_ids, timeout_s, reshard_after_forward):
-        super().__init__(device_type, backend, gpu_ids, sync_bn=False, timeout_s=timeout_s, label="fsdp")
+    def __init__(self, device_type, backend, gpu_ids, timeout_s, reshard_after_forward, *, ranks):
+        super().__init__(device_type, backend, gpu_ids, sync_bn=False, timeout_s=timeout_s, label="fsdp", ranks=ranks)
         self.reshard_after_forward = reshard_after_forward
         self._sharded = None
         self._policy = MixedPrecisionPolicy()
@@ -105,7 +105,7 @@ def shard_model(module, reshard_after_forward=True, policy=None):
     unit of its own, gathered just before it runs, then the rest of the model (stem, head, or a whole
     convolutional model) as the root's unit."""
     policy = policy or MixedPrecisionPolicy()
-    for block in _blocks(module):
+    for block in module.fsdp_blocks():
         fully_shard(block, reshard_after_forward=reshard_after_forward, mp_policy=policy)
     fully_shard(module, reshard_after_forward=reshard_after_forward, mp_policy=policy)
     return module
@@ -150,14 +150,8 @@ class _FullOptimizerState:
         set_optimizer_state_dict(self.model, self.optimizer, full, options=StateDictOptions(full_state_dict=True))
 
 
-def _blocks(module):
-    """The units a model declares for sharding (its fsdp_blocks()); none for a model that declares none."""
-    declared = getattr(module, "fsdp_blocks", None)
-    return declared() if declared is not None else []
-
-
 def sharded_units(module):
     """The parameters of each unit shard_model makes: every block's, then the rest (the root's)."""
-    blocks = [list(block.parameters()) for block in _blocks(module)]
+    blocks = [list(block.parameters()) for block in module.fsdp_blocks()]
     in_blocks = {id(p) for block in blocks for p in block}
     return [*blocks, [p for p in module.parameters() if id(p) not in in_blocks]]

@@ -8,7 +8,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import get_args_parser, run
 
-from training.config.settings import check_parallel_args
+from training.distributed.strategy import check_parallel_args
 from training.errors import EXIT_PREEMPTED, UsageError
 from training.run_inputs import check_run_inputs
 

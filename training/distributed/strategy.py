@@ -2,7 +2,9 @@
 the Strategy protocol below is all the trainer, the loop, the checkpoints and the tools call.
 One device's strategy lives in single.py (with what each method means when there is nobody else to
 agree with), DDP's in ddp.py, FSDP's in fsdp.py; DataParallel's is here, beside the choice
-(make_strategy).
+(make_strategy) and what it is made from: placement, what this process runs on and under (torchrun's
+variables, the visible GPUs) and whether the device, GPU and backend settings fit it
+(check_parallel_args).
 """
 import os
 from typing import Protocol
@@ -10,9 +12,11 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from training.config.settings import check_parallel_args
+from training.config.settings import CUDA_GRAPH_MODES, SHARDED_OR_DDP
 from training.distributed.ddp import DistributedStrategy
 from training.distributed.single import SingleDevice
+from training.entry_point import launched_by_torchrun
+from training.errors import UsageError
 from training.reporting.logger import describe, memory_fields, read_memory, reset_peaks
 
 
@@ -132,16 +136,87 @@ def make_strategy(config, placement=None):
         torch.backends.cudnn.benchmark = True  # fixed window shapes: the tuned kernels are reused every step
     if multi_gpu == "ddp":
         return DistributedStrategy(device_type, backend, hardware.gpu_ids, hardware.sync_bn, hardware.dist_timeout,
-                                   config.parallel.grad_compression)
+                                   config.parallel.grad_compression, ranks=distributed_env())
     if multi_gpu == "fsdp":
         # Imported here: FSDP's modules (DTensor, distributed checkpoints) take seconds to import,
         # which runs that do not shard need not pay.
         from training.distributed.fsdp import FullyShardedStrategy
         return FullyShardedStrategy(device_type, backend, hardware.gpu_ids, hardware.dist_timeout,
-                                    config.parallel.reshard_after_forward)
+                                    config.parallel.reshard_after_forward, ranks=distributed_env())
     if multi_gpu == "dp" and device_type == "cuda":
         return DataParallelStrategy(hardware.gpu_ids or list(range(torch.cuda.device_count())))
     label = "dp" if multi_gpu == "dp" else "single"
     if device_type == "cuda":
         return SingleDevice(torch.device("cuda", (hardware.gpu_ids or [0])[0]), label=label)
     return SingleDevice(torch.device("cpu"), label=label)
+
+
+def distributed_env():
+    """(rank, local_rank, world_size) from the variables torchrun sets; (0, 0, 1) without them."""
+    return (int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)),
+            int(os.environ.get("WORLD_SIZE", 1)))
+
+
+def resolve_device_type(requested):
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda but no GPU is visible to PyTorch; use --device cpu or auto")
+    return requested
+
+
+def check_gpu_ids(gpu_ids):
+    count = torch.cuda.device_count()
+    for gpu in gpu_ids or ():
+        if gpu >= count:
+            raise UsageError(f"--gpu-ids names GPU {gpu}, but {count} GPU(s) are visible"
+                             + (f" (0..{count - 1})" if count else "") + "; pick from those")
+
+
+def free_bytes(device):
+    """Memory a new allocation can take on `device`: CUDA's free memory, or the host's MemAvailable
+    (None where /proc/meminfo is not there)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as handle:
+            fields = dict(line.split(":", 1) for line in handle)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def check_parallel_args(config):
+    """Validate device, GPU and backend settings; returns (device_type, backend). Runs before any
+    process is launched, so a bad combination fails once, in one line."""
+    hardware, multi_gpu = config.hardware, config.parallel.multi_gpu
+    device_type = resolve_device_type(hardware.device)
+    if device_type == "cpu" and hardware.gpu_ids:
+        raise UsageError("--gpu-ids was given with --device cpu (or no visible GPU); drop one of them")
+    check_gpu_ids(hardware.gpu_ids)
+    backend = hardware.backend if hardware.backend != "auto" else ("nccl" if device_type == "cuda" else "gloo")
+    if multi_gpu == "dp" and hardware.compile and device_type == "cuda":
+        raise UsageError("--compile does not work through DataParallel's replica threads; "
+                         "use --multi-gpu ddp with --compile")
+    if hardware.compile_mode in CUDA_GRAPH_MODES and device_type != "cuda":
+        raise UsageError(f"--compile-mode {hardware.compile_mode} records CUDA graphs, which need a GPU; on "
+                         f"{device_type} use --compile-mode default")
+    if multi_gpu not in SHARDED_OR_DDP:
+        if hardware.sync_bn:
+            raise UsageError("--sync-bn only applies to --multi-gpu ddp")
+        return device_type, None
+    if backend == "nccl" and device_type != "cuda":
+        raise UsageError("--backend nccl needs CUDA devices; use --backend gloo on CPU")
+    if hardware.sync_bn and device_type != "cuda":
+        raise UsageError("--sync-bn needs CUDA (SyncBatchNorm has no CPU kernel); on CPU use "
+                         "--norm group or --norm none for batch-split-independent results")
+    # Checked from torchrun's LOCAL_WORLD_SIZE, so every rank of the node refuses alike and local
+    # rank 0 can say it, instead of only the ranks past the last GPU.
+    local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if launched_by_torchrun() else 1
+    gpus = len(hardware.gpu_ids) if hardware.gpu_ids else torch.cuda.device_count()
+    # NCCL refuses two ranks on one GPU; gloo lets them share it (slower, but it tests multi-rank
+    # logic with CUDA tensors on a one-GPU machine).
+    if device_type == "cuda" and local_processes > gpus and backend == "nccl":
+        raise UsageError(f"torchrun starts {local_processes} processes on this node but {gpus} GPU(s) are in use; "
+                         "lower --nproc_per_node, pass --backend gloo to share GPUs, or pass --device cpu")
+    return device_type, backend

@@ -144,7 +144,7 @@ VIEW_SEED_STRIDE = 1_000_003  # view v of --seed s is drawn from s x stride + v
 
 def wants_feature_pool(model, views):
     """Whether the run trains on a feature pool: a model with fixed features and --feature-views > 0."""
-    return getattr(model, "FIXED_FEATURES", False) and views > 0
+    return model.FIXED_FEATURES and views > 0
 
 
 def feature_store_root(save_dir, splits):

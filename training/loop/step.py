@@ -1,5 +1,5 @@
-"""The training step and the evaluation pass: what the trainer, the profiler and the benchmarks all
-run; with AdamW and the step's arithmetic as pure functions: the LR scaled with the global batch,
+"""The training step: what the trainer, the profiler and the benchmarks all run (the evaluation pass is
+evaluation.py's); with AdamW and the step's arithmetic as pure functions: the LR scaled with the global batch,
 the accumulation windows, warmup and cosine decay; and mixed precision: the autocast dtype for the
 device and the matching GradScaler."""
 import contextlib
@@ -11,7 +11,6 @@ import torch
 import torch.nn.functional as F
 from torch.optim.lr_scheduler import LambdaLR
 
-from data.loaders import window_shape
 from training.errors import UsageError
 
 
@@ -207,36 +206,6 @@ def compile_for_training(train_model, hardware):
         return train_model
     mode = hardware.compile_mode
     return torch.compile(train_model, mode=None if mode in (None, "default") else mode)
-
-
-@torch.no_grad()
-def predict(model, loader, strategy, precision, num_classes):
-    """(labels [N], logits [N, num_classes] in fp32, mean loss) over the whole split, gathered from
-    every rank, as numpy arrays."""
-    model.eval()
-    device = strategy.device
-    labels_seen, logits_seen = [], []
-    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    for _ in range(strategy.evaluation_batches(loader) - len(loader)):
-        # A rank with fewer batches still takes part in every forward (FSDP gathers parameters there).
-        with precision.autocast():
-            model(torch.zeros(0, *window_shape(loader), device=device))
-    for signals, labels in loader:
-        signals = signals.to(device, non_blocking=True)
-        labels = labels.to(device, non_blocking=True)
-        with precision.autocast():
-            logits = model(signals)
-        loss_sum += F.cross_entropy(logits.float(), labels, reduction="sum")
-        labels_seen.append(labels)
-        logits_seen.append(logits.float().flatten())  # flat: the ranks' pieces are gathered as 1-D tensors
-    labels_all = strategy.gather_concat(_cat(labels_seen, torch.long, device))
-    logits_all = strategy.gather_concat(_cat(logits_seen, torch.float32, device)).view(-1, num_classes)
-    total_loss = float(strategy.sum_over_ranks(loss_sum))
-    return labels_all.cpu().numpy(), logits_all.cpu().numpy(), total_loss / max(1, len(labels_all))
-
-
-def _cat(tensors, dtype, device):
-    return torch.cat(tensors) if tensors else torch.zeros(0, dtype=dtype, device=device)
 
 
 # Mixed precision: which autocast dtype to use on this device, and the matching GradScaler.

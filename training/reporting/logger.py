@@ -137,19 +137,6 @@ def _current_rss_bytes():
         return _peak_rss_bytes()
 
 
-def free_bytes(device):
-    """Memory a new allocation can take on `device`: CUDA's free memory, or the host's MemAvailable
-    (None where /proc/meminfo is not there)."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:
-        with open("/proc/meminfo") as handle:
-            fields = dict(line.split(":", 1) for line in handle)
-        return int(fields["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        return None
-
-
 # Where the run's time went
 
 LINE_START = "time: "

@@ -1,0 +1,25 @@
+"""What every model of the registry declares, with the value a model that says nothing gets: the
+registry, the trainer, the feature pool and FSDP read these, and never probe a model for them."""
+from torch import nn
+
+
+class HARModel(nn.Module):
+    """Windows [B, C, T] in, logits [B, classes] out. A model overrides what differs from here."""
+    SIZES = ()  # the size flags it takes (of models.SIZE_KNOBS), passed to resolve_size as keywords
+    DROPOUT = 0.1  # when --dropout is not given
+    LABEL_SMOOTHING = 0.1  # when --label-smoothing is not given
+    TAKES_WINDOW_STEPS = False  # True: built with window_steps, as its layout depends on the window's length
+    FIXED_FEATURES = False  # True: forward also takes features(windows), which do not learn, so a pool can hold them
+    FITS_TO_DATA = False  # True: fit(signals) sets parts from the training windows before training
+
+    @staticmethod
+    def resolve_size(**size):
+        """The constructor's size keywords with defaults filled in; ValueError for sizes it cannot build."""
+        return size
+
+    def fit(self, signals):
+        """Set the parts that depend on the data from training windows [N, C, T] (FITS_TO_DATA)."""
+
+    def fsdp_blocks(self):
+        """The submodules FSDP shards as units of their own; none: the whole model is the root's unit."""
+        return []
