@@ -14,7 +14,9 @@ import triton.language as tl
 WINDOWS_PER_PROGRAM = 16
 
 
-@triton.jit
+# One compilation for every dilation and batch: Triton would otherwise compile a variant for each
+# integer argument that is 1 or a multiple of 16 (a first run's start-up pays for each).
+@triton.jit(do_not_specialize=["windows", "outputs_steps", "first_feature", "dilation", "padding"])
 def _ppv_kernel(x_ptr, weights_ptr, used_ptr, biases_ptr, out_ptr, windows, channels, steps, outputs_steps,
                 features, first_feature, biases_per_kernel, dilation, padding,
                 BLOCK_WINDOWS: tl.constexpr, BLOCK_STEPS: tl.constexpr, KERNEL_LENGTH: tl.constexpr):
@@ -52,13 +54,16 @@ def fused_ppv(x, weights, biases, dilations, paddings):
     if not windows:
         return features
     kernel_length = weights.shape[3]
-    used = weights.ne(0).any(dim=3).to(torch.int8)  # [D, 84, C]: the channels each kernel sums
+    # [D, 84, C]: the channels each kernel sums; int32 so that every dilation's slice starts 16-byte
+    # aligned, as Triton also compiles a variant per pointer alignment.
+    used = weights.ne(0).any(dim=3).int()
     grid = (kernels, triton.cdiv(windows, WINDOWS_PER_PROGRAM))
+    block_steps = triton.next_power_of_2(steps)  # the longest outputs, the padded dilations'
     for d, (dilation, padding) in enumerate(zip(dilations, paddings, strict=True)):
         outputs_steps = steps + 2 * padding - (kernel_length - 1) * dilation
         _ppv_kernel[grid](x, weights[d].contiguous(), used[d].contiguous(), biases[d].contiguous(), features,
                           windows, channels, steps, outputs_steps, features.shape[1], d * kernels * per, per,
                           dilation, padding,
-                          BLOCK_WINDOWS=WINDOWS_PER_PROGRAM, BLOCK_STEPS=triton.next_power_of_2(outputs_steps),
+                          BLOCK_WINDOWS=WINDOWS_PER_PROGRAM, BLOCK_STEPS=block_steps,
                           KERNEL_LENGTH=kernel_length)
     return features
