@@ -122,11 +122,6 @@ TABLES = (
      ["model", "backend", "ranks", "samples/s", "step ms", "peak allocated GiB"],
      per_step(("model", "s"), ("backend", "s"), ("world_size", "d"), ("samples_per_s", ",.0f"),
               ("step_time_ms", ".2f"), ("peak_memory_gib", ".3f")), None),
-    ("cold_start", "A cold `python main.py` with its defaults, the check's first process after the machine probe",
-     ["process wall s", "time line (s)"],
-     per_step(lambda s: f"{s['wall_s']:.1f}" if "wall_s" in s else s["status"],
-              lambda s: ", ".join(f"{name} {seconds:.1f}" for name, seconds in
-                                  ((s.get("figures") or {}).get("laps") or {}).items()) or "none"), None),
     ("epoch", "One epoch end to end (main.py --epochs 1; UCI HAR's size, smaller with --quick)",
      ["process wall s", "start-up s", "inputs s", "set-up s", "epoch s", "training samples/s", "val macro-F1"],
      per_step(lambda s: f"{s['wall_s']:.1f}" if "wall_s" in s else s["status"], ("start_up_s", ".1f"),

@@ -38,19 +38,16 @@ def status_of(steps):
 
 def fused_transform(steps):
     what = "MiniRocket transform, fused kernel, batch >= 1,024 (windows/s)"
-    best = {}
-    for figures in figures_of(steps):
-        for batch, ways in (figures.get("windows_per_s") or {}).items():
-            for way, rate in ways.items():
-                if int(batch) >= 1024:
-                    best[way] = max(rate, best.get(way, 0.0))
-    if FUSED not in best:
+    rates = [(way, rate) for figures in figures_of(steps) for batch, ways in
+             (figures.get("windows_per_s") or {}).items() if int(batch) >= 1024 for way, rate in ways.items()]
+    fused = max((rate for way, rate in rates if way == FUSED), default=None)
+    if fused is None:
         return row(what, None, FUSED_WINDOWS_PER_S, ",.0f", note=f"no fused figure ({status_of(steps)})")
-    reference = max(rate for way, rate in best.items() if way != FUSED)
+    reference = max(rate for way, rate in rates if way != FUSED)
     agreement = next((f["fused_agreement"] for f in figures_of(steps) if f.get("fused_agreement")), {})
     note = (f"reference {reference:,.0f}; {agreement.get('windows_equal_share', float('nan')):.2%} of windows "
             "with features equal to the reference's")
-    return row(what, best[FUSED], FUSED_WINDOWS_PER_S, ",.0f", note=note)
+    return row(what, fused, FUSED_WINDOWS_PER_S, ",.0f", note=note)
 
 
 def step_rate(model, target, matrix_steps, overhead_steps):
