@@ -77,6 +77,24 @@ def test_the_fused_kernel_counts_what_the_reference_counts_but_for_rounding():
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+def test_the_kernel_compiles_for_an_h100_without_one():
+    """Triton's own ptxas turns the kernel into an sm_90 binary (H100, H200) here, so a kernel that the
+    interpreter runs but the compiler refuses fails before a GPU is lent."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from models.minirocket_fused import WINDOWS_PER_PROGRAM, _ppv_kernel
+    pointers = {"x_ptr": "*fp32", "weights_ptr": "*fp32", "used_ptr": "*i32", "biases_ptr": "*fp32", "out_ptr": "*fp32"}
+    integers = ("windows", "channels", "steps", "outputs_steps", "features", "first_feature", "biases_per_kernel",
+                "dilation", "padding")
+    constants = {"BLOCK_WINDOWS": WINDOWS_PER_PROGRAM, "BLOCK_STEPS": 128, "KERNEL_LENGTH": 9}
+    signature = {**pointers, **dict.fromkeys(integers, "i32"), **dict.fromkeys(constants, "constexpr")}
+    compiled = triton.compile(ASTSource(fn=_ppv_kernel, signature=signature, constexprs=constants),
+                              target=GPUTarget("cuda", 90, 32))
+    assert compiled.asm["cubin"] and ".visible .entry _ppv_kernel" in compiled.asm["ptx"]
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_on_a_gpu_the_transform_runs_the_fused_kernel_and_agrees():
