@@ -12,6 +12,7 @@ training, from (normalised) training windows.
 """
 import contextlib
 import functools
+import importlib.util
 import itertools
 from concurrent.futures import ThreadPoolExecutor
 
@@ -85,13 +86,15 @@ class MiniRocket(HARModel):
         self.register_buffer("feature_std", torch.ones(num_features))
         self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(num_features, num_classes))
 
-    def transform(self, x, one_bias_at_a_time=True):
+    def transform(self, x, one_bias_at_a_time=True, fused=True):
         """[B, C, T] -> PPV features [B, D x 84 x biases] (no gradient flows into them): each feature's
         count of positive positions over its T' positions, the exact proportion that a mean over them
         gives. one_bias_at_a_time: compare a kernel's output with its biases in turn, through a scratch
         tensor that stays in a CPU's caches; False compares with all of them at once, in fewer and
-        larger operations (the same features; benchmarks.gpu_check.minirocket times both)."""
-        return self._float_counts(x, one_bias_at_a_time) / self.positions(x.shape[2], x.device)
+        larger operations (the same features; benchmarks.gpu_check.minirocket times both).
+        fused: on a CUDA GPU with triton, one kernel that counts in registers (models.minirocket_fused;
+        its counts differ only where an output lies within float rounding of its bias)."""
+        return self._float_counts(x, one_bias_at_a_time, fused) / self.positions(x.shape[2], x.device)
 
     def positions(self, window_steps, device):
         """Each feature's T': the positions its kernel's output has over a window of `window_steps`."""
@@ -111,11 +114,14 @@ class MiniRocket(HARModel):
         with torch.no_grad(), torch.autocast(x.device.type, enabled=False):
             return self._float_counts(x.float()).to(self.count_dtype)
 
-    def _float_counts(self, x, one_bias_at_a_time=True):
+    def _float_counts(self, x, one_bias_at_a_time=True, fused=True):
         if torch.jit.is_tracing() or torch.compiler.is_compiling():
             # A graph being recorded (export, compile): one pass over the batch, whose size the
             # graph must leave free, and no writes into a scratch tensor of a recorded size.
             return self._counts(x, scratch=None)
+        if fused and x.device.type == "cuda" and triton_installed():
+            from models.minirocket_fused import fused_counts  # triton's import is paid only where it runs
+            return fused_counts(x, self.weights, self.biases, self.dilations, self.paddings)
         if not len(x):
             return self._counts(x, None)
         chunk = self._chunk_counts if one_bias_at_a_time else functools.partial(self._counts, scratch=None)
@@ -213,6 +219,11 @@ def full_fp32_convolutions(device):
         yield
     finally:
         cudnn.allow_tf32 = saved
+
+
+@functools.cache
+def triton_installed():
+    return importlib.util.find_spec("triton") is not None
 
 
 def one_chunk_per_core(function, chunks):

@@ -15,6 +15,7 @@ import torch
 
 from benchmarks.gpu_check import __main__ as cli
 from benchmarks.gpu_check import runner, throughput
+from benchmarks.gpu_check.minirocket import FUSED
 from benchmarks.gpu_check.page import markdown_report
 from benchmarks.gpu_check.plan import (
     COMPILE_VARIANTS,
@@ -39,6 +40,7 @@ from benchmarks.gpu_check.runner import (
     run_command,
     run_step,
 )
+from benchmarks.gpu_check.targets import target_rows
 from training.entry_point import run_entry_point
 from training.reporting.logger import INPUTS_LAP, SET_UP_LAP, PhaseClock
 
@@ -59,10 +61,13 @@ def python_step(tmp_path, code, group="epoch", name="fake", **extra):
 def test_the_plan_runs_every_group_in_budget_order_with_the_documented_commands(tmp_path):
     plan = build_plan(tmp_path)
     assert list(dict.fromkeys(step.group for step in plan)) == list(GROUP_BUDGET_S)
-    # The default groups leave a minute and a half of a device command's ten for start-up and writing.
-    assert "tests" not in DEFAULT_GROUPS and sum(GROUP_BUDGET_S[group] for group in DEFAULT_GROUPS) <= 510
+    # The default groups measure every target in under 8 minutes, with 35 s for start-up and writing.
+    assert "tests" not in DEFAULT_GROUPS and sum(GROUP_BUDGET_S[group] for group in DEFAULT_GROUPS) <= 445
     by_group = {group: [step for step in plan if step.group == group] for group in GROUP_BUDGET_S}
     (tests,) = by_group["tests"]
+    (cold,) = by_group["cold_start"]  # the first process after the probe, main.py with its defaults
+    assert [step.group for step in plan if step.group in DEFAULT_GROUPS][0] == "cold_start"
+    assert cold.command[1] == "main.py" and "--epochs" not in cold.command and "--no-resume" in cold.command
     assert tests.command[1:8] == ["-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider"]
     assert tests.command[8:] == (["-n", "4"] if importlib.util.find_spec("xdist") else [])
     (matrix,) = by_group["profile"]  # the whole matrix in one process
@@ -97,7 +102,7 @@ def test_the_plan_runs_every_group_in_budget_order_with_the_documented_commands(
         assert step.command[1:3] == ["-m", "benchmarks.overhead"]
         assert flag(step.command, "--json") == str(step.output)
         assert " ".join(COMPILE_VARIANTS[step.params["compile"]]) in " ".join(step.command)
-    assert [s.params["compile"] for s in overhead][:2] == ["eager", "eager"]  # the slow compiled ones last
+    assert overhead[0].params["compile"] == "eager"  # the slow compiled ones last
 
 
 def test_quick_shrinks_steps_rounds_and_data_but_keeps_the_grid(tmp_path):
@@ -136,7 +141,9 @@ def test_the_minirocket_and_trace_steps_leave_their_figures_and_the_trace_is_kep
     assert trace["trace_file"].startswith("trace/") and kept.is_file()
     assert "traceEvents" in json.loads(kept.read_text())
     page = markdown_report({**sample_result(), "steps": records})
-    assert "| batch | one bias at a time | all biases at once |" in page
+    assert "| batch | fused kernel | one bias at a time | all biases at once |" in page
+    # The fused kernel runs on CUDA only: on a CPU its column says so, and nothing is compared.
+    assert "| 1024 | not run |" in page and minirocket["fused_agreement"] is None
     assert f"| {trace['step_ms']:.2f} | 0.00 | 0 |" in page
 
 
@@ -319,7 +326,7 @@ def test_data_path_figures_from_what_benchmarks_data_path_writes():
     assert read["device_batches_per_s"] == 500.0 and read["iteration_ratio"] == pytest.approx(5.0)
 
 
-def test_epoch_figures_from_the_last_metrics_line_and_the_time_line():
+def test_epoch_and_cold_start_figures_from_the_last_metrics_line_and_the_time_line():
     lines = [{"epoch": 1, "samples_per_s": 5000.0, "train_time_s": 1.5, "epoch_time_s": 2.0, "val_macro_f1": 0.8}]
     clock = PhaseClock()
     clock.laps = [(INPUTS_LAP, 0.25), (SET_UP_LAP, 3.0), ("training", 2.0), ("evaluation", 0.5)]
@@ -330,6 +337,10 @@ def test_epoch_figures_from_the_last_metrics_line_and_the_time_line():
         "samples_per_s": 5000.0, "train_time_s": 1.5, "epoch_time_s": 2.0, "val_macro_f1": 0.8}
     # As the line prints them, to a tenth of a second.
     assert (figures["start_up_s"], figures["inputs_s"], figures["set_up_s"]) == (1.2, 0.2, 3.0)
+    cold = run_step(Step("cold", "cold_start", [sys.executable, "-c", f"print({clock.line()!r})"]),
+                    Budget(GROUP_BUDGET_S, 100), "cpu")
+    assert cold["status"] == "ok" and cold["figures"]["laps"] == {INPUTS_LAP: 0.2, SET_UP_LAP: 3.0, "training": 2.0,
+                                                                  "evaluation": 0.5, "start-up": 1.2}
     bare = parse_epoch("\n".join(map(json.dumps, lines)) + "\n")  # a run from before the time line
     assert bare["start_up_s"] is None and bare["inputs_s"] is None and bare["set_up_s"] is None
     page = markdown_report({**sample_result(), "steps": [record("one epoch, main.py", "epoch", figures=bare,
@@ -460,3 +471,39 @@ def test_the_whole_run_writes_one_json_and_one_page_and_records_a_failure(tmp_pa
     assert "no GPU here" in result["steps"][1]["tail"]
     assert "| overhead bs32 eager | failed | 1 |" in (tmp_path / "gpu_check.md").read_text()
     assert f"wrote {tmp_path / 'gpu_check.json'}" in capsys.readouterr().out
+
+
+def test_each_target_stands_beside_its_figure_and_says_whether_it_is_met():
+    ways = {"256": {FUSED: 9e6, "one bias at a time": 1e5},  # below batch 1,024: not the target's
+            "1024": {FUSED: 1.5e6, "one bias at a time": 1.2e5, "all biases at once": 1.1e5}}
+    matrix = [configuration("fp32", samples_per_s=20_000.0), configuration("bf16", samples_per_s=30_000.0),
+              {**configuration("fp32", samples_per_s=160_000.0), "model": "minirocket"},
+              {**configuration("fp32", samples_per_s=900_000.0), "batch_size": 256}]
+    steps = [record("cold main.py, defaults", "cold_start", wall_s=9.5,
+                    figures={"laps": {INPUTS_LAP: 0.5, "training": 3.0, "start-up": 2.0}}),
+             record("throughput matrix", "profile", figures={"configurations": matrix}),
+             record("minirocket transform", "minirocket", figures={
+                 "windows_per_s": ways,
+                 "fused_agreement": {"windows_equal_share": 0.999, "features_differing_share": 2e-5}}),
+             record("overhead bs32 eager", "overhead", params={"batch_size": 32, "compile": "eager"},
+                    figures={"trainer_samples_per_s": 14_000.0, "ratio": 0.933}),
+             record("overhead bs32 reduce-overhead", "overhead", "skipped",
+                    params={"batch_size": 32, "compile": "reduce-overhead"})]
+    assert target_rows(steps) == [
+        ["MiniRocket transform, fused kernel, batch >= 1,024 (windows/s)",
+         "1,500,000 (reference 120,000; 99.90% of windows with features equal to the reference's)", ">= 1,000,000",
+         "yes"],
+        ["cnn1d training step, batch 32 (samples/s)", "30,000 (best: eager bf16)", ">= 100,000", "no"],
+        ["minirocket training step, batch 32 (samples/s)", "160,000 (best: eager fp32)", ">= 150,000", "yes"],
+        ["trainer / minimal loop, batch 32, both eager", "0.933", ">= 0.970", "no"],
+        ["trainer / minimal loop, batch 32, both reduce-overhead", "skipped", ">= 0.970", "-"],
+        ["cold `python main.py`, its defaults, first run of the check (s)",
+         f"9.5 ({INPUTS_LAP} 0.5, training 3.0, start-up 2.0)", "<= 8.0", "no"]]
+    page = markdown_report({**sample_result(), "steps": steps})
+    assert "| trainer / minimal loop, batch 32, both eager | 0.933 | >= 0.970 | no |" in page
+    assert f"| 9.5 ({INPUTS_LAP} 0.5, training 3.0, start-up 2.0) | <= 8.0 | no |" in page
+    assert "99.90% of windows with every feature equal, 0.0020% of features differing" in page
+    # A check where nothing ran still names every target, without a figure.
+    assert [row[1:] for row in target_rows([])] == [
+        ["no fused figure (not run)", ">= 1,000,000", "-"], ["not measured (not run)", ">= 100,000", "-"],
+        ["not measured (not run)", ">= 150,000", "-"], ["not run", "<= 8.0", "-"]]

@@ -1,9 +1,10 @@
-"""One command for a lent GPU: the training-step throughput of every model x batch x precision,
-MiniRocket's transform, the two data paths, DDP profiles (one NCCL rank, two gloo ranks sharing the
-GPU), one UCI-sized epoch end to end, a torch.profiler trace of one small eager step and the
-trainer's overhead (eager, compiled, CUDA graphs), each step in its own time budget so that the
-whole check fits one ten-minute command; one JSON and one markdown table out, and the trace under
-trace/. The CUDA tests are a group of their own
+"""One command for a lent GPU: a cold `python main.py` with its defaults, the training-step throughput
+of every model x batch x precision, MiniRocket's transform (fused and reference), the two data paths,
+DDP profiles (one NCCL rank, two gloo ranks sharing the GPU), one UCI-sized epoch end to end, a
+torch.profiler trace of one small eager step and the trainer's overhead (eager, compiled, CUDA
+graphs), each step in its own time budget so that the whole check fits under eight minutes; one JSON
+and one markdown table out, the trace under trace/, and each target of the GPU work printed beside
+its figure (benchmarks/gpu_check/targets.py). The CUDA tests are a group of their own
 (`--only tests`; 105 s on an H200 four at a time): run them as a command of their own.
 
     python -m benchmarks.gpu_check [--out DIR] [--quick] [--only GROUP,...] [--budget-s S] [--dry-run]
@@ -28,6 +29,7 @@ import torch
 from benchmarks.gpu_check.page import markdown_report
 from benchmarks.gpu_check.plan import DEFAULT_GROUPS, GROUP_BUDGET_S, build_plan
 from benchmarks.gpu_check.runner import Budget, run_command, run_plan
+from benchmarks.gpu_check.targets import target_lines
 from profiling.entry_points import comma_choices, entry_parser, env_without_torchrun
 from profiling.report import json_ready
 from training.entry_point import run_entry_point
@@ -71,6 +73,7 @@ def main(argv=None):
               "budget_s": opts.budget_s, "steps": records}
     (out_dir / "gpu_check.json").write_text(json.dumps(json_ready(result), indent=2, allow_nan=False) + "\n")
     (out_dir / "gpu_check.md").write_text(markdown_report(result))
+    print("\n".join(target_lines(records)))
     print(f"wrote {out_dir / 'gpu_check.json'} and {out_dir / 'gpu_check.md'}")
     return 1 if any(record["status"] in ("failed", "timeout") for record in records) else 0
 

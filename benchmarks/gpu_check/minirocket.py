@@ -1,6 +1,8 @@
 """The default model's fixed part on one device: MiniRocket's transform in windows/s at a few batch
-sizes, comparing a kernel's output with its biases one at a time (the default, made for a CPU's
-caches) and all at once, and the seconds of its fit. Random-walk windows of UCI HAR's shape.
+sizes, as the fused Triton kernel (on a CUDA GPU with triton) and as the reference, comparing a
+kernel's output with its biases one at a time (made for a CPU's caches) and all at once; how far the
+fused kernel's features are from the reference's; and the seconds of its fit. Random-walk windows of
+UCI HAR's shape.
 
     python -m benchmarks.gpu_check.minirocket --device cuda --json minirocket.json
 
@@ -15,11 +17,14 @@ import numpy as np
 import torch
 
 from models import build_model
+from models.minirocket import triton_installed
 from profiling.entry_points import at_least, comma_counts, entry_parser, write_json
 from training.config.settings import check_at_least
 from training.entry_point import run_entry_point
 
-WAYS = {"one bias at a time": True, "all biases at once": False}
+FUSED = "fused kernel"
+WAYS = {FUSED: {"fused": True}, "one bias at a time": {"fused": False},
+        "all biases at once": {"fused": False, "one_bias_at_a_time": False}}  # the transform's keywords
 
 
 def main(argv=None):
@@ -41,23 +46,38 @@ def main(argv=None):
     model = build_model("minirocket", 9, 6).to(device).eval()
     fit_s = [timed(device, model.fit, windows) for _ in range(3)]
     print(f"fit: {statistics.median(fit_s):.3f} s (median of 3)")
-    rates = {}
+    rates, fused_runs = {}, device.type == "cuda" and triton_installed()
+    ways = {way: keywords for way, keywords in WAYS.items() if way != FUSED or fused_runs}
+    agreement = fused_agreement(model, windows[:1024]) if fused_runs else None
+    if agreement:
+        print(f"fused kernel against the reference: {agreement['windows_equal_share']:.2%} of windows with every "
+              f"feature equal, {agreement['features_differing_share']:.4%} of features differing", flush=True)
     for batch in opts.batch_sizes:
-        for way, one_at_a_time in WAYS.items():
-            transform_all(model, windows, batch, one_at_a_time)  # untimed: cuDNN tunes for the new shapes
-            seconds = statistics.median(timed(device, transform_all, model, windows, batch, one_at_a_time)
+        for way, keywords in ways.items():
+            transform_all(model, windows, batch, keywords)  # untimed: compiles, or cuDNN tunes for the new shapes
+            seconds = statistics.median(timed(device, transform_all, model, windows, batch, keywords)
                                         for _ in range(opts.rounds))
             rates.setdefault(str(batch), {})[way] = len(windows) / seconds
             print(f"batch {batch}, {way}: {len(windows) / seconds:,.0f} windows/s", flush=True)
     write_json(opts.json, {"device": str(device), "torch": torch.__version__, "windows": opts.windows,
-                           "features": model.feature_mean.numel(), "fit_s": fit_s, "windows_per_s": rates})
+                           "features": model.feature_mean.numel(), "fit_s": fit_s, "windows_per_s": rates,
+                           "fused_agreement": agreement})
     return 0
 
 
 @torch.no_grad()
-def transform_all(model, windows, batch, one_bias_at_a_time):
+def fused_agreement(model, windows):
+    """The share of windows whose features all equal the reference's, and of features that differ
+    (where an output lies within float rounding of its bias, tests/test_minirocket_fused.py)."""
+    fused, reference = model.transform(windows, fused=True), model.transform(windows, fused=False)
+    return {"windows_equal_share": (fused == reference).all(dim=1).float().mean().item(),
+            "features_differing_share": (fused != reference).float().mean().item()}
+
+
+@torch.no_grad()
+def transform_all(model, windows, batch, keywords):
     for chunk in windows.split(batch):
-        model.transform(chunk, one_bias_at_a_time=one_bias_at_a_time)
+        model.transform(chunk, **keywords)
 
 
 def timed(device, function, *args):

@@ -1,6 +1,7 @@
 """The check's JSON as one markdown page: a table per group that ran, then what did not finish."""
 from benchmarks.gpu_check.minirocket import WAYS
 from benchmarks.gpu_check.plan import PRECISIONS
+from benchmarks.gpu_check.targets import target_rows
 
 
 def markdown_report(result):
@@ -16,6 +17,7 @@ def markdown_report(result):
              f"commit {machine.get('commit')}; "
              f"{'quick' if result['quick'] else 'full'} check in {result['wall_s']:.0f} s "
              f"({', '.join(f'{n} {status}' for status, n in counts.items())})", ""]
+    lines += table("Targets (the GPU issue's)", ["what", "figure", "target", "met"], target_rows(result["steps"]))
     lines += tests_section(groups.get("tests", []))
     for group, title, columns, rows, notes in TABLES:
         found = rows(groups.get(group, []))
@@ -85,7 +87,10 @@ def minirocket_rows(steps):
 
 def minirocket_notes(steps):
     return [f"Fit: {step['figures']['fit_s']:.2f} s (median of 3) for {step['figures']['features']:,} features."
-            for step in steps if (step.get("figures") or {}).get("fit_s") is not None] + [""]
+            for step in steps if (step.get("figures") or {}).get("fit_s") is not None] + [
+        f"Fused kernel against the reference on 1,024 windows: {agreement['windows_equal_share']:.2%} of windows with "
+        f"every feature equal, {agreement['features_differing_share']:.4%} of features differing."
+        for agreement in ((step.get("figures") or {}).get("fused_agreement") for step in steps) if agreement] + [""]
 
 
 def epoch_notes(steps):

@@ -135,6 +135,8 @@ def read_figures(step, stdout):
         return parse_pytest(stdout)
     if step.group == "epoch":
         return parse_epoch(Path(step.output).read_text(), stdout)
+    if step.group == "cold_start":
+        return {"laps": read_time_line(stdout)}  # the process's wall seconds are the record's
     reader = {"profile": parse_throughput, "minirocket": parse_minirocket, "ddp_profile": parse_profile,
               "data_path": parse_data_path, "trace": parse_trace, "overhead": parse_overhead}[step.group]
     return reader(Path(step.output).read_text())
@@ -176,7 +178,7 @@ def parse_minirocket(text):
     """benchmarks.gpu_check.minirocket --json: windows/s per batch size and way, the fit's median seconds."""
     figures = json.loads(text)
     return {"windows_per_s": figures["windows_per_s"], "fit_s": statistics.median(figures["fit_s"]),
-            "features": figures["features"]}
+            "features": figures["features"], "fused_agreement": figures.get("fused_agreement")}
 
 
 # Where a device's time goes in a torch.profiler trace: its kernels and copies, and the host's calls

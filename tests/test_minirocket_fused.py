@@ -1,0 +1,109 @@
+"""models.minirocket_fused: the Triton kernel that convolves, compares and counts in registers, against
+the reference transform. Without a GPU the kernel runs under Triton's interpreter (slow: the windows
+are few and short), in a process of its own: TRITON_INTERPRET is read when triton's own functions are
+defined, at its first import, which may have happened in this one."""
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO, run_subprocess
+from models import build_model
+
+pytest.importorskip("triton")
+
+CHANNELS, STEPS = 3, 30  # three dilations (1, 2, 3): padded, unpadded, padded; outputs of 30, 14 and 30 steps
+
+
+def fitted_model(device):
+    torch.manual_seed(0)
+    model = build_model("minirocket", CHANNELS, 6, width=504, window_steps=STEPS).to(device).eval()
+    signals = (torch.randn(64, CHANNELS, STEPS).cumsum(dim=2) * 0.1).to(device)
+    model.fit(signals)
+    return model, signals
+
+
+def counts_allowed(model, windows):
+    """Per feature, the fewest and most positive outputs a correct fp32 transform can count. Each
+    output is a sum of C x 9 products, and any order of summing them in fp32 lands within
+    n x 2^-24 x sum |w x| of the exact sum (n terms): an output that close to its bias may fall either side."""
+    lowest, highest = [], []
+    terms = CHANNELS * model.weights.shape[3]
+    for d, (dilation, padding) in enumerate(zip(model.dilations, model.paddings, strict=True)):
+        outputs = torch.nn.functional.conv1d(windows.double(), model.weights[d].double(), padding=padding,
+                                             dilation=dilation)
+        exact = outputs[:, :, None, :] + model.biases[d].double()[None, :, :, None]
+        magnitude = torch.nn.functional.conv1d(windows.double().abs(), model.weights[d].double().abs(),
+                                               padding=padding, dilation=dilation)[:, :, None, :]
+        rounding = terms * 2.0 ** -24 * magnitude
+        lowest.append((exact > rounding).sum(dim=3).flatten(1))
+        highest.append((exact >= -rounding).sum(dim=3).flatten(1))
+    return torch.cat(lowest, dim=1), torch.cat(highest, dim=1)
+
+
+def output_steps(model, windows):
+    return torch.cat([torch.full((model.biases[d].numel(),), STEPS + 2 * padding - 8 * dilation)
+                      for d, (dilation, padding) in enumerate(zip(model.dilations, model.paddings, strict=True))])
+
+
+def check_against_the_reference(device):
+    from models.minirocket_fused import fused_counts
+    model, signals = fitted_model(device)
+    # Windows the biases were drawn from (outputs equal to a bias: ties) and fresh ones, 20 in all:
+    # a whole block of 16 windows and a part of one.
+    windows = torch.cat([signals[:10], (torch.randn(10, CHANNELS, STEPS).cumsum(dim=2) * 0.1).to(device)])
+    # Ties by construction as well: the first bias of every kernel at the first dilation equals one
+    # output of the first window, which the reference counts as not positive.
+    tied = torch.nn.functional.conv1d(windows[:1], model.weights[0], padding=model.paddings[0])[0, :, 5]
+    model.biases[0, :, 0] = -tied
+    counted = fused_counts(windows, model.weights, model.biases, model.dilations, model.paddings).long().cpu()
+    reference = model.transform(windows, fused=False)
+    steps = output_steps(model, windows).to(device)
+    reference_counts = torch.round(reference * steps).long().cpu()
+    lowest, highest = counts_allowed(model, windows)
+    # Every count of the kernel is one a correct transform may give...
+    assert ((lowest <= counted) & (counted <= highest)).all()
+    # ...so a window's features may differ from the reference's only where one of its outputs lies
+    # within float rounding of a bias; everywhere else they are equal, and such windows are few.
+    ambiguous = (lowest != highest).any(dim=1)
+    differs = (counted != reference_counts).any(dim=1)
+    assert not (differs & ~ambiguous).any() and differs.sum() <= ambiguous.sum() < len(windows) // 2
+    assert torch.equal(counted[~ambiguous], reference_counts[~ambiguous])
+    assert fused_counts(windows[:0], model.weights, model.biases, model.dilations, model.paddings).shape == (0, 504)
+
+
+def test_the_fused_kernel_counts_what_the_reference_counts_but_for_rounding():
+    done = run_subprocess([sys.executable, __file__], env={"TRITON_INTERPRET": "1", "PYTHONPATH": REPO})
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_the_kernel_compiles_for_an_h100_without_one():
+    """Triton's own ptxas turns the kernel into an sm_90 binary (H100, H200) here, so a kernel that the
+    interpreter runs but the compiler refuses fails before a GPU is lent."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from models.minirocket_fused import WINDOWS_PER_PROGRAM, _ppv_kernel
+    pointers = {"x_ptr": "*fp32", "weights_ptr": "*fp32", "used_ptr": "*i32", "biases_ptr": "*fp32", "out_ptr": "*fp32"}
+    integers = ("windows", "channels", "steps", "outputs_steps", "features", "first_feature", "biases_per_kernel",
+                "dilation", "padding")
+    constants = {"BLOCK_WINDOWS": WINDOWS_PER_PROGRAM, "BLOCK_STEPS": 128, "KERNEL_LENGTH": 9}
+    signature = {**pointers, **dict.fromkeys(integers, "i32"), **dict.fromkeys(constants, "constexpr")}
+    compiled = triton.compile(ASTSource(fn=_ppv_kernel, signature=signature, constexprs=constants),
+                              target=GPUTarget("cuda", 90, 32))
+    assert compiled.asm["cubin"] and ".visible .entry _ppv_kernel" in compiled.asm["ptx"]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_the_transform_runs_the_fused_kernel_and_agrees():
+    check_against_the_reference(torch.device("cuda"))
+    from models.minirocket_fused import fused_counts
+    model, signals = fitted_model(torch.device("cuda"))
+    counts = fused_counts(signals, model.weights, model.biases, model.dilations, model.paddings)
+    assert torch.equal(model.transform(signals), counts / model.positions(signals.shape[2], signals.device))
+
+
+if __name__ == "__main__":  # the CPU test's own process, under Triton's interpreter
+    check_against_the_reference(torch.device("cpu"))
