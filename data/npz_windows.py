@@ -1,7 +1,7 @@
 """Bring your own windows: read and validate an .npz of pre-cut windows (--dataset npz).
 
-Arrays: signals float [N, C, T], labels int [N] (0-based), subjects int [N]; optional
-class_names [K] and channel_names [C] (unicode strings), sample_rate_hz (a number) and split [N]
+Arrays: signals float [N, C, T], labels [N] (integers or unicode names; data/labels.py), subjects
+int [N]; optional class_names [K] and channel_names [C] (unicode strings), sample_rate_hz (a number) and split [N]
 ('train' / 'test'). Loaded with allow_pickle=False: nothing in the file can run code.
 """
 import zipfile
@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from data.errors import DataError
+from data.labels import class_indexes
 
 REQUIRED = ("signals", "labels", "subjects")
 OPTIONAL = ("class_names", "channel_names", "sample_rate_hz", "split")
@@ -73,21 +74,31 @@ def _validate(path, arrays):
         raise DataError(f"{path}: signals hold NaN or infinity as float32, the models' type (first at window "
                         f"{window}, channel {channel}, step {step}: {signals[window, channel, step]:g}, beyond about "
                         "3.4e38 or not a number)")
-    labels = _integers(path, arrays, "labels", count)
+    labels, class_names = _labels(path, arrays, count)
     subjects = _integers(path, arrays, "subjects", count)
-    class_names = _names(path, arrays, "class_names", None)
-    num_classes = len(class_names) if class_names else int(labels.max()) + 1
-    if labels.min() < 0 or labels.max() >= num_classes:
-        bad = int(np.argmax((labels < 0) | (labels >= num_classes)))
-        raise DataError(f"{path}: label {labels[bad]} (window {bad}) is outside 0..{num_classes - 1}"
-                        + (f" ({num_classes} class_names)" if class_names else ""))
-    if num_classes < 2:
+    if len(class_names) < 2:
         raise DataError(f"{path}: labels hold a single class; classification needs at least two")
     channel_names = _names(path, arrays, "channel_names", channels)
-    return NpzWindows(as_float32, labels, subjects,
-                      class_names or tuple(f"class_{i}" for i in range(num_classes)),
+    return NpzWindows(as_float32, labels, subjects, class_names,
                       channel_names or tuple(f"channel_{i}" for i in range(channels)),
                       _sample_rate(path, arrays), _split(path, arrays, count))
+
+
+def _labels(path, arrays, count):
+    """(0-based class per window, class names) by data/labels.py's rule. Names (unicode labels) are
+    classes by name; integers are indexes into class_names when the file names its classes, else
+    each distinct value is a class of its own (labels 1 and 2 make two classes, not three)."""
+    names = _names(path, arrays, "class_names", None)
+    values = arrays["labels"]
+    if values.dtype.kind == "U" and values.shape == (count,):
+        class_labels = names or tuple(sorted(set(values.tolist())))
+        names = class_labels
+    else:
+        values = _integers(path, arrays, "labels", count)
+        class_labels = range(len(names)) if names else np.unique(values).tolist()
+        names = names or tuple(f"class_{value}" for value in class_labels)
+    return class_indexes(values, class_labels, where=str(path), fix="with class_names, labels are 0-based "
+                         "indexes into them or the names themselves"), tuple(names)
 
 
 def _integers(path, arrays, name, count):

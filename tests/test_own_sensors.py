@@ -3,9 +3,14 @@ import numpy as np
 import pytest
 
 from data.errors import DataError
+from data.npz_windows import load_npz_windows
 from data.recordings import Recording
 from data.resample import on_model_clock
-from inference_fixtures import RATE_HZ
+from data.store import WindowStore
+from inference_fixtures import RATE_HZ, synthetic_stream
+from test_npz_dataset import windows, write_npz
+from test_store import build_here
+from test_trust_numbers import build_refused
 
 
 def millisecond_stamps(rate_hz, seconds):
@@ -28,3 +33,43 @@ def test_a_given_rate_the_stamps_contradict_is_refused():
     time_s = millisecond_stamps(64.0, 60.0)
     with pytest.raises(DataError, match="--sample-rate 50 disagrees"):
         on_model_clock(Recording(np.zeros((len(time_s), 3)), None, time_s, "r"), RATE_HZ, 50.0)
+
+
+def test_npz_labels_may_be_any_integers_or_names(tmp_path):
+    arrays = windows(classes=2)
+    write_npz(tmp_path / "ints.npz", **{**arrays, "labels": arrays["labels"] + 1})  # labels 1 and 2
+    loaded = load_npz_windows(tmp_path / "ints.npz")
+    assert loaded.class_names == ("class_1", "class_2")  # two classes, not an empty class_0 beside them
+    np.testing.assert_array_equal(loaded.labels, arrays["labels"])
+    names = np.array(["walk", "rest"])[arrays["labels"]]
+    write_npz(tmp_path / "names.npz", **{**arrays, "labels": names})
+    loaded = load_npz_windows(tmp_path / "names.npz")
+    assert loaded.class_names == ("rest", "walk")
+    np.testing.assert_array_equal(np.array(loaded.class_names)[loaded.labels], names)
+
+
+def labelled_recordings(folder, labels_of):
+    """Three subjects' recordings at 50 Hz whose label column is labels_of(time_s)."""
+    folder.mkdir()
+    for subject in (1, 2, 3):
+        time_s, acc, gyro = synthetic_stream(30.0, rate_hz=50.0, seed=subject)
+        np.savez(folder / f"s{subject}.npz", acc=acc, gyro=gyro, time_s=time_s, label=labels_of(time_s),
+                 subject=np.full(len(time_s), subject))
+    return folder
+
+
+def test_a_zero_one_labelling_keeps_both_classes_or_is_refused(tmp_path):
+    source = labelled_recordings(tmp_path / "recordings", lambda time_s: (time_s // 5).astype(int) % 2)
+    line = build_refused(source, tmp_path / "refused", "--class-names", "rest,walk", "--test-subjects", "3")
+    assert "label 0" in line and "--class-labels" in line and "--unlabelled" in line
+    build_here(source, tmp_path / "store", "--class-names", "rest,walk", "--class-labels", "0,1",
+               "--test-subjects", "3")
+    assert np.bincount(WindowStore(tmp_path / "store").labels).tolist()[0] > 0  # the 0 class is kept
+
+
+def test_only_the_values_named_unlabelled_are_left_out(tmp_path):
+    source = labelled_recordings(tmp_path / "recordings", lambda time_s: np.where(time_s % 10 < 6, 1 + (time_s // 10)
+                                                                                  .astype(int) % 2, 9))
+    build_here(source, tmp_path / "store", "--class-names", "rest,walk", "--unlabelled", "9", "--test-subjects", "3")
+    store = WindowStore(tmp_path / "store")
+    assert set(store.labels.tolist()) == {0, 1} and "9" in store.manifest["label_rule"]
