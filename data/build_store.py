@@ -39,7 +39,7 @@ from data import uci_har
 from data.errors import DataError, exit_from_command
 from data.labels import class_indexes
 from data.npz_windows import load_npz_windows
-from data.preprocess import RAW_CHANNELS, cut_windows, stream_channels, window_starts
+from data.preprocess import available_channels, cut_windows, stream_channels, window_starts
 from data.provenance import array_identity, check, file_identity, make_record, read_json, write_record
 from data.recordings import read_recording
 from data.resample import on_model_clock
@@ -250,9 +250,11 @@ def plan(source, options):
         if not files:
             raise DataError(f"{source} holds no .csv or .npz recordings (nor is it a UCI HAR layout)")
         options.sample_rate = options.sample_rate or uci_har.SAMPLE_RATE_HZ
-        jobs = [{"name": name, "recording": str(path), "options": _recording_options(options)}
+        # The first recording's sensors decide the store's channels; every other must have the same.
+        has_gyro = read_recording(files[0], extra=("label", "subject")).gyro_rad_s is not None
+        channels = available_channels(options.preprocessing, has_gyro)
+        jobs = [{"name": name, "recording": str(path), "options": _recording_options(options, channels)}
                 for name, path in zip(_recording_job_names(files), files, strict=True)]
-        channels = _recording_channels(options.preprocessing)
         layout = _layout(channels, options.class_names, options.sample_rate, options.window_steps,
                          options.stride or options.window_steps // 2, options.preprocessing, None,
                          f"recordings in {source}")
@@ -280,14 +282,10 @@ def _window_jobs(signals, labels, subjects):
              "labels": labels[subjects == subject], "subject": int(subject)} for subject in np.unique(subjects)]
 
 
-def _recording_options(options):
+def _recording_options(options, channels):
     return {"sample_rate": options.sample_rate, "window_steps": options.window_steps,
             "stride": options.stride or options.window_steps // 2, "preprocessing": options.preprocessing,
-            "class_labels": options.class_labels, "unlabelled": options.unlabelled}
-
-
-def _recording_channels(preprocessing):
-    return uci_har.SIGNAL_NAMES if preprocessing == "uci-har" else RAW_CHANNELS
+            "class_labels": options.class_labels, "unlabelled": options.unlabelled, "channels": list(channels)}
 
 
 def _layout(channels, class_names, rate, window_steps, stride, preprocessing, test_subjects, source):
@@ -340,7 +338,7 @@ def _check_finite(signals, stored, where, dtype):
                     f"{dtype}, the first window {window} (channel {channel}, step {step}); {why}")
 
 
-def recording_windows(path, sample_rate, window_steps, stride, preprocessing, class_labels, unlabelled):
+def recording_windows(path, sample_rate, window_steps, stride, preprocessing, class_labels, unlabelled, channels):
     """(float32 windows [n, C, T], int64 labels 0..K-1 [n], subject) of one labelled recording: the
     stream brought to the model's clock, its channels derived and cut as predict.py does, each window
     labelled by the majority of its samples."""
@@ -352,8 +350,11 @@ def recording_windows(path, sample_rate, window_steps, stride, preprocessing, cl
     acc, gyro, start_s, source_hz = on_model_clock(recording, sample_rate)
     if preprocessing == "uci-har" and gyro is None:
         raise DataError(f"{path} has no gyroscope, which --preprocessing uci-har needs; use --preprocessing raw")
-    channels = stream_channels(preprocessing, acc, gyro, sample_rate)
-    stream = np.stack([channels[name] for name in _recording_channels(preprocessing) if name in channels])
+    made = stream_channels(preprocessing, acc, gyro, sample_rate)
+    if set(made) != set(channels):
+        raise DataError(f"{path} gives the channels {', '.join(made)}, but the store's are {', '.join(channels)} "
+                        "(from the first recording); convert recordings of other sensors into a store of their own")
+    stream = np.stack([made[name] for name in channels])
     starts = window_starts(stream.shape[1], window_steps, stride)
     labels = class_indexes(np.rint(recording.extra["label"]).astype(np.int64), class_labels, unlabelled,
                            f"{path}", "name each class's value with --class-labels and any value that means no class "

@@ -1,8 +1,10 @@
 """Bring your own windows: read and validate an .npz of pre-cut windows (--dataset npz).
 
 Arrays: signals float [N, C, T], labels [N] (integers or unicode names; data/labels.py), subjects
-int [N]; optional class_names [K] and channel_names [C] (unicode strings), sample_rate_hz (a number) and split [N]
-('train' / 'test'). Loaded with allow_pickle=False: nothing in the file can run code.
+int [N]; optional class_names [K] and channel_names [C] (unicode strings), sample_rate_hz (a
+number), split [N] ('train' / 'test') and preprocessing ('raw': the signals as recorded, resampled
+only, any channel names; 'uci-har'; 'unknown'; default: what the channel names imply). Loaded with
+allow_pickle=False: nothing in the file can run code.
 """
 import zipfile
 from dataclasses import dataclass
@@ -12,9 +14,10 @@ import numpy as np
 
 from data.errors import DataError
 from data.labels import class_indexes
+from data.preprocess import PREPROCESSINGS, preprocessing_of
 
 REQUIRED = ("signals", "labels", "subjects")
-OPTIONAL = ("class_names", "channel_names", "sample_rate_hz", "split")
+OPTIONAL = ("class_names", "channel_names", "sample_rate_hz", "split", "preprocessing")
 SPLIT_NAMES = ("train", "test")
 MIN_WINDOW_STEPS = 8  # two stride-2 or pooling stages in every model still leave two steps
 
@@ -28,6 +31,7 @@ class NpzWindows:
     channel_names: tuple
     sample_rate_hz: float  # NaN when the file does not say
     split: np.ndarray  # str [N] of 'train' / 'test', or None: the caller holds out subjects
+    preprocessing: str  # data/preprocess.py's PREPROCESSINGS: as the file says, else as its channel names imply
 
 
 def load_npz_windows(path):
@@ -81,7 +85,8 @@ def _validate(path, arrays):
     channel_names = _names(path, arrays, "channel_names", channels)
     return NpzWindows(as_float32, labels, subjects, class_names,
                       channel_names or tuple(f"channel_{i}" for i in range(channels)),
-                      _sample_rate(path, arrays), _split(path, arrays, count))
+                      _sample_rate(path, arrays), _split(path, arrays, count),
+                      _preprocessing(path, arrays, channel_names or ()))
 
 
 def _labels(path, arrays, count):
@@ -129,6 +134,22 @@ def _sample_rate(path, arrays):
     if value.shape != () or value.dtype.kind not in "fiu" or not np.isfinite(value) or value <= 0:
         raise DataError(f"{path}: sample_rate_hz must be one positive number, got {value!r}")
     return float(value)
+
+
+def _preprocessing(path, arrays, channel_names):
+    """'raw' may be said of any channels (windows of the signals as recorded, resampled only);
+    'uci-har' only of the channels that chain makes."""
+    implied = preprocessing_of(channel_names) if channel_names else "unknown"
+    if "preprocessing" not in arrays:
+        return implied
+    said = arrays["preprocessing"]
+    if said.shape != () or said.dtype.kind != "U" or str(said) not in PREPROCESSINGS:
+        raise DataError(f"{path}: preprocessing must be one of {', '.join(PREPROCESSINGS)} (a unicode string), "
+                        f"got {said!r}")
+    if str(said) == "uci-har" and implied != "uci-har":
+        raise DataError(f"{path}: preprocessing 'uci-har' needs channel_names among UCI HAR's "
+                        "(body_acc_x, ..., total_acc_z); say 'raw' for signals as recorded")
+    return str(said)
 
 
 def _split(path, arrays, count):

@@ -85,6 +85,14 @@ def resample(values, from_hz, to_hz):
 
 def on_model_clock(recording, model_rate_hz, sample_rate_hz=None):
     """(acc_g [m, 3], gyro_rad_s [m, 3] or None, start_s, source_hz) at the model's rate."""
+    signals = recording.acc_g if recording.gyro_rad_s is None else np.hstack([recording.acc_g, recording.gyro_rad_s])
+    signals, start_s, rate_hz = values_on_model_clock(signals, recording, model_rate_hz, sample_rate_hz)
+    gyro = signals[:, 3:] if recording.gyro_rad_s is not None else None
+    return signals[:, :3], gyro, start_s, rate_hz
+
+
+def values_on_model_clock(values, recording, model_rate_hz, sample_rate_hz=None):
+    """(values [m, k] at the model's rate, start_s, source_hz) of a recording's [n, k] values."""
     check_no_gap(recording.time_s, recording.path)
     rate_hz = source_rate_hz(recording.time_s, sample_rate_hz, recording.path)
     if not MIN_RATE_RATIO * model_rate_hz <= rate_hz <= MAX_RATE_RATIO * model_rate_hz:
@@ -93,7 +101,4 @@ def on_model_clock(recording, model_rate_hz, sample_rate_hz=None):
                         f"{model_rate_hz:g} Hz (accepted: {MIN_RATE_RATIO * model_rate_hz:g} to "
                         f"{MAX_RATE_RATIO * model_rate_hz:g} Hz); check the rate or the time unit")
     start_s = float(recording.time_s[0]) if recording.time_s is not None else 0.0
-    signals = recording.acc_g if recording.gyro_rad_s is None else np.hstack([recording.acc_g, recording.gyro_rad_s])
-    signals = resample(to_uniform(signals, recording.time_s, rate_hz), rate_hz, model_rate_hz)
-    gyro = signals[:, 3:] if recording.gyro_rad_s is not None else None
-    return signals[:, :3], gyro, start_s, rate_hz
+    return resample(to_uniform(values, recording.time_s, rate_hz), rate_hz, model_rate_hz), start_s, rate_hz

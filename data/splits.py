@@ -6,7 +6,6 @@ import numpy as np
 from data import synthetic, uci_har
 from data.errors import DataError
 from data.npz_windows import load_npz_windows
-from data.preprocess import preprocessing_of
 from data.store import StoreSplit, WindowStore
 
 CHANNEL_MODES = ("flatten", "average", "first")
@@ -111,7 +110,7 @@ def _load_npz(data_dir, mode, val_fraction, split_seed, val_subjects):
                    f"{whole.signals.shape[2]} steps; train {len(train)} windows, val {len(val)} / subjects "
                    f"{sorted(int(s) for s in val_subjects)}, test {len(test)}")
     return HarData(train, val, test, windows.class_names, windows.channel_names, "npz", description,
-                   sample_rate_hz=windows.sample_rate_hz, preprocessing=preprocessing_of(windows.channel_names))
+                   sample_rate_hz=windows.sample_rate_hz, preprocessing=windows.preprocessing)
 
 
 def _load_store(data_dir, mode, val_fraction, split_seed, val_subjects):

@@ -6,9 +6,13 @@ from data.errors import DataError
 from data.npz_windows import load_npz_windows
 from data.recordings import Recording
 from data.resample import on_model_clock
+from data.splits import load_har_data
 from data.store import WindowStore
 from inference_fixtures import RATE_HZ, synthetic_stream
+from test_bad_input import assert_refused
+from test_npz_dataset import train as train_npz
 from test_npz_dataset import windows, write_npz
+from test_predict import run_script
 from test_store import build_here
 from test_trust_numbers import build_refused
 
@@ -73,3 +77,48 @@ def test_only_the_values_named_unlabelled_are_left_out(tmp_path):
     build_here(source, tmp_path / "store", "--class-names", "rest,walk", "--unlabelled", "9", "--test-subjects", "3")
     store = WindowStore(tmp_path / "store")
     assert set(store.labels.tolist()) == {0, 1} and "9" in store.manifest["label_rule"]
+
+
+ANKLE_HIP_WRIST = tuple(f"{place}_{axis}" for place in ("ankle", "hip", "wrist")
+                        for axis in ("horiz_fwd", "vert", "horiz_lat"))
+
+
+def three_accelerometer_run(tmp_path, **declared):
+    """A run trained on windows of 9 channels of another device at 32 Hz, and a recording of that device."""
+    path = write_npz(tmp_path / "w.npz", **windows(channels=9, steps=64), channel_names=np.array(ANKLE_HIP_WRIST),
+                     sample_rate_hz=np.array(32.0), **declared)
+    code, _, err = train_npz(path, tmp_path / "run")
+    assert code == 0, err
+    time_s = np.arange(32 * 20) / 32.0
+    columns = np.column_stack([time_s, np.sin(np.outer(time_s, np.arange(1, 10)))])
+    recording = tmp_path / "device.csv"
+    np.savetxt(recording, columns, delimiter=",", header=",".join(("time_s", *ANKLE_HIP_WRIST)), comments="")
+    return tmp_path / "run" / "best.pt", recording
+
+
+def test_a_recording_of_the_checkpoints_own_channels_goes_through(tmp_path):
+    checkpoint, recording = three_accelerometer_run(tmp_path, preprocessing=np.array("raw"))
+    code, out, err = run_script("predict", ["--checkpoint", checkpoint, "--recording", recording, "--out",
+                                            tmp_path / "out"])
+    assert code == 0, err
+    assert len((tmp_path / "out" / "windows.csv").read_text().splitlines()) > 1 + 5
+
+
+def test_a_checkpoint_of_unknown_preprocessing_is_refused_for_its_real_reason(tmp_path):
+    checkpoint, recording = three_accelerometer_run(tmp_path)
+    line = assert_refused(run_script("predict", ["--checkpoint", checkpoint, "--recording", recording, "--out",
+                                                 tmp_path / "out"]), "preprocessing is unknown", "preprocessing")
+    assert "unknown column" not in line and not (tmp_path / "out").exists()
+
+
+def test_an_accelerometer_alone_makes_a_store_of_its_three_channels(tmp_path):
+    source = tmp_path / "recordings"
+    source.mkdir()
+    for subject in (1, 2, 3):
+        time_s, acc, _ = synthetic_stream(30.0, rate_hz=50.0, seed=subject)
+        np.savez(source / f"s{subject}.npz", acc=acc, time_s=time_s, label=1 + (time_s // 5).astype(int) % 2,
+                 subject=np.full(len(time_s), subject))
+    build_here(source, tmp_path / "store", "--preprocessing", "raw", "--class-names", "rest,walk",
+               "--test-subjects", "3")
+    assert WindowStore(tmp_path / "store").manifest["channels"] == ["acc_x", "acc_y", "acc_z"]
+    assert load_har_data("store", tmp_path / "store").train.signals.shape[1] == 3
