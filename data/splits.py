@@ -100,7 +100,9 @@ def _load_npz(data_dir, mode, val_fraction, split_seed, val_subjects):
     else:
         if len(np.unique(whole.subjects)) < 3:
             raise DataError(f"{data_dir} has no split array and {len(np.unique(whole.subjects))} subject(s); "
-                            "holding out whole subjects for validation and test needs at least three")
+                            "holding out whole subjects for validation and test needs at least three: mark the "
+                            "test windows with a split array ('train' / 'test'), with --val-fraction 0 for a "
+                            "single training subject")
         test_subjects = hold_out_subjects(whole.subjects, NPZ_TEST_FRACTION, NPZ_TEST_SEED)
         is_test = np.isin(whole.subjects, test_subjects)
         how = f"test subjects {sorted(int(s) for s in test_subjects)} held out"
@@ -170,7 +172,8 @@ def hold_out_subjects(subjects, val_fraction, seed):
         raise DataError(f"--val-fraction must be at least 0 and below 1, got {val_fraction}")
     if len(unique) < 2:
         raise DataError("validation needs at least two training subjects; the training split has "
-                        f"{len(unique)}")
+                        f"{len(unique)}: train without validation with --val-fraction 0 (best.pt is then the last "
+                        "epoch's), or bring windows of more subjects")
     count = min(len(unique) - 1, max(1, round(val_fraction * len(unique))))
     return np.sort(np.random.default_rng(seed).choice(unique, size=count, replace=False))
 
@@ -191,6 +194,15 @@ def _hold_out(train_all, val_fraction, seed, val_subjects):
         val_subjects = np.array(sorted(set(val_subjects)), dtype=np.int64)
     is_val = np.isin(train_all.subjects, val_subjects)
     return _take(train_all, ~is_val), _take(train_all, is_val), val_subjects
+
+
+def untrained_classes_warning(data):
+    """A class without training windows is never learnt, yet the model may still predict it. Warned,
+    not refused: a cross-validation fold or a small study may lack a rare class and still be useful."""
+    missing = [name for index, name in enumerate(data.class_names) if not np.any(data.train.labels == index)]
+    return [f"class(es) {', '.join(missing)} have no training windows: the model cannot learn them, yet may "
+            "predict them; add windows of them to the training subjects, or leave them out of the classes"] \
+        if missing else []
 
 
 def fit_normalization(train_signals):

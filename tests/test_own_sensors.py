@@ -122,3 +122,24 @@ def test_an_accelerometer_alone_makes_a_store_of_its_three_channels(tmp_path):
                "--test-subjects", "3")
     assert WindowStore(tmp_path / "store").manifest["channels"] == ["acc_x", "acc_y", "acc_z"]
     assert load_har_data("store", tmp_path / "store").train.signals.shape[1] == 3
+
+
+def test_one_person_is_shown_the_way_to_train_without_validation(tmp_path):
+    arrays = windows(subjects=2)
+    path = write_npz(tmp_path / "w.npz", **arrays, split=np.where(arrays["subjects"] == 1, "train", "test"))
+    line = assert_refused(train_npz(path, tmp_path / "refused"), "at least two training subjects")
+    assert "--val-fraction 0" in line
+    code, _, err = train_npz(path, tmp_path / "run", "--val-fraction", "0")
+    assert code == 0, err
+    one = write_npz(tmp_path / "one.npz", **windows(subjects=1))
+    assert "--val-fraction 0" in assert_refused(train_npz(one, tmp_path / "refused"), "split array")
+
+
+def test_a_class_without_training_windows_is_warned_of(tmp_path):
+    arrays = windows(subjects=4, classes=3)
+    arrays["labels"] = np.where(arrays["subjects"] == 4, 2, arrays["labels"] % 2)  # class c only in the test subject
+    path = write_npz(tmp_path / "w.npz", **arrays, class_names=np.array(["a", "b", "c"]),
+                     split=np.where(arrays["subjects"] == 4, "test", "train"))
+    code, out, err = train_npz(path, tmp_path / "run", "--val-fraction", "0")
+    assert code == 0, err
+    assert "c have no training windows" in out + err
