@@ -47,12 +47,30 @@ def load_npz_windows(path):
             arrays = {name: archive[name] for name in archive.files}
     except ValueError as exc:
         if "allow_pickle" in str(exc):
-            raise DataError(f"{path} holds Python objects (pickled arrays), which are not loaded; store "
-                            "strings as unicode arrays, e.g. np.array(names, dtype=str)") from None
+            raise DataError(_objects_refusal(path)) from None
         raise DataError(f"{path} is not a readable .npz file ({exc})") from None
     except (OSError, EOFError, zipfile.BadZipFile) as exc:
         raise DataError(f"{path} is not a readable .npz file ({type(exc).__name__})") from None
     return _validate(path, arrays)
+
+
+def _objects_refusal(path):
+    """Why the file holds Python objects, from the arrays' headers alone (nothing unpickled): windows
+    of unequal lengths (np.savez of a list of them) or strings not stored as unicode."""
+    held = []
+    with zipfile.ZipFile(path) as archive:
+        for member in archive.namelist():
+            with archive.open(member) as handle:
+                read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                               (2, 0): np.lib.format.read_array_header_2_0}.get(np.lib.format.read_magic(handle))
+                if read_header is not None and read_header(handle)[2].hasobject:
+                    held.append(member.removesuffix(".npy"))
+    if "signals" in held:
+        return (f"{path}: signals holds Python objects, which np.savez makes of windows of unequal lengths; pad "
+                "or cut every window to one length T (e.g. np.pad(window, ((0, 0), (0, T - steps)), mode='edge')) "
+                f"and save them as one float array [N, C, T], T at least {MIN_WINDOW_STEPS} steps")
+    return (f"{path} holds Python objects (pickled arrays{': ' + ', '.join(held) if held else ''}), which are not "
+            "loaded; store strings as unicode arrays, e.g. np.array(names, dtype=str)")
 
 
 def _validate(path, arrays):

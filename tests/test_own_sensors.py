@@ -143,3 +143,12 @@ def test_a_class_without_training_windows_is_warned_of(tmp_path):
     code, out, err = train_npz(path, tmp_path / "run", "--val-fraction", "0")
     assert code == 0, err
     assert "c have no training windows" in out + err
+
+
+def test_windows_of_unequal_lengths_are_refused_for_what_they_are(tmp_path):
+    arrays = windows()
+    ragged = np.empty(len(arrays["labels"]), dtype=object)
+    ragged[:] = [window[:, :30 + index % 5] for index, window in enumerate(arrays["signals"])]
+    path = write_npz(tmp_path / "ragged.npz", **{**arrays, "signals": ragged})
+    line = assert_refused(train_npz(path, tmp_path / "run"), "signals", "unequal lengths", "pad", "8 steps")
+    assert "unicode" not in line
