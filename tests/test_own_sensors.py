@@ -10,8 +10,8 @@ from data.splits import load_har_data
 from data.store import WindowStore
 from inference_fixtures import RATE_HZ, synthetic_stream
 from test_bad_input import assert_refused
+from test_npz_dataset import RAW, windows, write_npz
 from test_npz_dataset import train as train_npz
-from test_npz_dataset import windows, write_npz
 from test_predict import run_script
 from test_store import build_here
 from test_trust_numbers import build_refused
@@ -152,3 +152,17 @@ def test_windows_of_unequal_lengths_are_refused_for_what_they_are(tmp_path):
     path = write_npz(tmp_path / "ragged.npz", **{**arrays, "signals": ragged})
     line = assert_refused(train_npz(path, tmp_path / "run"), "signals", "unequal lengths", "pad", "8 steps")
     assert "unicode" not in line
+
+
+@pytest.mark.parametrize("flags", [[], ["--model", "cnn1d", "--cv-folds", "2"]])
+@pytest.mark.parametrize("channel_names, dropped", [(RAW, ["'flip'", "no class"]),
+                                                      (ANKLE_HIP_WRIST, ["'rotate'", "'flip'", "x/y/z"])])
+def test_augmentations_a_layout_does_not_support_are_dropped_in_one_line(channel_names, dropped, flags, tmp_path):
+    arrays = windows(channels=len(channel_names))
+    path = write_npz(tmp_path / "w.npz", **arrays, channel_names=np.array(channel_names),
+                     class_names=np.array(["rest", "walk", "run"]))
+    code, out, err = train_npz(path, tmp_path / "run", *flags)
+    assert code == 0, err
+    lines = [line for line in (out + err).splitlines() if line.startswith("warning:") and "augment" in line]
+    assert len(lines) == 1, lines
+    assert all(word in lines[0] for word in dropped), lines[0]
