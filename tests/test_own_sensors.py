@@ -166,3 +166,16 @@ def test_augmentations_a_layout_does_not_support_are_dropped_in_one_line(channel
     lines = [line for line in (out + err).splitlines() if line.startswith("warning:") and "augment" in line]
     assert len(lines) == 1, lines
     assert all(word in lines[0] for word in dropped), lines[0]
+
+
+def test_one_persons_recording_validates_on_its_last_part(tmp_path):
+    arrays = windows(subjects=1, per_subject=50)
+    split = np.where(np.arange(50) < 40, "train", "test")  # the recording's last fifth tests
+    path = write_npz(tmp_path / "w.npz", **arrays, split=split)
+    data = load_har_data("npz", path, val_fraction=0.25, val_split="time")
+    np.testing.assert_array_equal(data.val.signals, arrays["signals"][30:40])
+    np.testing.assert_array_equal(data.train.signals, arrays["signals"][:30])
+    code, out, err = train_npz(path, tmp_path / "run", "--val-split", "time", "--val-fraction", "0.25")
+    assert code == 0, err
+    assert (tmp_path / "run" / "val_report.json").is_file()
+    assert_refused(train_npz(path, tmp_path / "cv", "--val-split", "time", "--cv-folds", "2"), "--cv-folds")
