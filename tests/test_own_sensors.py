@@ -50,6 +50,9 @@ def test_npz_labels_may_be_any_integers_or_names(tmp_path):
     loaded = load_npz_windows(tmp_path / "names.npz")
     assert loaded.class_names == ("rest", "walk")
     np.testing.assert_array_equal(np.array(loaded.class_names)[loaded.labels], names)
+    write_npz(tmp_path / "other.npz", **{**arrays, "labels": names}, class_names=np.array(["rest", "run"]))
+    with pytest.raises(DataError, match="label 'walk' .* none of the classes' labels"):
+        load_npz_windows(tmp_path / "other.npz")
 
 
 def labelled_recordings(folder, labels_of):
@@ -66,6 +69,8 @@ def test_a_zero_one_labelling_keeps_both_classes_or_is_refused(tmp_path):
     source = labelled_recordings(tmp_path / "recordings", lambda time_s: (time_s // 5).astype(int) % 2)
     line = build_refused(source, tmp_path / "refused", "--class-names", "rest,walk", "--test-subjects", "3")
     assert "label 0" in line and "--class-labels" in line and "--unlabelled" in line
+    for flags, names in ((["--class-labels", "0,1,2"], "3 values for 2"), (["--unlabelled", "1"], "once")):
+        assert names in build_refused(source, tmp_path / "refused", "--class-names", "rest,walk", *flags)
     build_here(source, tmp_path / "store", "--class-names", "rest,walk", "--class-labels", "0,1",
                "--test-subjects", "3")
     assert np.bincount(WindowStore(tmp_path / "store").labels).tolist()[0] > 0  # the 0 class is kept
