@@ -24,6 +24,7 @@ class WindowPredictions:
     sample_rate_hz: float  # the model's rate
     start_s_of_stream: float
     source_rate_hz: float
+    magnitude_label: str = "|acc| (g)"  # another device's: the norm of its channels, as recorded
 
     @property
     def duration_s(self):
@@ -122,4 +123,5 @@ def classify_recording(bundle, recording, device, stride_steps=None, sample_rate
     classify = adapted_probabilities if adapt else probabilities
     return WindowPredictions(begin_s, begin_s + bundle.window_steps / rate_hz,
                              classify(bundle, cut.windows, device), bundle.class_names,
-                             np.linalg.norm(cut.acc_g, axis=1), rate_hz, cut.start_s, cut.source_rate_hz)
+                             np.linalg.norm(cut.acc_g, axis=1), rate_hz, cut.start_s, cut.source_rate_hz,
+                             "|channels|" if own_channels(bundle) else "|acc| (g)")
