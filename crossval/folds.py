@@ -14,6 +14,7 @@ import dataclasses
 import datetime
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +36,7 @@ from training.config.settings import Hardware, Output, Parallel, RunConfig
 from training.distributed.ddp import join_process_group
 from training.distributed.strategy import distributed_env, resolve_device_type
 from training.errors import SAME_ON_EVERY_RANK, UsageError
-from training.run_inputs import check_class_flags
+from training.loop.recipe import fit_augment_to_data
 from training.trainer import train
 
 REPORT = "cv_report.json"
@@ -45,6 +46,15 @@ REFIT_DIR = "refit"
 FOLDS_FILE = "cv_folds.json"  # the folds this folder's runs were trained with
 FOLD_REPORT = "val_report.json"  # what a finished fold run leaves: its best weights on its fold
 RANKS_WAIT = datetime.timedelta(days=7)  # ranks that finish first wait for the slowest fold
+
+
+def _fitted_to_data(config, data):
+    """The config without the augmentations this data cannot take, said here once rather than by
+    every fold; a class flag naming a class the data lacks is refused."""
+    changes, dropped = fit_augment_to_data(config.recipe, data.channel_names, data.class_names)
+    if dropped:
+        print(f"warning: {dropped}", file=sys.stderr, flush=True)
+    return config.replace(**changes)
 
 
 def fold_subjects(subjects, folds, seed):
@@ -67,7 +77,7 @@ def cross_validate(config):
                          "run folds on several GPUs at once")
     save_dir = config.save_dir
     data = load_har_data(**config.data_options())
-    check_class_flags(config.recipe, data)  # before --no-resume clears any fold
+    config = _fitted_to_data(config, data)  # before --no-resume clears any fold
     training_subjects = np.concatenate([data.train.subjects, data.val.subjects])
     folds = fold_subjects(training_subjects, config.recipe.cv_folds, config.optim.seed)
     rank, local_rank, world_size = distributed_env()

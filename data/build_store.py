@@ -4,9 +4,10 @@ python -m data.build_store SRC --out DIR [--workers N] [--dtype float16|float32]
 
 SRC is one of:
 - a folder of labelled recordings: CSV or .npz files as predict.py reads them (acc_x..acc_z in g,
-  optional gyro_x..gyro_z in rad/s, optional time_s), plus a `label` column (class 1..K, where K is
-  the number of --class-names; anything else, such as 0 for unlabelled or a transition, is no
-  class) and a `subject` column. Each file is brought to --sample-rate and cut into windows
+  optional gyro_x..gyro_z in rad/s, optional time_s), plus a `label` column (the --class-labels
+  of the --class-names, 1..K unless given; values that mean no class, such as unlabelled stretches
+  or transitions, only as named by --unlabelled: any other value is refused) and a `subject` column.
+  Each file is brought to --sample-rate and cut into windows
   exactly as predict.py cuts a recording (--preprocessing uci-har: the UCI HAR filter chain and
   its nine channels; raw: acc and gyro as they are), every --stride samples;
 - a UCI HAR layout (as --data-dir takes it): its windows, its train/test subjects;
@@ -14,7 +15,7 @@ SRC is one of:
   subjects held out for test, as training does).
 
 Window labels (recordings): a window takes the label most of its samples carry; windows whose
-most common label is no class (unlabelled stretches, postural transitions) are left out.
+most common label is an --unlabelled value are left out.
 Each subject's windows (or each recording's, in a job named after its file) go into shards of
 their own, written by --workers processes in parallel. Each finished job leaves a record beside
 its shards (data/provenance.py): what it was made from (the recording's path, size and mtime and
@@ -36,8 +37,9 @@ import numpy as np
 
 from data import uci_har
 from data.errors import DataError, exit_from_command
+from data.labels import class_indexes
 from data.npz_windows import load_npz_windows
-from data.preprocess import RAW_CHANNELS, cut_windows, stream_channels, window_starts
+from data.preprocess import available_channels, cut_windows, stream_channels, window_starts
 from data.provenance import array_identity, check, file_identity, make_record, read_json, write_record
 from data.recordings import read_recording
 from data.resample import on_model_clock
@@ -48,12 +50,11 @@ from data.store import MANIFEST, PARTS, SHARD_DIR, VERSION, finish_store, shard_
 # arrays would be sized without bound (1e20 failed inside numpy).
 MAX_WINDOW_STEPS = 2 ** 16
 # What makes a store's windows what they are: a finished store asked for other values of these is refused.
-STORE_SETTINGS = ("channels", "class_names", "sample_rate_hz", "window_steps", "stride_steps", "preprocessing", "dtype")
+STORE_SETTINGS = ("channels", "class_names", "label_rule", "sample_rate_hz", "window_steps", "stride_steps",
+                  "preprocessing", "dtype")
 MAX_NAME_CHARACTERS = 120  # of a recording's file name in its job's name
 SHARD_WINDOWS = 8_192  # windows per shard file at most (19 MB of float16 9 x 128 windows)
 JOB_FILE = re.compile(rf"(.*)\.json|(.*)-[^-]*\.(?:{'|'.join(PARTS)})\.npy", re.DOTALL)
-LABEL_RULE = ("a window takes the label most of its samples carry; windows whose most common label is no "
-              "class (unlabelled, postural transitions) are left out")
 
 
 def main(argv=None):
@@ -164,7 +165,12 @@ def parse(argv):
     parser.add_argument("--window-steps", type=int, default=uci_har.WINDOW_STEPS)
     parser.add_argument("--stride", type=int, default=None, help="recordings: window stride (default half a window)")
     parser.add_argument("--class-names", default=",".join(uci_har.CLASS_NAMES),
-                        help="recordings: the classes of labels 1..K, in order")
+                        help="recordings: the classes, in the order of --class-labels")
+    parser.add_argument("--class-labels", default=None,
+                        help="recordings: each class's value in the label column, comma-separated (default 1..K)")
+    parser.add_argument("--unlabelled", default="",
+                        help="recordings: label values that mean no class, comma-separated (default none: "
+                             "every value must be a class's)")
     return check_options(parser.parse_args(argv))
 
 
@@ -188,7 +194,22 @@ def check_options(options):
     if len(names) < 2 or not all(name.strip() for name in names) or len(set(names)) < len(names):
         raise DataError(f"--class-names must name at least two distinct classes, comma-separated (such as "
                         f"WALKING,SITTING); got {','.join(names)!r}")
+    options.class_labels = _label_values("--class-labels", options.class_labels or range(1, len(names) + 1))
+    options.unlabelled = _label_values("--unlabelled", options.unlabelled)
+    if len(options.class_labels) != len(names):
+        raise DataError(f"--class-labels gives {len(options.class_labels)} values for {len(names)} --class-names; "
+                        "give one label value per class, in the same order")
+    class_indexes([], options.class_labels, options.unlabelled, "--class-labels and --unlabelled",
+                  "give each value once")
     return options
+
+
+def _label_values(flag, values):
+    try:
+        items = values.split(",") if isinstance(values, str) else values
+        return [int(value) for value in items if str(value).strip()]
+    except ValueError:
+        raise DataError(f"{flag} takes whole numbers such as 0,1,2; got {values!r}") from None
 
 
 def source_rate(said, given, source):
@@ -229,13 +250,23 @@ def plan(source, options):
         if not files:
             raise DataError(f"{source} holds no .csv or .npz recordings (nor is it a UCI HAR layout)")
         options.sample_rate = options.sample_rate or uci_har.SAMPLE_RATE_HZ
-        jobs = [{"name": name, "recording": str(path), "options": _recording_options(options)}
+        # The first recording's sensors decide the store's channels; every other must have the same.
+        has_gyro = read_recording(files[0], extra=("label", "subject")).gyro_rad_s is not None
+        channels = available_channels(options.preprocessing, has_gyro)
+        jobs = [{"name": name, "recording": str(path), "options": _recording_options(options, channels)}
                 for name, path in zip(_recording_job_names(files), files, strict=True)]
-        channels = _recording_channels(options.preprocessing)
-        return jobs, _layout(channels, options.class_names, options.sample_rate,
-                             options.window_steps, options.stride or options.window_steps // 2, options.preprocessing,
-                             None, f"recordings in {source}")
+        layout = _layout(channels, options.class_names, options.sample_rate, options.window_steps,
+                         options.stride or options.window_steps // 2, options.preprocessing, None,
+                         f"recordings in {source}")
+        return jobs, {**layout, "label_rule": _label_rule(options)}
     raise DataError(f"{source} is neither a folder of recordings, a UCI HAR layout nor an .npz file")
+
+
+def _label_rule(options):
+    pairs = zip(options.class_labels, options.class_names, strict=True)
+    classes = ", ".join(f"{value} {name}" for value, name in pairs)
+    return (f"label values {classes}; a window takes the label most of its samples carry, and is left out when that "
+            f"is no class ({', '.join(map(str, options.unlabelled)) or 'none named'})")
 
 
 def _recording_job_names(files):
@@ -251,20 +282,16 @@ def _window_jobs(signals, labels, subjects):
              "labels": labels[subjects == subject], "subject": int(subject)} for subject in np.unique(subjects)]
 
 
-def _recording_options(options):
+def _recording_options(options, channels):
     return {"sample_rate": options.sample_rate, "window_steps": options.window_steps,
             "stride": options.stride or options.window_steps // 2, "preprocessing": options.preprocessing,
-            "classes": len(options.class_names)}
-
-
-def _recording_channels(preprocessing):
-    return uci_har.SIGNAL_NAMES if preprocessing == "uci-har" else RAW_CHANNELS
+            "class_labels": options.class_labels, "unlabelled": options.unlabelled, "channels": list(channels)}
 
 
 def _layout(channels, class_names, rate, window_steps, stride, preprocessing, test_subjects, source):
     return {"channels": list(channels), "class_names": list(class_names), "sample_rate_hz": float(rate),
             "window_steps": int(window_steps), "stride_steps": stride, "preprocessing": preprocessing,
-            "test_subjects": test_subjects, "source": source}
+            "test_subjects": test_subjects, "source": source, "label_rule": "the source's windows and labels"}
 
 
 def run_job(arguments):
@@ -311,7 +338,7 @@ def _check_finite(signals, stored, where, dtype):
                     f"{dtype}, the first window {window} (channel {channel}, step {step}); {why}")
 
 
-def recording_windows(path, sample_rate, window_steps, stride, preprocessing, classes):
+def recording_windows(path, sample_rate, window_steps, stride, preprocessing, class_labels, unlabelled, channels):
     """(float32 windows [n, C, T], int64 labels 0..K-1 [n], subject) of one labelled recording: the
     stream brought to the model's clock, its channels derived and cut as predict.py does, each window
     labelled by the majority of its samples."""
@@ -323,34 +350,38 @@ def recording_windows(path, sample_rate, window_steps, stride, preprocessing, cl
     acc, gyro, start_s, source_hz = on_model_clock(recording, sample_rate)
     if preprocessing == "uci-har" and gyro is None:
         raise DataError(f"{path} has no gyroscope, which --preprocessing uci-har needs; use --preprocessing raw")
-    channels = stream_channels(preprocessing, acc, gyro, sample_rate)
-    stream = np.stack([channels[name] for name in _recording_channels(preprocessing) if name in channels])
+    made = stream_channels(preprocessing, acc, gyro, sample_rate)
+    if set(made) != set(channels):
+        raise DataError(f"{path} gives the channels {', '.join(made)}, but the store's are {', '.join(channels)} "
+                        "(from the first recording); convert recordings of other sensors into a store of their own")
+    stream = np.stack([made[name] for name in channels])
     starts = window_starts(stream.shape[1], window_steps, stride)
-    labels = _labels_on_model_clock(recording, start_s, source_hz, sample_rate, stream.shape[1])
-    window_labels = _majority(labels, starts, window_steps, classes)
+    labels = class_indexes(np.rint(recording.extra["label"]).astype(np.int64), class_labels, unlabelled,
+                           f"{path}", "name each class's value with --class-labels and any value that means no class "
+                           "with --unlabelled")
+    labels = _labels_on_model_clock(recording, labels, start_s, source_hz, sample_rate, stream.shape[1])
+    window_labels = _majority(labels, starts, window_steps)
     keep = window_labels >= 0
     return (cut_windows(stream, starts[keep], window_steps), window_labels[keep],
             int(subjects[0]))
 
 
-def _labels_on_model_clock(recording, start_s, source_hz, model_hz, steps):
+def _labels_on_model_clock(recording, labels, start_s, source_hz, model_hz, steps):
     """Each model-clock sample takes the label of the source sample nearest to it in time."""
     source_times = recording.time_s if recording.time_s is not None else np.arange(len(recording)) / source_hz
     times = start_s + np.arange(steps) / model_hz
     nearest = np.clip(np.searchsorted(source_times, times), 0, len(source_times) - 1)
     earlier = np.clip(nearest - 1, 0, None)
     nearest = np.where(np.abs(source_times[earlier] - times) < np.abs(source_times[nearest] - times), earlier, nearest)
-    return np.rint(recording.extra["label"][nearest]).astype(np.int64)
+    return labels[nearest]
 
 
-def _majority(labels, starts, window_steps, classes):
-    """The 0-based class of each window by its samples' most common label, or -1 when that is no class."""
-    index = starts[:, None] + np.arange(window_steps)[None, :]
-    window_labels = labels[index]
-    counts = np.stack([(window_labels == value).sum(axis=1) for value in range(int(window_labels.max()) + 1)], 1) \
-        if window_labels.size and window_labels.max() >= 0 else np.zeros((len(starts), 1), dtype=np.int64)
-    majority = counts.argmax(axis=1)  # ties go to the smaller label
-    return np.where((majority >= 1) & (majority <= classes), majority - 1, -1)
+def _majority(labels, starts, window_steps):
+    """The class of each window by its samples' most common class (-1, no class, among them)."""
+    window_labels = labels[starts[:, None] + np.arange(window_steps)[None, :]]
+    values = np.arange(-1, int(labels.max(initial=-1)) + 1)
+    counts = np.stack([(window_labels == value).sum(axis=1) for value in values], 1)
+    return values[counts.argmax(axis=1)]  # ties go to the smaller: no class before any class
 
 
 def assemble_manifest(records, layout, options):
@@ -374,7 +405,7 @@ def assemble_manifest(records, layout, options):
     mean = np.sum([record["sum"] for record in training], axis=0) / steps
     variance = np.sum([record["sum_sq"] for record in training], axis=0) / steps - mean ** 2
     std = np.maximum(np.sqrt(np.maximum(variance, 0.0)), 1e-6)
-    return {**layout, "test_subjects": [int(s) for s in test], "dtype": options.dtype, "label_rule": LABEL_RULE,
+    return {**layout, "test_subjects": [int(s) for s in test], "dtype": options.dtype,
             "shards": [shard for record in records for shard in record["shards"]],
             "subjects": {str(subject): count for subject, count in sorted(subjects.items())},
             "normalization": {"mean": mean.tolist(), "std": std.tolist(),

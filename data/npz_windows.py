@@ -1,8 +1,10 @@
 """Bring your own windows: read and validate an .npz of pre-cut windows (--dataset npz).
 
-Arrays: signals float [N, C, T], labels int [N] (0-based), subjects int [N]; optional
-class_names [K] and channel_names [C] (unicode strings), sample_rate_hz (a number) and split [N]
-('train' / 'test'). Loaded with allow_pickle=False: nothing in the file can run code.
+Arrays: signals float [N, C, T], labels [N] (integers or unicode names; data/labels.py), subjects
+int [N]; optional class_names [K] and channel_names [C] (unicode strings), sample_rate_hz (a
+number), split [N] ('train' / 'test') and preprocessing ('raw': the signals as recorded, resampled
+only, any channel names; 'uci-har'; 'unknown'; default: what the channel names imply). Loaded with
+allow_pickle=False: nothing in the file can run code.
 """
 import zipfile
 from dataclasses import dataclass
@@ -11,9 +13,11 @@ from pathlib import Path
 import numpy as np
 
 from data.errors import DataError
+from data.labels import class_indexes
+from data.preprocess import PREPROCESSINGS, preprocessing_of
 
 REQUIRED = ("signals", "labels", "subjects")
-OPTIONAL = ("class_names", "channel_names", "sample_rate_hz", "split")
+OPTIONAL = ("class_names", "channel_names", "sample_rate_hz", "split", "preprocessing")
 SPLIT_NAMES = ("train", "test")
 MIN_WINDOW_STEPS = 8  # two stride-2 or pooling stages in every model still leave two steps
 
@@ -27,6 +31,7 @@ class NpzWindows:
     channel_names: tuple
     sample_rate_hz: float  # NaN when the file does not say
     split: np.ndarray  # str [N] of 'train' / 'test', or None: the caller holds out subjects
+    preprocessing: str  # data/preprocess.py's PREPROCESSINGS: as the file says, else as its channel names imply
 
 
 def load_npz_windows(path):
@@ -42,12 +47,30 @@ def load_npz_windows(path):
             arrays = {name: archive[name] for name in archive.files}
     except ValueError as exc:
         if "allow_pickle" in str(exc):
-            raise DataError(f"{path} holds Python objects (pickled arrays), which are not loaded; store "
-                            "strings as unicode arrays, e.g. np.array(names, dtype=str)") from None
+            raise DataError(_objects_refusal(path)) from None
         raise DataError(f"{path} is not a readable .npz file ({exc})") from None
     except (OSError, EOFError, zipfile.BadZipFile) as exc:
         raise DataError(f"{path} is not a readable .npz file ({type(exc).__name__})") from None
     return _validate(path, arrays)
+
+
+def _objects_refusal(path):
+    """Why the file holds Python objects, from the arrays' headers alone (nothing unpickled): windows
+    of unequal lengths (np.savez of a list of them) or strings not stored as unicode."""
+    held = []
+    with zipfile.ZipFile(path) as archive:
+        for member in archive.namelist():
+            with archive.open(member) as handle:
+                read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                               (2, 0): np.lib.format.read_array_header_2_0}.get(np.lib.format.read_magic(handle))
+                if read_header is not None and read_header(handle)[2].hasobject:
+                    held.append(member.removesuffix(".npy"))
+    if "signals" in held:
+        return (f"{path}: signals holds Python objects, which np.savez makes of windows of unequal lengths; pad "
+                "or cut every window to one length T (e.g. np.pad(window, ((0, 0), (0, T - steps)), mode='edge')) "
+                f"and save them as one float array [N, C, T], T at least {MIN_WINDOW_STEPS} steps")
+    return (f"{path} holds Python objects (pickled arrays{': ' + ', '.join(held) if held else ''}), which are not "
+            "loaded; store strings as unicode arrays, e.g. np.array(names, dtype=str)")
 
 
 def _validate(path, arrays):
@@ -73,21 +96,32 @@ def _validate(path, arrays):
         raise DataError(f"{path}: signals hold NaN or infinity as float32, the models' type (first at window "
                         f"{window}, channel {channel}, step {step}: {signals[window, channel, step]:g}, beyond about "
                         "3.4e38 or not a number)")
-    labels = _integers(path, arrays, "labels", count)
+    labels, class_names = _labels(path, arrays, count)
     subjects = _integers(path, arrays, "subjects", count)
-    class_names = _names(path, arrays, "class_names", None)
-    num_classes = len(class_names) if class_names else int(labels.max()) + 1
-    if labels.min() < 0 or labels.max() >= num_classes:
-        bad = int(np.argmax((labels < 0) | (labels >= num_classes)))
-        raise DataError(f"{path}: label {labels[bad]} (window {bad}) is outside 0..{num_classes - 1}"
-                        + (f" ({num_classes} class_names)" if class_names else ""))
-    if num_classes < 2:
+    if len(class_names) < 2:
         raise DataError(f"{path}: labels hold a single class; classification needs at least two")
     channel_names = _names(path, arrays, "channel_names", channels)
-    return NpzWindows(as_float32, labels, subjects,
-                      class_names or tuple(f"class_{i}" for i in range(num_classes)),
+    return NpzWindows(as_float32, labels, subjects, class_names,
                       channel_names or tuple(f"channel_{i}" for i in range(channels)),
-                      _sample_rate(path, arrays), _split(path, arrays, count))
+                      _sample_rate(path, arrays), _split(path, arrays, count),
+                      _preprocessing(path, arrays, channel_names or ()))
+
+
+def _labels(path, arrays, count):
+    """(0-based class per window, class names) by data/labels.py's rule. Names (unicode labels) are
+    classes by name; integers are indexes into class_names when the file names its classes, else
+    each distinct value is a class of its own (labels 1 and 2 make two classes, not three)."""
+    names = _names(path, arrays, "class_names", None)
+    values = arrays["labels"]
+    if values.dtype.kind == "U" and values.shape == (count,):
+        class_labels = names or tuple(sorted(set(values.tolist())))
+        names = class_labels
+    else:
+        values = _integers(path, arrays, "labels", count)
+        class_labels = range(len(names)) if names else np.unique(values).tolist()
+        names = names or tuple(f"class_{value}" for value in class_labels)
+    return class_indexes(values, class_labels, where=str(path), fix="with class_names, labels are 0-based "
+                         "indexes into them or the names themselves"), tuple(names)
 
 
 def _integers(path, arrays, name, count):
@@ -118,6 +152,22 @@ def _sample_rate(path, arrays):
     if value.shape != () or value.dtype.kind not in "fiu" or not np.isfinite(value) or value <= 0:
         raise DataError(f"{path}: sample_rate_hz must be one positive number, got {value!r}")
     return float(value)
+
+
+def _preprocessing(path, arrays, channel_names):
+    """'raw' may be said of any channels (windows of the signals as recorded, resampled only);
+    'uci-har' only of the channels that chain makes."""
+    implied = preprocessing_of(channel_names) if channel_names else "unknown"
+    if "preprocessing" not in arrays:
+        return implied
+    said = arrays["preprocessing"]
+    if said.shape != () or said.dtype.kind != "U" or str(said) not in PREPROCESSINGS:
+        raise DataError(f"{path}: preprocessing must be one of {', '.join(PREPROCESSINGS)} (a unicode string), "
+                        f"got {said!r}")
+    if str(said) == "uci-har" and implied != "uci-har":
+        raise DataError(f"{path}: preprocessing 'uci-har' needs channel_names among UCI HAR's "
+                        "(body_acc_x, ..., total_acc_z); say 'raw' for signals as recorded")
+    return str(said)
 
 
 def _split(path, arrays, count):

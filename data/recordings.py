@@ -1,4 +1,5 @@
-"""Read a continuous recording (CSV or .npz) into accelerometer in g and gyroscope in rad/s."""
+"""Read a continuous recording (CSV or .npz) into accelerometer in g and gyroscope in rad/s, or into
+the named channels of another device, as they are."""
 import csv
 import math
 import warnings
@@ -20,28 +21,31 @@ GYRO_UNITS = {"rad/s": 1.0, "deg/s": math.pi / 180.0}
 
 @dataclass
 class Recording:
-    acc_g: np.ndarray  # float64 [n, 3]
+    acc_g: np.ndarray  # float64 [n, 3], or None for a recording read by its named channels (in extra)
     gyro_rad_s: np.ndarray  # float64 [n, 3], or None when the recording has no gyroscope
     time_s: np.ndarray  # float64 [n], or None: then the sample rate must be given
     path: str
     extra: dict = None  # columns asked for beside the signals (e.g. label, subject): name -> float64 [n]
 
     def __len__(self):
-        return len(self.acc_g)
+        return len(self.acc_g if self.acc_g is not None else next(iter(self.extra.values())))
 
 
-def read_recording(path, acc_unit="g", gyro_unit="rad/s", extra=()):
+def read_recording(path, acc_unit="g", gyro_unit="rad/s", extra=(), channels=()):
     """CSV with a header of COLUMNS (time_s and gyro_* optional), or .npz with acc, gyro, time_s;
-    `extra` names more one-value-per-sample columns (arrays) that must be present too."""
+    `extra` names more one-value-per-sample columns (arrays) that must be present too. With
+    `channels` (another device's channel names), those columns and time_s replace acc and gyro."""
     path = Path(path)
     if not path.is_file():
         what = "is a folder" if path.is_dir() else "does not exist"
         raise DataError(f"--recording {path} {what}")
-    columns = _read_npz(path, extra) if path.suffix.lower() == ".npz" else _read_csv(path, extra)
-    acc = columns["acc"] * ACC_UNITS[acc_unit]
+    extra, reader = (*channels, *extra), _read_npz if path.suffix.lower() == ".npz" else _read_csv
+    columns = reader(path, extra, need_acc=not channels)
+    acc = columns["acc"] * ACC_UNITS[acc_unit] if columns["acc"] is not None else None
     gyro = columns["gyro"] * GYRO_UNITS[gyro_unit] if columns.get("gyro") is not None else None
     time_s = columns.get("time_s")
-    for axes, values in ((ACC_AXES, acc), (GYRO_AXES, gyro)):
+    named = np.stack([columns["extra"][name] for name in channels], axis=1) if channels else None
+    for axes, values in ((ACC_AXES, acc), (GYRO_AXES, gyro), (channels, named)):
         _check_finite_as_model_input(path, axes, values)
     if time_s is not None and not np.all(np.isfinite(time_s)):
         row = int(np.argmax(~np.isfinite(time_s)))
@@ -64,14 +68,15 @@ def _check_finite_as_model_input(path, axes, values):
     if not bad.any():
         return
     row, column = (int(i) for i in np.argwhere(bad)[0])
-    where = f"array {axes[column].split('_')[0]} row {row}" if path.suffix.lower() == ".npz" else \
+    array = axes[column].split("_")[0] if axes in (ACC_AXES, GYRO_AXES) else axes[column]
+    where = f"array {array} row {row}" if path.suffix.lower() == ".npz" else \
         f"line {row + 2}"  # the header is line 1
     raise DataError(f"{path}: {axes[column]} is {values[row, column]:g} at sample {row + 1} ({where}), which is NaN "
                     "or infinity as float32, the models' type (beyond about 3.4e38); fix or cut that stretch "
                     "before classifying")
 
 
-def _read_csv(path, extra=()):
+def _read_csv(path, extra=(), need_acc=True):
     try:
         with open(path, newline="") as handle:
             header = next(csv.reader(handle), None)
@@ -81,11 +86,12 @@ def _read_csv(path, extra=()):
     if not header:
         raise DataError(f"{path} is empty; expected a CSV whose first line names the columns "
                         f"({TIME_COLUMN}, {', '.join(ACC_AXES)}, {', '.join(GYRO_AXES)})")
-    unknown = [name for name in header if name not in (*COLUMNS, *extra)]
+    known = (*COLUMNS, *extra) if need_acc else (TIME_COLUMN, *extra)
+    unknown = [name for name in header if name not in known]
     if unknown or len(set(header)) != len(header):
         problem = f"unknown column {unknown[0]!r}" if unknown else "a repeated column"
         raise DataError(f"{path}: {problem} in the header; expected {TIME_COLUMN} (optional), "
-                        f"{', '.join(ACC_AXES)}, {', '.join(GYRO_AXES)}" + "".join(f", {name}" for name in extra))
+                        f"{', '.join(known[1:])}")
     try:
         with warnings.catch_warnings():  # a header without rows: said below, as one line
             warnings.simplefilter("ignore", UserWarning)
@@ -97,23 +103,24 @@ def _read_csv(path, extra=()):
     if values.shape[1] != len(header):
         raise DataError(f"{path}: rows have {values.shape[1]} values but the header names {len(header)} columns")
     table = {name: values[:, i] for i, name in enumerate(header)}
-    return _group(path, table, lambda axes: f"column(s) {', '.join(axes)}", extra)
+    return _group(path, table, lambda axes: f"column(s) {', '.join(axes)}", extra, need_acc)
 
 
-def _read_npz(path, extra=()):
+def _read_npz(path, extra=(), need_acc=True):
     try:
         with np.load(path, allow_pickle=False) as archive:
             arrays = {name: archive[name] for name in archive.files}
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
         raise DataError(f"{path} is not a readable .npz of numeric arrays ({type(exc).__name__})") from None
-    unknown = sorted(set(arrays) - {"acc", "gyro", TIME_COLUMN, *extra})
-    if unknown or "acc" not in arrays:
-        problem = f"unknown array {unknown[0]!r}" if unknown else "no array 'acc'"
-        raise DataError(f"{path}: {problem}; expected acc [n, 3], optional gyro [n, 3] and {TIME_COLUMN} [n]"
-                        + "".join(f", {name} [n]" for name in extra))
+    unknown = sorted(set(arrays) - {TIME_COLUMN, *extra, *(("acc", "gyro") if need_acc else ())})
+    first = "acc" if need_acc else extra[0]
+    if unknown or first not in arrays:
+        problem = f"unknown array {unknown[0]!r}" if unknown else f"no array {first!r}"
+        raise DataError(f"{path}: {problem}; expected " + ("acc [n, 3], optional gyro [n, 3], " if need_acc else "")
+                        + f"{TIME_COLUMN} [n]" + "".join(f", {name} [n]" for name in extra))
     table = {}
     for name, array in arrays.items():
-        shape = (len(arrays["acc"]),) if name in (TIME_COLUMN, *extra) else (len(arrays["acc"]), 3)
+        shape = (len(arrays[first]),) if name in (TIME_COLUMN, *extra) else (len(arrays[first]), 3)
         if array.dtype.kind not in "fiu" or array.shape != shape:
             raise DataError(f"{path}: {name} must be numbers of shape {list(shape)}, got {array.dtype} "
                             f"{list(array.shape)}")
@@ -121,13 +128,13 @@ def _read_npz(path, extra=()):
             table[name] = array.astype(np.float64)
         else:
             table.update({f"{name}_{axis}": array[:, i].astype(np.float64) for i, axis in enumerate("xyz")})
-    return _group(path, table, lambda axes: f"array {axes[0].split('_')[0]}", extra)
+    return _group(path, table, lambda axes: f"array {axes[0].split('_')[0]}", extra, need_acc)
 
 
-def _group(path, table, name_of, extra=()):
-    """acc [n, 3], gyro [n, 3] or None, time_s [n] or None from named 1-D columns."""
+def _group(path, table, name_of, extra=(), need_acc=True):
+    """acc [n, 3] (or None when not needed), gyro [n, 3] or None, time_s [n] or None from named 1-D columns."""
     missing_acc = [axis for axis in ACC_AXES if axis not in table]
-    if missing_acc:
+    if missing_acc and need_acc:
         raise DataError(f"{path}: missing {name_of(missing_acc)}; the accelerometer "
                         f"({', '.join(ACC_AXES)}) is required")
     present_gyro = [axis for axis in GYRO_AXES if axis in table]
@@ -136,8 +143,8 @@ def _group(path, table, name_of, extra=()):
         raise DataError(f"{path}: missing {name_of(missing)}; give all three gyroscope axes or none")
     missing_extra = [name for name in extra if name not in table]
     if missing_extra:
-        raise DataError(f"{path}: missing {', '.join(repr(name) for name in missing_extra)}, which a labelled "
-                        "recording needs")
-    return {"acc": np.stack([table[axis] for axis in ACC_AXES], axis=1),
+        needs = "a labelled recording" if need_acc else "the checkpoint's channels"
+        raise DataError(f"{path}: missing {', '.join(repr(name) for name in missing_extra)}, needed by {needs}")
+    return {"acc": np.stack([table[axis] for axis in ACC_AXES], axis=1) if not missing_acc else None,
             "gyro": np.stack([table[axis] for axis in GYRO_AXES], axis=1) if present_gyro else None,
             "time_s": table.get(TIME_COLUMN), "extra": {name: table[name] for name in extra}}

@@ -6,7 +6,6 @@ import numpy as np
 from data import synthetic, uci_har
 from data.errors import DataError
 from data.npz_windows import load_npz_windows
-from data.preprocess import preprocessing_of
 from data.provenance import array_identity, file_sha256
 from data.store import LABELS, MANIFEST, StoreSplit, WindowStore
 
@@ -57,21 +56,22 @@ def resolved_dataset(dataset, data_dir):
 
 def load_har_data(dataset="auto", data_dir=None, mode="flatten", val_fraction=0.2, split_seed=0,
                   synthetic_seed=0, synthetic_windows_per_subject=synthetic.DEFAULT_WINDOWS_PER_SUBJECT,
-                  val_subjects=None):
+                  val_subjects=None, val_split="subjects"):
     """Load (or generate) the data, pick channels and hold out whole training subjects for validation:
-    `val_subjects` when given, else a random `val_fraction` of them.
+    `val_subjects` when given, else a random `val_fraction` of them; with val_split "time", the last
+    `val_fraction` of every training subject's windows instead.
 
     The test split is the dataset's own test subjects and is never used for choices made in
     training. Signals are NOT normalised here: see `fit_normalization` and `normalize`.
     """
     if dataset == "npz":
-        return _load_npz(data_dir, mode, val_fraction, split_seed, val_subjects)
+        return _load_npz(data_dir, mode, val_fraction, split_seed, val_subjects, val_split)
     if dataset == "store":
-        return _load_store(data_dir, mode, val_fraction, split_seed, val_subjects)
+        return _load_store(data_dir, mode, val_fraction, split_seed, val_subjects, val_split)
     source, raw, where = _load_source(dataset, data_dir, synthetic_seed, synthetic_windows_per_subject)
     train_all = Split(select_channels(raw["train"][0], mode), raw["train"][1], raw["train"][2])
     test = Split(select_channels(raw["test"][0], mode), raw["test"][1], raw["test"][2])
-    train, val, val_subjects = _hold_out(train_all, val_fraction, split_seed, val_subjects)
+    train, val, val_subjects = _hold_out(train_all, val_fraction, split_seed, val_subjects, val_split)
     description = (f"data: {source} ({where}), mode={mode}: {train.signals.shape[1]} channels x "
                    f"{train.signals.shape[2]} steps; train {len(train)} windows / "
                    f"{len(np.unique(train.subjects))} subjects, val {len(val)} / {len(val_subjects)} "
@@ -104,7 +104,7 @@ def _load_source(dataset, data_dir, synthetic_seed, windows_per_subject):
     return "synthetic", synthetic.generate(synthetic_seed, windows_per_subject), why
 
 
-def _load_npz(data_dir, mode, val_fraction, split_seed, val_subjects):
+def _load_npz(data_dir, mode, val_fraction, split_seed, val_subjects, val_split):
     """Windows brought in an .npz: its own `split`, else whole subjects held out for test."""
     _check_window_source("npz", data_dir, mode, "an .npz file of windows")
     windows = load_npz_windows(data_dir)
@@ -114,28 +114,30 @@ def _load_npz(data_dir, mode, val_fraction, split_seed, val_subjects):
     else:
         if len(np.unique(whole.subjects)) < 3:
             raise DataError(f"{data_dir} has no split array and {len(np.unique(whole.subjects))} subject(s); "
-                            "holding out whole subjects for validation and test needs at least three")
+                            "holding out whole subjects for validation and test needs at least three: mark the "
+                            "test windows with a split array ('train' / 'test'), with --val-fraction 0 for a "
+                            "single training subject")
         test_subjects = hold_out_subjects(whole.subjects, NPZ_TEST_FRACTION, NPZ_TEST_SEED)
         is_test = np.isin(whole.subjects, test_subjects)
         how = f"test subjects {sorted(int(s) for s in test_subjects)} held out"
     train_all, test = _take(whole, ~is_test), _take(whole, is_test)
-    train, val, val_subjects = _hold_out(train_all, val_fraction, split_seed, val_subjects)
+    train, val, val_subjects = _hold_out(train_all, val_fraction, split_seed, val_subjects, val_split)
     description = (f"data: npz ({data_dir}, {how}): {whole.signals.shape[1]} channels x "
                    f"{whole.signals.shape[2]} steps; train {len(train)} windows, val {len(val)} / subjects "
                    f"{sorted(int(s) for s in val_subjects)}, test {len(test)}")
     return HarData(train, val, test, windows.class_names, windows.channel_names, "npz", description,
-                   sample_rate_hz=windows.sample_rate_hz, preprocessing=preprocessing_of(windows.channel_names),
+                   sample_rate_hz=windows.sample_rate_hz, preprocessing=windows.preprocessing,
                    identity=file_sha256(data_dir))
 
 
-def _load_store(data_dir, mode, val_fraction, split_seed, val_subjects):
+def _load_store(data_dir, mode, val_fraction, split_seed, val_subjects, val_split):
     """A window store (data/store.py): splits chosen from its manifest, signals left on disk."""
     _check_window_source("store", data_dir, mode, "a folder made by python -m data.build_store")
     store = WindowStore(data_dir)
     manifest = store.manifest
     is_test = np.isin(store.subjects, manifest["test_subjects"])
     train_all, test = StoreSplit.of(store, ~is_test), StoreSplit.of(store, is_test)
-    train, val, val_subjects = _hold_out(train_all, val_fraction, split_seed, val_subjects)
+    train, val, val_subjects = _hold_out(train_all, val_fraction, split_seed, val_subjects, val_split)
     description = (f"data: store ({data_dir}, {len(store):,} windows in {len(store.shards)} shards, "
                    f"{manifest['dtype']}): {len(store.channels)} channels x {store.window_steps} steps; train "
                    f"{len(train):,} windows, val {len(val):,} / subjects {sorted(int(s) for s in val_subjects)}, "
@@ -186,14 +188,18 @@ def hold_out_subjects(subjects, val_fraction, seed):
         raise DataError(f"--val-fraction must be at least 0 and below 1, got {val_fraction}")
     if len(unique) < 2:
         raise DataError("validation needs at least two training subjects; the training split has "
-                        f"{len(unique)}")
+                        f"{len(unique)}: train without validation with --val-fraction 0 (best.pt is then the last "
+                        "epoch's), or bring windows of more subjects")
     count = min(len(unique) - 1, max(1, round(val_fraction * len(unique))))
     return np.sort(np.random.default_rng(seed).choice(unique, size=count, replace=False))
 
 
-def _hold_out(train_all, val_fraction, seed, val_subjects):
+def _hold_out(train_all, val_fraction, seed, val_subjects, val_split="subjects"):
     """(train, val, validation subjects): the given subjects, which must be training subjects and leave
-    at least one to train on, else a random `val_fraction` of them."""
+    at least one to train on, else a random `val_fraction` of them; or the end of each one's windows."""
+    if val_split == "time":
+        is_val = _last_part(train_all.subjects, val_fraction)
+        return _take(train_all, ~is_val), _take(train_all, is_val), np.unique(train_all.subjects[is_val])
     if val_subjects is None:
         val_subjects = hold_out_subjects(train_all.subjects, val_fraction, seed)
     else:
@@ -207,6 +213,29 @@ def _hold_out(train_all, val_fraction, seed, val_subjects):
         val_subjects = np.array(sorted(set(val_subjects)), dtype=np.int64)
     is_val = np.isin(train_all.subjects, val_subjects)
     return _take(train_all, ~is_val), _take(train_all, is_val), val_subjects
+
+
+def _last_part(subjects, fraction):
+    """[N] bool: the last round(fraction x n) of each subject's n windows, in the order they are held
+    (at least one where the fraction is not 0, and never all). Windows cut with overlap share samples
+    across the boundary."""
+    if not 0 <= fraction < 1:
+        raise DataError(f"--val-fraction must be at least 0 and below 1, got {fraction}")
+    last = np.zeros(len(subjects), dtype=bool)
+    for subject in np.unique(subjects) if fraction else ():
+        where = np.flatnonzero(subjects == subject)
+        count = min(len(where) - 1, max(1, round(fraction * len(where))))
+        last[where[len(where) - count:]] = True
+    return last
+
+
+def untrained_classes_warning(data):
+    """A class without training windows is never learnt, yet the model may still predict it. Warned,
+    not refused: a cross-validation fold or a small study may lack a rare class and still be useful."""
+    missing = [name for index, name in enumerate(data.class_names) if not np.any(data.train.labels == index)]
+    return [f"class(es) {', '.join(missing)} have no training windows: the model cannot learn them, yet may "
+            "predict them; add windows of them to the training subjects, or leave them out of the classes"] \
+        if missing else []
 
 
 def fit_normalization(train_signals):

@@ -5,8 +5,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from data.errors import DataError
-from data.preprocess import available_channels, cut_windows, stream_channels, window_starts
-from data.resample import on_model_clock
+from data.preprocess import RAW_CHANNELS, available_channels, cut_windows, stream_channels, window_starts
+from data.resample import on_model_clock, values_on_model_clock
 from data.splits import channel_names, select_channels
 from data.uci_har import SIGNAL_NAMES
 from inference.adaptation import adapted_probabilities
@@ -24,6 +24,7 @@ class WindowPredictions:
     sample_rate_hz: float  # the model's rate
     start_s_of_stream: float
     source_rate_hz: float
+    magnitude_label: str = "|acc| (g)"  # another device's: the norm of its channels, as recorded
 
     @property
     def duration_s(self):
@@ -34,14 +35,30 @@ def _averaged(bundle):
     return bundle.config.data.mode == "average" and bundle.channel_names == channel_names("average")
 
 
-def check_usable(bundle, recording):
-    """What can be refused before any filtering: the rate, the preprocessing, the channels."""
+def own_channels(bundle):
+    """A raw checkpoint's channel names when they are another device's (not acc_* / gyro_*): a
+    recording holds columns of those names, taken as they are."""
+    raw_names = set(bundle.channel_names) <= set(RAW_CHANNELS)
+    return tuple(bundle.channel_names) if bundle.preprocessing == "raw" and not raw_names else ()
+
+
+def check_checkpoint(bundle):
+    """What the checkpoint alone decides, refused before the recording is read: its rate, its preprocessing."""
     if not math.isfinite(bundle.sample_rate_hz) or bundle.sample_rate_hz <= 0:
         raise UsageError(f"checkpoint {bundle.path} does not know the sample rate of its windows (an .npz "
                          "without sample_rate_hz); add it to the .npz and retrain to classify recordings")
     if bundle.preprocessing not in ("uci-har", "raw"):
         raise UsageError(f"checkpoint {bundle.path} was trained on windows whose preprocessing is unknown "
-                         f"(channels {', '.join(bundle.channel_names)}), so recordings cannot be cut like them")
+                         f"(channels {', '.join(bundle.channel_names)}), so recordings cannot be cut like them; if "
+                         "the windows are the recorded signals, resampled only, add preprocessing='raw' to the .npz "
+                         "and retrain")
+
+
+def check_usable(bundle, recording):
+    """What can be refused before any filtering: the rate, the preprocessing, the channels."""
+    check_checkpoint(bundle)
+    if own_channels(bundle):  # read_recording required every one of them
+        return
     has_gyro = recording.gyro_rad_s is not None
     available = available_channels(bundle.preprocessing, has_gyro)
     if set(bundle.channel_names) <= set(available) or (_averaged(bundle) and set(SIGNAL_NAMES) <= set(available)):
@@ -57,7 +74,7 @@ def check_usable(bundle, recording):
 class RecordingWindows:
     windows: np.ndarray  # float32 [N, C, T], raw units, the checkpoint's channels
     start_steps: np.ndarray  # [N] window starts, in samples at the model's rate
-    acc_g: np.ndarray  # [m, 3] at the model's rate
+    acc_g: np.ndarray  # [m, 3] at the model's rate (another device's: its channels, [m, C])
     start_s: float  # time of the first sample
     source_rate_hz: float
 
@@ -65,17 +82,25 @@ class RecordingWindows:
 def recording_windows(bundle, recording, stride_steps=None, sample_rate_hz=None):
     """The windows the checkpoint's training data would hold for this stream."""
     check_usable(bundle, recording)
-    acc, gyro, start_s, source_hz = on_model_clock(recording, bundle.sample_rate_hz, sample_rate_hz)
+    if own_channels(bundle):
+        values = np.stack([recording.extra[name] for name in bundle.channel_names], axis=1)
+        acc, start_s, source_hz = values_on_model_clock(values, recording, bundle.sample_rate_hz, sample_rate_hz)
+        gyro = None
+    else:
+        acc, gyro, start_s, source_hz = on_model_clock(recording, bundle.sample_rate_hz, sample_rate_hz)
     window = bundle.window_steps
     if len(acc) < window:
         raise DataError(f"{recording.path} lasts {len(acc) / bundle.sample_rate_hz:.2f} s, shorter than one "
                         f"window of the model ({window} samples = {window / bundle.sample_rate_hz:g} s)")
     with np.errstate(over="ignore", invalid="ignore"):  # overflow to float32's infinity: refused below
-        available = stream_channels(bundle.preprocessing, acc, gyro, bundle.sample_rate_hz)
-        if _averaged(bundle):  # the same averaging as the training windows had
-            stream = select_channels(np.stack([available[name] for name in SIGNAL_NAMES])[None], "average")[0]
+        if own_channels(bundle):  # as recorded, resampled only
+            stream = acc.T
         else:
-            stream = np.stack([available[name] for name in bundle.channel_names])
+            available = stream_channels(bundle.preprocessing, acc, gyro, bundle.sample_rate_hz)
+            names = SIGNAL_NAMES if _averaged(bundle) else bundle.channel_names
+            stream = np.stack([available[name] for name in names])
+            if _averaged(bundle):  # the same averaging as the training windows had
+                stream = select_channels(stream[None], "average")[0]
     starts = window_starts(stream.shape[1], window, stride_steps or window // 2)
     windows = cut_windows(stream, starts, window)
     # The windows as the model sees them (float32): values the recording's check let through can
@@ -98,4 +123,5 @@ def classify_recording(bundle, recording, device, stride_steps=None, sample_rate
     classify = adapted_probabilities if adapt else probabilities
     return WindowPredictions(begin_s, begin_s + bundle.window_steps / rate_hz,
                              classify(bundle, cut.windows, device), bundle.class_names,
-                             np.linalg.norm(cut.acc_g, axis=1), rate_hz, cut.start_s, cut.source_rate_hz)
+                             np.linalg.norm(cut.acc_g, axis=1), rate_hz, cut.start_s, cut.source_rate_hz,
+                             "|channels|" if own_channels(bundle) else "|acc| (g)")

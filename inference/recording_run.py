@@ -3,7 +3,7 @@ from data.recordings import read_recording
 from evaluation.calibration import scaled
 from inference.adaptation import MIN_ADAPT_WINDOWS
 from inference.bundle import load_bundle, pick_device
-from inference.classify import check_usable, classify_recording
+from inference.classify import check_checkpoint, check_usable, classify_recording, own_channels
 from inference.outputs import check_out_dir, prepare_out_dir, write_csv
 from inference.temperature import temperature_choice
 from inference.timeline import format_summary, mark_uncertain, merge_segments, plot_timeline, smooth_labels
@@ -25,7 +25,8 @@ def predict_recording(args):
     temperature = temperature_choice(args.temperature, args.checkpoint)
     transitions = None if args.transitions is None else \
         read_transitions(args.transitions, bundle.class_names, args.stride or bundle.window_steps // 2)
-    recording = read_recording(args.recording, args.acc_unit, args.gyro_unit)
+    check_checkpoint(bundle)
+    recording = read_recording(args.recording, args.acc_unit, args.gyro_unit, channels=own_channels(bundle))
     check_usable(bundle, recording)
     predictions = classify_recording(bundle, recording, device, args.stride, args.sample_rate,
                                      adapt=args.adapt == "recording")

@@ -160,7 +160,7 @@ def plot_timeline(predictions, segments, path, title):
     confidence_ax.grid(alpha=0.3)
     times_s = predictions.start_s_of_stream + np.arange(len(predictions.acc_magnitude_g)) / predictions.sample_rate_hz
     draw_curve(signal_ax, times_s, predictions.acc_magnitude_g, color="tab:grey", linewidth=0.4)
-    signal_ax.set_ylabel("|acc| (g)")
+    signal_ax.set_ylabel(predictions.magnitude_label)
     signal_ax.set_xlabel("time (s)")
     signal_ax.grid(alpha=0.3)
     figure.savefig(path, dpi=DPI)

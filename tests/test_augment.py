@@ -121,8 +121,8 @@ def test_wide_rotation_classes_the_data_lacks_are_refused_or_left_out_with_a_war
     warnings = []
     augment = build_augmenter(default, normalization, NINE, ("RUN", "SIT", "LAYING"), "cpu", warnings.append)
     assert augment.widely_turned is None and "rotate" in augment.config.kinds
-    assert warnings == ["rotate: no class 'WALKING' in this data (its classes: RUN, SIT, LAYING); every window "
-                        "turns by up to 10 degrees"]
+    assert warnings == ["augmentation fitted to this data: 'rotate' turns every window by up to 10 degrees: no "
+                        "class 'WALKING' in this data (its classes: RUN, SIT, LAYING)"]
     assert parse_config(["--aug-rotate-wide-classes", "none"]).recipe.aug_rotate_wide_classes == "none"
     assert build_augmenter(parse_config(["--aug-rotate-wide-classes", "none"]).recipe, normalization, NINE,
                            CLASS_NAMES, "cpu", print).widely_turned is None
@@ -157,9 +157,9 @@ def test_the_default_flip_is_left_out_for_data_without_its_classes():
     warnings = []
     augment = build_augmenter(recipe, {"mean": MEAN, "std": STD}, NINE, ("RUN", "SIT", "LIE"), "cpu", warnings.append)
     assert "flip" not in augment.config.kinds and "rotate" in augment.config.kinds
-    assert warnings == ["flip: no class 'LAYING' in this data (its classes: RUN, SIT, LIE); augmenting without 'flip'",
-                        "rotate: no class 'WALKING' in this data (its classes: RUN, SIT, LIE); every window turns "
-                        "by up to 10 degrees"]
+    assert warnings == ["augmentation fitted to this data: without 'flip': no class 'LAYING' in this data (its "
+                        "classes: RUN, SIT, LIE); 'rotate' turns every window by up to 10 degrees: no class "
+                        "'WALKING' in this data (its classes: RUN, SIT, LIE)"]  # one line, said once
 
 
 def test_the_default_turns_nothing_on_channels_without_xyz_triples():
@@ -169,7 +169,8 @@ def test_the_default_turns_nothing_on_channels_without_xyz_triples():
     augment = build_augmenter(parse_config([]).recipe, {"mean": torch.zeros(2), "std": torch.ones(2)}, ("a", "b"),
                               CLASS_NAMES, "cpu", warnings.append)
     assert augment.config.kinds == ("scale", "jitter", "shift")
-    assert warnings == ["these channels have no x/y/z triples to turn; augmenting without 'rotate' and 'flip'"]
+    assert warnings == ["augmentation fitted to this data: without 'rotate' and 'flip': these channels have no "
+                        "x/y/z triples to turn"]
 
 
 def test_scale_multiplies_the_raw_signal_by_one_factor_per_window():

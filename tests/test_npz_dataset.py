@@ -128,6 +128,7 @@ def bad_file(tmp_path, case):
         arrays["class_names"] = np.array(["a", "b", "c"])
     elif case == "negative-label":
         arrays["labels"][9] = -1
+        arrays["class_names"] = np.array(["a", "b", "c"])
     elif case == "float-labels":
         arrays["labels"] = arrays["labels"].astype(np.float32)
     elif case == "short-subjects":
@@ -155,7 +156,7 @@ def bad_file(tmp_path, case):
     ("signals-2d", ["signals must be", "[N, C, T]"]),
     ("nan", ["NaN or infinity", "window 5"]),
     ("inf", ["NaN or infinity", "window 5"]),
-    ("label-out-of-range", ["label 3", "0..2"]),
+    ("label-out-of-range", ["label 3", "(0, 1, 2)", "class_names"]),
     ("negative-label", ["label -1"]),
     ("float-labels", ["labels must be integers"]),
     ("short-subjects", ["subjects must be integers", "[48]"]),

@@ -76,7 +76,8 @@ def test_a_recording_becomes_the_windows_predict_py_would_cut(tmp_path):
     np.savetxt(folder / "a.csv", np.stack(list(columns.values()), axis=1), delimiter=",",
                header=",".join(columns), comments="", fmt="%.9g")
     np.savez(folder / "b.npz", acc=acc, gyro=gyro, time_s=time_s, label=labels, subject=np.full(len(time_s), 8))
-    build(folder, tmp_path / "store", "--dtype", "float32", "--workers", "1", "--test-subjects", "8")
+    build(folder, tmp_path / "store", "--dtype", "float32", "--workers", "1", "--test-subjects", "8",
+          "--unlabelled", "8")
     opened = WindowStore(tmp_path / "store")
     bundle = SimpleNamespace(preprocessing="uci-har", channel_names=SIGNAL_NAMES, sample_rate_hz=50.0,
                              window_steps=128, config=RunConfig(), path="x")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data.splits import HarData, load_har_data
+from data.splits import HarData, load_har_data, untrained_classes_warning
 from training.checkpoint import files as ckpt
 from training.checkpoint.judge import judge
 from training.config.settings import SHARDED_OR_DDP
@@ -57,7 +57,9 @@ def read_run_inputs(config, hold_lock=True, data=None):
     `data`: the config's data already loaded, by a benchmark that builds many runs of one dataset."""
     if data is None:
         data = load_har_data(**config.data_options())  # first: refused data leaves no new --save-dir behind
-    return _read_save_dir(config, data, hold_lock)
+    inputs = _read_save_dir(config, data, hold_lock)
+    inputs.warnings += untrained_classes_warning(data)
+    return inputs
 
 
 def check_run_inputs(config):

@@ -133,6 +133,9 @@ class Data:
     val_subjects: list | None = setting(None, "comma-separated training subject ids to validate on, instead of a "
                                         "random --val-fraction of them",
                                         parse=subject_list)
+    val_split: str = setting("subjects", "how validation is held out: subjects = whole training subjects; time = "
+                             "the last --val-fraction of each training subject's windows, in the order the data "
+                             "holds them (one person's recording)", choices=("subjects", "time"))
     no_test: bool = setting(False, "never evaluate the test split (e.g. while choosing a recipe)")
     synthetic_seed: int = setting(0, "seed of the synthetic dataset (separate from --seed so runs compare on the "
                                   "same data)")
@@ -315,7 +318,7 @@ class RunConfig:
         options = {"dataset": data.dataset, "data_dir": data.data_dir, "mode": data.mode,
                    "val_fraction": data.val_fraction, "split_seed": self.optim.seed,
                    "synthetic_seed": data.synthetic_seed, "val_subjects": data.val_subjects,
-                   "synthetic_windows_per_subject": data.synthetic_windows_per_subject}
+                   "synthetic_windows_per_subject": data.synthetic_windows_per_subject, "val_split": data.val_split}
         return {**options, **overrides}
 
 
@@ -447,6 +450,9 @@ def check_cross_validation(args):
         raise UsageError("--ensemble joins the models of a cross-validation; add --cv-folds K")
     if args.cv_folds and args.val_subjects:
         raise UsageError("--cv-folds chooses the validation subjects of each fold; drop --val-subjects")
+    if args.val_split == "time" and (args.cv_folds or args.val_subjects):
+        raise UsageError("--val-split time validates on the end of every training subject's windows; drop "
+                         + ("--cv-folds, which validates on whole subjects" if args.cv_folds else "--val-subjects"))
 
 
 def check_data_source(args):

@@ -1,6 +1,7 @@
 """The generalisation recipe's parts around the training step: the batch augmenter, the weight average,
 and the feature pool of a model whose features do not learn."""
 import copy
+import dataclasses
 import time
 from pathlib import Path
 
@@ -16,30 +17,44 @@ from training.loop.feature_store import FeatureStore, pool_identity
 
 
 def build_augmenter(recipe, normalization, channel_names, class_names, device, warn):
-    """The batch augmenter the settings ask for, or None."""
-    kinds = recipe.augment_config
+    """The batch augmenter the settings ask for, fitted to this data's layout and classes, or None."""
+    changes, dropped = fit_augment_to_data(recipe, channel_names, class_names)
+    if dropped:
+        warn(dropped)
+    kinds = dataclasses.replace(recipe, **changes).augment_config
     if kinds is None:
         return None
+    return BatchAugmenter(kinds, normalization["mean"], normalization["std"], channel_names, class_names).to(device)
+
+
+def fit_augment_to_data(recipe, channel_names, class_names):
+    """({setting: value} leaving out what this data cannot take, and one line saying which and why, or
+    ''). Rotation and flip turn each sensor's x/y/z together: channel names without such triples give
+    no layout to turn. The class defaults name UCI HAR's classes; a class flag given that names a
+    class the data lacks is refused."""
+    kinds = recipe.augment_config
+    if kinds is None:
+        return {}, ""
     turning = [kind for kind in ("rotate", "flip") if kind in kinds.kinds]
+    dropped, reasons, changes = [], [], {}
     if turning and not sensor_triples(channel_names):
-        # Both turn each sensor's x/y/z together; without such triples there is nothing to turn.
-        warn(f"these channels have no x/y/z triples to turn; augmenting without {' and '.join(map(repr, turning))}")
-        kinds.kinds = tuple(kind for kind in kinds.kinds if kind not in turning)
-    if "flip" in kinds.kinds and kinds.flip_classes:
+        dropped += turning
+        reasons.append(f"without {' and '.join(map(repr, turning))}: these channels have no x/y/z triples to turn")
+    if "flip" in kinds.kinds and "flip" not in dropped and kinds.flip_classes:
         missing = _missing_class(kinds.flip_classes, class_names, "--aug-flip-classes",
                                  recipe.aug_flip_classes == DEFAULT_FLIP_CLASSES)
         if missing:
-            warn(f"flip: {missing}; augmenting without 'flip'")
-            kinds.kinds = tuple(kind for kind in kinds.kinds if kind != "flip")
-    if "rotate" in kinds.kinds and kinds.rotate_wide_classes:
+            dropped.append("flip")
+            reasons.append(f"without 'flip': {missing}")
+    if "rotate" in kinds.kinds and "rotate" not in dropped and kinds.rotate_wide_classes:
         missing = _missing_class(kinds.rotate_wide_classes, class_names, "--aug-rotate-wide-classes",
                                  recipe.aug_rotate_wide_classes == DEFAULT_ROTATE_WIDE_CLASSES)
         if missing:
-            warn(f"rotate: {missing}; every window turns by up to {kinds.rotate_deg:g} degrees")
-            kinds.rotate_wide_classes = ()
-    if not kinds.kinds:
-        return None
-    return BatchAugmenter(kinds, normalization["mean"], normalization["std"], channel_names, class_names).to(device)
+            changes["aug_rotate_wide_classes"] = "none"
+            reasons.append(f"'rotate' turns every window by up to {kinds.rotate_deg:g} degrees: {missing}")
+    if dropped:
+        changes["augment"] = ",".join(kind for kind in kinds.kinds if kind not in dropped) or "none"
+    return changes, ("augmentation fitted to this data: " + "; ".join(reasons)) if reasons else ""
 
 
 def _missing_class(names, class_names, flag, is_default):

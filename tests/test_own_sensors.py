@@ -1,0 +1,186 @@
+"""Data that is not UCI HAR's: other rates and time stamps, label schemes, channel sets, one person."""
+import numpy as np
+import pytest
+
+from data.errors import DataError
+from data.npz_windows import load_npz_windows
+from data.recordings import Recording
+from data.resample import on_model_clock
+from data.splits import load_har_data
+from data.store import WindowStore
+from inference_fixtures import RATE_HZ, synthetic_stream
+from test_bad_input import assert_refused
+from test_npz_dataset import RAW, windows, write_npz
+from test_npz_dataset import train as train_npz
+from test_predict import run_script
+from test_store import build_here
+from test_trust_numbers import build_refused
+
+
+def millisecond_stamps(rate_hz, seconds):
+    """A phone's time column: a steady clock written rounded to the millisecond."""
+    return np.round(np.arange(int(seconds * rate_hz)) / rate_hz, 3)
+
+
+@pytest.mark.parametrize("given_hz", [None, 64.0])
+def test_rate_of_rounded_stamps_comes_from_the_whole_span(given_hz):
+    time_s = millisecond_stamps(64.0, 60.0)
+    assert set(np.round(np.diff(time_s), 3)) == {0.015, 0.016}  # the median step alone reads 62.5 Hz
+    signals = np.sin(np.outer(time_s, [1.0, 2.0, 3.0]))
+    _, _, _, source_hz = on_model_clock(Recording(signals, None, time_s, "r"), RATE_HZ, given_hz)
+    assert source_hz == pytest.approx(64.0, rel=1e-3)
+    if given_hz is not None:
+        assert source_hz == given_hz  # the stamps agree within their rounding: the given rate wins
+
+
+def test_a_given_rate_the_stamps_contradict_is_refused():
+    time_s = millisecond_stamps(64.0, 60.0)
+    with pytest.raises(DataError, match="--sample-rate 50 disagrees"):
+        on_model_clock(Recording(np.zeros((len(time_s), 3)), None, time_s, "r"), RATE_HZ, 50.0)
+
+
+def test_npz_labels_may_be_any_integers_or_names(tmp_path):
+    arrays = windows(classes=2)
+    write_npz(tmp_path / "ints.npz", **{**arrays, "labels": arrays["labels"] + 1})  # labels 1 and 2
+    loaded = load_npz_windows(tmp_path / "ints.npz")
+    assert loaded.class_names == ("class_1", "class_2")  # two classes, not an empty class_0 beside them
+    np.testing.assert_array_equal(loaded.labels, arrays["labels"])
+    names = np.array(["walk", "rest"])[arrays["labels"]]
+    write_npz(tmp_path / "names.npz", **{**arrays, "labels": names})
+    loaded = load_npz_windows(tmp_path / "names.npz")
+    assert loaded.class_names == ("rest", "walk")
+    np.testing.assert_array_equal(np.array(loaded.class_names)[loaded.labels], names)
+    write_npz(tmp_path / "other.npz", **{**arrays, "labels": names}, class_names=np.array(["rest", "run"]))
+    with pytest.raises(DataError, match="label 'walk' .* none of the classes' labels"):
+        load_npz_windows(tmp_path / "other.npz")
+
+
+def labelled_recordings(folder, labels_of):
+    """Three subjects' recordings at 50 Hz whose label column is labels_of(time_s)."""
+    folder.mkdir()
+    for subject in (1, 2, 3):
+        time_s, acc, gyro = synthetic_stream(30.0, rate_hz=50.0, seed=subject)
+        np.savez(folder / f"s{subject}.npz", acc=acc, gyro=gyro, time_s=time_s, label=labels_of(time_s),
+                 subject=np.full(len(time_s), subject))
+    return folder
+
+
+def test_a_zero_one_labelling_keeps_both_classes_or_is_refused(tmp_path):
+    source = labelled_recordings(tmp_path / "recordings", lambda time_s: (time_s // 5).astype(int) % 2)
+    line = build_refused(source, tmp_path / "refused", "--class-names", "rest,walk", "--test-subjects", "3")
+    assert "label 0" in line and "--class-labels" in line and "--unlabelled" in line
+    for flags, names in ((["--class-labels", "0,1,2"], "3 values for 2"), (["--unlabelled", "1"], "once")):
+        assert names in build_refused(source, tmp_path / "refused", "--class-names", "rest,walk", *flags)
+    build_here(source, tmp_path / "store", "--class-names", "rest,walk", "--class-labels", "0,1",
+               "--test-subjects", "3")
+    assert np.bincount(WindowStore(tmp_path / "store").labels).tolist()[0] > 0  # the 0 class is kept
+
+
+def test_only_the_values_named_unlabelled_are_left_out(tmp_path):
+    source = labelled_recordings(tmp_path / "recordings", lambda time_s: np.where(time_s % 10 < 6, 1 + (time_s // 10)
+                                                                                  .astype(int) % 2, 9))
+    build_here(source, tmp_path / "store", "--class-names", "rest,walk", "--unlabelled", "9", "--test-subjects", "3")
+    store = WindowStore(tmp_path / "store")
+    assert set(store.labels.tolist()) == {0, 1} and "9" in store.manifest["label_rule"]
+
+
+ANKLE_HIP_WRIST = tuple(f"{place}_{axis}" for place in ("ankle", "hip", "wrist")
+                        for axis in ("horiz_fwd", "vert", "horiz_lat"))
+
+
+def three_accelerometer_run(tmp_path, **declared):
+    """A run trained on windows of 9 channels of another device at 32 Hz, and a recording of that device."""
+    path = write_npz(tmp_path / "w.npz", **windows(channels=9, steps=64), channel_names=np.array(ANKLE_HIP_WRIST),
+                     sample_rate_hz=np.array(32.0), **declared)
+    code, _, err = train_npz(path, tmp_path / "run")
+    assert code == 0, err
+    time_s = np.arange(32 * 20) / 32.0
+    columns = np.column_stack([time_s, np.sin(np.outer(time_s, np.arange(1, 10)))])
+    recording = tmp_path / "device.csv"
+    np.savetxt(recording, columns, delimiter=",", header=",".join(("time_s", *ANKLE_HIP_WRIST)), comments="")
+    return tmp_path / "run" / "best.pt", recording
+
+
+def test_a_recording_of_the_checkpoints_own_channels_goes_through(tmp_path):
+    checkpoint, recording = three_accelerometer_run(tmp_path, preprocessing=np.array("raw"))
+    code, out, err = run_script("predict", ["--checkpoint", checkpoint, "--recording", recording, "--out",
+                                            tmp_path / "out"])
+    assert code == 0, err
+    assert len((tmp_path / "out" / "windows.csv").read_text().splitlines()) > 1 + 5
+
+
+def test_a_checkpoint_of_unknown_preprocessing_is_refused_for_its_real_reason(tmp_path):
+    checkpoint, recording = three_accelerometer_run(tmp_path)
+    line = assert_refused(run_script("predict", ["--checkpoint", checkpoint, "--recording", recording, "--out",
+                                                 tmp_path / "out"]), "preprocessing is unknown", "preprocessing")
+    assert "unknown column" not in line and not (tmp_path / "out").exists()
+
+
+def test_an_accelerometer_alone_makes_a_store_of_its_three_channels(tmp_path):
+    source = tmp_path / "recordings"
+    source.mkdir()
+    for subject in (1, 2, 3):
+        time_s, acc, _ = synthetic_stream(30.0, rate_hz=50.0, seed=subject)
+        np.savez(source / f"s{subject}.npz", acc=acc, time_s=time_s, label=1 + (time_s // 5).astype(int) % 2,
+                 subject=np.full(len(time_s), subject))
+    build_here(source, tmp_path / "store", "--preprocessing", "raw", "--class-names", "rest,walk",
+               "--test-subjects", "3")
+    assert WindowStore(tmp_path / "store").manifest["channels"] == ["acc_x", "acc_y", "acc_z"]
+    assert load_har_data("store", tmp_path / "store").train.signals.shape[1] == 3
+
+
+def test_one_person_is_shown_the_way_to_train_without_validation(tmp_path):
+    arrays = windows(subjects=2)
+    path = write_npz(tmp_path / "w.npz", **arrays, split=np.where(arrays["subjects"] == 1, "train", "test"))
+    line = assert_refused(train_npz(path, tmp_path / "refused"), "at least two training subjects")
+    assert "--val-fraction 0" in line
+    code, _, err = train_npz(path, tmp_path / "run", "--val-fraction", "0")
+    assert code == 0, err
+    one = write_npz(tmp_path / "one.npz", **windows(subjects=1))
+    assert "--val-fraction 0" in assert_refused(train_npz(one, tmp_path / "refused"), "split array")
+
+
+def test_a_class_without_training_windows_is_warned_of(tmp_path):
+    arrays = windows(subjects=4, classes=3)
+    arrays["labels"] = np.where(arrays["subjects"] == 4, 2, arrays["labels"] % 2)  # class c only in the test subject
+    path = write_npz(tmp_path / "w.npz", **arrays, class_names=np.array(["a", "b", "c"]),
+                     split=np.where(arrays["subjects"] == 4, "test", "train"))
+    code, out, err = train_npz(path, tmp_path / "run", "--val-fraction", "0")
+    assert code == 0, err
+    assert "c have no training windows" in out + err
+
+
+def test_windows_of_unequal_lengths_are_refused_for_what_they_are(tmp_path):
+    arrays = windows()
+    ragged = np.empty(len(arrays["labels"]), dtype=object)
+    ragged[:] = [window[:, :30 + index % 5] for index, window in enumerate(arrays["signals"])]
+    path = write_npz(tmp_path / "ragged.npz", **{**arrays, "signals": ragged})
+    line = assert_refused(train_npz(path, tmp_path / "run"), "signals", "unequal lengths", "pad", "8 steps")
+    assert "unicode" not in line
+
+
+@pytest.mark.parametrize("flags", [[], ["--model", "cnn1d", "--cv-folds", "2"]])
+@pytest.mark.parametrize("channel_names, dropped", [(RAW, ["'flip'", "no class"]),
+                                                      (ANKLE_HIP_WRIST, ["'rotate'", "'flip'", "x/y/z"])])
+def test_augmentations_a_layout_does_not_support_are_dropped_in_one_line(channel_names, dropped, flags, tmp_path):
+    arrays = windows(channels=len(channel_names))
+    path = write_npz(tmp_path / "w.npz", **arrays, channel_names=np.array(channel_names),
+                     class_names=np.array(["rest", "walk", "run"]))
+    code, out, err = train_npz(path, tmp_path / "run", *flags)
+    assert code == 0, err
+    lines = [line for line in (out + err).splitlines() if line.startswith("warning:") and "augment" in line]
+    assert len(lines) == 1, lines
+    assert all(word in lines[0] for word in dropped), lines[0]
+
+
+def test_one_persons_recording_validates_on_its_last_part(tmp_path):
+    arrays = windows(subjects=1, per_subject=50)
+    split = np.where(np.arange(50) < 40, "train", "test")  # the recording's last fifth tests
+    path = write_npz(tmp_path / "w.npz", **arrays, split=split)
+    data = load_har_data("npz", path, val_fraction=0.25, val_split="time")
+    np.testing.assert_array_equal(data.val.signals, arrays["signals"][30:40])
+    np.testing.assert_array_equal(data.train.signals, arrays["signals"][:30])
+    code, out, err = train_npz(path, tmp_path / "run", "--val-split", "time", "--val-fraction", "0.25")
+    assert code == 0, err
+    assert (tmp_path / "run" / "val_report.json").is_file()
+    assert_refused(train_npz(path, tmp_path / "cv", "--val-split", "time", "--cv-folds", "2"), "--cv-folds")
