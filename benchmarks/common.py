@@ -12,7 +12,7 @@ import torch
 
 from data.synthetic import DEFAULT_WINDOWS_PER_SUBJECT
 from models import MODELS
-from profiling.entry_points import at_least
+from profiling.entry_points import at_least, json_file
 from profiling.interleave import interleave, per_side
 from profiling.workload import RECIPE_OFF
 from training.config.settings import COMPILE_MODES, RunConfig
@@ -36,7 +36,7 @@ def add_run_flags(parser):
                         help="30 subjects; the default matches UCI HAR's size")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model on every side")
     parser.add_argument("--compile-mode", choices=COMPILE_MODES, default=None, help="as training's (implies --compile)")
-    parser.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    parser.add_argument("--json", type=json_file, default=None, help="also write the figures to this JSON file")
 
 
 def build_run(opts, save_dir, data_path, recipe=RECIPE_OFF):

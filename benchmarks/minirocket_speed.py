@@ -21,7 +21,7 @@ import torch
 
 from benchmarks.common import epoch_rates, format_rates, paired_ratio
 from models import build_model
-from profiling.entry_points import at_least, entry_parser, run_in_repo, write_json
+from profiling.entry_points import at_least, entry_parser, json_file, run_in_repo, write_json
 from profiling.interleave import interleave, per_side
 from training.config.settings import check_at_least
 from training.entry_point import run_entry_point
@@ -35,7 +35,7 @@ def main(argv=None):
     parser.add_argument("--rounds", type=at_least(1), default=4)
     parser.add_argument("--data-dir", default=None, help="a UCI HAR layout: also time main.py against aeon")
     parser.add_argument("--model-rounds", type=int, default=1, help="rounds of the time-to-model comparison")
-    parser.add_argument("--json", default=None, help="also write the figures here")
+    parser.add_argument("--json", type=json_file, default=None, help="also write the figures here")
     opts = parser.parse_args(argv)
     check_at_least(*((f"--{name.replace('_', '-')}", getattr(opts, name), 1)
                      for name in ("threads", "windows", "batch_size", "rounds", "model_rounds")))

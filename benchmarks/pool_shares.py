@@ -22,7 +22,7 @@ import torch
 
 from data.splits import Split
 from models import build_model
-from profiling.entry_points import REPO, at_least, entry_parser, run_in_repo, write_json
+from profiling.entry_points import REPO, at_least, entry_parser, json_file, run_in_repo, write_json
 from profiling.interleave import interleave, per_side
 from training.distributed.single import SingleDevice
 from training.entry_point import run_entry_point
@@ -37,7 +37,7 @@ def main(argv=None):
     parser.add_argument("--windows-per-subject", type=at_least(1), default=343,
                         help="synthetic windows per subject (30 subjects; 343 is UCI HAR's size)")
     parser.add_argument("--transform", type=at_least(1), default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--json", default=None, help="also write the figures here")
+    parser.add_argument("--json", type=json_file, default=None, help="also write the figures here")
     opts = parser.parse_args(argv)
     if opts.transform is not None:  # one process of the ceiling's: its windows' seconds on stdout
         print(json.dumps({"seconds": transform_seconds(opts.transform)}))

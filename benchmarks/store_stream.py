@@ -22,7 +22,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
-from profiling.entry_points import at_least, descendants, entry_parser, run_in_repo, write_json
+from profiling.entry_points import at_least, descendants, entry_parser, json_file, run_in_repo, write_json
 
 STARTED_S = time.time()  # before the imports below: a side's time to first step counts them
 import numpy as np  # noqa: E402
@@ -49,7 +49,7 @@ def main(argv=None):
     measure.add_argument("--rounds", type=at_least(1), default=3)
     measure.add_argument("--steps", type=at_least(1), default=300)
     measure.add_argument("--warmup-steps", type=int, default=30)
-    measure.add_argument("--json", default=None)
+    measure.add_argument("--json", type=json_file, default=None)
     side = commands.add_parser("side")  # one side of `measure`, in a process of its own
     side.add_argument("--steps", type=at_least(1), required=True)
     side.add_argument("--warmup-steps", type=int, required=True)

@@ -43,6 +43,17 @@ def positive(text):
     return value
 
 
+def json_file(text):
+    """An argparse type: a file the figures can be written to (--json), checked before the measurement
+    rather than refused after it."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder; give the name of a file inside it")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"folder {path.parent} does not exist; create it or choose another")
+    return text
+
+
 def write_json(path, figures):
     """The figures as a JSON file at `path` (the entry point's --json), when one was given."""
     if path:

@@ -16,7 +16,7 @@ import numpy as np
 from crossval.folds import fold_subjects
 from data.splits import Split, load_har_data
 from evaluation.metrics import classification_report, per_subject_accuracy
-from profiling.entry_points import entry_parser, write_json
+from profiling.entry_points import entry_parser, json_file, write_json
 from training.entry_point import run_entry_point
 
 
@@ -29,7 +29,7 @@ def main(argv=None):
     parser.add_argument("--mode", default="flatten", help="the channels, as main.py --mode")
     parser.add_argument("--threads", type=int, default=1, help="aeon's n_jobs (-1: every core)")
     parser.add_argument("--no-test", action="store_true")
-    parser.add_argument("--json", help="write the figures here")
+    parser.add_argument("--json", type=json_file, help="write the figures here")
     opts = parser.parse_args(argv)
     try:
         from aeon.classification.convolution_based import MiniRocketClassifier

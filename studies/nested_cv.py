@@ -52,6 +52,7 @@ from training.errors import UsageError
 
 REPORT = "nested_report.json"
 IDENTITY = "nested_identity.json"  # in each outer fold's folder once it reported: its flags and windows
+WALL = "wall_s.txt"  # beside it: the seconds the outer fold took to train
 OWN_FLAGS = ("--dataset", "--data-dir", "--save-dir", "--resume")
 FOLD_FIGURES = ("accuracy", "macro_f1", "per_subject")  # what the report keeps of an outer fold's test report
 
@@ -88,9 +89,9 @@ def main(argv=None):
             if not train_outer_fold(fold, len(files), path, subjects, run_dir, flags, opts.nproc_per_node):
                 return 1
             write_record(run_dir / IDENTITY, make_record(inputs[fold], run_dir, [report_path.name]))
-        report, wall = json.loads(report_path.read_text()), run_dir / "wall_s.txt"
+        report = json.loads(report_path.read_text())
         rows.append({"fold": fold, "subjects": subjects, **{key: report[key] for key in FOLD_FIGURES},
-                     "wall_s": float(wall.read_text()) if wall.is_file() else None})
+                     "wall_s": wall_seconds(run_dir / WALL)})
     if not rows:
         print("no outer fold finished yet")
         return 0
@@ -159,8 +160,20 @@ def train_outer_fold(fold, folds, path, subjects, run_dir, flags, nproc_per_node
     if code != 0 or not (run_dir / "test_report.json").is_file():
         print(f"outer fold {fold + 1} failed (exit {code}); see {log_path}")
         return False
-    (run_dir / "wall_s.txt").write_text(f"{time.perf_counter() - started:.0f}\n")
+    (run_dir / WALL).write_text(f"{time.perf_counter() - started:.0f}\n")
     return True
+
+
+def wall_seconds(path):
+    """An outer fold's recorded wall time, or None where there is none or it is not a number: a figure
+    the summary can do without, so a damaged one is said in one line rather than refused."""
+    try:
+        return float(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        print(f"warning: {path} does not hold a number of seconds; that fold's time is left out", file=sys.stderr)
+        return None
 
 
 def outer_inputs(path, subjects, flags):

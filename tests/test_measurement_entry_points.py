@@ -14,6 +14,9 @@ CASES = [
     ("benchmarks.profiler_agreement", ["--epochs", "1"], "--epochs: must be at least 2, got 1"),
     ("benchmarks.store_stream", ["measure", "--store", "x", "--rounds", "0"], "--rounds: must be at least 1"),
     ("benchmarks.pool_shares", ["--nproc", "1"], "--nproc: must be at least 2, got 1"),
+    # --json is checked before the measurement, not refused with a traceback after it
+    ("benchmarks.minirocket_speed", ["--json", "tests"], "--json: tests is a folder"),
+    ("benchmarks.overhead", ["--json", "no-such-folder/figures.json"], "folder no-such-folder does not exist"),
     ("studies.recording_accuracy", ["--nested", "no-such-folder"], "no-such-folder holds no finished outer fold"),
     ("studies.recording_accuracy", ["--checkpoint", "x.pt", "--recordings", "no-such.npz"], "no-such.npz does not"),
 ]

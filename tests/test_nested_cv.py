@@ -87,3 +87,12 @@ def test_a_finished_outer_fold_is_kept_refused_with_other_flags_and_redone_when_
     assert "outer fold 1: test_report.json is not what was written" in again.stdout
     repaired = json.loads(report.read_text())
     assert repaired["accuracy"] == expected["accuracy"] and repaired["per_subject"] == expected["per_subject"]
+
+
+def test_a_damaged_wall_time_is_left_out_with_a_warning(tmp_path, capsys):
+    (tmp_path / "wall_s.txt").write_text("twelve\n")
+    assert nested_cv.wall_seconds(tmp_path / "wall_s.txt") is None
+    assert "does not hold a number of seconds" in capsys.readouterr().err
+    (tmp_path / "wall_s.txt").write_text("12\n")
+    assert nested_cv.wall_seconds(tmp_path / "wall_s.txt") == 12.0
+    assert nested_cv.wall_seconds(tmp_path / "missing.txt") is None

@@ -18,7 +18,7 @@ import torch
 
 from models import build_model
 from models.minirocket import triton_installed
-from profiling.entry_points import at_least, comma_counts, entry_parser, write_json
+from profiling.entry_points import at_least, comma_counts, entry_parser, json_file, write_json
 from training.config.settings import check_at_least
 from training.entry_point import run_entry_point
 
@@ -34,7 +34,7 @@ def main(argv=None):
     parser.add_argument("--batch-sizes", type=comma_counts, default=[256, 1024, 8192],
                         help="windows per call of the transform")
     parser.add_argument("--rounds", type=at_least(1), default=5)
-    parser.add_argument("--json", default=None, help="also write the figures here")
+    parser.add_argument("--json", type=json_file, default=None, help="also write the figures here")
     opts = parser.parse_args(argv)
     check_at_least(("--windows", opts.windows, 1), ("--rounds", opts.rounds, 1), ("--batch-sizes", opts.batch_sizes, 1))
     if opts.device == "cuda" and not torch.cuda.is_available():
