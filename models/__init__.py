@@ -32,6 +32,11 @@ def has_fixed_features(name):
     return MODELS[name].FIXED_FEATURES
 
 
+def feature_views_of(name, given=None):
+    """--feature-views where given, else the model's own FEATURE_VIEWS."""
+    return MODELS[name].FEATURE_VIEWS if given is None else given
+
+
 def label_smoothing_of(name, given=None):
     """--label-smoothing where given, else the model's own LABEL_SMOOTHING."""
     return MODELS[name].LABEL_SMOOTHING if given is None else given

@@ -10,6 +10,7 @@ class HARModel(nn.Module):
     LABEL_SMOOTHING = 0.1  # when --label-smoothing is not given
     TAKES_WINDOW_STEPS = False  # True: built with window_steps, as its layout depends on the window's length
     FIXED_FEATURES = False  # True: forward also takes features(windows), which do not learn, so a pool can hold them
+    FEATURE_VIEWS = 0  # when --feature-views is not given: views of the training windows pooled once (FIXED_FEATURES)
     FITS_TO_DATA = False  # True: fit(signals) sets parts from the training windows before training
 
     @staticmethod

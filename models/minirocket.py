@@ -43,6 +43,7 @@ class MiniRocket(HARModel):
     TAKES_WINDOW_STEPS = True  # the dilations reach across the window
     # forward takes windows, features(windows) or pool_features(windows): a pool of counts computed once
     FIXED_FEATURES = True
+    FEATURE_VIEWS = 4  # chosen on the nested subject-wise estimate (docs/training.md)
     FITS_TO_DATA = True  # fit(signals): the biases and the feature statistics
 
     @staticmethod

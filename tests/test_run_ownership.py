@@ -6,7 +6,7 @@ import json
 import yaml
 
 from conftest import TINY_DATA, load_checkpoint, run_in_process
-from training.checkpoint.judge import run_differences
+from training.checkpoint.judge import changed_flags, run_differences
 from training.config.cli import parse_config
 from training.errors import EXIT_DIVERGED, EXIT_USAGE
 
@@ -89,6 +89,16 @@ def test_a_dataset_kind_is_compared_by_what_it_resolves_to():
     auto = [flag if flag != "synthetic" else "auto" for flag in SMALL]  # no --data-dir: synthetic
     assert run_differences(saved, parse_config(auto)) == []
     assert run_differences(saved, parse_config([*auto, "--data-dir", "/data/har"])) != []
+
+
+def test_a_models_own_setting_and_its_value_given_are_one_run():
+    """A run saved with --feature-views 4 (minirocket's own) resumed without it is no change, and the
+    other way round; another value is."""
+    saved = parse_config(["--model", "minirocket", "--feature-views", "4", "--label-smoothing", "0.2"]).flags()
+    assert changed_flags(saved, parse_config(["--model", "minirocket"])) == []
+    assert changed_flags(parse_config(["--model", "minirocket"]).flags(),
+                         parse_config(["--model", "minirocket", "--feature-views", "4"])) == []
+    assert len(changed_flags(saved, parse_config(["--model", "minirocket", "--feature-views", "2"]))) == 1
 
 
 def test_finished_folds_are_compared_by_what_their_settings_mean(tmp_path):

@@ -29,7 +29,7 @@ from evaluation.metrics import (
     per_subject_accuracy,
     summary_metrics,
 )
-from models import count_parameters, label_smoothing_of, resolve_size, training_bytes
+from models import count_parameters, feature_views_of, label_smoothing_of, resolve_size, training_bytes
 from training import faults
 from training.checkpoint import files as ckpt
 from training.checkpoint.earlier_run import earlier_run_files, move_aside
@@ -576,10 +576,11 @@ def _build_loaders(config, data, model, augment, loader_batch, strategy, log):
     augmenter the step applies (None when the pool's views carry the augmentation)."""
     optim = config.optim
     splits, train_views = {"train": data.train, "val": data.val, "test": data.test}, 1
-    if wants_feature_pool(model, config.recipe.feature_views):
+    views = feature_views_of(config.model.name, config.recipe.feature_views)
+    if wants_feature_pool(model, views):
         # Epoch e trains on view e mod V, so a run of fewer epochs than views never reaches the
         # last ones: they are not built.
-        views = min(config.recipe.feature_views, optim.epochs)
+        views = min(views, optim.epochs)
         splits, train_views = build_feature_pool(model, splits, views, augment, optim.seed, strategy, log,
                                                  feature_store_root(config.save_dir, splits))
         augment = None

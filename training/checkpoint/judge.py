@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 
 from data.splits import resolved_dataset
-from models import MODELS, SIZE_KNOBS, resolve_size
+from models import MODELS, SIZE_KNOBS, feature_views_of, label_smoothing_of, resolve_size
 from training.config.cli import resolved_config
 from training.config.settings import RunConfig
 
@@ -120,19 +120,25 @@ def differing_flags(saved_flags, config, compared):
 
 
 def changed_flags(saved, config):
-    """'--flag: saved -> now' for every setting a resumed run changes; keys older runs lack are skipped."""
+    """'--flag: saved -> now' for every setting a resumed run changes, by meaning (meant_flags); keys older
+    runs lack are skipped."""
     now = resolved_config(config, config.save_dir)
+    meant_then, meant_now = meant_flags(RunConfig.from_flags({**config.flags(), **saved})), meant_flags(config)
     return [f"--{key.replace('_', '-')}: {saved[key]!r} in the checkpoint's run, {now[key]!r} now"
-            for key in now if key not in NOT_COMPARED_ON_RESUME and key in saved and saved[key] != now[key]]
+            for key in now if key not in NOT_COMPARED_ON_RESUME and key in saved and saved[key] != now[key]
+            and meant_then.get(key, saved[key]) != meant_now.get(key, now[key])]
 
 
 def meant_flags(config):
     """config.flags() with each setting of DEFINES_THE_RUN as what it means, so that two spellings of one
-    run compare equal: the warmup as planned, the dataset as resolved, the model's sizes filled in,
-    --data-dir as the real path it names."""
+    run compare equal: the warmup as planned, the dataset as resolved, the model's sizes, feature views
+    and label smoothing filled in, --data-dir as the real path it names."""
     flags = config.flags()
     flags["warmup_epochs"] = config.optim.planned_warmup_epochs
     flags["dataset"] = resolved_dataset(config.data.dataset, config.data.data_dir)
+    with contextlib.suppress(KeyError):  # the model's own where not given: 4 and none are one minirocket run
+        flags["feature_views"] = feature_views_of(config.model.name, config.recipe.feature_views)
+        flags["label_smoothing"] = label_smoothing_of(config.model.name, config.recipe.label_smoothing)
     # A model or knobs that cannot be resolved are compared as given.
     with contextlib.suppress(ValueError, KeyError):
         flags.update(resolve_size(config.model.name, **config.model.size()))

@@ -191,12 +191,12 @@ class Recipe:
                                "validation, best.pt and the test; 0 turns it off")
     label_smoothing: float | None = setting(None, "cross-entropy label smoothing (default: the model's own, 0.2 for "
                                             "minirocket's head, 0.1 for the others)")
-    # Chosen on the nested subject-wise estimate (docs/training.md).
-    feature_views: int = setting(4, "minirocket: transform the training windows once, as this many views (the "
-                                 "first as they are, the others through --augment), each epoch training the head on "
-                                 "the next view; the validation and test windows once too. 0: transform every batch "
-                                 "of every epoch afresh, with new augmentations; another model takes 0 or leaves "
-                                 "it out")
+    feature_views: int | None = setting(None, "minirocket: transform the training windows once, as this many "
+                                        "views (the first as they are, the others through --augment), each epoch "
+                                        "training the head on the next view; the validation and test windows once "
+                                        "too (default: the model's own, 4 for minirocket). 0: transform every batch "
+                                        "of every epoch afresh, with new augmentations; a model without fixed "
+                                        "features takes no other value")
     cv_folds: int = setting(0, "K > 1: subject-wise cross-validation, K models each validated on one fold of whole "
                             "training subjects (in <save-dir>/fold-k/), summary in cv_report.json; under torchrun "
                             "the folds run concurrently, one process per GPU")
@@ -385,10 +385,9 @@ def check_recipe_strengths(args):
     """The weight average, feature views, label smoothing and the augmentations' strengths."""
     if not 0 <= args.ema_decay < 1:
         raise UsageError(f"--ema-decay must be in [0, 1), got {args.ema_decay}")
-    if args.feature_views < 0:
+    if args.feature_views is not None and args.feature_views < 0:
         raise UsageError(f"--feature-views must be 0 (off) or more, got {args.feature_views}")
-    # The default stays allowed: a model without fixed features ignores it, and every run carries it.
-    if args.feature_views not in (0, Recipe.feature_views) and not has_fixed_features(args.model):
+    if args.feature_views and not has_fixed_features(args.model):
         raise UsageError(f"--feature-views pools fixed features, which --model {args.model} does not have (minirocket "
                          "does): drop --feature-views")
     if args.label_smoothing is not None and not 0 <= args.label_smoothing < 1:
