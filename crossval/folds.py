@@ -24,13 +24,13 @@ import torch.distributed as dist
 from data import uci_har
 from data.provenance import check, file_identity, make_record, read_record, write_record
 from data.splits import load_har_data, resolved_dataset
-from data.store import LABELS, MANIFEST
+from data.store import LABELS, MANIFEST, write_atomic
 from evaluation.figures import plot_confusion_matrix
 from evaluation.metrics import best_record, format_cv_table, format_people, format_report
 from inference.bundle import load_bundle
 from inference.ensemble import ENSEMBLE_FILE, write_ensemble
 from inference.evaluate import write_report
-from training.checkpoint.files import BEST, write_atomic
+from training.checkpoint.files import BEST
 from training.checkpoint.judge import differing_flags, meant_flags
 from training.config.settings import Hardware, Output, Parallel, RunConfig
 from training.distributed.ddp import join_process_group

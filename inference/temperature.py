@@ -4,8 +4,8 @@ import json
 import math
 from pathlib import Path
 
+from data.store import write_atomic
 from evaluation.calibration import CALIBRATION_FILE, TEMPERATURE_RANGE
-from training.checkpoint.files import write_atomic
 from training.errors import UsageError
 
 

@@ -225,16 +225,3 @@ def load_resume_checkpoint(resume, save_dir, warn):
 
 def _progress(checkpoint):
     return checkpoint.get("step", -1) if isinstance(checkpoint, dict) else -1
-
-
-# Files written whole or not at all: a temporary file in the same folder, then one rename.
-def write_atomic(path, write):
-    """write(partial_path) fills a temporary file that then replaces `path` in one rename."""
-    path = Path(path)
-    # The suffix stays last so that writers choosing a format by extension (matplotlib) still can.
-    partial = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
-    try:
-        write(partial)
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)

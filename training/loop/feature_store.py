@@ -11,8 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from data.store import StoreSplit
-from training.checkpoint.files import write_atomic
+from data.store import StoreSplit, write_atomic
 from training.errors import UsageError
 
 FORMAT = "har-feature-store-1"
