@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from data.store import write_atomic
 from training import faults
 from training.errors import UsageError
 from training.output_folders import check_writable
@@ -19,22 +20,17 @@ NUMBERED = re.compile(r"step-(\d+)\.pt")
 
 
 def save_checkpoint(state, path):
-    """Write to a temporary file in the same folder, fsync, then rename over `path`.
+    """Write to a temporary file in the same folder, fsync, then rename over `path` (write_atomic).
 
     A crash mid-write leaves the previous file whole: rename within a folder is atomic.
     """
-    path = Path(path)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
+    def write(partial):
         with open(partial, "wb") as handle:
             torch.save(state, handle)
             handle.flush()
             os.fsync(handle.fileno())
         faults.during_save()
-        os.replace(partial, path)
-    finally:
-        if partial.exists():
-            partial.unlink()
+    write_atomic(path, write)
 
 
 def save_run_checkpoint(state, save_dir, keep_last, is_best):
@@ -70,15 +66,12 @@ def numbered_checkpoints(save_dir):
 
 
 def place_copy(source, target):
-    """A copy of `source` under `target`'s name, whole or not at all (temporary file, fsync, rename)."""
-    partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
+    """A copy of `source` under `target`'s name, whole or not at all (write_atomic, fsynced before the rename)."""
+    def write(partial):
         shutil.copyfile(source, partial)  # in the kernel where it can (sendfile), no pass through Python
         with open(partial, "rb+") as handle:
             os.fsync(handle.fileno())
-        os.replace(partial, target)
-    finally:
-        partial.unlink(missing_ok=True)
+    write_atomic(target, write)
 
 
 def _fsync_folder(folder):
@@ -109,7 +102,7 @@ def remove_partial_saves(save_dir):
     """Remove what a process killed mid-write left in the folder check_save_dir made; only with the
     folder's lock held, since a running save's file looks just the same."""
     try:
-        for partial in save_dir.glob(".*.pt.*.tmp"):
+        for partial in save_dir.glob(".*.tmp.pt"):
             partial.unlink()
     except OSError as exc:
         raise UsageError(f"--save-dir {save_dir} is not writable ({exc.strerror}); choose another folder") from None
