@@ -12,7 +12,6 @@ import torch
 from data.store import write_atomic
 from training import faults
 from training.errors import UsageError
-from training.output_folders import check_writable
 
 LAST = "last.pt"
 BEST = "best.pt"
@@ -93,9 +92,11 @@ def check_save_dir(save_dir):
         raise UsageError(f"--save-dir {save_dir} is a file; point it at a folder")
     try:
         save_dir.mkdir(parents=True, exist_ok=True)
+        probe = save_dir / f".write-test.{os.getpid()}"  # one per process: ranks probe side by side
+        probe.touch()
+        probe.unlink()
     except OSError as exc:
         raise UsageError(f"--save-dir {save_dir} is not writable ({exc.strerror}); choose another folder") from None
-    check_writable(save_dir, f"--save-dir {save_dir} is not writable")
 
 
 def remove_partial_saves(save_dir):
