@@ -37,8 +37,7 @@ def main(argv=None):
     parser.add_argument("--model-rounds", type=int, default=1, help="rounds of the time-to-model comparison")
     parser.add_argument("--json", type=json_file, default=None, help="also write the figures here")
     opts = parser.parse_args(argv)
-    check_at_least(*((f"--{name.replace('_', '-')}", getattr(opts, name), 1)
-                     for name in ("threads", "windows", "batch_size", "rounds", "model_rounds")))
+    check_at_least(("--threads", opts.threads, 1), ("--model-rounds", opts.model_rounds, 1))  # the rest: at_least
     try:
         from aeon.transformations.collection.convolution_based import MiniRocket as AeonMiniRocket
     except ImportError:

@@ -22,15 +22,15 @@ import torch
 import torch.distributed as dist
 
 from data import uci_har
-from data.provenance import check, file_identity, make_record, read_record, write_record
+from data.provenance import check, file_identity, make_record, read_json, read_record, write_record
 from data.splits import load_har_data, resolved_dataset
-from data.store import LABELS, MANIFEST
+from data.store import LABELS, MANIFEST, write_atomic
 from evaluation.figures import plot_confusion_matrix
 from evaluation.metrics import best_record, format_cv_table, format_people, format_report
 from inference.bundle import load_bundle
 from inference.ensemble import ENSEMBLE_FILE, write_ensemble
 from inference.evaluate import write_report
-from training.checkpoint.files import BEST, write_atomic
+from training.checkpoint.files import BEST
 from training.checkpoint.judge import differing_flags, meant_flags
 from training.config.settings import Hardware, Output, Parallel, RunConfig
 from training.distributed.ddp import join_process_group
@@ -202,15 +202,10 @@ def _claim_folder(save_dir, folds, fresh, writer):
     """Record the folds in <save-dir>/cv_folds.json, and refuse a folder whose folds differ: resuming a
     fold trained with other validation subjects would leak them into its training set."""
     record = save_dir / FOLDS_FILE
-    if record.is_file() and not fresh:
-        try:
-            recorded = json.loads(record.read_text())
-        except (OSError, ValueError):
-            recorded = None
-        if recorded != folds:
-            raise UsageError(f"{save_dir} holds a cross-validation with other folds ({record}); a different "
-                             "--seed, --cv-folds or data changes them. Use another --save-dir, or --no-resume "
-                             "to start every fold over")
+    if record.is_file() and not fresh and read_json(record) != folds:
+        raise UsageError(f"{save_dir} holds a cross-validation with other folds ({record}); a different "
+                         "--seed, --cv-folds or data changes them. Use another --save-dir, or --no-resume "
+                         "to start every fold over")
     if writer:
         save_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(record, lambda partial: Path(partial).write_text(json.dumps(folds)))
@@ -276,10 +271,8 @@ def _fold_config(config, save_dir, fold, subjects, local_rank):
 
 def _fold_finished(fold_dir, subjects):
     """A fold is done once its run reported its best weights on these very subjects."""
-    try:
-        return json.loads((Path(fold_dir) / FOLD_REPORT).read_text()).get("subjects") == subjects
-    except (OSError, ValueError):
-        return False
+    report = read_json(Path(fold_dir) / FOLD_REPORT)
+    return isinstance(report, dict) and report.get("subjects") == subjects
 
 
 def _all_ranks_finished(rank, world_size, finished):

@@ -425,7 +425,7 @@ def _check_test_split(test, subjects, source):
 
 def _write_shard(out, name, signals, labels):
     for part, array in (("signals", signals), ("labels", labels.astype(np.int8))):
-        write_atomic(shard_paths(out, name)[part], lambda handle, array=array: np.save(handle, array))
+        write_atomic(shard_paths(out, name)[part], lambda partial, array=array: np.save(partial, array))
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ def make_record(inputs, root, outputs):
 
 def write_record(path, record):
     """The record as JSON, whole or not at all (a temporary file, then one rename)."""
-    write_atomic(Path(path), lambda handle: handle.write(json.dumps(record, indent=1).encode()))
+    write_atomic(path, lambda partial: Path(partial).write_bytes(json.dumps(record, indent=1).encode()))
 
 
 def read_json(path):

@@ -37,19 +37,19 @@ def finish_store(root, manifest):
     """Make a built store usable: gather the shards' labels into labels.npy, then write manifest.json
     whole or not at all (a temporary file, then one rename)."""
     labels = [np.load(shard_paths(root, shard["name"])["labels"]) for shard in manifest["shards"]]
-    write_atomic(Path(root) / LABELS, lambda handle: np.save(handle, np.concatenate(labels).astype(np.int8)))
+    write_atomic(Path(root) / LABELS, lambda partial: np.save(partial, np.concatenate(labels).astype(np.int8)))
     payload = json.dumps({"format": FORMAT, "version": VERSION, **manifest}, indent=1)
-    write_atomic(Path(root) / MANIFEST, lambda handle: handle.write(payload.encode()))
+    write_atomic(Path(root) / MANIFEST, lambda partial: Path(partial).write_bytes(payload.encode()))
 
 
 def write_atomic(path, write):
-    """write(handle) fills a temporary file that then replaces `path` in one rename: a reader sees
-    the old file or the whole new one, never a part (training/checkpoint/files.py's write_atomic does the same
-    for training's files; data/ does not import training/)."""
-    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """write(partial_path) fills a temporary file in the same folder that then replaces `path` in one
+    rename: a reader sees the old file or the whole new one, never a part."""
+    path = Path(path)
+    # The suffix stays last so that writers choosing a format by extension (matplotlib, np.save) still can.
+    partial = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
     try:
-        with open(partial, "wb") as handle:
-            write(handle)
+        write(partial)
         os.replace(partial, path)
     finally:
         partial.unlink(missing_ok=True)

@@ -58,8 +58,8 @@ def load_split(root, split):
     signals, labels, subjects = arrays = _parse_split(signal_paths, label_path, subject_path)
     try:
         cache_path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(cache_path, lambda handle: np.savez(handle, fingerprint=np.array(fingerprint), signals=signals,
-                                                         labels=labels, subjects=subjects))
+        write_atomic(cache_path, lambda partial: np.savez(partial, fingerprint=np.array(fingerprint), signals=signals,
+                                                           labels=labels, subjects=subjects))
     except OSError:
         pass  # caching is an optimisation; a read-only home must not stop training
     return arrays

@@ -7,6 +7,7 @@ import numpy as np
 
 from data import uci_har
 from data.splits import load_har_data
+from data.store import write_atomic
 from evaluation.calibration import CALIBRATION_FILE, calibration_fields, fit_temperature, format_calibration, mean_nll
 from evaluation.figures import plot_confusion_matrix
 from evaluation.metrics import classification_report, format_people, format_report, per_subject_accuracy
@@ -14,7 +15,6 @@ from inference.adaptation import adapted_per_group
 from inference.bundle import load_bundle, pick_device, probabilities
 from inference.outputs import check_out_dir, prepare_out_dir
 from inference.temperature import temperature_choice, write_calibration
-from training.checkpoint.files import write_atomic
 from training.errors import UsageError
 
 

@@ -3,13 +3,12 @@ normalisation inside, as TorchScript or ONNX (dynamic batch size). A fold ensemb
 its logits are the log of its members' mean probabilities."""
 import logging
 import math
-import os
 import warnings
-from pathlib import Path
 
 import numpy as np
 import torch
 
+from data.store import write_atomic
 from training.errors import UsageError
 
 ONNX_OPSET = 18  # the lowest the exporter built on torch.export writes without converting
@@ -85,23 +84,20 @@ def export(bundle, fmt, path):
     """Write the file under a temporary name beside `path`, check it against the PyTorch model, and
     put it in place only if it passes; returns the largest |logit difference|, or None where it could
     not be checked (no onnxruntime)."""
-    path = Path(path)
-    partial = path.with_name(f".{path.stem}.{os.getpid()}.unchecked{path.suffix}")
-    try:
+    differences = []
+
+    def write_checked(partial):
         {"torchscript": export_torchscript, "onnx": export_onnx}[fmt](bundle, partial)
         windows = example_windows(bundle, PARITY_BATCH, seed=1).numpy()
         logits = run_exported(partial, fmt, windows)
-        difference = None
         if logits is not None:
             with torch.no_grad():
                 reference = bundle.model.eval()(torch.from_numpy(windows)).numpy()
             with np.errstate(invalid="ignore"):  # infinity - infinity: NaN, which check_parity refuses
-                difference = float(np.max(np.abs(logits - reference)))
-            check_parity(difference, reference, fmt, path)
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
-    return difference
+                differences.append(float(np.max(np.abs(logits - reference))))
+            check_parity(differences[0], reference, fmt, path)
+    write_atomic(path, write_checked)
+    return differences[0] if differences else None
 
 
 def check_parity(difference, reference, fmt, path):

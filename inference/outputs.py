@@ -4,7 +4,7 @@ import csv
 import io
 from pathlib import Path
 
-from training.checkpoint.files import write_atomic
+from data.store import write_atomic
 from training.errors import UsageError
 from training.output_folders import check_folder_can_be_made, check_writable
 

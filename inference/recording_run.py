@@ -1,5 +1,6 @@
 """predict.py --recording: classify a whole recording and write windows.csv, timeline.csv, timeline.png."""
 from data.recordings import read_recording
+from data.store import write_atomic
 from evaluation.calibration import scaled
 from inference.adaptation import MIN_ADAPT_WINDOWS
 from inference.bundle import load_bundle, pick_device
@@ -8,7 +9,6 @@ from inference.outputs import check_out_dir, prepare_out_dir, write_csv
 from inference.temperature import temperature_choice
 from inference.timeline import format_summary, mark_uncertain, merge_segments, plot_timeline, smooth_labels
 from inference.transitions import read_transitions
-from training.checkpoint.files import write_atomic
 from training.errors import UsageError
 
 OUTPUTS = ("windows.csv", "timeline.csv", "timeline.png")

@@ -4,8 +4,9 @@ import json
 import math
 from pathlib import Path
 
+from data.provenance import read_json
+from data.store import write_atomic
 from evaluation.calibration import CALIBRATION_FILE, TEMPERATURE_RANGE
-from training.checkpoint.files import write_atomic
 from training.errors import UsageError
 
 
@@ -27,10 +28,7 @@ def run_temperature(checkpoint):
     """The temperature in the calibration.json beside `checkpoint` when it was fitted for that file
     (a training run fits one for best.pt on its validation split); 1 where there is none."""
     path = Path(checkpoint).parent / CALIBRATION_FILE
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return 1.0
+    record = read_json(path)
     if not isinstance(record, dict) or Path(str(record.get("checkpoint"))).name != Path(checkpoint).name:
         return 1.0
     return read_temperature(str(path))

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 
 from data.preprocess import window_starts
+from data.store import write_atomic
 from data.uci_har import CLASS_NAMES
 from inference.outputs import check_out_file
-from training.checkpoint.files import write_atomic
 from training.config.cli import usage_error
 from training.entry_point import run_entry_point
 from training.errors import UsageError

@@ -45,7 +45,7 @@ from data.errors import DataError
 from data.provenance import check, file_identity, make_record, read_record, write_record
 from data.splits import load_har_data
 from profiling.entry_points import REPO, entry_parser
-from training.config.cli import parse_config, usage_error
+from training.config.cli import parse_config
 from training.config.settings import check_at_least
 from training.entry_point import run_entry_point
 from training.errors import UsageError
@@ -115,7 +115,6 @@ def parse(argv, flags):
                         help="comma-separated outer folds (from 0) to train now; the others are left as they are")
     parser.add_argument("--summary", action="store_true", help="print every configuration's figures and stop")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks instead of one-line errors")
-    parser.error = usage_error(parser.prog)
     opts = parser.parse_args(argv)
     if Path(opts.out).exists() and not Path(opts.out).is_dir():
         raise UsageError(f"--out {opts.out} is a file; give a folder")

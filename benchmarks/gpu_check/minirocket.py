@@ -36,7 +36,7 @@ def main(argv=None):
     parser.add_argument("--rounds", type=at_least(1), default=5)
     parser.add_argument("--json", type=json_file, default=None, help="also write the figures here")
     opts = parser.parse_args(argv)
-    check_at_least(("--windows", opts.windows, 1), ("--rounds", opts.rounds, 1), ("--batch-sizes", opts.batch_sizes, 1))
+    check_at_least(("--batch-sizes", opts.batch_sizes, 1))  # --windows and --rounds: at_least(1) at parsing
     if opts.device == "cuda" and not torch.cuda.is_available():
         parser.exit(2, "error: --device cuda: torch sees no CUDA GPU; pass --device cpu\n")
     device = torch.device(opts.device)

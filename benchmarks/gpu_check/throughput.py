@@ -19,6 +19,7 @@ import torch
 
 from benchmarks.gpu_check.plan import BATCH_SIZES, FULL, PRECISIONS, QUICK
 from data.splits import load_har_data
+from data.store import write_atomic
 from data.synthetic import DEFAULT_WINDOWS_PER_SUBJECT
 from models import MODELS  # every model of the registry is measured
 from profiling import workload
@@ -27,7 +28,6 @@ from profiling.entry_points import at_least, comma_choices, comma_counts, comma_
 from profiling.measure import timed_steps
 from profiling.report import json_ready
 from profiling.timing import mean_std
-from training.checkpoint.files import write_atomic
 from training.distributed.strategy import make_strategy
 from training.entry_point import run_entry_point
 from training.errors import UsageError

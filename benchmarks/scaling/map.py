@@ -24,7 +24,6 @@ from benchmarks.scaling.report import profile_of
 from profiling.comm_model import STRATEGIES, predict_strategy
 from profiling.entry_points import comma_choices, comma_counts, entry_parser
 from profiling.scaling import link_from
-from training.config.cli import usage_error
 from training.config.settings import check_at_least
 from training.entry_point import run_entry_point
 
@@ -58,7 +57,6 @@ def build_parser():
     parser.add_argument("--rounds", type=int, default=1, help="sweeps of the whole map, each with its own profiles")
     parser.add_argument("--reuse", action="store_true", help="keep profiles already under <out>/runs")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks instead of one-line errors")
-    parser.error = usage_error(parser.prog)  # one line and exit 2, as main.py's flags
     return parser
 
 

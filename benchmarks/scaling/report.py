@@ -53,7 +53,6 @@ def build_parser():
 def main(argv):
     args = build_parser().parse_args(argv)
     check_at_least(("--batch-sizes", args.batch_sizes, 1), ("--world-sizes", args.world_sizes, 1),
-                   ("--steps", args.steps, 1), ("--repeats", args.repeats, 1),
                    ("--threads-per-rank", args.threads_per_rank, 1))
     output_dir = Path(args.out)
     configurations = list(itertools.product(args.models, args.batch_sizes, args.world_sizes))

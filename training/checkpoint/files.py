@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from data.store import write_atomic
 from training import faults
 from training.errors import UsageError
 
@@ -18,22 +19,17 @@ NUMBERED = re.compile(r"step-(\d+)\.pt")
 
 
 def save_checkpoint(state, path):
-    """Write to a temporary file in the same folder, fsync, then rename over `path`.
+    """Write to a temporary file in the same folder, fsync, then rename over `path` (write_atomic).
 
     A crash mid-write leaves the previous file whole: rename within a folder is atomic.
     """
-    path = Path(path)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
+    def write(partial):
         with open(partial, "wb") as handle:
             torch.save(state, handle)
             handle.flush()
             os.fsync(handle.fileno())
         faults.during_save()
-        os.replace(partial, path)
-    finally:
-        if partial.exists():
-            partial.unlink()
+    write_atomic(path, write)
 
 
 def save_run_checkpoint(state, save_dir, keep_last, is_best):
@@ -69,15 +65,12 @@ def numbered_checkpoints(save_dir):
 
 
 def place_copy(source, target):
-    """A copy of `source` under `target`'s name, whole or not at all (temporary file, fsync, rename)."""
-    partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
+    """A copy of `source` under `target`'s name, whole or not at all (write_atomic, fsynced before the rename)."""
+    def write(partial):
         shutil.copyfile(source, partial)  # in the kernel where it can (sendfile), no pass through Python
         with open(partial, "rb+") as handle:
             os.fsync(handle.fileno())
-        os.replace(partial, target)
-    finally:
-        partial.unlink(missing_ok=True)
+    write_atomic(target, write)
 
 
 def _fsync_folder(folder):
@@ -110,7 +103,7 @@ def remove_partial_saves(save_dir):
     """Remove what a process killed mid-write left in the folder check_save_dir made; only with the
     folder's lock held, since a running save's file looks just the same."""
     try:
-        for partial in save_dir.glob(".*.pt.*.tmp"):
+        for partial in save_dir.glob(".*.tmp.pt"):
             partial.unlink()
     except OSError as exc:
         raise UsageError(f"--save-dir {save_dir} is not writable ({exc.strerror}); choose another folder") from None
@@ -225,16 +218,3 @@ def load_resume_checkpoint(resume, save_dir, warn):
 
 def _progress(checkpoint):
     return checkpoint.get("step", -1) if isinstance(checkpoint, dict) else -1
-
-
-# Files written whole or not at all: a temporary file in the same folder, then one rename.
-def write_atomic(path, write):
-    """write(partial_path) fills a temporary file that then replaces `path` in one rename."""
-    path = Path(path)
-    # The suffix stays last so that writers choosing a format by extension (matplotlib) still can.
-    partial = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
-    try:
-        write(partial)
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)

@@ -6,9 +6,8 @@ Warned: every other flag that changed. Fine: the rest. Every comparison is by me
 with the model's defaults filled in, --dataset auto as the kind it resolves to, the data by its
 identity where the checkpoint recorded one.
 
-The same run: `python main.py --epochs 1`, then `python main.py` in the same --save-dir, used to
-continue the finished one-epoch run with a twenty-epoch command: a schedule whose LR had already
-decayed. docs/resuming.md lists the settings compared, with the reasons."""
+The schedule counts: `python main.py --epochs 1`, then `python main.py` in the same --save-dir, would
+go on from an LR already decayed. docs/resuming.md lists the settings compared, with the reasons."""
 import contextlib
 import os
 from dataclasses import dataclass, field
@@ -139,22 +138,17 @@ def meant_flags(config):
     with contextlib.suppress(KeyError):  # the model's own where not given: 4 and none are one minirocket run
         flags["feature_views"] = feature_views_of(config.model.name, config.recipe.feature_views)
         flags["label_smoothing"] = label_smoothing_of(config.model.name, config.recipe.label_smoothing)
-    # A model or knobs that cannot be resolved are compared as given.
-    with contextlib.suppress(ValueError, KeyError):
-        flags.update(resolve_size(config.model.name, **config.model.size()))
     if flags["data_dir"] is not None:
         flags["data_dir"] = os.path.realpath(os.path.expanduser(flags["data_dir"]))
-    return flags
+    return _sizes_resolved(flags)
 
 
 def _sizes_resolved(settings):
     """`settings` with the model's size knobs filled in with its defaults (unchanged where the
-    knobs cannot be resolved: the comparison then reports them as they are)."""
-    try:
-        resolved = resolve_size(settings["model"], **{knob: settings.get(knob) for knob in SIZE_KNOBS})
-    except ValueError:
-        return settings
-    return {**settings, **resolved}
+    model or knobs cannot be resolved: the comparison then reports them as they are)."""
+    with contextlib.suppress(ValueError, KeyError):
+        return {**settings, **resolve_size(settings["model"], **{knob: settings.get(knob) for knob in SIZE_KNOBS})}
+    return settings
 
 
 def _finished(checkpoint):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from training.checkpoint.files import write_atomic
+from data.store import write_atomic
 from training.config.settings import Parallel, RunConfig, flag_groups
 from training.errors import UsageError
 

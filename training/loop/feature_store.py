@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from data.store import StoreSplit
-from training.checkpoint.files import write_atomic
+from data.provenance import read_json
+from data.store import StoreSplit, write_atomic
 from training.errors import UsageError
 
 FORMAT = "har-feature-store-1"
@@ -60,7 +60,7 @@ class FeatureStore:
         others = [path for path in others if path.parent != self.folder]
         if not others:
             return "no earlier pool in this folder"
-        earlier = _read_identity(others[-1])
+        earlier = read_json(others[-1]) or {}  # unreadable: every field counts as changed
         changed = sorted(key for key in {**earlier, **self.identity} if earlier.get(key) != self.identity.get(key))
         return f"the pool in {others[-1].parent.name} was of other {', '.join(changed)}"
 
@@ -77,7 +77,7 @@ class FeatureStore:
         for partial in self.folder.glob(".*.tmp.npy"):
             partial.unlink(missing_ok=True)
         for path in self.root.glob(f"*/{IDENTITY}"):
-            if path.parent != self.folder and _read_identity(path).get("format") == FORMAT:
+            if path.parent != self.folder and (read_json(path) or {}).get("format") == FORMAT:
                 shutil.rmtree(path.parent)
 
     def shard_path(self, part, first):
@@ -104,14 +104,6 @@ class FeatureStore:
         """The shards of `pieces` [(part, first, stop), ...] in order, as one array [n, width] on disk."""
         return ShardedRows([self.shard_path(part, first) for part, first, _ in pieces],
                            [stop - first for _, first, stop in pieces], width, dtype)
-
-
-def _read_identity(path):
-    """An identity file's fields; {} when it cannot be read (then every field counts as changed)."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 class ShardedRows:
