@@ -124,7 +124,7 @@ def train(config):
         lock.release()
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Trainer:
     """One run's data, model, training step, train state and checkpoints, assembled by build(), with
     what the epoch loop and the final report share: evaluate() and save()."""
@@ -134,7 +134,6 @@ class Trainer:
     save_dir: Path
     data: HarData  # normalised splits
     model: torch.nn.Module  # the bare model: what checkpoints hold
-    precision: Precision
     loaders: dict  # split name -> this rank's batches
     loader_batch: int  # samples per micro-batch drawn by each process
     global_batch: int  # samples per optimizer step, all replicas and micro-batches together
@@ -181,36 +180,34 @@ class Trainer:
                   "grad_accum_steps": optim.grad_accum_steps}
         exact_resume = False
         if checkpoint is not None:
-            restore_parts(checkpoint, state, parts)
-            exact_resume = _announce_resume(checkpoint, resume_from, state, layout, rng, global_batch,
-                                            len(data.train), log)
-            if config.parallel.grad_compression == "powersgd":
-                log.warn("PowerSGD's error feedback is not in the checkpoint: the resumed run starts it afresh, "
-                         "so it does not continue bit for bit")
-            if ema is not None and not checkpoint.get("ema"):
-                log.info("the checkpoint has no weight average: it starts from the resumed weights")
-                ema.restart()
+            exact_resume = _resume(checkpoint, resume_from, state, parts, layout, global_batch, len(data.train),
+                                   config.parallel.grad_compression, log)
         strategy.check_same_on_all_ranks(state.step, "the optimizer steps already taken")
 
         scheduler = _position_schedule(optimizer, optim, len(loaders["train"]), state, global_batch, peak_lr,
                                        strategy.data_parallel_size, log)
         smoothing = label_smoothing_of(config.model.name, config.recipe.label_smoothing)
-        step = TrainStep(train_model, [p for p in model.parameters() if p.requires_grad], strategy, precision,
-                         optimizer, scheduler, grad_scaler, optim.grad_accum_steps, optim.max_grad_norm,
-                         smoothing, augment, ema, skipped_steps(model, precision, grad_scaler))
+        step = TrainStep(model=train_model, parameters=[p for p in model.parameters() if p.requires_grad],
+                         strategy=strategy, precision=precision, optimizer=optimizer, scheduler=scheduler,
+                         grad_scaler=grad_scaler, grad_accum_steps=optim.grad_accum_steps,
+                         max_grad_norm=optim.max_grad_norm, label_smoothing=smoothing, augment=augment, ema=ema,
+                         skips=skipped_steps(model, precision, grad_scaler))
         metadata = _checkpoint_metadata(config, data, normalization, strategy, global_batch, layout)
-        checkpoints = CheckpointManager(save_dir, config.output.keep_last, strategy, state,
-                                        {**parts, "scheduler": scheduler}, metadata, resumed=resume_from is not None,
+        checkpoints = CheckpointManager(save_dir=save_dir, keep_last=config.output.keep_last, strategy=strategy,
+                                        state=state, parts={**parts, "scheduler": scheduler}, metadata=metadata,
+                                        resumed=resume_from is not None,
                                         before_first_save=_first_save(config, strategy, resume_from, checkpoint, log))
-        return cls(config, strategy, log, save_dir, data, model, precision, loaders, loader_batch, global_batch,
-                   step, state, rng, checkpoints, stop_signals or StopSignals(), exact_resume)
+        return cls(config=config, strategy=strategy, log=log, save_dir=save_dir, data=data, model=model,
+                   loaders=loaders, loader_batch=loader_batch, global_batch=global_batch, step=step, state=state,
+                   rng=rng, checkpoints=checkpoints, stop_signals=stop_signals or StopSignals(),
+                   exact_resume=exact_resume)
 
     def evaluate(self, split, model=None):
         """(labels, logits, mean loss) of "val" or "test" over every rank, by `model` or else the
         validation weights (the average when kept)."""
         self._sync_buffers()
         return gather_predictions(model or self.validation_model(), self.loaders[split], self.strategy,
-                                  self.precision, len(self.data.class_names))
+                                  self.step.precision, len(self.data.class_names))
 
     @property
     def has_validation(self):
@@ -339,9 +336,11 @@ def _position_schedule(optimizer, optim, micro_batches_per_epoch, state, global_
     return build_scheduler(optimizer, warmup_steps, total_steps, state.schedule_step(steps_each_epoch, global_batch))
 
 
-def _announce_resume(checkpoint, path, state, layout, rng, global_batch, train_windows, log):
-    """Say where the run resumes; True when a mid-epoch resume can continue bit for bit (the same
-    ranks and batch layout, and every rank's random streams saved)."""
+def _resume(checkpoint, path, state, parts, layout, global_batch, train_windows, grad_compression, log):
+    """Restore the checkpoint's parts and say where the run resumes and what starts afresh; True when a
+    mid-epoch resume can continue bit for bit (the same ranks and batch layout, and every rank's
+    random streams saved)."""
+    restore_parts(checkpoint, state, parts)
     where = (f"epoch {state.epoch + 1}, sample {state.epoch_position} of {train_windows}"
              if state.epoch_position else f"{state.epoch} epochs")
     log.info(f"\n*** RESUMING from {path}: {where} / {state.step} steps done, best val macro-F1 "
@@ -350,12 +349,18 @@ def _announce_resume(checkpoint, path, state, layout, rng, global_batch, train_w
         log.warn(f"global batch changes from {checkpoint['global_batch_size']} to {global_batch} on resume: the "
                  "peak LR and the steps per epoch (so the schedule's length) follow the new value, and the "
                  f"schedule continues from epoch {state.epoch + 1}")
-    exact = checkpoint.get("layout") == layout and rng.covers_every_rank()
+    exact = checkpoint.get("layout") == layout and parts["rng"].covers_every_rank()
     if state.epoch_position and not exact:
         log.warn(f"resuming mid-epoch with another layout ({checkpoint.get('layout')} -> {layout}): the epoch "
                  f"continues at sample {state.epoch_position} of the same order, so no sample is skipped or "
                  "repeated, but accumulation windows and random streams restart, so the weights will differ "
                  "from an uninterrupted run")
+    if grad_compression == "powersgd":
+        log.warn("PowerSGD's error feedback is not in the checkpoint: the resumed run starts it afresh, "
+                 "so it does not continue bit for bit")
+    if parts["ema"] is not None and not checkpoint.get("ema"):
+        log.info("the checkpoint has no weight average: it starts from the resumed weights")
+        parts["ema"].restart()
     return bool(state.epoch_position) and exact
 
 

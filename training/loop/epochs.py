@@ -82,7 +82,8 @@ def train_epoch(trainer, epoch):
     slowest_s = float(strategy.max_over_ranks(torch.tensor(train_time_s, dtype=torch.float64,
                                                            device=strategy.device)))
     state.step = plan.first_step + steps
-    return EpochResult(steps, trained, slowest_s, loss_sum, loss_samples, stopped)
+    return EpochResult(steps=steps, samples=trained, train_time_s=slowest_s, loss_sum=loss_sum,
+                       loss_samples=loss_samples, stopped_early=stopped)
 
 
 def _plan_epoch(trainer, epoch, loader):
@@ -148,7 +149,7 @@ class EpochPlan:
     first_step: int  # optimizer steps taken before this pass, over the whole run
 
 
-@dataclass
+@dataclass(kw_only=True)
 class EpochResult:
     steps: int  # optimizer steps taken in this pass
     samples: int  # samples trained on in this pass, all ranks together
