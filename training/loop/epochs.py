@@ -98,9 +98,8 @@ def _plan_epoch(trainer, epoch, loader):
     if exact:
         first_batch = state.epoch_position // (trainer.loader_batch * strategy.world_size)
         return EpochPlan(first_batch, batches_in_epoch, state.step)
-    if state.epoch_position:  # another layout: the remaining samples make a shorter epoch of their own
-        return EpochPlan(0, len(loader), state.step)
-    return EpochPlan(0, batches_in_epoch, state.step)
+    # In another layout the remaining samples make a shorter epoch of their own (from 0: the whole epoch).
+    return EpochPlan(0, len(loader), state.step)
 
 
 def _end_epoch(trainer, epoch, result, epoch_start):
