@@ -105,10 +105,10 @@ def train(config):
             clock.lap("evaluation")
         # A preempted job's grace time is for saving.
         if outcome != "preempted" and strategy.is_main and config.output.figures:
-            write_run_figures(trainer.save_dir, trainer.log.warn, use_test=not config.data.no_test)
+            write_run_figures(config.save_dir, trainer.log.warn, use_test=not config.data.no_test)
             clock.lap("figures")
         trainer.log.info(clock.line())
-        trainer.log.info(f"{trainer.save_dir} holds: {', '.join(_run_files(trainer.save_dir))}")
+        trainer.log.info(f"{config.save_dir} holds: {', '.join(_run_files(config.save_dir))}")
         trainer.log.close()
         return EXIT_PREEMPTED if outcome == "preempted" else 0
     except (TrainingDiverged, RankLost):
@@ -131,7 +131,6 @@ class Trainer:
     config: RunConfig
     strategy: Strategy
     log: RunLogger
-    save_dir: Path
     data: HarData  # normalised splits
     model: torch.nn.Module  # the bare model: what checkpoints hold
     loaders: dict  # split name -> this rank's batches
@@ -197,10 +196,9 @@ class Trainer:
                                         state=state, parts={**parts, "scheduler": scheduler}, metadata=metadata,
                                         resumed=resume_from is not None,
                                         before_first_save=_first_save(config, strategy, resume_from, checkpoint, log))
-        return cls(config=config, strategy=strategy, log=log, save_dir=save_dir, data=data, model=model,
-                   loaders=loaders, loader_batch=loader_batch, global_batch=global_batch, step=step, state=state,
-                   rng=rng, checkpoints=checkpoints, stop_signals=stop_signals or StopSignals(),
-                   exact_resume=exact_resume)
+        return cls(config=config, strategy=strategy, log=log, data=data, model=model, loaders=loaders,
+                   loader_batch=loader_batch, global_batch=global_batch, step=step, state=state, rng=rng,
+                   checkpoints=checkpoints, stop_signals=stop_signals or StopSignals(), exact_resume=exact_resume)
 
     def evaluate(self, split, model=None):
         """(labels, logits, mean loss) of "val" or "test" over every rank, by `model` or else the

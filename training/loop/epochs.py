@@ -31,12 +31,12 @@ def fit(trainer):
     for epoch in range(first_epoch, optim.epochs):
         epoch_start = time.perf_counter()
         result = train_epoch(trainer, epoch)
-        if result.stopped_early:
-            _report_preemption(trainer)
-            return "preempted"
-        _end_epoch(trainer, epoch, result, epoch_start)
-        if stop_requested(trainer):
-            _report_preemption(trainer)
+        if not result.stopped_early:  # a pass stopped early saved its checkpoint already
+            _end_epoch(trainer, epoch, result, epoch_start)
+        if result.stopped_early or stop_requested(trainer):
+            log.info(f"received {trainer.stop_signals.received or 'a stop signal on another rank'}: stopped after "
+                     f"step {state.step} (epoch {state.epoch + 1}) and saved {trainer.checkpoints.last_path}; run "
+                     "the same command again to resume")
             return "preempted"
         if _patience_exhausted(trainer):
             log.info(f"early stopping: no better validation macro-F1 for {state.epochs_since_best} epochs")
@@ -132,12 +132,6 @@ def _end_epoch(trainer, epoch, result, epoch_start):
 def _patience_exhausted(trainer):
     patience = trainer.config.optim.early_stopping_patience
     return bool(patience) and trainer.state.epochs_since_best >= patience
-
-
-def _report_preemption(trainer):
-    trainer.log.info(f"received {trainer.stop_signals.received or 'a stop signal on another rank'}: stopped after "
-                     f"step {trainer.state.step} (epoch {trainer.state.epoch + 1}) and saved "
-                     f"{trainer.checkpoints.last_path}; run the same command again to resume")
 
 
 @dataclass

@@ -31,7 +31,7 @@ def report_best_weights(trainer):
     temperature, fitted = 1.0, None  # until the validation split gives one
     if not trainer.has_validation and trainer.strategy.is_main:
         # An earlier run's temperature in this folder was fitted for other weights.
-        (trainer.save_dir / CALIBRATION_FILE).unlink(missing_ok=True)
+        (trainer.config.save_dir / CALIBRATION_FILE).unlink(missing_ok=True)
     for split in splits:
         started = time.perf_counter()
         labels, logits, loss = trainer.evaluate(split, trainer.strategy.eval_model(trainer.model))
@@ -54,11 +54,11 @@ def report_best_weights(trainer):
         trainer.log.write_json(f"{split}_report.json", report)
     if no_test:
         trainer.log.info("--no-test: the test split was not evaluated; " + (
-            f"wrote {trainer.save_dir / 'val_report.json'}" if "val" in splits
+            f"wrote {trainer.config.save_dir / 'val_report.json'}" if "val" in splits
             else "no validation split either (--val-fraction 0), so no report was written"))
         return
     chosen = "best checkpoint by validation macro-F1" if trainer.has_validation else \
         "last epoch's weights: no validation split"
     trainer.log.info(f"test split ({chosen}):\n" + format_report(report) + "\n" + format_people(report) + "\n"
                      + format_calibration(report, fitted))
-    trainer.log.info(f"wrote {trainer.save_dir / 'test_report.json'}")
+    trainer.log.info(f"wrote {trainer.config.save_dir / 'test_report.json'}")
