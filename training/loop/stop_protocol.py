@@ -2,13 +2,13 @@
 
 Its promise: every rank stops at the same step, and a bad step is never saved. The ranks agree
 through one small message at each check-in (--log-interval), carrying whether a stop signal
-arrived and each rank's health (the first step with a NaN/inf loss, the longest run of steps the
-fp16 GradScaler skipped); every rank acts on the same message, so all stop at the same step, and
-one process alone acts on its own at once. A message has --log-interval steps to arrive, so a
-stop request is acted on within two check-ins; at the epoch's end stop_requested() agrees again.
-Every save reads the loss totals through checked_totals(), which raises TrainingDiverged first
-when any rank's losses went bad (NaN/inf, or MAX_SKIPPED_STEPS fp16 skips in a row), so no
-checkpoint ever holds a bad step."""
+arrived (trainer.py's StopSignals records it) and each rank's health (the first step with a
+NaN/inf loss, the longest run of steps the fp16 GradScaler skipped); every rank acts on the same
+message, so all stop at the same step, and one process alone acts on its own at once. A message
+has --log-interval steps to arrive, so a stop request is acted on within two check-ins; at the
+epoch's end stop_requested() agrees again. Every save reads the loss totals through
+checked_totals(), which raises TrainingDiverged first when any rank's losses went bad (NaN/inf,
+or MAX_SKIPPED_STEPS fp16 skips in a row), so no checkpoint ever holds a bad step."""
 import torch
 
 from training.errors import TrainingDiverged
@@ -16,14 +16,14 @@ from training.loop.step import MAX_SKIPPED_STEPS
 from training.loop.tally import NO_NONFINITE_STEP
 
 
-def health(trainer, tally):
+def _health(trainer, tally):
     """This rank's news for the NaN check, as ints whose maximum over ranks is the worst: the first
     step with a NaN/inf loss (negated), and the longest run of steps the fp16 GradScaler skipped."""
     skips = trainer.step.skips
     return [-int(tally.earliest_nonfinite_step()), skips.longest_run() if skips is not None else 0]
 
 
-def raise_if_diverged(trainer, negative_earliest, longest_skip_run):
+def _raise_if_diverged(trainer, negative_earliest, longest_skip_run):
     where = f"(epoch {trainer.state.epoch + 1}); {trainer.checkpoints.kept()}"
     if -negative_earliest != NO_NONFINITE_STEP:
         raise TrainingDiverged(f"the training loss became NaN/inf at step {-negative_earliest} {where}. Lower "
@@ -38,7 +38,7 @@ def checked_totals(trainer, tally):
     """(sum of per-sample losses, samples) over all ranks, as Python numbers, after the health check
     that stops the run before anything is saved."""
     strategy = trainer.strategy
-    raise_if_diverged(trainer, *strategy.max_ints(health(trainer, tally)))
+    _raise_if_diverged(trainer, *strategy.max_ints(_health(trainer, tally)))
     totals = strategy.sum_over_ranks(torch.stack([tally.loss_sum(), torch.tensor(
         float(tally.samples), dtype=torch.float64, device=strategy.device)]))
     loss_sum, samples = totals.tolist()
@@ -62,7 +62,7 @@ class CheckIns:
         signal. Ranks act on the previous check-in's message, so none waits for the others here."""
         trainer = self.trainer
         received = trainer.stop_signals.received is not None
-        message = trainer.strategy.start_max_ints([int(received), *health(trainer, self.tally)])
+        message = trainer.strategy.start_max_ints([int(received), *_health(trainer, self.tally)])
         if trainer.strategy.world_size == 1:
             decision = message.wait()  # nothing was sent: act on it now
         else:
@@ -70,7 +70,7 @@ class CheckIns:
         if decision is None:
             return False
         stop, *worst = decision
-        raise_if_diverged(trainer, *worst)
+        _raise_if_diverged(trainer, *worst)
         return bool(stop)
 
     def finish(self):
