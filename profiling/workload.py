@@ -69,7 +69,7 @@ def build_workload(args, strategy, data=None):
     trainer = Trainer.build(config, strategy, quiet=True, inputs=read_run_inputs(config, hold_lock=False, data=data))
     loader = trainer.loaders["train"]
     tally = None if args.bare_step else EpochTally(strategy.device)
-    return Workload(strategy, trainer.model, trainer.step, trainer.step.precision,
+    return Workload(strategy, trainer.model, trainer.step, trainer.precision,
                     _endless(loader, loader.sampler, trainer.loader_batch), tally, config.optim.batch_size,
                     len(trainer.data.train), trainer.data.source, scratch)
 

@@ -133,6 +133,7 @@ class Trainer:
     log: RunLogger
     data: HarData  # normalised splits
     model: torch.nn.Module  # the bare model: what checkpoints hold
+    precision: Precision
     loaders: dict  # split name -> this rank's batches
     loader_batch: int  # samples per micro-batch drawn by each process
     global_batch: int  # samples per optimizer step, all replicas and micro-batches together
@@ -196,16 +197,17 @@ class Trainer:
                                         state=state, parts={**parts, "scheduler": scheduler}, metadata=metadata,
                                         resumed=resume_from is not None,
                                         before_first_save=_first_save(config, strategy, resume_from, checkpoint, log))
-        return cls(config=config, strategy=strategy, log=log, data=data, model=model, loaders=loaders,
-                   loader_batch=loader_batch, global_batch=global_batch, step=step, state=state, rng=rng,
-                   checkpoints=checkpoints, stop_signals=stop_signals or StopSignals(), exact_resume=exact_resume)
+        return cls(config=config, strategy=strategy, log=log, data=data, model=model, precision=precision,
+                   loaders=loaders, loader_batch=loader_batch, global_batch=global_batch, step=step, state=state,
+                   rng=rng, checkpoints=checkpoints, stop_signals=stop_signals or StopSignals(),
+                   exact_resume=exact_resume)
 
     def evaluate(self, split, model=None):
         """(labels, logits, mean loss) of "val" or "test" over every rank, by `model` or else the
         validation weights (the average when kept)."""
         self._sync_buffers()
         return gather_predictions(model or self.validation_model(), self.loaders[split], self.strategy,
-                                  self.step.precision, len(self.data.class_names))
+                                  self.precision, len(self.data.class_names))
 
     @property
     def has_validation(self):
