@@ -18,9 +18,10 @@ from profiling.workload import RECIPE_OFF
 from training.config.settings import COMPILE_MODES, RunConfig
 from training.distributed.strategy import make_strategy
 from training.entry_point import launched_by_torchrun
+from training.loop.epochs import train_epoch
 from training.trainer import Trainer
 
-TRAINER_SIDE = ("Trainer.train_epoch: the run's TrainStep over its loader, with the progress bar, loss read and "
+TRAINER_SIDE = ("train_epoch: the run's TrainStep over its loader, with the progress bar, loss read and "
                 "TensorBoard scalars every --log-interval steps, NaN check and stop-request check; what fit() "
                 "does minus validation, checkpoints and the epoch record")
 
@@ -80,7 +81,7 @@ def train_trainer_epoch(trainer, epoch):
     all ranks trained on. The progress bar is the logger's own, built while stderr is not a
     terminal, so it disables itself as in a job log."""
     with contextlib.redirect_stderr(io.StringIO()):
-        return trainer.train_epoch(epoch).samples
+        return train_epoch(trainer, epoch).samples
 
 
 def epoch_rates(sides, rounds, epochs_per_round, synchronize, watch_other_processes=True):

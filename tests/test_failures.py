@@ -224,6 +224,7 @@ def test_a_run_whose_every_step_the_grad_scaler_skips_stops_as_diverged(tmp_path
     from training.config.cli import parse_config
     from training.distributed.strategy import make_strategy
     from training.errors import TrainingDiverged
+    from training.loop.epochs import fit
     from training.loop.step import MAX_SKIPPED_STEPS, SkippedSteps
     from training.trainer import Trainer
     config = parse_config([*TINY_DATA, "--epochs", "3", "--save-dir", str(tmp_path), "--no-resume"])
@@ -232,7 +233,7 @@ def test_a_run_whose_every_step_the_grad_scaler_skips_stops_as_diverged(tmp_path
     trainer.step = dataclasses.replace(trainer.step, grad_scaler=scaler, skips=SkippedSteps(trainer.model, scaler))
     monkeypatch.setenv("HAR_FAULT", "nanfrom@20")
     with pytest.raises(TrainingDiverged, match=f"skipped {MAX_SKIPPED_STEPS} optimizer steps in a row"):
-        trainer.fit()
+        fit(trainer)
     last = load_checkpoint(tmp_path / "last.pt")
     assert last["step"] == 34  # epoch 2's end: 14 skips in a row, not yet 20; the check-in at step 40 stops
     assert all(torch.isfinite(tensor).all() for tensor in last["model"].values() if tensor.is_floating_point())

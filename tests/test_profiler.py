@@ -146,7 +146,8 @@ import json, time
 from profiling.allreduce_bench import benchmark_allreduce
 from training.distributed.ddp import DistributedStrategy
 from training.distributed.strategy import distributed_env
-strategy = DistributedStrategy("cpu", "gloo", None, False, 60, ranks=distributed_env())
+strategy = DistributedStrategy(device_type="cpu", backend="gloo", gpu_ids=None, sync_bn=False, timeout_s=60,
+                               ranks=distributed_env())
 started = time.perf_counter()
 result = benchmark_allreduce(strategy, 1000, 4, gap_s=0.05)
 took_s = time.perf_counter() - started

@@ -33,7 +33,7 @@ from training.errors import UsageError
 from training.loop.recipe import build_augmenter
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunInputs:
     """The data as read (not yet normalised), the checkpoint to resume (None for a fresh run) and
     --save-dir's lock, released by whoever asked for the inputs."""
@@ -103,7 +103,7 @@ def _read_save_dir(config, data, hold_lock):
     except BaseException:
         lock.release()
         raise
-    return RunInputs(data, resume_from, checkpoint, lock, warnings)
+    return RunInputs(data=data, resume_from=resume_from, checkpoint=checkpoint, lock=lock, warnings=warnings)
 
 
 LOCK_NAME = ".lock"

@@ -1,15 +1,15 @@
-"""The trainer: build() assembles a run, fit() trains it epoch by epoch, evaluate() judges a split.
+"""A run from start to end (train) and its assembly (Trainer.build); the rooms it calls hold the rest.
 
 One batch from the command line to the checkpoint: main.py parses a RunConfig and calls train().
 Trainer.build normalises the data read before it (run_inputs.py), builds the model and lets the
 strategy wrap it, makes the loaders, restores the checkpoint's parts and builds the TrainStep.
-fit() runs each epoch's pass (train_epoch), where every micro-batch goes through
-TrainStep.accumulate and every accumulation window through TrainStep.update (loop/step.py); at the
-epoch's end it validates, and the CheckpointManager (checkpoint/manager.py) writes the train state
-and every part to last.pt.
+loop/epochs.py's fit() runs each epoch's pass (train_epoch), where every micro-batch goes through
+TrainStep.accumulate and every accumulation window ends in TrainStep.update (loop/step.py); between
+steps the ranks check in (loop/stop_protocol.py); at the epoch's end it validates, and the
+CheckpointManager (checkpoint/manager.py) writes the train state and every part to last.pt. When
+training is done, reporting/final_report.py writes the run's reports.
 """
 import dataclasses
-import math
 import signal
 import threading
 import time
@@ -18,19 +18,10 @@ from pathlib import Path
 
 import torch
 
-from data.loaders import gathered_order, split_loaders
+from data.loaders import split_loaders
 from data.splits import HarData, fit_normalization, normalize
-from evaluation.calibration import CALIBRATION_FILE, calibration_fields, fit_temperature, format_calibration
 from evaluation.figures import write_run_figures
-from evaluation.metrics import (
-    classification_report,
-    format_people,
-    format_report,
-    per_subject_accuracy,
-    summary_metrics,
-)
 from models import count_parameters, feature_views_of, label_smoothing_of, resolve_size, training_bytes
-from training import faults
 from training.checkpoint import files as ckpt
 from training.checkpoint.earlier_run import earlier_run_files, move_aside
 from training.checkpoint.manager import CheckpointManager, restore_parts
@@ -40,6 +31,7 @@ from training.config.settings import DEFAULT_LR, RunConfig
 from training.distributed.lost_rank import explain_lost_rank
 from training.distributed.strategy import Strategy, check_parallel_args, free_bytes, make_strategy
 from training.errors import EXIT_PREEMPTED, RankLost, TrainingDiverged, UsageError
+from training.loop.epochs import fit
 from training.loop.evaluation import gather_predictions
 from training.loop.recipe import (
     build_augmenter,
@@ -49,20 +41,18 @@ from training.loop.recipe import (
     wants_feature_pool,
 )
 from training.loop.step import (
-    MAX_SKIPPED_STEPS,
     Precision,
     TrainStep,
     build_adamw,
     build_scheduler,
     compile_for_training,
     global_batch_size,
-    micro_step_plan,
     scaled_lr,
     scaling_warning,
     skipped_steps,
     steps_per_epoch,
 )
-from training.loop.tally import NO_NONFINITE_STEP, EpochTally
+from training.reporting.final_report import report_best_weights
 from training.reporting.logger import GIB, INPUTS_LAP, SET_UP_LAP, PhaseClock, RunLogger
 from training.run_inputs import read_run_inputs
 
@@ -108,17 +98,17 @@ def train(config):
     try:
         trainer = Trainer.build(config, strategy, stop_signals, inputs=inputs)
         clock.lap(SET_UP_LAP)
-        outcome = trainer.fit()
+        outcome = fit(trainer)
         clock.lap("training")
         if outcome == "complete":
-            trainer.report_best_weights()
+            report_best_weights(trainer)
             clock.lap("evaluation")
         # A preempted job's grace time is for saving.
         if outcome != "preempted" and strategy.is_main and config.output.figures:
-            write_run_figures(trainer.save_dir, trainer.log.warn, use_test=not config.data.no_test)
+            write_run_figures(config.save_dir, trainer.log.warn, use_test=not config.data.no_test)
             clock.lap("figures")
         trainer.log.info(clock.line())
-        trainer.log.info(f"{trainer.save_dir} holds: {', '.join(_run_files(trainer.save_dir))}")
+        trainer.log.info(f"{config.save_dir} holds: {', '.join(_run_files(config.save_dir))}")
         trainer.log.close()
         return EXIT_PREEMPTED if outcome == "preempted" else 0
     except (TrainingDiverged, RankLost):
@@ -134,13 +124,13 @@ def train(config):
         lock.release()
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Trainer:
-    """One run's data, model, training step, train state and checkpoints, assembled by build()."""
+    """One run's data, model, training step, train state and checkpoints, assembled by build(), with
+    what the epoch loop and the final report share: evaluate() and save()."""
     config: RunConfig
     strategy: Strategy
     log: RunLogger
-    save_dir: Path
     data: HarData  # normalised splits
     model: torch.nn.Module  # the bare model: what checkpoints hold
     precision: Precision
@@ -190,114 +180,27 @@ class Trainer:
                   "grad_accum_steps": optim.grad_accum_steps}
         exact_resume = False
         if checkpoint is not None:
-            restore_parts(checkpoint, state, parts)
-            exact_resume = _announce_resume(checkpoint, resume_from, state, layout, rng, global_batch,
-                                            len(data.train), log)
-            if config.parallel.grad_compression == "powersgd":
-                log.warn("PowerSGD's error feedback is not in the checkpoint: the resumed run starts it afresh, "
-                         "so it does not continue bit for bit")
-            if ema is not None and not checkpoint.get("ema"):
-                log.info("the checkpoint has no weight average: it starts from the resumed weights")
-                ema.restart()
+            exact_resume = _resume(checkpoint, resume_from, state, parts, layout, global_batch, len(data.train),
+                                   config.parallel.grad_compression, log)
         strategy.check_same_on_all_ranks(state.step, "the optimizer steps already taken")
 
         scheduler = _position_schedule(optimizer, optim, len(loaders["train"]), state, global_batch, peak_lr,
                                        strategy.data_parallel_size, log)
         smoothing = label_smoothing_of(config.model.name, config.recipe.label_smoothing)
-        step = TrainStep(train_model, [p for p in model.parameters() if p.requires_grad], strategy, precision,
-                         optimizer, scheduler, grad_scaler, optim.grad_accum_steps, optim.max_grad_norm,
-                         smoothing, augment, ema, skipped_steps(model, precision, grad_scaler))
+        step = TrainStep(model=train_model, parameters=[p for p in model.parameters() if p.requires_grad],
+                         strategy=strategy, precision=precision, optimizer=optimizer, scheduler=scheduler,
+                         grad_scaler=grad_scaler, grad_accum_steps=optim.grad_accum_steps,
+                         max_grad_norm=optim.max_grad_norm, label_smoothing=smoothing, augment=augment, ema=ema,
+                         skips=skipped_steps(model, precision, grad_scaler))
         metadata = _checkpoint_metadata(config, data, normalization, strategy, global_batch, layout)
-        checkpoints = CheckpointManager(save_dir, config.output.keep_last, strategy, state,
-                                        {**parts, "scheduler": scheduler}, metadata, resumed=resume_from is not None,
+        checkpoints = CheckpointManager(save_dir=save_dir, keep_last=config.output.keep_last, strategy=strategy,
+                                        state=state, parts={**parts, "scheduler": scheduler}, metadata=metadata,
+                                        resumed=resume_from is not None,
                                         before_first_save=_first_save(config, strategy, resume_from, checkpoint, log))
-        return cls(config, strategy, log, save_dir, data, model, precision, loaders, loader_batch, global_batch,
-                   step, state, rng, checkpoints, stop_signals or StopSignals(), exact_resume)
-
-    def fit(self):
-        """Train until --epochs, early stopping, --stop-after-epochs or a stop signal. Returns "complete"
-        (evaluate the test split next), "paused" (--stop-after-epochs) or "preempted" (a signal
-        arrived; a checkpoint was saved)."""
-        optim, log, state = self.config.optim, self.log, self.state
-        if state.epoch >= optim.epochs:
-            log.info(f"already trained for {state.epoch} of {optim.epochs} epochs; evaluating the test split")
-            return "complete"
-        if self._patience_exhausted():
-            log.info(f"this run already stopped early ({state.epochs_since_best} epochs without a better "
-                     "validation macro-F1); evaluating the test split")
-            return "complete"
-        self.first_epoch = first_epoch = state.epoch
-        stop_after = self.config.output.stop_after_epochs
-        for epoch in range(first_epoch, optim.epochs):
-            epoch_start = time.perf_counter()
-            result = self.train_epoch(epoch)
-            if result.stopped_early:
-                self._report_preemption()
-                return "preempted"
-            self._end_epoch(epoch, result, epoch_start)
-            if self._stop_requested():
-                self._report_preemption()
-                return "preempted"
-            if self._patience_exhausted():
-                log.info(f"early stopping: no better validation macro-F1 for {state.epochs_since_best} epochs")
-                return "complete"
-            if epoch + 1 - first_epoch == stop_after and epoch + 1 < optim.epochs:
-                log.info(f"stopping after {stop_after} epoch(s) as asked; run the same command again "
-                         f"to continue from epoch {epoch + 2}")
-                return "paused"
-        return "complete"
-
-    def train_epoch(self, epoch):
-        """Train over this rank's shard of `epoch` from where the train state stands in it; the state's
-        step count follows."""
-        config, strategy, state = self.config, self.strategy, self.state
-        loader = self.loaders["train"]
-        plan = self._plan_epoch(epoch, loader)
-        tally = EpochTally(strategy.device, *((state.epoch_loss_sum, state.epoch_samples) if strategy.is_main else ()))
-        steps_left = math.ceil((plan.batches_in_epoch - plan.first_batch) / config.optim.grad_accum_steps)
-        bar = self.log.progress(steps_left, f"epoch {epoch + 1}/{config.optim.epochs}")
-        hook = _StepHook(self, plan, tally, bar)
-        batches = faults.wrap_batches(loader, epoch * plan.batches_in_epoch + plan.first_batch, strategy.rank)
-        step, accum, steps = self.step, config.optim.grad_accum_steps, 0
-        start = time.perf_counter()
-        stopped = False
-        for batch_index, (signals, labels) in enumerate(batches, start=plan.first_batch):
-            window_size, closes_window = micro_step_plan(batch_index, plan.batches_in_epoch, accum)
-            step.accumulate(signals, labels, window_size, sync=closes_window, tally=tally,
-                            step_number=plan.first_step + steps + 1)
-            if not closes_window:
-                continue
-            step.update()
-            steps += 1
-            if hook(plan.first_step + steps):
-                stopped = True
-                break
-        strategy.synchronize()  # one sync per pass, so the time covers the queued GPU work
-        train_time_s = time.perf_counter() - start
-        hook.finish()
-        bar.close()
-        loss_sum, loss_samples = (0.0, 0) if stopped else self._global_tally(tally)
-        trained = (plan.batches_in_epoch - plan.first_batch) * self.loader_batch * strategy.world_size
-        slowest_s = float(strategy.max_over_ranks(torch.tensor(train_time_s, dtype=torch.float64,
-                                                               device=strategy.device)))
-        state.step = plan.first_step + steps
-        return EpochResult(steps, trained, slowest_s, loss_sum, loss_samples, stopped)
-
-    def _plan_epoch(self, epoch, loader):
-        """Position the epoch's order and random streams from the train state; a mid-epoch resume in
-        the same layout continues bit for bit, in another layout at the same sample with new streams."""
-        state, strategy = self.state, self.strategy
-        loader.sampler.set_epoch(epoch, start=0)
-        batches_in_epoch = len(loader)
-        loader.sampler.set_epoch(epoch, start=state.epoch_position)
-        exact, self.exact_resume = self.exact_resume, False  # once: only the resumed epoch continues bit for bit
-        self.rng.start_epoch(self.config.optim.seed, epoch, resume_exactly=exact)
-        if exact:
-            first_batch = state.epoch_position // (self.loader_batch * strategy.world_size)
-            return EpochPlan(first_batch, batches_in_epoch, state.step)
-        if state.epoch_position:  # another layout: the remaining samples make a shorter epoch of their own
-            return EpochPlan(0, len(loader), state.step)
-        return EpochPlan(0, batches_in_epoch, state.step)
+        return cls(config=config, strategy=strategy, log=log, data=data, model=model, precision=precision,
+                   loaders=loaders, loader_batch=loader_batch, global_batch=global_batch, step=step, state=state,
+                   rng=rng, checkpoints=checkpoints, stop_signals=stop_signals or StopSignals(),
+                   exact_resume=exact_resume)
 
     def evaluate(self, split, model=None):
         """(labels, logits, mean loss) of "val" or "test" over every rank, by `model` or else the
@@ -320,220 +223,12 @@ class Trainer:
         self._sync_buffers()
         self.checkpoints.save(is_best)
 
-    def report_best_weights(self):
-        """Reload best.pt's weights and report the validation split and, unless --no-test, the test
-        split, seen here for the first time."""
-        self.checkpoints.write_pending()  # still pending only where this invocation trained nothing
-        best_path = self.checkpoints.best_path
-        best = None
-        if self.strategy.is_main:
-            if best_path.is_file():
-                best = ckpt.inference_weights(ckpt.load_checkpoint(best_path))
-            else:
-                self.log.warn(f"{best_path} not found; reporting with the current weights")
-        # Only rank 0 may see the file (other nodes); it tells every rank whether they load together.
-        if self.strategy.max_ints([int(best is not None)])[0]:
-            self.strategy.load_from_rank0(self.model, best)
-        no_test = self.config.data.no_test
-        splits = [split for split in ("val", "test") if (split != "val" or self.has_validation)
-                  and (split != "test" or not no_test)]
-        temperature, fitted = 1.0, None  # until the validation split gives one
-        if not self.has_validation and self.strategy.is_main:
-            # An earlier run's temperature in this folder was fitted for other weights.
-            (self.save_dir / CALIBRATION_FILE).unlink(missing_ok=True)
-        for split in splits:
-            started = time.perf_counter()
-            labels, logits, loss = self.evaluate(split, self.strategy.eval_model(self.model))
-            self.log.info(f"evaluated the {split} split ({len(labels)} windows) in "
-                          f"{time.perf_counter() - started:.1f} s")
-            probabilities = torch.softmax(torch.from_numpy(logits).double(), dim=1).numpy()
-            if split == "val":
-                temperature, fitted = self._fit_temperature(probabilities, labels, best_path), {"windows": len(labels)}
-            split_subjects = getattr(self.data, split).subjects
-            in_order = split_subjects[gathered_order(len(split_subjects), self.strategy.world_size)]
-            predictions = logits.argmax(axis=1)
-            people, worst = per_subject_accuracy(labels, predictions, in_order)
-            report = {**classification_report(labels, predictions, self.data.class_names), "loss": loss,
-                      "checkpoint": str(best_path), "subjects": sorted(int(subject) for subject in set(split_subjects)),
-                      "per_subject": people, "worst_subject": worst,
-                      **calibration_fields(probabilities, labels, in_order, temperature)}
-            self.log.write_json(f"{split}_report.json", report)
-        if no_test:
-            self.log.info("--no-test: the test split was not evaluated; " + (
-                f"wrote {self.save_dir / 'val_report.json'}" if "val" in splits
-                else "no validation split either (--val-fraction 0), so no report was written"))
-            return
-        chosen = "best checkpoint by validation macro-F1" if self.has_validation else \
-            "last epoch's weights: no validation split"
-        self.log.info(f"test split ({chosen}):\n" + format_report(report) + "\n" + format_people(report) + "\n"
-                      + format_calibration(report, fitted))
-        self.log.info(f"wrote {self.save_dir / 'test_report.json'}")
-
-    def _fit_temperature(self, probabilities, labels, best_path):
-        """The temperature that calibrates best.pt's probabilities on the validation split, written to
-        calibration.json beside it, where predict.py finds it."""
-        temperature = fit_temperature(probabilities, labels)
-        self.log.write_json(CALIBRATION_FILE, {"temperature": temperature, "checkpoint": best_path.name,
-                                               "fitted_on": "the run's validation split", "windows": len(labels)})
-        return temperature
-
-    def _end_epoch(self, epoch, result, epoch_start):
-        """Validate, update the train state, checkpoint and log the epoch's record."""
-        if self.has_validation:
-            labels, logits, val_loss = self.evaluate("val")
-            metrics = summary_metrics(labels, logits.argmax(axis=1), len(self.data.class_names))
-        else:
-            val_loss, metrics = None, {"acc": None, "macro_f1": None}
-        is_best = self.state.end_epoch(metrics["macro_f1"])
-        self.save(is_best)
-        strategy = self.strategy
-        record = {"epoch": epoch + 1, "epochs": self.config.optim.epochs, "step": self.state.step,
-                  "train_loss": result.loss_sum / max(1, result.loss_samples), "train_samples": result.loss_samples,
-                  "val_loss": val_loss, "val_acc": metrics["acc"], "val_macro_f1": metrics["macro_f1"],
-                  "lr": self.step.last_lr(),
-                  "samples_per_s": result.samples / result.train_time_s if result.train_time_s > 0 else 0.0,
-                  "train_time_s": result.train_time_s, "epoch_time_s": time.perf_counter() - epoch_start,
-                  "world_size": strategy.world_size, "global_batch_size": self.global_batch,
-                  "memory": strategy.memory_report(),
-                  "model_state": strategy.model_state_report(self.model, self.step.optimizer)}
-        self.log.log_epoch(record, is_best)
-        if epoch == self.first_epoch:
-            self.log.info("model state per rank (MB, parameters / gradients / optimizer): " + ", ".join(
-                f"rank {rank} {row['parameters_mb']:.2f} / {row['gradients_mb']:.2f} / {row['optimizer_mb']:.2f}"
-                for rank, row in enumerate(record["model_state"])))
-        strategy.reset_memory_peaks()  # each epoch record reports its own peak
-
     def _sync_buffers(self):
         """Give every rank rank 0's buffers (DDP does not broadcast them each step), in the model and
         in its average, before anything reads them: evaluation, or a checkpoint every rank resumes from."""
         self.strategy.sync_buffers(self.model)
         if self.step.ema is not None:
             self.strategy.sync_buffers(self.step.ema.module)
-
-    def _patience_exhausted(self):
-        patience = self.config.optim.early_stopping_patience
-        return bool(patience) and self.state.epochs_since_best >= patience
-
-    def _stop_requested(self):
-        """True on every rank once any rank received SIGTERM/SIGUSR1, so all stop at the same step."""
-        return bool(self.strategy.max_ints([int(self.stop_signals.received is not None)])[0])
-
-    def _report_preemption(self):
-        self.log.info(f"received {self.stop_signals.received or 'a stop signal on another rank'}: stopped after "
-                      f"step {self.state.step} (epoch {self.state.epoch + 1}) and saved "
-                      f"{self.checkpoints.last_path}; run the same command again to resume")
-
-    def _global_tally(self, tally):
-        """(sum of per-sample losses, samples) over all ranks, as Python numbers, after the NaN check."""
-        self._check_finite(tally)
-        strategy = self.strategy
-        totals = strategy.sum_over_ranks(torch.stack([tally.loss_sum(), torch.tensor(
-            float(tally.samples), dtype=torch.float64, device=strategy.device)]))
-        loss_sum, samples = totals.tolist()
-        return loss_sum, int(samples)
-
-    def _health(self, tally):
-        """This rank's news for the NaN check, as ints whose maximum over ranks is the worst: the first
-        step with a NaN/inf loss (negated), and the longest run of steps the fp16 GradScaler skipped."""
-        skips = self.step.skips
-        return [-int(tally.earliest_nonfinite_step()), skips.longest_run() if skips is not None else 0]
-
-    def _check_finite(self, tally):
-        """Stop, before anything is saved, once a loss on any rank was NaN or inf, or fp16 skipped
-        MAX_SKIPPED_STEPS steps in a row."""
-        self._raise_if_diverged(*self.strategy.max_ints(self._health(tally)))
-
-    def _raise_if_diverged(self, negative_earliest, longest_skip_run):
-        where = f"(epoch {self.state.epoch + 1}); {self.checkpoints.kept()}"
-        if -negative_earliest != NO_NONFINITE_STEP:
-            raise TrainingDiverged(f"the training loss became NaN/inf at step {-negative_earliest} {where}. Lower "
-                                   "--lr, keep --max-grad-norm on, or check the data for extreme values")
-        if longest_skip_run >= MAX_SKIPPED_STEPS:
-            raise TrainingDiverged(f"the fp16 GradScaler skipped {longest_skip_run} optimizer steps in a row, their "
-                                   f"gradients overflowing at every loss scale {where}. The loss or the weights are "
-                                   "not finite: lower --lr, keep --max-grad-norm on, or try --amp-dtype bf16")
-
-
-@dataclass
-class EpochPlan:
-    """Where this pass starts inside the epoch; a resumed epoch starts past its first batches."""
-    first_batch: int  # micro-batches of the epoch this rank already did before this pass
-    batches_in_epoch: int  # micro-batches of the whole epoch on this rank: fixes the accumulation windows
-    first_step: int  # optimizer steps taken before this pass, over the whole run
-
-
-@dataclass
-class EpochResult:
-    steps: int  # optimizer steps taken in this pass
-    samples: int  # samples trained on in this pass, all ranks together
-    train_time_s: float  # the slowest rank's training time in this pass
-    loss_sum: float  # the epoch's summed training loss over all ranks, resumed part included
-    loss_samples: int  # ... and the samples it sums over
-    stopped_early: bool  # a stop request ended the pass (after a checkpoint)
-
-
-class _StepHook:
-    """What happens between optimizer steps: progress, logging, mid-epoch saves, stop requests."""
-
-    def __init__(self, trainer, plan, tally, bar):
-        self.trainer, self.plan, self.tally, self.bar = trainer, plan, tally, bar
-        self.start_position = trainer.state.epoch_position
-        self.in_flight = None  # the last check-in's message between ranks, not yet waited for
-
-    def __call__(self, step):
-        """After optimizer step `step` (counted over the run); True asks the pass to stop here."""
-        trainer, output = self.trainer, self.trainer.config.output
-        self.bar.update(1)
-        batches_done = self.plan.first_batch + (step - self.plan.first_step) * trainer.config.optim.grad_accum_steps
-        if batches_done >= self.plan.batches_in_epoch:
-            return False  # the epoch's own end follows: validation, save, then any stop request
-        if step % output.log_interval == 0:
-            stop = self._check_in()
-            if trainer.strategy.is_main:
-                loss, lr = self.tally.mean_loss(), trainer.step.last_lr()
-                self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}")
-                trainer.log.log_step(step, loss, lr)
-        else:
-            # One process needs no agreement, so it stops at once; ranks wait for the next check-in.
-            stop = trainer.strategy.world_size == 1 and trainer.stop_signals.received is not None
-        if stop or (output.save_every_steps and step % output.save_every_steps == 0):
-            self._save_mid_epoch(step, batches_done)
-        return stop
-
-    def _check_in(self):
-        """At log points: stop the run if a loss on any rank was NaN/inf (or fp16 skipped too many steps
-        in a row), and return whether any rank received a stop signal. Ranks send one small message
-        per check-in and act on the previous one, which has had --log-interval steps to arrive, so no
-        rank waits for the others here and all act at the same step. A stop request is therefore acted
-        on within two check-ins; the saves check the losses themselves, so a bad step is never saved."""
-        trainer = self.trainer
-        received = trainer.stop_signals.received is not None
-        message = trainer.strategy.start_max_ints([int(received), *trainer._health(self.tally)])
-        if trainer.strategy.world_size == 1:
-            decision = message.wait()  # nothing was sent: act on it now
-        else:
-            decision, self.in_flight = (self.in_flight.wait() if self.in_flight else None), message
-        if decision is None:
-            return False
-        stop, *worst = decision
-        trainer._raise_if_diverged(*worst)
-        return bool(stop)
-
-    def finish(self):
-        """Wait for the message still in flight (its news is checked again at the epoch's end)."""
-        if self.in_flight is not None:
-            self.in_flight.wait()
-            self.in_flight = None
-
-    def _save_mid_epoch(self, step, batches_done):
-        trainer = self.trainer
-        trained = (batches_done - self.plan.first_batch) * trainer.loader_batch * trainer.strategy.world_size
-        state = trainer.state
-        state.step = step
-        state.epoch_position = min(len(trainer.data.train), self.start_position + trained)
-        state.epoch_loss_sum, state.epoch_samples = trainer._global_tally(self.tally)
-        trainer.save(is_best=False)
-
 
 def _run_files(save_dir):
     """What a run leaves in its folder, folders marked with a slash; hidden files left out."""
@@ -642,9 +337,11 @@ def _position_schedule(optimizer, optim, micro_batches_per_epoch, state, global_
     return build_scheduler(optimizer, warmup_steps, total_steps, state.schedule_step(steps_each_epoch, global_batch))
 
 
-def _announce_resume(checkpoint, path, state, layout, rng, global_batch, train_windows, log):
-    """Say where the run resumes; True when a mid-epoch resume can continue bit for bit (the same
-    ranks and batch layout, and every rank's random streams saved)."""
+def _resume(checkpoint, path, state, parts, layout, global_batch, train_windows, grad_compression, log):
+    """Restore the checkpoint's parts and say where the run resumes and what starts afresh; True when a
+    mid-epoch resume can continue bit for bit (the same ranks and batch layout, and every rank's
+    random streams saved)."""
+    restore_parts(checkpoint, state, parts)
     where = (f"epoch {state.epoch + 1}, sample {state.epoch_position} of {train_windows}"
              if state.epoch_position else f"{state.epoch} epochs")
     log.info(f"\n*** RESUMING from {path}: {where} / {state.step} steps done, best val macro-F1 "
@@ -653,12 +350,18 @@ def _announce_resume(checkpoint, path, state, layout, rng, global_batch, train_w
         log.warn(f"global batch changes from {checkpoint['global_batch_size']} to {global_batch} on resume: the "
                  "peak LR and the steps per epoch (so the schedule's length) follow the new value, and the "
                  f"schedule continues from epoch {state.epoch + 1}")
-    exact = checkpoint.get("layout") == layout and rng.covers_every_rank()
+    exact = checkpoint.get("layout") == layout and parts["rng"].covers_every_rank()
     if state.epoch_position and not exact:
         log.warn(f"resuming mid-epoch with another layout ({checkpoint.get('layout')} -> {layout}): the epoch "
                  f"continues at sample {state.epoch_position} of the same order, so no sample is skipped or "
                  "repeated, but accumulation windows and random streams restart, so the weights will differ "
                  "from an uninterrupted run")
+    if grad_compression == "powersgd":
+        log.warn("PowerSGD's error feedback is not in the checkpoint: the resumed run starts it afresh, "
+                 "so it does not continue bit for bit")
+    if parts["ema"] is not None and not checkpoint.get("ema"):
+        log.info("the checkpoint has no weight average: it starts from the resumed weights")
+        parts["ema"].restart()
     return bool(state.epoch_position) and exact
 
 

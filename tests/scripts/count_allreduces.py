@@ -14,6 +14,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: E
 from training.config.cli import parse_config  # noqa: E402
 from training.distributed.strategy import make_strategy  # noqa: E402
 from training.entry_point import exit_process  # noqa: E402
+from training.loop.epochs import train_epoch  # noqa: E402
 from training.trainer import Trainer  # noqa: E402
 
 
@@ -32,7 +33,7 @@ def main(out, save_dir, flags):
             return default_hooks.allreduce_hook(state, bucket)
 
         strategy.register_comm_hook(None, counting_allreduce)
-        result = trainer.train_epoch(0)
+        result = train_epoch(trainer, 0)
         counts[variant] = {"steps": result.steps, "micro_batches": len(trainer.loaders["train"]),
                            "buckets_exchanged": len(exchanged), "buckets": len(set(exchanged))}
     if strategy.is_main:

@@ -48,7 +48,8 @@ def main(out):
     splits = {"train": windows(5000, 1), "val": windows(300, 2), "test": windows(0, 3)}
     augment = BatchAugmenter(AugmentConfig(kinds=("scale", "jitter")), torch.zeros(3), torch.ones(3),
                              ("acc_x", "acc_y", "acc_z"), ("a", "b", "c", "d"))
-    strategy, log = DistributedStrategy("cpu", "gloo", None, False, 120, ranks=distributed_env()), Log()
+    strategy, log = DistributedStrategy(device_type="cpu", backend="gloo", gpu_ids=None, sync_bn=False, timeout_s=120,
+                                          ranks=distributed_env()), Log()
     shared, _ = build_feature_pool(model, splits, 3, augment, 5, strategy, log)
     transformed = strategy.gather_objects(log.total)
     if strategy.is_main:

@@ -14,7 +14,8 @@ class CheckpointManager:
     leaves an earlier run's folder as it was; `trained` is False when a run reports without having
     trained anything."""
 
-    def __init__(self, save_dir, keep_last, strategy, state, parts, metadata, resumed=False, before_first_save=None):
+    def __init__(self, *, save_dir, keep_last, strategy, state, parts, metadata, resumed=False,
+                 before_first_save=None):
         self.save_dir, self.keep_last, self.strategy = save_dir, keep_last, strategy
         self.state, self.parts, self.metadata = state, parts, metadata
         self.holds_this_run, self.before_first_save = resumed, before_first_save

@@ -29,7 +29,7 @@ class DistributedStrategy(SingleDevice):
     """DistributedDataParallel, one process per device; `ranks`: (rank, local_rank, world_size), as
     strategy.distributed_env reads them from torchrun's environment."""
 
-    def __init__(self, device_type, backend, gpu_ids, sync_bn, timeout_s, grad_compression="none", label="ddp", *,
+    def __init__(self, *, device_type, backend, gpu_ids, sync_bn, timeout_s, grad_compression="none", label="ddp",
                  ranks):
         rank, local_rank, world_size = ranks
         if device_type == "cuda":

@@ -135,14 +135,16 @@ def make_strategy(config, placement=None):
     elif device_type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed window shapes: the tuned kernels are reused every step
     if multi_gpu == "ddp":
-        return DistributedStrategy(device_type, backend, hardware.gpu_ids, hardware.sync_bn, hardware.dist_timeout,
-                                   config.parallel.grad_compression, ranks=distributed_env())
+        return DistributedStrategy(device_type=device_type, backend=backend, gpu_ids=hardware.gpu_ids,
+                                   sync_bn=hardware.sync_bn, timeout_s=hardware.dist_timeout,
+                                   grad_compression=config.parallel.grad_compression, ranks=distributed_env())
     if multi_gpu == "fsdp":
         # Imported here: FSDP's modules (DTensor, distributed checkpoints) take seconds to import,
         # which runs that do not shard need not pay.
         from training.distributed.fsdp import FullyShardedStrategy
-        return FullyShardedStrategy(device_type, backend, hardware.gpu_ids, hardware.dist_timeout,
-                                    config.parallel.reshard_after_forward, ranks=distributed_env())
+        return FullyShardedStrategy(device_type=device_type, backend=backend, gpu_ids=hardware.gpu_ids,
+                                    timeout_s=hardware.dist_timeout, ranks=distributed_env(),
+                                    reshard_after_forward=config.parallel.reshard_after_forward)
     if multi_gpu == "dp" and device_type == "cuda":
         return DataParallelStrategy(hardware.gpu_ids or list(range(torch.cuda.device_count())))
     label = "dp" if multi_gpu == "dp" else "single"

@@ -24,7 +24,7 @@ class NoTimer:
 NO_TIMER = NoTimer()
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TrainStep:
     """One optimizer step, as every caller takes it.
 

@@ -1,0 +1,64 @@
+"""A run's final report, written once training ends: best.pt's weights judged on the validation split
+(where the temperature that calibrates them is fitted, into calibration.json) and on the test split,
+into val_report.json and test_report.json, with the test report printed."""
+import time
+
+import torch
+
+from data.loaders import gathered_order
+from evaluation.calibration import CALIBRATION_FILE, calibration_fields, fit_temperature, format_calibration
+from evaluation.metrics import classification_report, format_people, format_report, per_subject_accuracy
+from training.checkpoint import files as ckpt
+
+
+def report_best_weights(trainer):
+    """Reload best.pt's weights and report the validation split and, unless --no-test, the test
+    split, seen here for the first time."""
+    trainer.checkpoints.write_pending()  # still pending only where this invocation trained nothing
+    best_path = trainer.checkpoints.best_path
+    best = None
+    if trainer.strategy.is_main:
+        if best_path.is_file():
+            best = ckpt.inference_weights(ckpt.load_checkpoint(best_path))
+        else:
+            trainer.log.warn(f"{best_path} not found; reporting with the current weights")
+    # Only rank 0 may see the file (other nodes); it tells every rank whether they load together.
+    if trainer.strategy.max_ints([int(best is not None)])[0]:
+        trainer.strategy.load_from_rank0(trainer.model, best)
+    no_test = trainer.config.data.no_test
+    splits = [split for split in ("val", "test") if (split != "val" or trainer.has_validation)
+              and (split != "test" or not no_test)]
+    temperature, fitted = 1.0, None  # until the validation split gives one
+    if not trainer.has_validation and trainer.strategy.is_main:
+        # An earlier run's temperature in this folder was fitted for other weights.
+        (trainer.config.save_dir / CALIBRATION_FILE).unlink(missing_ok=True)
+    for split in splits:
+        started = time.perf_counter()
+        labels, logits, loss = trainer.evaluate(split, trainer.strategy.eval_model(trainer.model))
+        trainer.log.info(f"evaluated the {split} split ({len(labels)} windows) in "
+                         f"{time.perf_counter() - started:.1f} s")
+        probabilities = torch.softmax(torch.from_numpy(logits).double(), dim=1).numpy()
+        if split == "val":
+            # Written beside best.pt, where predict.py finds it.
+            temperature, fitted = fit_temperature(probabilities, labels), {"windows": len(labels)}
+            trainer.log.write_json(CALIBRATION_FILE, {"temperature": temperature, "checkpoint": best_path.name,
+                                                      "fitted_on": "the run's validation split", **fitted})
+        split_subjects = getattr(trainer.data, split).subjects
+        in_order = split_subjects[gathered_order(len(split_subjects), trainer.strategy.world_size)]
+        predictions = logits.argmax(axis=1)
+        people, worst = per_subject_accuracy(labels, predictions, in_order)
+        report = {**classification_report(labels, predictions, trainer.data.class_names), "loss": loss,
+                  "checkpoint": str(best_path), "subjects": sorted(int(subject) for subject in set(split_subjects)),
+                  "per_subject": people, "worst_subject": worst,
+                  **calibration_fields(probabilities, labels, in_order, temperature)}
+        trainer.log.write_json(f"{split}_report.json", report)
+    if no_test:
+        trainer.log.info("--no-test: the test split was not evaluated; " + (
+            f"wrote {trainer.config.save_dir / 'val_report.json'}" if "val" in splits
+            else "no validation split either (--val-fraction 0), so no report was written"))
+        return
+    chosen = "best checkpoint by validation macro-F1" if trainer.has_validation else \
+        "last epoch's weights: no validation split"
+    trainer.log.info(f"test split ({chosen}):\n" + format_report(report) + "\n" + format_people(report) + "\n"
+                     + format_calibration(report, fitted))
+    trainer.log.info(f"wrote {trainer.config.save_dir / 'test_report.json'}")
