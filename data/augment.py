@@ -91,56 +91,47 @@ class BatchAugmenter:
         limited to some classes."""
         kinds = self.config.kinds
         if "rotate" in kinds or "flip" in kinds or "scale" in kinds:
-            signals = self._turn_and_scale(signals, labels)
+            # Rotation and gain act on the raw units (gravity included), not on normalised ones.
+            raw = signals * self.std + self.mean
+            if "rotate" in kinds:
+                raw = self._rotate(raw, labels)
+            if "flip" in kinds:
+                raw = self._flip(raw, labels)
+            if "scale" in kinds:
+                raw = self._scale(raw)
+            signals = (raw - self.mean) / self.std
         if "jitter" in kinds:
             signals = signals + self.config.jitter * torch.randn_like(signals)
         if "shift" in kinds:
             signals = self._shift(signals)
         return signals
 
-    def _turn_and_scale(self, signals, labels):
-        """Rotation, flip and gain act on the raw units (gravity included), not on normalised ones:
-        per window one [C, C] matrix on the raw channels (a 3 x 3 block per sensor triple, the gain
-        on its diagonal), with the normalisation folded in, so that the whole batch is one batched
-        matmul however many sensors there are. Drawn in the order rotate, flip, scale."""
-        batch, channels, _ = signals.shape
-        kinds, like = self.config.kinds, {"device": signals.device, "dtype": signals.dtype}
-        turn = torch.eye(3, **like).expand(batch, 3, 3)
-        if "rotate" in kinds:
-            turn = self._rotation(batch, labels, like)
-        if "flip" in kinds:
-            turn = self._flip_signs(batch, labels, like)[:, :, None] * turn  # diag(1, s, s) @ turn
-        gain = self._gains(batch, like) if "scale" in kinds else torch.ones(batch, 1, 1, **like)
-        raw_matrix = torch.eye(channels, **like) * gain  # [B, C, C]
-        if "rotate" in kinds or "flip" in kinds:
-            rows, columns = self.triples[:, :, None], self.triples[:, None, :]  # every sensor's 3 x 3 block
-            raw_matrix[:, rows, columns] = (gain * turn)[:, None]
-        # normalised -> raw (x std + mean), turned, -> normalised again: one matrix and one offset.
-        std, mean = self.std.to(signals.dtype), self.mean.to(signals.dtype)  # [1, C, 1]
-        matrix = raw_matrix * std.reshape(1, 1, -1) / std
-        offset = (raw_matrix @ mean - mean) / std  # [B, C, 1]
-        return torch.baddbmm(offset, matrix, signals)
-
-    def _rotation(self, batch, labels, like):
+    def _rotate(self, raw, labels):
+        batch = raw.shape[0]
         limit = math.radians(self.config.rotate_deg)
         if self.widely_turned is not None:
             wide = self.widely_turned[labels].reshape(-1, 1, 1)
-            limit = torch.where(wide, math.radians(self.config.rotate_wide_deg), limit).to(like["dtype"])
-        return random_rotations(batch, limit, like["device"]).to(like["dtype"])
+            limit = torch.where(wide, math.radians(self.config.rotate_wide_deg), limit).to(raw.dtype)
+        rotation = random_rotations(batch, limit, raw.device)
+        grouped = raw[:, self.triples]  # [B, sensors, 3, T]
+        turned = torch.einsum("bij,bsjt->bsit", rotation, grouped)
+        return raw.index_copy(1, self.triples.reshape(-1), turned.reshape(batch, -1, raw.shape[-1]))
 
-    def _flip_signs(self, batch, labels, like):
-        """[B, 3]: (1, s, s), s = -1 for half the windows. Half a turn about x, a proper rotation: a
-        phone worn facing in or out, or a person lying face down where the training people lay face
-        up, sees gravity's y and z reversed."""
-        sign = 1 - 2 * torch.randint(0, 2, (batch, 1, 1), **like)
+    def _flip(self, raw, labels):
+        # Half a turn about x, a proper rotation: a phone worn facing in or out, or a person lying
+        # face down where the training people lay face up, sees gravity's y and z reversed.
+        batch = raw.shape[0]
+        sign = 1 - 2 * torch.randint(0, 2, (batch, 1, 1), device=raw.device, dtype=raw.dtype)
         if self.flippable is not None:
             # Drawn for every window first, so that the random stream does not depend on the labels.
             sign = torch.where(self.flippable[labels].reshape(-1, 1, 1), sign, 1.0)
-        return torch.cat([torch.ones_like(sign), sign, sign], dim=1).reshape(batch, 3)
+        turned = self.triples[:, 1:].reshape(-1)  # every sensor's y and z
+        return raw.index_copy(1, turned, raw[:, turned] * sign)
 
-    def _gains(self, batch, like):
+    def _scale(self, raw):
         # One gain per window: sensors differ in sensitivity and people in how hard they move.
-        return 1 + self.config.scale * (2 * torch.rand(batch, 1, 1, device=like["device"]) - 1).to(like["dtype"])
+        factor = 1 + self.config.scale * (2 * torch.rand(raw.shape[0], 1, 1, device=raw.device) - 1)
+        return raw * factor
 
     def _shift(self, signals):
         batch, _, steps = signals.shape

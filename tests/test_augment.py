@@ -5,7 +5,6 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import requires_cuda
 from data.augment import AugmentConfig, BatchAugmenter, parse_kinds, random_rotations, sensor_triples
 from data.splits import channel_names
 from data.uci_har import CLASS_NAMES
@@ -212,47 +211,6 @@ def test_draws_repeat_for_the_same_seed_epoch_and_rank_and_differ_otherwise():
     assert not torch.allclose(draw(42, 3, 0), draw(42, 3, 1))  # ranks differ
     assert not torch.allclose(draw(42, 3, 0), draw(42, 4, 0))  # epochs differ
     assert not torch.allclose(draw(42, 3, 0), draw(7, 3, 0))  # seeds differ
-
-
-def augmented_step_by_step(augment, signals, labels):
-    """The augmentations one after another, each on its own tensors, drawing in the same order as the
-    batched matrix: rotate, flip, scale on the raw units, then jitter and shift on normalised ones."""
-    config, triples, batch = augment.config, augment.triples, signals.shape[0]
-    raw = raw_of(signals)
-    limit = torch.where(augment.widely_turned[labels], math.radians(config.rotate_wide_deg),
-                        math.radians(config.rotate_deg)).reshape(-1, 1, 1)
-    rotation = random_rotations(batch, limit, "cpu")
-    for sensor in triples:
-        raw[:, sensor] = torch.einsum("bij,bjt->bit", rotation, raw[:, sensor])
-    sign = torch.where(augment.flippable[labels], 1 - 2 * torch.randint(0, 2, (batch,)).float(), 1.0)
-    raw[:, triples[:, 1:].reshape(-1)] *= sign.reshape(-1, 1, 1)
-    raw = raw * (1 + config.scale * (2 * torch.rand(batch, 1, 1) - 1))
-    signals = (raw - MEAN.reshape(1, -1, 1)) / STD.reshape(1, -1, 1)
-    signals = signals + config.jitter * torch.randn_like(signals)
-    shifts = torch.randint(-config.shift_steps, config.shift_steps + 1, (batch,))
-    return torch.stack([window.roll(int(shift), dims=1) for window, shift in zip(signals, shifts, strict=True)])
-
-
-def test_the_batched_augmentations_equal_the_step_by_step_ones_draw_for_draw():
-    signals, labels = batch(size=48), torch.arange(48) % 6
-    augment = BatchAugmenter(AugmentConfig(rotate_deg=20, rotate_wide_classes=("walking",),
-                                           flip_classes=("laying", "sitting")), MEAN, STD, NINE, CLASS_NAMES)
-    torch.manual_seed(11)
-    batched = augment(signals, labels)
-    torch.manual_seed(11)
-    assert torch.allclose(batched, augmented_step_by_step(augment, signals, labels), atol=1e-4)
-
-
-@requires_cuda
-def test_augmenting_a_batch_on_the_gpu_never_waits_for_it():
-    augment = BatchAugmenter(AugmentConfig(rotate_wide_classes=("walking",), flip_classes=("laying",)), MEAN, STD,
-                             NINE, CLASS_NAMES).to("cuda")
-    signals, labels = batch().cuda(), (torch.arange(16) % 6).cuda()
-    torch.cuda.set_sync_debug_mode("error")  # a host synchronisation raises
-    try:
-        augment(signals, labels)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
 
 
 def test_bad_augmentation_requests_are_refused():
