@@ -24,7 +24,7 @@ from data.synthetic import DEFAULT_WINDOWS_PER_SUBJECT
 from models import MODELS  # every model of the registry is measured
 from profiling import workload
 from profiling.cli import parse_profiler_args
-from profiling.entry_points import at_least, comma_choices, comma_counts, comma_names, entry_parser, json_file
+from profiling.entry_points import at_least, comma_choices, comma_counts, comma_names, entry_parser
 from profiling.measure import timed_steps
 from profiling.report import json_ready
 from profiling.timing import mean_std
@@ -155,7 +155,7 @@ def json_writer(path, opts):
 
 def parse(argv):
     parser = entry_parser("benchmarks.gpu_check.throughput", __doc__)
-    parser.add_argument("--json", type=json_file, required=True, help="the JSON file to write")
+    parser.add_argument("--json", required=True, help="the JSON file to write")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--quick", action="store_true", help="few steps: a smoke run")
     parser.add_argument("--models", type=comma_names, default=list(MODELS))
