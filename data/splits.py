@@ -1,6 +1,4 @@
 """Turn a data source into normalised train / validation / test arrays, split by subject."""
-import functools
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,13 +43,8 @@ class HarData:
     normalization: tuple = None
     # What the data is, whatever path it was read from: one SHA-256 of the source's windows, labels
     # and subjects (of an .npz's bytes; of a store's manifest, which holds its shards' checksums,
-    # and labels). A checkpoint keeps it, so a resume tells other data at the same path. Computed
-    # when first asked: a fresh run asks at its first save, not before its first step.
-    identify: Callable[[], str] | None = None
-
-    @functools.cached_property
-    def identity(self):
-        return self.identify() if self.identify is not None else None
+    # and labels). A checkpoint keeps it, so a resume tells other data at the same path.
+    identity: str | None = None
 
 
 def resolved_dataset(dataset, data_dir):
@@ -84,8 +77,8 @@ def load_har_data(dataset="auto", data_dir=None, mode="flatten", val_fraction=0.
                    f"{len(np.unique(train.subjects))} subjects, val {len(val)} / {len(val_subjects)} "
                    f"subjects {sorted(int(s) for s in val_subjects)}, test {len(test)} / "
                    f"{len(np.unique(test.subjects))} subjects")
-    return HarData(train, val, test, uci_har.CLASS_NAMES, channel_names(mode), source, description,
-                   identify=functools.partial(array_identity, *raw["train"], *raw["test"]))
+    identity = array_identity(*raw["train"], *raw["test"])
+    return HarData(train, val, test, uci_har.CLASS_NAMES, channel_names(mode), source, description, identity=identity)
 
 
 def _load_source(dataset, data_dir, synthetic_seed, windows_per_subject):
@@ -134,7 +127,7 @@ def _load_npz(data_dir, mode, val_fraction, split_seed, val_subjects, val_split)
                    f"{sorted(int(s) for s in val_subjects)}, test {len(test)}")
     return HarData(train, val, test, windows.class_names, windows.channel_names, "npz", description,
                    sample_rate_hz=windows.sample_rate_hz, preprocessing=windows.preprocessing,
-                   identify=functools.partial(file_sha256, data_dir))
+                   identity=file_sha256(data_dir))
 
 
 def _load_store(data_dir, mode, val_fraction, split_seed, val_subjects, val_split):
@@ -154,11 +147,7 @@ def _load_store(data_dir, mode, val_fraction, split_seed, val_subjects, val_spli
     return HarData(train, val, test, tuple(manifest["class_names"]), store.channels, "store", description,
                    sample_rate_hz=float(manifest["sample_rate_hz"]), preprocessing=manifest["preprocessing"],
                    normalization=normalization,
-                   identify=functools.partial(_store_identity, store.root))
-
-
-def _store_identity(root):
-    return array_identity(np.array([file_sha256(root / name) for name in (MANIFEST, LABELS)]))
+                   identity=array_identity(np.array([file_sha256(store.root / name) for name in (MANIFEST, LABELS)])))
 
 
 def _check_window_source(dataset, data_dir, mode, what):
