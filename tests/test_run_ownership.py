@@ -3,6 +3,7 @@ leaves a user's files where they are), a run records only the settings it traine
 automatic resume compares what the data is, not where it lies or how its kind was spelt."""
 import json
 
+import torch
 import yaml
 
 from conftest import TINY_DATA, load_checkpoint, run_in_process
@@ -108,3 +109,22 @@ def test_finished_folds_are_compared_by_what_their_settings_mean(tmp_path):
     code, out, err = run_in_process("main.py", auto)
     assert code == 0, err
     assert "fold 1/2 already finished" in out and "fold 2/2 already finished" in out and "=== fold" not in out
+
+
+def test_another_validation_split_is_another_run():
+    saved = parse_config(SMALL).flags()
+    assert run_differences(saved, parse_config([*SMALL, "--val-split", "time"])) != []
+
+
+def test_a_resumed_minirocket_keeps_its_fitted_parts_instead_of_fitting_them_to_other_windows(tmp_path):
+    """Resumed on purpose on other windows, the run's fixed parts (and so its feature pool) are the
+    checkpoint's: fitted again, the head would train on features its saved model never makes."""
+    minirocket = [*SMALL, "--model", "minirocket", "--width", "840", "--epochs", "2"]
+    code, _, err = run_in_process("main.py", [*minirocket, "--stop-after-epochs", "1", "--save-dir", tmp_path / "a"])
+    assert code == 0, err
+    code, out, err = run_in_process("main.py", [*minirocket, "--synthetic-seed", "5", "--resume",
+                                                tmp_path / "a" / "last.pt", "--save-dir", tmp_path / "b"])
+    assert code == 0, err
+    assert "took minirocket's fixed parts from the checkpoint" in out + err and "fitted minirocket" not in out + err
+    first, resumed = (load_checkpoint(tmp_path / name / "last.pt")["model"]["biases"] for name in ("a", "b"))
+    assert torch.equal(first, resumed)

@@ -161,7 +161,7 @@ class Trainer:
         data, normalization = _normalize_data(data, checkpoint, log)
         augment = build_augmenter(config.recipe, normalization, data.channel_names, data.class_names, strategy.device,
                                   log.warn)
-        model, train_model, precision, ema = _build_model(config, data, strategy, log)
+        model, train_model, precision, ema = _build_model(config, data, strategy, log, checkpoint)
         global_batch = global_batch_size(optim.batch_size, strategy.data_parallel_size, optim.grad_accum_steps)
         # DataParallel splits one loader batch over its GPUs; DDP ranks each load their own.
         loader_batch = optim.batch_size * strategy.data_parallel_size // strategy.world_size
@@ -286,10 +286,11 @@ def _build_loaders(config, data, model, augment, loader_batch, strategy, log):
     return loaders, augment
 
 
-def _build_model(config, data, strategy, log):
+def _build_model(config, data, strategy, log, checkpoint=None):
     """The bare model (what checkpoints hold), the same wrapped and maybe compiled (what the step
     calls), the run's precision, and the weight average (None when off), copied before the strategy
-    lays the model out and then laid out the same way."""
+    lays the model out and then laid out the same way. A model fitted to data takes a resumed run's
+    fitted parts from its `checkpoint`."""
     settings, sizes = config.model, config.model.size()
     _, channels, window_steps = data.train.signals.shape
     # Sizes whose model cannot fit are refused before anything that size is allocated.
@@ -302,10 +303,17 @@ def _build_model(config, data, strategy, log):
                          "free; use smaller size flags")
     torch.manual_seed(config.optim.seed)  # identical initial weights on every rank
     model = settings.build(channels, len(data.class_names), window_steps).to(strategy.device)
-    if model.FITS_TO_DATA:
+    if model.FITS_TO_DATA and checkpoint is not None:
+        # A resumed run's own fixed parts, before anything is computed from them (the feature pool):
+        # fitted again, they would differ wherever this run's training windows differ from its.
+        saved = checkpoint["model"]
+        for name, buffer in model.named_buffers():
+            if name in saved:
+                buffer.copy_(saved[name])
+        log.info(f"took {settings.name}'s fixed parts from the checkpoint")
+    elif model.FITS_TO_DATA:
         # Fixed parts that depend on the data (MiniRocket's biases), set once from the training
-        # windows (in memory or a store's), before the weight average copies the model; a resumed
-        # run then loads its own.
+        # windows (in memory or a store's), before the weight average copies the model.
         started = time.perf_counter()
         model.fit(data.train.signals)
         log.info(f"fitted {settings.name}'s fixed parts to the training windows in "

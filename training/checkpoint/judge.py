@@ -21,7 +21,7 @@ REQUIRED_KEYS = ("model", "optimizer", "scaler", "epoch", "step", "best_metric",
                  "global_batch_size", "in_channels", "num_classes")
 # The flags whose value decides what a run trains on, what it trains, and its LR schedule (the
 # number of steps and the LR of each).
-DATA = ("dataset", "data_dir", "mode", "val_fraction", "val_subjects", "synthetic_seed",
+DATA = ("dataset", "data_dir", "mode", "val_fraction", "val_subjects", "val_split", "synthetic_seed",
         "synthetic_windows_per_subject")
 MODEL = ("model", "norm", *SIZE_KNOBS)
 SCHEDULE = ("epochs", "batch_size", "grad_accum_steps", "lr", "lr_scaling", "warmup_epochs")
