@@ -41,7 +41,7 @@ from training.trainer import train
 
 REPORT = "cv_report.json"
 IDENTITY = "cv_identity.json"  # in each job's folder once it finished: what trained it, what it wrote
-RUN_OUTPUTS = (BEST, "val_report.json", "test_report.json", "metrics.jsonl")  # what the summary and ensemble read
+FOLD_READS = (BEST, "val_report.json", "test_report.json", "metrics.jsonl")  # what the summary and ensemble read
 REFIT_DIR = "refit"
 FOLDS_FILE = "cv_folds.json"  # the folds this folder's runs were trained with
 FOLD_REPORT = "val_report.json"  # what a finished fold run leaves: its best weights on its fold
@@ -118,7 +118,7 @@ def cross_validate(config):
             finished = False
             break
         write_record(run_dir / IDENTITY, make_record(run_inputs(job_config, sources), run_dir,
-                                                     [name for name in RUN_OUTPUTS if (run_dir / name).is_file()]))
+                                                     [name for name in FOLD_READS if (run_dir / name).is_file()]))
     if world_size > 1:
         # Every rank gets here, finished or not, so none waits for a rank that has already left.
         finished = _all_ranks_finished(rank, world_size, finished)
