@@ -3,6 +3,7 @@ the reference transform. Without a GPU the kernel runs under Triton's interprete
 are few and short), in a process of its own: TRITON_INTERPRET is read when triton's own functions are
 defined, at its first import, which may have happened in this one."""
 import sys
+from unittest import mock
 
 import pytest
 import torch
@@ -102,7 +103,10 @@ def test_on_a_gpu_the_transform_runs_the_fused_kernel_and_agrees():
     from models.minirocket_fused import fused_counts
     model, signals = fitted_model(torch.device("cuda"))
     counts = fused_counts(signals, model.weights, model.biases, model.dilations, model.paddings)
-    assert torch.equal(model.transform(signals), counts / model.positions(signals.shape[2], signals.device))
+    with mock.patch("models.minirocket_fused.fused_counts", wraps=fused_counts) as kernel:
+        features = model.transform(signals)
+    assert kernel.called  # the transform ran the kernel, not the reference
+    assert torch.equal(features, counts / model.positions(signals.shape[2], signals.device))
 
 
 if __name__ == "__main__":  # the CPU test's own process, under Triton's interpreter
