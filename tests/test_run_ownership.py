@@ -25,6 +25,8 @@ def test_a_fresh_run_moves_the_earlier_runs_files_aside_and_keeps_the_users(tmp_
     code, _, err = run_in_process("main.py", earlier)
     assert code == 0, err
     (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "logs" / "notes.txt").write_text("mine too")  # beside TensorBoard's files, still the user's
+    users = {"notes.txt", "logs/notes.txt"}
     before = files_in(tmp_path)
     assert "step-00000010.pt" in before and "calibration.json" in before
 
@@ -33,8 +35,9 @@ def test_a_fresh_run_moves_the_earlier_runs_files_aside_and_keeps_the_users(tmp_
     aside = tmp_path / "previous-1"
     assert f"into {aside}" in out
     # Every file of the earlier run, byte for byte, in previous-1; the user's file where it was.
-    assert files_in(aside) == {name: data for name, data in before.items() if name != "notes.txt"}
+    assert files_in(aside) == {name: data for name, data in before.items() if name not in users}
     assert (tmp_path / "notes.txt").read_text() == "mine"
+    assert (tmp_path / "logs" / "notes.txt").read_text() == "mine too"
     # The folder holds this run alone: no step checkpoint of two epochs for a damaged last.pt to fall
     # back to, and the temperature beside best.pt is this run's.
     for path in tmp_path.glob("*.pt"):

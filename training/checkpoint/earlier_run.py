@@ -15,10 +15,11 @@ from training.checkpoint.files import BEST, LAST, NUMBERED
 from training.config.cli import CONFIG_NAME
 from training.errors import UsageError
 
-# What a run writes in its folder: TensorBoard's logs/ as a whole, the rest by name.
+# What a run writes in its folder, by name; in logs/, TensorBoard's event files (TENSORBOARD_EVENTS).
 RUN_OUTPUTS = (LAST, BEST, CONFIG_NAME, "metrics.jsonl", "val_report.json", "test_report.json", CALIBRATION_FILE,
                *RUN_FIGURES, "logs")
 ASIDE = "previous-{}"
+TENSORBOARD_EVENTS = "events.out.tfevents."
 
 
 def earlier_run_files(save_dir):
@@ -28,7 +29,8 @@ def earlier_run_files(save_dir):
     found = []
     for path in sorted(save_dir.iterdir()):
         if path.name in RUN_OUTPUTS or NUMBERED.fullmatch(path.name):
-            found.extend(sorted(p for p in path.rglob("*") if not p.is_dir()) if path.is_dir() else [path])
+            found.extend(sorted(p for p in path.rglob(TENSORBOARD_EVENTS + "*") if p.is_file()) if path.is_dir()
+                         else [path])
     return [path.relative_to(save_dir) for path in found]
 
 
