@@ -85,6 +85,9 @@ class MiniRocket(HARModel):
         num_features = len(self.dilations) * len(KERNEL_TWOS) * per
         self.register_buffer("feature_mean", torch.zeros(num_features))
         self.register_buffer("feature_std", torch.ones(num_features))
+        # Each feature's T' over a window: what every training step on a feature pool divides its counts
+        # by, kept beside them on the device rather than built from a list (a host copy) each step.
+        self.register_buffer("window_positions", self.positions(window_steps, "cpu"), persistent=False)
         self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(num_features, num_classes))
 
     def transform(self, x, one_bias_at_a_time=True, fused=True):
@@ -165,7 +168,7 @@ class MiniRocket(HARModel):
     def from_counts(self, counts):
         """pool_features(windows) [B, F] -> features(windows), the same floats bit for bit."""
         with torch.no_grad(), torch.autocast(counts.device.type, enabled=False):
-            proportions = counts.float() / self.positions(self.window_steps, counts.device)
+            proportions = counts.float() / self.window_positions
             return (proportions - self.feature_mean) / self.feature_std
 
     def forward(self, x):
