@@ -110,7 +110,9 @@ class MiniRocket(HARModel):
     @property
     def count_dtype(self):
         """The narrowest type that holds every count exactly (a feature pool's: 1/4 or 1/2 of float32)."""
-        return torch.uint8 if max(self.positions(self.window_steps, "cpu")) <= 255 else torch.uint16
+        longest = max(self.window_steps + 2 * padding - (KERNEL_LENGTH - 1) * dilation
+                      for dilation, padding in zip(self.dilations, self.paddings, strict=True))
+        return torch.uint8 if longest <= 255 else torch.uint16
 
     def pool_features(self, x):
         """[B, C, T] windows -> each feature's count of positive positions [B, F] as count_dtype: what a

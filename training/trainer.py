@@ -302,7 +302,9 @@ def _build_model(config, data, strategy, log, checkpoint=None):
                          f"(weights, gradients and AdamW's state) and {strategy.device} has {free / GIB:,.1f} GiB "
                          "free; use smaller size flags")
     torch.manual_seed(config.optim.seed)  # identical initial weights on every rank
-    model = settings.build(channels, len(data.class_names), window_steps).to(strategy.device)
+    # Built and fitted on the host, then moved: a fit is a few hundred small operations on 512 windows
+    # (0.2 s on the host against 1.2 to 3.9 s on an H200, which tuned a convolution per dilation first).
+    model = settings.build(channels, len(data.class_names), window_steps)
     if model.FITS_TO_DATA and checkpoint is not None:
         # A resumed run's own fixed parts, before anything is computed from them (the feature pool):
         # fitted again, they would differ wherever this run's training windows differ from its.
@@ -318,6 +320,7 @@ def _build_model(config, data, strategy, log, checkpoint=None):
         model.fit(data.train.signals)
         log.info(f"fitted {settings.name}'s fixed parts to the training windows in "
                  f"{time.perf_counter() - started:.1f} s")
+    model = model.to(strategy.device)
     gradient_mb = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad) / 2**20
     size = ", ".join(f"{knob} {value}" for knob, value in resolve_size(settings.name, **sizes).items())
     ema = build_weight_average(config.recipe, model)
