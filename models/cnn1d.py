@@ -7,6 +7,7 @@ from models.contract import HARModel
 
 class CNN1D(HARModel):
     SIZES = ("width",)  # channels of the last two layers; the first two have a quarter and a half of it
+    STEP_RECORDS = True
 
     @staticmethod
     def resolve_size(width=128):

@@ -45,6 +45,7 @@ class MiniRocket(HARModel):
     FIXED_FEATURES = True
     FEATURE_VIEWS = 4  # chosen on the nested subject-wise estimate (docs/training.md)
     FITS_TO_DATA = True  # fit(signals): the biases and the feature statistics
+    STEP_RECORDS = True  # shown for the head's step on the feature pool, the default
 
     @staticmethod
     def resolve_size(width=10_000):
@@ -98,7 +99,10 @@ class MiniRocket(HARModel):
         larger operations (the same features; benchmarks.gpu_check.minirocket times both).
         fused: on a CUDA GPU with triton, one kernel that counts in registers (models.minirocket_fused;
         its counts differ only where an output lies within float rounding of its bias)."""
-        return self._float_counts(x, one_bias_at_a_time, fused) / self.positions(x.shape[2], x.device)
+        # The buffer at the model's own window length: a tensor made from a list is a host copy, which
+        # a step recorded as a CUDA graph cannot hold.
+        steps = self.window_positions if x.shape[2] == self.window_steps else self.positions(x.shape[2], x.device)
+        return self._float_counts(x, one_bias_at_a_time, fused) / steps
 
     def positions(self, window_steps, device):
         """Each feature's T': the positions its kernel's output has over a window of `window_steps`."""

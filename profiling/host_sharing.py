@@ -181,7 +181,7 @@ def _twin(work, wrapper):
         train_model = shard_model(model)
         strategy = copy.copy(strategy)  # the profiled run's, clipping as FSDP does (sharded gradients are DTensors)
         strategy.clip_grad_norm_ = clip_sharded_grad_norm_
-    optimizer = build_adamw(model, step.optimizer.defaults["lr"], step.optimizer.param_groups[0]["weight_decay"],
+    optimizer = build_adamw(model, float(step.optimizer.defaults["lr"]), step.optimizer.param_groups[0]["weight_decay"],
                             device)
     average = WeightAverage(copy.deepcopy(work.model), step.ema.decay) if step.ema else None
     if average is not None:
@@ -190,7 +190,7 @@ def _twin(work, wrapper):
             shard_model(average.module)
     twin_step = dataclasses.replace(
         step, model=train_model, strategy=strategy, parameters=list(model.parameters()), optimizer=optimizer,
-        scheduler=LambdaLR(optimizer, lambda _: 1.0), ema=average,
+        scheduler=LambdaLR(optimizer, lambda _: 1.0), ema=average, record_graph=False,
         skips=None if step.skips is None else skipped_steps(model, step.precision, step.grad_scaler))
     twin = dataclasses.replace(work, model=model, step=twin_step)
     for _ in range(3):  # the twin's first-call costs (DDP's set-up, allocator growth) stay out of its timing

@@ -504,7 +504,7 @@ def eager_fp32_epoch(tmp_path_factory):
     save_dir = tmp_path_factory.mktemp("eager")
     with full_fp32():
         code, _, err = run_in_process("main.py", [*EQUIVALENT, *CUDA, "--no-amp", "--epochs", "1",
-                                                  "--save-dir", save_dir])
+                                                  "--no-cuda-graphs", "--save-dir", save_dir])
     assert code == 0, err
     return load_checkpoint(save_dir / "last.pt")
 
@@ -522,6 +522,51 @@ def test_compiled_and_graph_replayed_training_give_the_eager_weights(tmp_path, e
     checkpoint = load_checkpoint(tmp_path / "last.pt")
     assert checkpoint["step"] == eager_fp32_epoch["step"] == STEPS_PER_EPOCH
     assert max_abs_difference(checkpoint["model"], eager_fp32_epoch["model"]) < CUDA_WEIGHT_TOLERANCE
+
+
+# Every part a recorded step holds: augmentations, dropout, BatchNorm, clipping, AdamW, the weight
+# average. Batch 24 leaves each epoch a last batch of 16 (23 steps), which runs eagerly on the same optimizer.
+GRAPH_RUN = [*TINY_DATA, *CUDA, "--no-amp", "--augment", "rotate,scale,jitter,shift", "--ema-decay", "0.9",
+             "--dropout", "0.1", "--batch-size", "24", "--lr-scaling", "none", "--epochs", "2"]
+GRAPH_STEPS = 2 * 23
+
+
+@pytest.mark.parametrize("model", ["cnn1d", "minirocket"])  # minirocket: the default's head on its feature pool
+def test_whole_step_graphs_give_the_eager_weights_averages_and_moments(tmp_path, model):
+    """A replay draws the augmentations' and dropout's numbers from the same generator offsets as the eager
+    step, and the warm-up before recording leaves no trace in weights, moments or random streams. Both
+    sides use the same kernels (--deterministic): cuDNN's autotuning may pick other convolution algorithms
+    per process, and AdamW turns their last-bit differences in near-zero gradients into differences of
+    the LR's size (7e-4 after 46 steps in one such pair of runs on an H200)."""
+    runs = {}
+    for name, flag in {"eager": "--no-cuda-graphs", "graphs": "--cuda-graphs"}.items():
+        done = run_subprocess([sys.executable, "main.py", *GRAPH_RUN, "--model", model, "--no-resume",
+                               "--deterministic", flag, "--save-dir", tmp_path / name], env=FP32_ENV)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "runs eagerly" not in done.stderr and "recording the step failed" not in done.stderr
+        runs[name] = load_checkpoint(tmp_path / name / "last.pt")
+    assert runs["graphs"]["step"] == runs["eager"]["step"] == GRAPH_STEPS
+    assert largest_difference(runs["eager"], runs["graphs"]) < CUDA_WEIGHT_TOLERANCE
+    assert [record["lr"] for record in read_metrics(tmp_path / "graphs")] == pytest.approx(
+        [record["lr"] for record in read_metrics(tmp_path / "eager")], rel=1e-6)  # the graph's LR is a float32 scalar
+
+
+def test_a_graph_replayed_run_killed_mid_epoch_resumes_bit_for_bit(tmp_path):
+    run = [sys.executable, "main.py", *GRAPH_RUN, "--save-every-steps", "5", "--cuda-graphs", "--deterministic"]
+    whole = run_subprocess([*run, "--save-dir", tmp_path / "whole"], env=FP32_ENV)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    killed = run_subprocess([*run, "--save-dir", tmp_path / "killed"], env={**FP32_ENV, "HAR_FAULT": "kill@12"})
+    assert killed.returncode == -signal.SIGKILL
+    assert load_checkpoint(tmp_path / "killed" / "last.pt")["step"] == 10
+    resume(tmp_path / "killed", run=run)
+    assert_same_state(load_checkpoint(tmp_path / "whole" / "last.pt"), load_checkpoint(tmp_path / "killed" / "last.pt"))
+
+
+def test_cuda_graphs_under_fp16_fall_back_to_the_eager_step_with_a_warning(tmp_path):
+    code, _, err = run_in_process("main.py", [*TINY_DATA, *CUDA, "--amp", "--amp-dtype", "fp16", "--cuda-graphs",
+                                              "--epochs", "1", "--save-dir", tmp_path])
+    assert code == 0, err
+    assert "--cuda-graphs: the step runs eagerly under fp16" in err
 
 
 def test_fp16_keeps_a_batchnorm_model_finite_over_many_steps(tmp_path):

@@ -52,6 +52,7 @@ from training.loop.step import (
     skipped_steps,
     steps_per_epoch,
 )
+from training.loop.step_graph import records_step_graph
 from training.reporting.final_report import report_best_weights
 from training.reporting.logger import GIB, INPUTS_LAP, SET_UP_LAP, PhaseClock, RunLogger
 from training.run_inputs import read_run_inputs
@@ -171,7 +172,9 @@ class Trainer:
         lr_warning = scaling_warning(optim.lr, optim.lr_scaling, global_batch, optim.batch_size, DEFAULT_LR)
         if lr_warning:
             log.warn(lr_warning)
-        optimizer = build_adamw(model, peak_lr, optim.weight_decay, strategy.device)
+        record_graph = records_step_graph(config.hardware.cuda_graphs, model, strategy, precision,
+                                          config.optim.grad_accum_steps, config.hardware.compile, log.warn)
+        optimizer = build_adamw(model, peak_lr, optim.weight_decay, strategy.device, capturable=record_graph)
         grad_scaler = precision.make_grad_scaler()
         state, rng = TrainState(), RandomStreams(strategy)
         parts = {"model": strategy.module_state(model), "optimizer": strategy.optimizer_state(model, optimizer),
@@ -191,7 +194,8 @@ class Trainer:
                          strategy=strategy, precision=precision, optimizer=optimizer, scheduler=scheduler,
                          grad_scaler=grad_scaler, grad_accum_steps=optim.grad_accum_steps,
                          max_grad_norm=optim.max_grad_norm, label_smoothing=smoothing, augment=augment, ema=ema,
-                         skips=skipped_steps(model, precision, grad_scaler))
+                         skips=skipped_steps(model, precision, grad_scaler), record_graph=record_graph,
+                         warn=log.warn)
         metadata = _checkpoint_metadata(config, data, normalization, strategy, global_batch, layout)
         checkpoints = CheckpointManager(save_dir=save_dir, keep_last=config.output.keep_last, strategy=strategy,
                                         state=state, parts={**parts, "scheduler": scheduler}, metadata=metadata,

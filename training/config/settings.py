@@ -107,6 +107,12 @@ class Hardware:
     compile_mode: str | None = setting(None, "torch.compile mode (implies --compile); reduce-overhead replays CUDA "
                                        "graphs, which removes most kernel-launch cost from a small model's step "
                                        "(CUDA only)", choices=COMPILE_MODES)
+    cuda_graphs: bool | None = setting(None, "record each optimizer step (augmentations, forward, loss, "
+                                       "backward, clipping, AdamW, weight average) as one CUDA graph and replay it "
+                                       "per batch, so a small model's step stops waiting on the host (default: on "
+                                       "for cnn1d and minirocket where the step can be recorded: one process on "
+                                       "one GPU, bf16 or fp32, no accumulation, no --compile; asked for where it "
+                                       "cannot be, it warns and runs eagerly)")
     dist_timeout: float = setting(600.0, "ddp: seconds a collective may wait for the other ranks before the run "
                                   "stops with an error (a stuck or dead rank)")
     sync_bn: bool = setting(False, "ddp on CUDA: synchronise BatchNorm statistics across processes")
@@ -407,9 +413,13 @@ def check_model_size(args):
 
 
 def check_compile(args):
-    """--compile-mode implies --compile; CUDA graphs do not yet accumulate gradients."""
+    """--compile-mode implies --compile; CUDA graphs do not yet accumulate gradients; --cuda-graphs
+    records the eager step."""
     if args.compile_mode is not None:
         args.compile = True
+    if args.cuda_graphs and args.compile:
+        raise UsageError("--cuda-graphs records the eager step; drop --compile/--compile-mode, or drop "
+                         "--cuda-graphs to let torch.compile record the model alone")
     if args.compile_mode in CUDA_GRAPH_MODES and args.grad_accum_steps > 1:
         # A later micro-batch's replay can overwrite what the graph's memory pool still holds for an
         # earlier one (pytorch/pytorch#169545, open): refused until a CUDA test shows such a run

@@ -203,6 +203,8 @@ def check_parallel_args(config):
     if hardware.compile_mode in CUDA_GRAPH_MODES and device_type != "cuda":
         raise UsageError(f"--compile-mode {hardware.compile_mode} records CUDA graphs, which need a GPU; on "
                          f"{device_type} use --compile-mode default")
+    if hardware.cuda_graphs and device_type != "cuda":
+        raise UsageError(f"--cuda-graphs records CUDA graphs, which need a GPU; on {device_type} drop it")
     if multi_gpu not in SHARDED_OR_DDP:
         if hardware.sync_bn:
             raise UsageError("--sync-bn only applies to --multi-gpu ddp")

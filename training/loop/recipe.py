@@ -102,14 +102,28 @@ class WeightAverage:
 
     def update(self):
         """Fold the model's current weights (and float buffers, e.g. BatchNorm statistics) in."""
+        self.fold(self.next_weight())
+
+    def next_weight(self):
+        """Count one more update and return the share of the current weights it folds in."""
         self.updates += 1
         # Early on the average would mostly remember the random initialisation: start short.
-        decay = min(self.decay, (1 + self.updates) / (10 + self.updates))
+        return 1.0 - min(self.decay, (1 + self.updates) / (10 + self.updates))
+
+    def fold(self, weight):
+        """Move the average `weight` of the way to the model: a number, or a device scalar that a
+        recorded CUDA graph reads at each replay (training/loop/step_graph.py)."""
         parameters, float_buffers, exact_buffers = self._tensors()
         with torch.no_grad():
             for averaged, current in (parameters, float_buffers):
-                if averaged:
-                    torch._foreach_lerp_(averaged, current, 1.0 - decay)
+                if not averaged:
+                    continue
+                if isinstance(weight, torch.Tensor):  # _foreach_lerp_ would read a tensor weight on the host
+                    step = torch._foreach_sub(current, averaged)
+                    torch._foreach_mul_(step, weight)
+                    torch._foreach_add_(averaged, step)
+                else:
+                    torch._foreach_lerp_(averaged, current, weight)
             if exact_buffers[0]:
                 torch._foreach_copy_(*exact_buffers)  # counters such as num_batches_tracked are copied, not averaged
 

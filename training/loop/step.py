@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch.optim.lr_scheduler import LambdaLR
 
 from training.errors import UsageError
+from training.loop.step_graph import WholeStepGraph
 
 
 class NoTimer:
@@ -47,7 +48,13 @@ class TrainStep:
     augment: object = None  # a data.augment.BatchAugmenter, or None
     ema: object = None  # a training.loop.recipe.WeightAverage, or None
     skips: object = None  # a SkippedSteps (below) under fp16, or None
+    record_graph: bool = False  # replay each full batch's step as one CUDA graph (step_graph.py)
+    warn: object = print  # where the step says that recording failed and it runs eagerly
     _window_open: bool = False
+    _replayed: bool = False  # the last accumulate() was a replay: its optimizer step is taken
+
+    def __post_init__(self):
+        self.graph = WholeStepGraph(self, self.warn) if self.record_graph else None
 
     @property
     def watches_nonfinite(self):
@@ -59,6 +66,10 @@ class TrainStep:
         """One micro-batch of a window of `window_size`; `sync`: it ends the window, so DDP all-reduces.
         `step_number` is the optimizer step it belongs to, for the tally's NaN report. Returns the
         detached loss."""
+        if self.graph is not None:
+            if sync and self.graph.takes(signals, labels, window_size):
+                return self._replay(signals, labels, tally, step_number, timer)
+            self.graph.before_eager_step()
         device = self.strategy.device
         signals = signals.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)
@@ -80,8 +91,25 @@ class TrainStep:
             tally.add(loss, labels.shape[0], step_number if self.watches_nonfinite else None)
         return loss
 
+    def _replay(self, signals, labels, tally, step_number, timer):
+        timer.lap("data")
+        loss = self.graph.run(signals, labels)
+        if loss is None:  # recording failed: this and every later step run eagerly
+            return self.accumulate(signals, labels, 1, True, tally, step_number, timer)
+        timer.lap("forward")  # the whole step, one replay: a phase timer sees it all as the forward
+        timer.lap("backward")
+        self._replayed = True
+        if tally is not None:
+            tally.add(loss, labels.shape[0], step_number if self.watches_nonfinite else None)
+        return loss
+
     def update(self, timer=NO_TIMER):
-        """The optimizer step that closes the window."""
+        """The optimizer step that closes the window (a replay took it already: only the schedule moves)."""
+        if self._replayed:
+            self._replayed = False
+            self.scheduler.step()
+            timer.lap("optimizer")
+            return
         if self.max_grad_norm > 0:
             self.grad_scaler.unscale_(self.optimizer)  # clip the true gradients, not scaled ones
             self.strategy.clip_grad_norm_(self.parameters, self.max_grad_norm)
@@ -99,7 +127,7 @@ class TrainStep:
         timer.lap("optimizer")
 
     def last_lr(self):
-        return self.scheduler.get_last_lr()[0]
+        return float(self.scheduler.get_last_lr()[0])  # a device scalar where AdamW is capturable
 
 
 class RunAdamW(torch.optim.AdamW):
@@ -109,15 +137,16 @@ class RunAdamW(torch.optim.AdamW):
 
     def load_state_dict(self, state_dict):
         now = [{key: group[key] for key in ("lr", "initial_lr", "weight_decay")} for group in self.param_groups]
-        fused = self.defaults["fused"]
-        super().load_state_dict({**state_dict, "param_groups": [{**group, "fused": fused}
+        kernel = {key: self.defaults[key] for key in ("fused", "capturable")}
+        super().load_state_dict({**state_dict, "param_groups": [{**group, **kernel}
                                                                 for group in state_dict["param_groups"]]})
         for group, settings in zip(self.param_groups, now, strict=True):
             group.update(settings)
 
 
-def build_adamw(model, lr, weight_decay, device):
-    """AdamW that decays only weight matrices and kernels (ndim >= 2), not biases or norm scales.
+def build_adamw(model, lr, weight_decay, device, capturable=False):
+    """AdamW that decays only weight matrices and kernels (ndim >= 2), not biases or norm scales;
+    `capturable`: its step can be recorded in a CUDA graph, the LR a device scalar the schedule fills.
 
     The group order (decayed, then not) is what a resumed run relies on to keep each decay."""
     params = [p for p in model.parameters() if p.requires_grad]
@@ -125,7 +154,10 @@ def build_adamw(model, lr, weight_decay, device):
               {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0, "initial_lr": lr}]
     # The fused kernel takes one pass over each tensor: on a CPU it halves the step of a small model
     # (MiniRocket's head), and on CUDA it also lets an fp16 GradScaler skip its per-step host sync.
-    return RunAdamW(groups, lr=lr, fused=True if device.type in ("cpu", "cuda") else None)
+    fused = True if device.type in ("cpu", "cuda") else None
+    if capturable:
+        return RunAdamW(groups, lr=torch.tensor(float(lr), device=device), fused=fused, capturable=True)
+    return RunAdamW(groups, lr=lr, fused=fused)
 
 
 def global_batch_size(batch_size, data_parallel_size, grad_accum_steps):
@@ -238,10 +270,10 @@ class Precision:
     def needs_grad_scaler(self):
         return self.enabled and self.dtype == torch.float16
 
-    def autocast(self):
+    def autocast(self, cache_enabled=True):
         if not self.enabled or self.in_model:
             return contextlib.nullcontext()
-        return torch.autocast(self.device_type, dtype=self.dtype)
+        return torch.autocast(self.device_type, dtype=self.dtype, cache_enabled=cache_enabled)
 
     def make_grad_scaler(self):
         return torch.amp.GradScaler(self.device_type, enabled=self.needs_grad_scaler)
