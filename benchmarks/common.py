@@ -37,6 +37,9 @@ def add_run_flags(parser):
                         help="30 subjects; the default matches UCI HAR's size")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model on every side")
     parser.add_argument("--compile-mode", choices=COMPILE_MODES, default=None, help="as training's (implies --compile)")
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="every side records its whole step as one CUDA graph (off otherwise, whatever "
+                             "training's default: the benchmarks compare like with like)")
     parser.add_argument("--json", type=json_file, default=None, help="also write the figures to this JSON file")
 
 
@@ -51,6 +54,7 @@ def build_run(opts, save_dir, data_path, recipe=RECIPE_OFF):
         batch_size=opts.batch_size, device=opts.device, data_path=data_path, save_dir=str(save_dir),
         epochs=1 + opts.rounds * opts.epochs_per_round,  # one warm-up, then the rounds: the LR schedule spans all
         resume=None, save_every_steps=0, compile=opts.compile, compile_mode=opts.compile_mode,
+        cuda_graphs=opts.cuda_graphs,
         multi_gpu="ddp" if launched_by_torchrun() else "none", **recipe).validate()
     return Trainer.build(config, make_strategy(config))
 

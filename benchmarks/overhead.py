@@ -59,8 +59,11 @@ class MinimalLoop:
         trainer_groups = run.step.optimizer.param_groups
         groups = [{"params": [p for p in self.parameters if p.ndim >= 2], "weight_decay": config.optim.weight_decay},
                   {"params": [p for p in self.parameters if p.ndim < 2], "weight_decay": 0.0}]
-        self.optimizer = torch.optim.AdamW(groups, lr=trainer_groups[0]["initial_lr"],
-                                           fused=run.step.optimizer.defaults["fused"])
+        self.graph = None if run.step.graph is None else MinimalGraph(self)
+        lr = trainer_groups[0]["initial_lr"]
+        self.optimizer = torch.optim.AdamW(
+            groups, fused=run.step.optimizer.defaults["fused"],
+            **({"lr": torch.tensor(lr, device=device), "capturable": True} if self.graph else {"lr": lr}))
         self.scheduler = LambdaLR(self.optimizer, run.step.scheduler.lr_lambdas[0]) if features else None
         self.max_grad_norm = config.optim.max_grad_norm if features else 0.0
         self.autocast = functools.partial(torch.autocast, device.type, dtype=run.precision.dtype,
@@ -76,16 +79,48 @@ class MinimalLoop:
         signals, labels = self.signals[order], self.labels[order]
         for first in range(0, len(labels), self.batch_size):
             last = first + self.batch_size
-            with self.autocast():
-                loss = F.cross_entropy(self.train_model(signals[first:last]), labels[first:last])
-            loss.backward()
-            if self.max_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(self.parameters, self.max_grad_norm)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            if self.graph is not None and len(labels[first:last]) == self.batch_size:
+                self.graph.replay(signals[first:last], labels[first:last])
+            else:
+                self.optimizer.zero_grad(set_to_none=True)
+                self.step(signals[first:last], labels[first:last])
             if self.scheduler is not None:
                 self.scheduler.step()
         return len(labels) * self.world_size
+
+    def step(self, signals, labels):
+        with self.autocast(cache_enabled=self.graph is None):
+            loss = F.cross_entropy(self.train_model(signals), labels)
+        loss.backward()
+        if self.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.parameters, self.max_grad_norm)
+        self.optimizer.step()
+
+
+class MinimalGraph:
+    """The textbook whole-network capture (PyTorch's CUDA semantics notes): warm up on a side stream,
+    record one step on static input tensors, then copy each full batch in and replay."""
+
+    def __init__(self, loop):
+        self.loop, self.graph = loop, None
+
+    def replay(self, signals, labels):
+        if self.graph is None:
+            self.signals, self.labels = signals.clone(), labels.clone()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    self.loop.optimizer.zero_grad(set_to_none=True)
+                    self.loop.step(self.signals, self.labels)
+            torch.cuda.current_stream().wait_stream(side)
+            self.loop.optimizer.zero_grad(set_to_none=True)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.loop.step(self.signals, self.labels)
+        self.signals.copy_(signals)
+        self.labels.copy_(labels)
+        self.graph.replay()
 
 
 def describe_sides(run, bare):
@@ -100,6 +135,8 @@ def describe_sides(run, bare):
              f"{run.precision.describe()}"]
     if run.config.hardware.compile:
         lines.append(f"both sides torch.compile'd, mode {run.config.hardware.compile_mode or 'default'}")
+    if run.config.hardware.cuda_graphs:
+        lines.append("both sides replay their whole step as one CUDA graph for each full batch (capturable AdamW)")
     if bare:
         lines.append("bare: the minimal loop without clipping and LR schedule (AdamW at the peak LR)")
     return "\n".join(lines)
@@ -125,16 +162,17 @@ def main(argv=None):
             speak(machine_line(run.strategy.device), flush=True)
             rates, other_cores = epoch_rates(sides, opts.rounds, opts.epochs_per_round, run.strategy.synchronize,
                                             watch_other_processes=run.strategy.world_size == 1)
+            graphed = run.step.graph is not None and run.step.graph.graph is not None
         finally:
             sides, run.step = None, None  # every DDP model goes before the process group
             run.log.close()
             run.strategy.close()
     if run.strategy.is_main:
-        report(opts, run, rates, other_cores)
+        report(opts, run, rates, other_cores, graphed)
     return 0
 
 
-def report(opts, run, rates, other_cores):
+def report(opts, run, rates, other_cores, graphed):
     mode = "ddp" if run.strategy.world_size > 1 else "single"
     ratios = [("trainer", "minimal")] + ([("trainer", "bare")] if opts.bare_minimal else [])
     print(format_rates(rates, "samples/s", ratios, other_cores))
@@ -142,6 +180,7 @@ def report(opts, run, rates, other_cores):
                "batch_size_per_rank": opts.batch_size, "device": str(run.strategy.device),
                "precision": run.precision.dtype_name,
                "compile_mode": (opts.compile_mode or "default") if run.config.hardware.compile else None,
+               "cuda_graphs": run.config.hardware.cuda_graphs, "trainer_step_graphed": graphed,
                "threads": torch.get_num_threads(), "windows": len(run.data.train), "rounds": opts.rounds,
                "epochs_per_round": opts.epochs_per_round, "machine": machine_line(run.strategy.device),
                "rates": rates, "ratio": median_ratio(rates, "trainer", "minimal"),

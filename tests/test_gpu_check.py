@@ -61,8 +61,8 @@ def python_step(tmp_path, code, group="epoch", name="fake", **extra):
 def test_the_plan_runs_every_group_in_budget_order_with_the_documented_commands(tmp_path):
     plan = build_plan(tmp_path)
     assert list(dict.fromkeys(step.group for step in plan)) == list(GROUP_BUDGET_S)
-    # The default groups measure every target in under 8 minutes, with 35 s for start-up and writing.
-    assert "tests" not in DEFAULT_GROUPS and sum(GROUP_BUDGET_S[group] for group in DEFAULT_GROUPS) <= 445
+    # The default groups measure every target in about 8 minutes, with 35 s for start-up and writing.
+    assert "tests" not in DEFAULT_GROUPS and sum(GROUP_BUDGET_S[group] for group in DEFAULT_GROUPS) <= 475
     by_group = {group: [step for step in plan if step.group == group] for group in GROUP_BUDGET_S}
     (tests,) = by_group["tests"]
     (cold,) = by_group["cold_start"]  # the first process after the probe, main.py with its defaults
@@ -120,7 +120,8 @@ def test_quick_shrinks_steps_rounds_and_data_but_keeps_the_grid(tmp_path):
 def test_on_cpu_what_needs_cuda_is_skipped_not_failed(tmp_path):
     plan = build_plan(tmp_path, device="cpu")
     assert {step.name for step in plan if step.cuda_only} == {step.name for step in plan
-                                                              if "reduce-overhead" in step.name or "gloo" in step.name}
+                                                              if "reduce-overhead" in step.name or "gloo" in step.name
+                                                              or "whole-step graphs" in step.name}
     step = next(step for step in plan if step.cuda_only)
     record = run_step(step, Budget(GROUP_BUDGET_S, 100), "cpu")
     assert record["status"] == "skipped" and record["why"] == "needs CUDA" and "wall_s" not in record

@@ -61,19 +61,28 @@ def matrix_cell(entry):
         return (entry or {}).get("status") or "not run"
     peaks = [entry.get(key) for key in ("peak_allocated_gib", "timed_peak_allocated_gib")]
     shown = " / ".join(format(peak, ".3f") for peak in peaks if peak is not None)
-    return f"{entry['samples_per_s']:,.0f} ({shown or 'n/a'})"
+    eager = " eager: recording failed" if entry.get("graphs") and entry.get("step_graphed") is False else ""
+    return f"{entry['samples_per_s']:,.0f} ({shown or 'n/a'}){eager}"
+
+
+# The matrix's columns: each precision, and bf16 with the whole step replayed as one CUDA graph.
+MATRIX_COLUMNS = (*PRECISIONS, "bf16 graphs")
+
+
+def matrix_column(entry):
+    return entry["precision"] + (" graphs" if entry.get("graphs") else "")
 
 
 def matrix_rows(steps):
-    """One row per (model, batch): samples/s and peak GiB under each precision."""
-    found = {(e["model"], e["batch_size"], e["precision"]): e for e in configurations(steps)}
-    return [[model, batch, *(matrix_cell(found.get((model, batch, p))) for p in PRECISIONS)]
+    """One row per (model, batch): samples/s and peak GiB under each precision, and graphed."""
+    found = {(e["model"], e["batch_size"], matrix_column(e)): e for e in configurations(steps)}
+    return [[model, batch, *(matrix_cell(found.get((model, batch, column))) for column in MATRIX_COLUMNS)]
             for model, batch in dict.fromkeys((m, b) for m, b, _ in found)]
 
 
 def matrix_notes(steps):
     """Why each configuration without figures has none."""
-    lines = [f"- {e['model']} bs{e['batch_size']} {e['precision']}: {e['status']}: {e['why']}"
+    lines = [f"- {e['model']} bs{e['batch_size']} {matrix_column(e)}: {e['status']}: {e['why']}"
              for e in configurations(steps) if e.get("status") != "ok" and e.get("why")]
     return lines + [""] if lines else []
 
@@ -110,7 +119,7 @@ def per_step(*cells):
 TABLES = (
     ("profile", "Training-step throughput (benchmarks.gpu_check.throughput, one process, one GPU): "
                 "samples/s (peak allocated GiB / of the timed steps alone)",
-     ["model", "batch", *PRECISIONS], matrix_rows, matrix_notes),
+     ["model", "batch", *MATRIX_COLUMNS], matrix_rows, matrix_notes),
     ("minirocket", "MiniRocket's transform (benchmarks.gpu_check.minirocket): windows/s",
      ["batch", *WAYS], minirocket_rows, minirocket_notes),
     ("data_path", "Data path (benchmarks.data_path): device-resident against DataLoader",

@@ -8,7 +8,9 @@ from pathlib import Path
 BATCH_SIZES = (32, 256, 1024)
 PRECISIONS = {"fp32": ["--no-amp"], "bf16": ["--amp", "--amp-dtype", "bf16"], "fp16": ["--amp", "--amp-dtype", "fp16"]}
 OVERHEAD_BATCHES = (32,)  # the step-rate targets' batch (8 as well took 100 s more)
-COMPILE_VARIANTS = {"eager": [], "compile": ["--compile"], "reduce-overhead": ["--compile-mode", "reduce-overhead"]}
+COMPILE_VARIANTS = {"eager": [], "whole-step graphs": ["--cuda-graphs"], "compile": ["--compile"],
+                    "reduce-overhead": ["--compile-mode", "reduce-overhead"]}
+GRAPH_VARIANTS = ("reduce-overhead", "whole-step graphs")  # CUDA only
 # Seconds per group, in running order; what a group leaves unused passes to the next. Each is what
 # the group took in the first run on an NVIDIA H200 (torch 2.11, 2026-11-26) with some room (the
 # overhead group none, to keep the default groups within 510 s then): the matrix's 36 configurations in
@@ -16,11 +18,12 @@ COMPILE_VARIANTS = {"eager": [], "compile": ["--compile"], "reduce-overhead": ["
 # benchmarks 239 (each compiled variant compiles the model twice, trainer and minimal loop, before
 # its rounds). The second run took 62, 13, 14, 9 and 184 s for those, and 6 s for MiniRocket's
 # transform, 16 for the two gloo ranks and 9 for the trace: 317 s in all. The default groups fit
-# 445 s, so that one check measures every target of the GPU issue in under 8 minutes with start-up
+# 475 s, so that one check measures every target of the GPU issue in under 8 minutes with start-up
 # and writing: the cold start (main.py with its defaults, first of all, after only the machine
-# probe: 24.6 s on the nested fold before that work) and the overhead at batch 32 alone.
+# probe: 24.6 s on the nested fold before that work) and the overhead at batch 32 alone, with 30 s
+# more for its whole-step graph variant (no compilation: about an eager variant's time).
 GROUP_BUDGET_S = {"tests": 420, "cold_start": 45, "profile": 100, "minirocket": 40, "data_path": 25,
-                  "ddp_profile": 50, "epoch": 25, "trace": 30, "overhead": 130}
+                  "ddp_profile": 50, "epoch": 25, "trace": 30, "overhead": 160}
 # The CUDA tests ran past 190 s one at a time (stopped after 19 of 34) and took 105 s four at a time,
 # so they are a group of their own, asked for by name (--only tests): the rest fits one ten-minute
 # command with start-up to spare.
@@ -95,11 +98,12 @@ def build_plan(scratch, device="cuda", quick=False):
         python, "profiler.py", "--model", "cnn1d", "--batch-size", "32", "--device", device, "--trace", *timing,
         *effort.windows, "--output-dir", str(scratch / "trace-profile")],
         output=scratch / "trace-profile" / "profile.json"))
-    for variant, flags in COMPILE_VARIANTS.items():  # eager first: the compiled ones are the slow ones
+    for variant, flags in COMPILE_VARIANTS.items():  # the compiled ones last: they are the slow ones
         for batch in OVERHEAD_BATCHES:
-            path = scratch / f"overhead-bs{batch}-{variant}.json"  # in a folder that exists: the benchmark makes none
+            # In a folder that exists: the benchmark makes none.
+            path = scratch / f"overhead-bs{batch}-{variant.replace(' ', '-')}.json"
             steps.append(Step(f"overhead bs{batch} {variant}", "overhead", [
                 python, "-m", "benchmarks.overhead", "--device", device, "--batch-size", str(batch), "--rounds",
                 str(effort.rounds), *effort.windows, *flags, "--json", str(path)],
-                {"batch_size": batch, "compile": variant}, path, cuda_only=variant == "reduce-overhead"))
+                {"batch_size": batch, "compile": variant}, path, cuda_only=variant in GRAPH_VARIANTS))
     return steps

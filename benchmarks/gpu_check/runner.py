@@ -21,7 +21,7 @@ FIGURE_ERRORS = (OSError, ValueError, KeyError, TypeError, IndexError)
 TAIL_CHARS = 3000
 CONFIGURATION_KEYS = ("model", "batch_size", "precision", "status", "samples_per_s", "samples_per_s_std",
                       "step_time_ms", "data_wait_share", "peak_allocated_gib", "peak_reserved_gib",
-                      "timed_peak_allocated_gib", "wall_s", "why")
+                      "timed_peak_allocated_gib", "wall_s", "why", "graphs", "step_graphed")
 
 
 class Budget:

@@ -51,13 +51,14 @@ def fused_transform(steps):
 
 
 def step_rate(model, target, matrix_steps, overhead_steps):
-    """The best training step of `model` at batch 32: any precision of the matrix (eager), and for
-    cnn1d the trainer's side of the overhead benchmark in each compile mode."""
+    """The best training step of `model` at batch 32: any precision of the matrix (eager or with
+    whole-step graphs), and for cnn1d the trainer's side of the overhead benchmark in each mode."""
     candidates = {}
     for figures in figures_of(matrix_steps):
         for entry in figures.get("configurations") or []:
             if entry["model"] == model and entry["batch_size"] == 32 and entry.get("samples_per_s") is not None:
-                candidates[f"eager {entry['precision']}"] = entry["samples_per_s"]
+                way = "whole-step graph" if entry.get("graphs") else "eager"
+                candidates[f"{way} {entry['precision']}"] = entry["samples_per_s"]
     if model == "cnn1d":
         for step in overhead_steps:
             rate = (step.get("figures") or {}).get("trainer_samples_per_s")

@@ -35,15 +35,27 @@ from training.reporting.logger import GIB
 
 WHAT = ("samples_per_s: samples the timed steps took (an epoch's shorter last batch counts its own size, not "
         "the batch size) per second of those steps, mean over repeats; warm-up: at least one epoch; "
+        "step_graphed: the timed steps were replays of one recorded CUDA graph; "
         "peak_*_gib: CUDA allocator peaks from before the workload was built to the end of its timing, "
         "timed_peak_allocated_gib: over the timed steps alone, after the warm-up (null on CPU)")
-# batch_size is per GPU; precision is a key of PRECISIONS.
-Configuration = namedtuple("Configuration", "model batch_size precision")
+# batch_size is per GPU; precision is a key of PRECISIONS; graphs: the whole step replayed as one CUDA graph.
+Configuration = namedtuple("Configuration", "model batch_size precision graphs", defaults=(False,))
+# Whole-step CUDA graphs are measured where a step is host-bound (small batches), in bf16, on CUDA only,
+# for the models whose step records (STEP_RECORDS): this matrix runs in one process, and on an H200
+# (torch 2.11) the graphed cnn_lstm configuration and every one after it failed with the CUDA random
+# generator's "Offset increment outside graph capture", the mark a failed recording leaves on it.
+GRAPH_BATCH_SIZES = (32,)
 
 
-def matrix(models=MODELS, batch_sizes=BATCH_SIZES, precisions=tuple(PRECISIONS)):
-    """The configurations in running order: a model's smaller batches first."""
-    return [Configuration(m, b, p) for m in models for b in batch_sizes for p in precisions]
+def matrix(models=MODELS, batch_sizes=BATCH_SIZES, precisions=tuple(PRECISIONS), graph_batch_sizes=()):
+    """The configurations in running order: a model's smaller batches first, then its graphed steps."""
+    return [Configuration(m, b, p) for m in models for b in batch_sizes for p in precisions] + [
+        Configuration(m, b, "bf16", graphs=True) for m in models if m in MODELS and MODELS[m].STEP_RECORDS
+        for b in graph_batch_sizes]
+
+
+def configuration_name(config):
+    return f"{config.model} bs{config.batch_size} {config.precision}" + (" graphs" if config.graphs else "")
 
 
 def profiler_args(config, opts):
@@ -51,7 +63,7 @@ def profiler_args(config, opts):
     return parse_profiler_args([
         "--model", config.model, "--batch-size", str(config.batch_size), "--device", opts.device,
         *PRECISIONS[config.precision], "--warmup-steps", str(opts.warmup_steps), "--steps", str(opts.steps),
-        "--repeats", str(opts.repeats), "--phase-steps", "0",
+        "--repeats", str(opts.repeats), "--phase-steps", "0", "--cuda-graphs" if config.graphs else "--no-cuda-graphs",
         "--synthetic-windows-per-subject", str(opts.synthetic_windows_per_subject)])
 
 
@@ -79,7 +91,9 @@ def measure(args, load_data):
             runs.append(timed_steps(work, args.steps, sync_gradients=True))
             rates.append(taken[0] / (runs[-1]["step_time_s"] * runs[-1]["steps"]))
         samples_per_s, samples_per_s_std = mean_std(rates)
+        graph = work.step.graph
         return {"samples_per_s": samples_per_s, "samples_per_s_std": samples_per_s_std,
+                "step_graphed": graph is not None and graph.graph is not None,
                 "step_time_ms": statistics.mean(run["step_time_s"] for run in runs) * 1e3,
                 "data_wait_share": statistics.mean(run["data_wait_share"] for run in runs),
                 **(peaks(device, warmup_peaks) if cuda else dict.fromkeys(PEAK_KEYS))}
@@ -129,7 +143,7 @@ def run_matrix(configurations, opts, write):
         if opts.device == "cuda":
             torch.cuda.empty_cache()
         write(entries, False)
-        name = f"{config.model} bs{config.batch_size} {config.precision}"
+        name = configuration_name(config)
         if entry["status"] == "ok":
             print(f"{name}: {entry['samples_per_s']:,.0f} samples/s in {entry['wall_s']:.1f} s", flush=True)
         else:  # failures on stderr, so the tail of a failed step shows them
@@ -161,6 +175,8 @@ def parse(argv):
     parser.add_argument("--models", type=comma_names, default=list(MODELS))
     parser.add_argument("--batch-sizes", type=comma_counts, default=list(BATCH_SIZES), help="per GPU")
     parser.add_argument("--precisions", type=comma_choices(PRECISIONS), default=list(PRECISIONS))
+    parser.add_argument("--graph-batch-sizes", type=comma_counts, default=list(GRAPH_BATCH_SIZES),
+                        help="batches also measured with --cuda-graphs, in bf16 (CUDA only)")
     parser.add_argument("--synthetic-windows-per-subject", type=at_least(1), default=DEFAULT_WINDOWS_PER_SUBJECT)
     parser.add_argument("--warmup-steps", type=int, default=None, help="default: 10, 2 with --quick")
     parser.add_argument("--steps", type=at_least(1), default=None,
@@ -176,7 +192,8 @@ def parse(argv):
 
 def main(argv=None):
     opts = parse(argv)
-    configurations = matrix(opts.models, opts.batch_sizes, opts.precisions)
+    configurations = matrix(opts.models, opts.batch_sizes, opts.precisions,
+                            opts.graph_batch_sizes if opts.device == "cuda" else ())
     try:  # bad flags fail here, in one line, not as a matrix of skipped entries
         if opts.device == "cuda" and not torch.cuda.is_available():
             raise UsageError("--device cuda, but torch sees no CUDA GPU")
