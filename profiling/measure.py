@@ -15,7 +15,7 @@ from profiling.run_time import measure_run_parts
 from profiling.timing import HostCpuMeter, LapTimer, StepClock, barrier, gather_per_rank, reduce_over_ranks
 from profiling.workload import build_workload, optimizer_step
 from training.distributed.strategy import make_strategy
-from training.reporting.logger import GIB, process_age_s, read_memory, reset_peaks
+from training.reporting.logger import GIB, read_memory, reset_peaks
 
 
 class PerformanceProfiler:
@@ -29,7 +29,7 @@ class PerformanceProfiler:
         self.output_dir = None
 
     def run(self):
-        start_up_s, started = process_age_s(), time.perf_counter()  # main.py's time line counts both
+        started = time.perf_counter()
         args, strategy = self.args, make_strategy(self.args.run)
         self.is_main = strategy.is_main
         try:
@@ -52,7 +52,7 @@ class PerformanceProfiler:
             host_effects = measure_host_effects(work, args, timed_steps, lone_samples_s) \
                 if strategy.world_size == 1 else None
             phases = phase_breakdown(work, args.phase_steps) if args.phase_steps else None
-            run_parts = measure_run_parts(work, start_up_s)
+            run_parts = measure_run_parts(work, statistics.fmean(run["step_time_s"] for run in runs))
             gradient_elements = work.gradient_bytes // 4  # all-reduced as fp32, like DDP's gradients
             compute_s = statistics.fmean(run["compute_step_time_s"] for run in runs)
             benchmark = benchmark_allreduce(strategy, gradient_elements, args.allreduce_iters,

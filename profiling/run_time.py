@@ -5,25 +5,33 @@ validation and checkpoint after each epoch, the final evaluation) is measured he
 run the profiler built, and the arithmetic that puts them together is predict_run."""
 import math
 import os
+import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass
 
 import torch
 
 from profiling.comm_model import ring_allreduce_time_s
+from profiling.entry_points import REPO
+from training.loop.epochs import train_epoch
 from training.loop.step import steps_per_epoch
+from training.reporting.final_report import report_best_weights
+from training.reporting.logger import process_age_s
 
 
 @dataclass(frozen=True)
 class RunParts:
     """What one process measured of a run besides its optimizer steps; seconds unless named."""
-    start_up_s: float  # Python and the imports, before the run began
+    start_up_s: float  # Python and main.py's imports, before the run began
+    exit_s: float  # the interpreter's teardown after the run
     inputs_s: float  # reading the data (and a checkpoint)
     set_up_s: float  # device, model, fit and the feature pool: everything before the first step
     build_s: float  # of set_up_s, the feature pool's build; 0 without a pool
+    loop_s: float  # per optimizer step, what the epoch loop adds to the step (progress, logging, the epoch's ends)
     validation_s: float  # one pass over the validation split, after every epoch
     save_s: float  # one checkpoint, after every epoch
-    final_eval_s: float  # the validation and test passes after the last epoch
+    final_eval_s: float  # the final report: best.pt reloaded, judged on the validation and test splits
     epochs: int
     train_windows: int  # what one epoch trains on: the training split (one view of the pool)
     batch_size: int  # per rank
@@ -59,8 +67,8 @@ def predict_run(parts, world_size, step_s, build_s):
     the rest of the set-up are each rank's own, as long as on one; the evaluation passes split the
     windows over the ranks; each epoch saves one checkpoint."""
     steps = epoch_steps(parts.train_windows, world_size, parts.batch_size, parts.grad_accum_steps)
-    fixed_s = parts.start_up_s + parts.inputs_s + parts.set_up_s - parts.build_s
-    stepping_s = parts.epochs * steps * step_s
+    fixed_s = parts.start_up_s + parts.inputs_s + parts.set_up_s - parts.build_s + parts.exit_s
+    stepping_s = parts.epochs * steps * (step_s + parts.loop_s)
     training_s = stepping_s + parts.epochs * (parts.validation_s / world_size + parts.save_s)
     evaluation_s = parts.final_eval_s / world_size
     total_s = fixed_s + build_s + training_s + evaluation_s
@@ -78,17 +86,55 @@ def timed_s(call, times=2):
     return seconds
 
 
-def measure_run_parts(work, start_up_s):
-    """RunParts of the profiled run: its set-up as build_workload timed it, and the passes after
-    the epochs and at the end timed now on its own trainer (in the scratch folder)."""
+AGE_AFTER_IMPORT = "import main\nfrom training.reporting.logger import process_age_s\nprint(process_age_s())"
+
+
+def main_start_and_exit_s():
+    """(seconds before main.py's run begins, seconds its interpreter takes to exit), from a fresh
+    interpreter that imports main.py, reports its age and exits. The profiler's own start cannot
+    stand for it: it also imports the FSDP and DTensor modules its advisor measures (0.45 s more on
+    the 2-core development machine, half of main.py's start). Where main.py cannot be imported (a
+    copy without it), the profiler's own start and no exit."""
+    started = time.perf_counter()
+    result = subprocess.run([sys.executable, "-c", AGE_AFTER_IMPORT], cwd=REPO, capture_output=True, text=True)
+    wall_s = time.perf_counter() - started
+    try:
+        age_s = float(result.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):  # no /proc (age None), or no main.py
+        return process_age_s() or 0.0, 0.0
+    return age_s, max(wall_s - age_s, 0.0)
+
+
+EPOCH_PASS_LIMIT_S = 10.0  # one real epoch pass is timed where it takes no longer than this
+
+
+def loop_s_per_step(trainer, step_s, steps):
+    """What the trainer's epoch loop adds to each optimizer step (its progress and check-ins, the
+    loader's epoch start, the epoch's partial last batch), from one real epoch pass
+    (training.loop.epochs.train_epoch) against the measured step; 0 where a pass would take
+    longer than EPOCH_PASS_LIMIT_S."""
+    if steps * step_s > EPOCH_PASS_LIMIT_S:
+        return 0.0
+    result = train_epoch(trainer, 0)
+    return max(result.train_time_s / max(result.steps, 1) - step_s, 0.0)
+
+
+def measure_run_parts(work, step_s):
+    """RunParts of the profiled run, whose optimizer step took step_s: its set-up as build_workload
+    timed it, and what main.py does besides (an epoch pass's loop, a validation pass and a checkpoint
+    after each epoch, the final report) timed now on the profiled run's own trainer, in its scratch
+    folder. Call it after the step's measurements: it trains an epoch, and the report reloads
+    best.pt, the weights the checkpoint has just saved."""
     trainer, config = work.trainer, work.trainer.config
+    loop_s = loop_s_per_step(trainer, step_s, work.steps_per_epoch)
     validation_s = timed_s(lambda: trainer.evaluate("val")) if trainer.has_validation else 0.0
     save_s = timed_s(lambda: trainer.save(is_best=True))
-    test_s = 0.0 if config.data.no_test else timed_s(lambda: trainer.evaluate("test"))
+    report_s = timed_s(lambda: report_best_weights(trainer), times=1)  # once, as a run reports
     pool = work.pool or {}
-    return RunParts(start_up_s=start_up_s or 0.0, inputs_s=work.inputs_s, set_up_s=work.set_up_s,
-                    build_s=pool.get("seconds", 0.0), validation_s=validation_s, save_s=save_s,
-                    final_eval_s=validation_s + test_s, epochs=config.optim.epochs, train_windows=work.train_windows,
+    start_up_s, exit_s = main_start_and_exit_s()
+    return RunParts(start_up_s=start_up_s, exit_s=exit_s, inputs_s=work.inputs_s, set_up_s=work.set_up_s,
+                    build_s=pool.get("seconds", 0.0), loop_s=loop_s, validation_s=validation_s, save_s=save_s,
+                    final_eval_s=report_s, epochs=config.optim.epochs, train_windows=work.train_windows,
                     batch_size=work.batch_size, grad_accum_steps=work.grad_accum_steps)
 
 
@@ -107,9 +153,10 @@ def run_time_entry(parts, work, predictions, link):
                 (gather_pool_s(pool_bytes, n, link) if pool_bytes else 0.0)
         runs.append(predict_run(parts, n, prediction["step_s"], build_s))
     return {"parts": asdict(parts), "predictions": runs,
-            "what": "total = start-up + inputs + set-up besides the feature pool + the pool's build + epochs x "
-                    "(steps per epoch x step time + a validation pass + a checkpoint) + the final validation "
-                    "and test passes; figures and the test report's writing are not counted. For N ranks: "
+            "what": "total = start-up and exit (of a fresh interpreter importing main.py) + inputs + set-up "
+                    "besides the feature pool + the pool's build + epochs x (steps per epoch x (step time + the "
+                    "epoch loop's own cost per step) + a validation pass + a checkpoint) + the final report "
+                    "(best.pt judged on the validation and test splits); figures are not counted. For N ranks: "
                     "the advisor's DDP step, the evaluation passes split N ways, and the pool built in 1/N "
                     f"shares (on CPU at most {cores} cores / {threads} thread(s) faster, the host's cores "
                     "being shared) and then gathered over the link; a profile of N ranks takes its own "
