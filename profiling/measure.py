@@ -1,6 +1,7 @@
 """PerformanceProfiler: warm-up, repeated timed runs, a phase breakdown, memory, the all-reduce benchmark, and a
 short torch.profiler trace of the optimizer step, written for TensorBoard's profiler plugin."""
 import statistics
+import sys
 import time
 
 import torch
@@ -29,7 +30,7 @@ class PerformanceProfiler:
         self.output_dir = None
 
     def run(self):
-        started = time.perf_counter()
+        started, loaded = time.perf_counter(), list(sys.modules)
         args, strategy = self.args, make_strategy(self.args.run)
         self.is_main = strategy.is_main
         try:
@@ -52,7 +53,7 @@ class PerformanceProfiler:
             host_effects = measure_host_effects(work, args, timed_steps, lone_samples_s) \
                 if strategy.world_size == 1 else None
             phases = phase_breakdown(work, args.phase_steps) if args.phase_steps else None
-            run_parts = measure_run_parts(work, statistics.fmean(run["step_time_s"] for run in runs))
+            run_parts = measure_run_parts(work, statistics.fmean(run["step_time_s"] for run in runs), loaded)
             gradient_elements = work.gradient_bytes // 4  # all-reduced as fp32, like DDP's gradients
             compute_s = statistics.fmean(run["compute_step_time_s"] for run in runs)
             benchmark = benchmark_allreduce(strategy, gradient_elements, args.allreduce_iters,

@@ -146,9 +146,10 @@ def _run_lines(profile):
     if run:
         parts = run["parts"]
         lines.append(f"  whole run       predicted for main.py with these flags ({parts['epochs']} epochs; start-up "
-                     f"{parts['start_up_s']:.2f} s, inputs {parts['inputs_s']:.2f} s, a validation pass "
-                     f"{_ms(parts['validation_s'])}, a checkpoint {_ms(parts['save_s'])}, the epoch loop "
-                     f"{_ms(parts['loop_s'])} a step, exit {parts['exit_s']:.2f} s)")
+                     f"{parts['start_up_s']:.2f} s, inputs {parts['inputs_s']:.2f} s, imports during the run "
+                     f"{parts['imports_s']:.2f} s, a validation pass {_ms(parts['validation_s'])}, a checkpoint "
+                     f"{_ms(parts['save_s'])}, the epoch loop {_ms(parts['loop_s'])} a step, exit "
+                     f"{parts['exit_s']:.2f} s)")
         lines.append("      ranks  features  training  evaluation  other set-up     total  (seconds)")
         for p in run["predictions"]:
             lines.append(f"      {p['world_size']:>5} {p['build_s']:>9.2f} {p['training_s']:>9.2f} "

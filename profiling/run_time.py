@@ -24,6 +24,7 @@ from training.reporting.logger import process_age_s
 class RunParts:
     """What one process measured of a run besides its optimizer steps; seconds unless named."""
     start_up_s: float  # Python and main.py's imports, before the run began
+    imports_s: float  # the imports main.py's run adds that the profiler's timed set-up did not pay
     exit_s: float  # the interpreter's teardown after the run
     inputs_s: float  # reading the data (and a checkpoint)
     set_up_s: float  # device, model, fit and the feature pool: everything before the first step
@@ -67,7 +68,7 @@ def predict_run(parts, world_size, step_s, build_s):
     the rest of the set-up are each rank's own, as long as on one; the evaluation passes split the
     windows over the ranks; each epoch saves one checkpoint."""
     steps = epoch_steps(parts.train_windows, world_size, parts.batch_size, parts.grad_accum_steps)
-    fixed_s = parts.start_up_s + parts.inputs_s + parts.set_up_s - parts.build_s + parts.exit_s
+    fixed_s = parts.start_up_s + parts.imports_s + parts.inputs_s + parts.set_up_s - parts.build_s + parts.exit_s
     stepping_s = parts.epochs * steps * (step_s + parts.loop_s)
     training_s = stepping_s + parts.epochs * (parts.validation_s / world_size + parts.save_s)
     evaluation_s = parts.final_eval_s / world_size
@@ -86,23 +87,43 @@ def timed_s(call, times=2):
     return seconds
 
 
-AGE_AFTER_IMPORT = "import main\nfrom training.reporting.logger import process_age_s\nprint(process_age_s())"
+# A fresh interpreter that starts as `python main.py` does (its age once main.py is imported), then
+# imports the modules named on its stdin (the seconds that takes), then exits (the rest of its wall time).
+FRESH_MAIN = """import importlib, sys, time
+import main
+from training.reporting.logger import process_age_s
+age, started = process_age_s(), time.perf_counter()
+for name in sys.stdin.read().split():
+    try:
+        importlib.import_module(name)
+    except Exception:
+        pass
+print(age, time.perf_counter() - started)
+"""
+# Imported by main.py's run but never by the profiler's quiet one: TensorBoard's writer.
+RUN_ONLY_MODULES = ("torch.utils.tensorboard",)
+PROFILER_ONLY = ("profiler", "profiling", "benchmarks", "tests", "conftest", "pytest", "_pytest", "__main__",
+                 "__mp_main__")
 
 
-def main_start_and_exit_s():
-    """(seconds before main.py's run begins, seconds its interpreter takes to exit), from a fresh
-    interpreter that imports main.py, reports its age and exits. The profiler's own start cannot
-    stand for it: it also imports the FSDP and DTensor modules its advisor measures (0.45 s more on
-    the 2-core development machine, half of main.py's start). Where main.py cannot be imported (a
-    copy without it), the profiler's own start and no exit."""
+def main_start_and_exit_s(loaded_before_set_up):
+    """(seconds before main.py's run begins, seconds of imports its run adds that the profiler's
+    timed set-up did not pay, seconds its interpreter takes to exit), from a fresh interpreter. The
+    profiler's own start cannot stand for main.py's: it imports at its start the FSDP, DTensor and
+    compiler modules its advisor measures (0.45 s more on the 2-core development machine), which
+    main.py imports during its set-up instead; those (the modules loaded before the profiler's set-up,
+    less its own) and TensorBoard's are imported by the fresh interpreter after main.py, timed apart.
+    Where main.py cannot be imported (a copy without it), the profiler's own start and nothing else."""
+    names = [name for name in loaded_before_set_up if name.split(".")[0] not in PROFILER_ONLY]
     started = time.perf_counter()
-    result = subprocess.run([sys.executable, "-c", AGE_AFTER_IMPORT], cwd=REPO, capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-c", FRESH_MAIN], cwd=REPO, capture_output=True, text=True,
+                            input=" ".join([*names, *RUN_ONLY_MODULES]))
     wall_s = time.perf_counter() - started
     try:
-        age_s = float(result.stdout.strip().splitlines()[-1])
+        age_s, imports_s = map(float, result.stdout.strip().splitlines()[-1].split())
     except (ValueError, IndexError):  # no /proc (age None), or no main.py
-        return process_age_s() or 0.0, 0.0
-    return age_s, max(wall_s - age_s, 0.0)
+        return process_age_s() or 0.0, 0.0, 0.0
+    return age_s, imports_s, max(wall_s - age_s - imports_s, 0.0)
 
 
 EPOCH_PASS_LIMIT_S = 10.0  # one real epoch pass is timed where it takes no longer than this
@@ -119,20 +140,22 @@ def loop_s_per_step(trainer, step_s, steps):
     return max(result.train_time_s / max(result.steps, 1) - step_s, 0.0)
 
 
-def measure_run_parts(work, step_s):
+def measure_run_parts(work, step_s, loaded_before_set_up=()):
     """RunParts of the profiled run, whose optimizer step took step_s: its set-up as build_workload
     timed it, and what main.py does besides (an epoch pass's loop, a validation pass and a checkpoint
     after each epoch, the final report) timed now on the profiled run's own trainer, in its scratch
     folder. Call it after the step's measurements: it trains an epoch, and the report reloads
-    best.pt, the weights the checkpoint has just saved."""
+    best.pt, the weights the checkpoint has just saved. loaded_before_set_up: the names in
+    sys.modules when the profiler began its set-up (main_start_and_exit_s)."""
     trainer, config = work.trainer, work.trainer.config
     loop_s = loop_s_per_step(trainer, step_s, work.steps_per_epoch)
     validation_s = timed_s(lambda: trainer.evaluate("val")) if trainer.has_validation else 0.0
     save_s = timed_s(lambda: trainer.save(is_best=True))
     report_s = timed_s(lambda: report_best_weights(trainer), times=1)  # once, as a run reports
     pool = work.pool or {}
-    start_up_s, exit_s = main_start_and_exit_s()
-    return RunParts(start_up_s=start_up_s, exit_s=exit_s, inputs_s=work.inputs_s, set_up_s=work.set_up_s,
+    start_up_s, imports_s, exit_s = main_start_and_exit_s(loaded_before_set_up)
+    return RunParts(start_up_s=start_up_s, imports_s=imports_s, exit_s=exit_s, inputs_s=work.inputs_s,
+                    set_up_s=work.set_up_s,
                     build_s=pool.get("seconds", 0.0), loop_s=loop_s, validation_s=validation_s, save_s=save_s,
                     final_eval_s=report_s, epochs=config.optim.epochs, train_windows=work.train_windows,
                     batch_size=work.batch_size, grad_accum_steps=work.grad_accum_steps)
@@ -153,7 +176,8 @@ def run_time_entry(parts, work, predictions, link):
                 (gather_pool_s(pool_bytes, n, link) if pool_bytes else 0.0)
         runs.append(predict_run(parts, n, prediction["step_s"], build_s))
     return {"parts": asdict(parts), "predictions": runs,
-            "what": "total = start-up and exit (of a fresh interpreter importing main.py) + inputs + set-up "
+            "what": "total = start-up, the imports main.py's run adds, and exit (of a fresh interpreter "
+                    "importing main.py) + inputs + set-up "
                     "besides the feature pool + the pool's build + epochs x (steps per epoch x (step time + the "
                     "epoch loop's own cost per step) + a validation pass + a checkpoint) + the final report "
                     "(best.pt judged on the validation and test splits); figures are not counted. For N ranks: "

@@ -241,7 +241,7 @@ def test_neighbours_only_where_ranks_would_share_this_hosts_cores():
 
 
 def run_parts(**changes):
-    parts = RunParts(start_up_s=1.0, exit_s=0.3, inputs_s=0.5, set_up_s=7.0, build_s=6.0, loop_s=0.0005,
+    parts = RunParts(start_up_s=1.0, imports_s=0.2, exit_s=0.3, inputs_s=0.5, set_up_s=7.0, build_s=6.0, loop_s=0.0005,
                      validation_s=0.04, save_s=0.01, final_eval_s=0.12, epochs=20, train_windows=100, batch_size=32,
                      grad_accum_steps=1)
     return dataclasses.replace(parts, **changes)
@@ -257,20 +257,20 @@ def test_steps_per_epoch_share_the_windows_over_the_ranks_with_a_partial_last_ba
 def test_the_whole_run_is_its_set_up_the_pool_the_epochs_and_the_evaluation():
     one = predict_run(run_parts(), 1, 0.002, 6.0)
     assert one["steps_per_epoch"] == 4
-    assert one["fixed_s"] == pytest.approx(1.0 + 0.5 + 7.0 - 6.0 + 0.3)  # the set-up without the pool, the exit
+    assert one["fixed_s"] == pytest.approx(1.0 + 0.2 + 0.5 + 7.0 - 6.0 + 0.3)  # the set-up without the pool, the exit
     assert one["stepping_s"] == pytest.approx(20 * 4 * 0.0025)  # each step and the loop's own part of it
     assert one["training_s"] == pytest.approx(20 * (4 * 0.0025 + 0.04 + 0.01))
-    assert one["total_s"] == pytest.approx(2.8 + 6.0 + 20 * (4 * 0.0025 + 0.05) + 0.12)
+    assert one["total_s"] == pytest.approx(3.0 + 6.0 + 20 * (4 * 0.0025 + 0.05) + 0.12)
     assert one["build_share"] == pytest.approx(6.0 / one["total_s"])
     two = predict_run(run_parts(), 2, 0.003, 3.5)
     assert two["steps_per_epoch"] == 2 and two["build_s"] == 3.5
     # The evaluation passes split their windows over the ranks; every rank saves as long as one.
     assert two["training_s"] == pytest.approx(20 * (2 * 0.0035 + 0.02 + 0.01))
     assert two["evaluation_s"] == pytest.approx(0.06)
-    assert two["total_s"] == pytest.approx(2.8 + 3.5 + two["training_s"] + 0.06)
+    assert two["total_s"] == pytest.approx(3.0 + 3.5 + two["training_s"] + 0.06)
     # Without a pool the set-up is all fixed.
     bare = predict_run(run_parts(build_s=0.0), 1, 0.002, 0.0)
-    assert bare["fixed_s"] == pytest.approx(8.8) and bare["build_share"] == 0.0
+    assert bare["fixed_s"] == pytest.approx(9.0) and bare["build_share"] == 0.0
 
 
 def test_the_pool_is_built_in_shares_that_the_hosts_cores_bound_on_cpu():
@@ -337,6 +337,8 @@ def test_profiler_py_writes_sane_json_and_csv(tiny_profile):
     run = profile["run_time"]
     assert run["parts"]["build_s"] == 0 and run["parts"]["set_up_s"] > 0 and run["parts"]["validation_s"] > 0
     assert run["parts"]["start_up_s"] > 0 and run["parts"]["loop_s"] >= 0 and run["parts"]["final_eval_s"] > 0
+    # A fresh interpreter imported main.py, then TensorBoard at least, then exited.
+    assert run["parts"]["imports_s"] > 0 and run["parts"]["exit_s"] > 0
     assert [p["world_size"] for p in run["predictions"]] == [1, 2, 4, 8]
     assert run["predictions"][0]["step_s"] == pytest.approx(timing["step_time_s"]["mean"])
     with open(out / "profile_summary.csv") as handle:
