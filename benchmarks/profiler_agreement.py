@@ -9,7 +9,9 @@ both, e.g. `python -m benchmarks.profiler_agreement --rounds 4 -- --model cnn1d 
 the test, no figures) timed from outside, against the wall time profiler.py predicts for it (its
 run_time for one process), with the parts of each side: set-up (the feature pool's build apart),
 training, evaluation. On the built-in synthetic data of UCI HAR's size, needing no download:
-`python -m benchmarks.profiler_agreement --whole-run --rounds 3 -- --dataset synthetic`.
+`python -m benchmarks.profiler_agreement --whole-run --rounds 3 -- --dataset synthetic`. With
+`--ranks 2` the measured side is main_multi_gpu.py's DDP on this machine's CPU cores, the predicted
+one the profiler's prediction for 2 ranks, made from one process.
 """
 import json
 import math
@@ -48,10 +50,13 @@ def main(argv=None):
                         help="main.py epochs per round (the first is not counted); not with --whole-run")
     parser.add_argument("--whole-run", action="store_true",
                         help="main.py's whole run (wall time) against the profiler's prediction of it")
+    parser.add_argument("--ranks", type=at_least(1), default=1,
+                        help="with --whole-run: 2+ runs main_multi_gpu.py's DDP on this machine's CPU cores, "
+                             "against the profiler's prediction for that many ranks (from one process)")
     parser.add_argument("flags", nargs="*", help="training flags for both, after --")
     opts = parser.parse_args(argv)
     if opts.whole_run:
-        return compare_whole_runs(opts.flags, opts.rounds)
+        return compare_whole_runs(opts.flags, opts.rounds, opts.ranks)
     sides = {script: lambda _, script=script: samples_per_s(script, opts.flags, opts.epochs)
              for script in ("main.py", "profiler.py")}
     rates = {name: [] for name in sides}
@@ -72,14 +77,16 @@ def main(argv=None):
 POOL_LINE = re.compile(r"= ([\d,]+) transformed once.*?, ([\d,]+) windows/s in all")
 
 
-def measured_run(flags):
-    """main.py's whole run: its wall time from outside, the parts of its time line (its exit: the wall
-    time after the time line's parts, whose tenths it rounds to), the feature pool's
-    build (windows over windows/s, from its closing line) and its samples/s (median of the epochs
-    after the first)."""
+def measured_run(flags, ranks=1):
+    """main.py's whole run (with 2+ ranks main_multi_gpu.py's DDP on this machine's CPU cores): its
+    wall time from outside, the parts of its time line (its exit: the wall time after the time
+    line's parts, whose tenths it rounds to), the feature pool's build (windows over windows/s, from
+    its closing line) and its samples/s (median of the epochs after the first)."""
     with tempfile.TemporaryDirectory(prefix="har-agreement-") as scratch:
         out = Path(scratch) / "out"
-        stdout, wall_s = run_in_repo([sys.executable, "main.py", *flags, "--no-figures", "--save-dir", str(out),
+        command = ["main.py"] if ranks == 1 else ["main_multi_gpu.py", "--multi-gpu", "ddp", "--nproc-per-node",
+                                                  str(ranks), "--device", "cpu"]
+        stdout, wall_s = run_in_repo([sys.executable, *command, *flags, "--no-figures", "--save-dir", str(out),
                                       "--no-resume"])
         records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line]
     laps = read_time_line(stdout)
@@ -92,26 +99,28 @@ def measured_run(flags):
             "samples_per_s": statistics.median(record["samples_per_s"] for record in records[1:] or records)}
 
 
-def predicted_run(flags):
-    """profiler.py's prediction of that run on one process, in the same parts."""
+def predicted_run(flags, ranks=1):
+    """profiler.py's prediction of that run, from one process, in the same parts."""
     with tempfile.TemporaryDirectory(prefix="har-agreement-") as scratch:
         out = Path(scratch) / "out"
-        run_in_repo([sys.executable, "profiler.py", *flags, "--no-figures", "--predict-gpus", "1",
+        counts = "1" if ranks == 1 else f"1,{ranks}"
+        run_in_repo([sys.executable, "profiler.py", *flags, "--no-figures", "--predict-gpus", counts,
                      "--phase-steps", "0", "--output-dir", str(out)])
         profile = json.loads((out / "profile.json").read_text())
-    parts, run = profile["run_time"]["parts"], profile["run_time"]["predictions"][0]
+    parts, run = profile["run_time"]["parts"], profile["run_time"]["predictions"][-1]
     return {"wall_s": run["total_s"], "start_up_s": parts["start_up_s"], "exit_s": parts["exit_s"],
             # main.py pays the imports its run adds during its set-up.
             "set_up_s": parts["inputs_s"] + parts["imports_s"] + parts["set_up_s"], "build_s": run["build_s"],
             "training_s": run["training_s"], "evaluation_s": run["evaluation_s"],
-            "samples_per_s": profile["timing"]["samples_per_s"]["mean"]}
+            "samples_per_s": profile["config"]["global_samples_per_step"] * ranks / run["step_s"]}
 
 
-def compare_whole_runs(flags, rounds):
+def compare_whole_runs(flags, rounds, ranks=1):
     """Rounds in turn (A B, B A, ...): each side's parts and the profiler / main.py ratio of each."""
-    sides = {"main.py": lambda _: measured_run(flags), "profiler.py": lambda _: predicted_run(flags)}
+    sides = {"main.py": lambda _: measured_run(flags, ranks), "profiler.py": lambda _: predicted_run(flags, ranks)}
     ratios = {key: [] for key in WHOLE_RUN_KEYS}
-    print(f"flags: {' '.join(flags) or '(defaults)'}; seconds, main.py measured / profiler.py predicted", flush=True)
+    print(f"flags: {' '.join(flags) or '(defaults)'}, {ranks} rank(s); seconds, main.py measured / profiler.py "
+          "predicted", flush=True)
     mark = (time.perf_counter(), _children_cpu_s())
     for round_index, (results, busy_cores) in enumerate(interleave(sides, rounds)):
         measured, predicted = results["main.py"], results["profiler.py"]
