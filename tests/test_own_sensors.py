@@ -240,3 +240,37 @@ def test_channels_the_converter_cannot_take_are_refused_in_one_line(tmp_path, fl
     device_recording(source / "s1.csv", 1)
     assert says in build_refused(source, tmp_path / "store", "--class-names", "calm,lively", *flags)
     assert not (tmp_path / "store").exists()
+
+
+def test_transitions_are_learnt_over_the_classes_and_labels_a_study_gives(tmp_path):
+    """Two classes labelled 0 and 1, and 2 for stretches of no class: the file holds those classes, and
+    the windows on either side of a stretch of 2 count as neighbours."""
+    import json
+
+    from inference.transitions import main as transitions_command
+    from test_trust_inputs import run_command
+    block = 640  # five windows of 128 at a stride of 64
+    labels = np.concatenate([np.zeros(block), np.full(block, 2), np.ones(block), np.zeros(block)]).astype(np.int8)
+    np.savez(tmp_path / "study.npz", u01_s0_label=labels, u02_s0_label=labels[::-1].copy())
+    code, _, err = run_command(transitions_command, "--recordings", tmp_path / "study.npz", "--subjects", "1,2",
+                               "--class-names", "calm,lively", "--class-labels", "0,1", "--out", tmp_path / "t.json")
+    assert code == 0, err
+    record = json.loads((tmp_path / "t.json").read_text())
+    assert record["class_names"] == ["calm", "lively"] and np.array(record["counts"]).shape == (2, 2)
+    counts = np.array(record["counts"])
+    assert counts[0, 1] > 0 and counts[1, 0] > 0  # across the stretch of 2, and from lively back to calm
+    assert counts.sum() > 4 * 8
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--class-names", "calm,lively", "--class-labels", "0"], "2 distinct values"),
+    (["--class-names", "calm,lively", "--class-labels", "0,x"], "whole numbers"),
+    (["--class-names", "calm"], "two or more distinct classes"),
+])
+def test_transitions_refuse_classes_they_cannot_learn_over(tmp_path, flags, says):
+    from inference.transitions import main as transitions_command
+    from test_trust_inputs import run_command
+    np.savez(tmp_path / "study.npz", u01_s0_label=np.zeros(1280, np.int8))
+    assert_refused(run_command(transitions_command, "--recordings", tmp_path / "study.npz", "--subjects", "1",
+                               *flags, "--out", tmp_path / "t.json"), says)
+    assert not (tmp_path / "t.json").exists()
