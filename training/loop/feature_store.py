@@ -13,6 +13,7 @@ import torch
 
 from data.provenance import read_json
 from data.store import StoreSplit, write_atomic
+from training import faults
 from training.errors import UsageError
 
 FORMAT = "har-feature-store-1"
@@ -93,8 +94,13 @@ class FeatureStore:
 
     def write(self, part, first, counts):
         path = self.shard_path(part, first)
+
+        def save(partial):
+            np.save(partial, counts)
+            faults.during_shard_write()
+
         try:
-            write_atomic(path, lambda partial: np.save(partial, counts))
+            write_atomic(path, save)
         except OSError as exc:  # a full disk, above all: the shards written so far stay, and count
             raise UsageError(f"could not write the feature pool's shard {path} ({exc.strerror or exc}); free "
                              "space there and run the same command again (it reuses the shards written so far), "
