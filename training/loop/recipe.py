@@ -13,7 +13,7 @@ from data.splits import Split
 from data.store import StoreSplit
 from training.config.settings import DEFAULT_FLIP_CLASSES, DEFAULT_ROTATE_WIDE_CLASSES
 from training.errors import UsageError
-from training.loop.feature_store import FeatureStore, pool_identity
+from training.loop.feature_store import MISSING, FeatureStore, pool_identity
 
 
 def build_augmenter(recipe, normalization, channel_names, class_names, device, warn):
@@ -216,11 +216,14 @@ def build_feature_pool(model, splits, views, augment, seed, strategy, log, store
         store = FeatureStore(store_root, pool_identity(model, splits, views, augment, seed, probe.dtype, POOL_CHUNK))
         why = store.describe_change()
         store.start()
-        mine = [piece for piece in mine if not store.holds(*piece, probe.shape[1], probe.dtype)]
+        mine, damaged = _to_build(store, mine, probe)
         for (part, first, _), counts in _transformed(model, parts, mine, strategy.device, log):
             store.write(part, first, counts)
         # Also the barrier: every rank's shards are written before any rank opens them.
-        per_rank = strategy.gather_objects((_windows_in(mine), time.perf_counter() - start))
+        per_rank = strategy.gather_objects((_windows_in(mine), time.perf_counter() - start, damaged))
+        for line in (line for _, _, lines in per_rank for line in lines):
+            log.warn(line)
+        per_rank = [(count, busy) for count, busy, _ in per_rank]
         pieces = [piece for share in shares for piece in share]
         groups = [range(views), *([views + index] for index in range(len(others)))]  # training views, then the others
         by_part = [store.open([piece for piece in pieces if piece[0] in group], *probe.shape[1:], probe.dtype)
@@ -233,6 +236,14 @@ def build_feature_pool(model, splits, views, augment, seed, strategy, log, store
         pool[name] = Split(rows, splits[name].labels, splits[name].subjects)
     _report_pool(pool, views, len(train), per_rank, time.perf_counter() - start, log, where)
     return pool, views
+
+
+def _to_build(store, pieces, probe):
+    """(the pieces whose shards must be built, one line for each shard there that is damaged)."""
+    damage = {piece: store.damage(*piece, probe.shape[1], probe.dtype) for piece in pieces}
+    lines = [f"feature pool: rebuilding {store.shard_path(part, first)}: it {why}"
+             for (part, first, _), why in damage.items() if why not in (None, MISSING)]
+    return [piece for piece, why in damage.items() if why is not None], lines
 
 
 def _windows_in(pieces):
