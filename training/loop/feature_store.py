@@ -45,9 +45,13 @@ def pool_identity(model, splits, views, augment, seed, dtype, chunk):
     return identity
 
 
-def _file_digest(path):
+def _file_digest(path, block=1 << 22):
+    # Read in blocks (hashlib.file_digest would do it, but only from Python 3.11; 3.10 is supported).
+    digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
+        while chunk := handle.read(block):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _digest(*parts):
