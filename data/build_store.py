@@ -4,7 +4,8 @@ python -m data.build_store SRC --out DIR [--workers N] [--dtype float16|float32]
 
 SRC is one of:
 - a folder of labelled recordings: CSV or .npz files as predict.py reads them (acc_x..acc_z in g,
-  optional gyro_x..gyro_z in rad/s, optional time_s), plus a `label` column (the --class-labels
+  optional gyro_x..gyro_z in rad/s, optional time_s; or, with --preprocessing raw --channels, another
+  device's columns of those names, taken as recorded), plus a `label` column (the --class-labels
   of the --class-names, 1..K unless given; values that mean no class, such as unlabelled stretches
   or transitions, only as named by --unlabelled: any other value is refused) and a `subject` column.
   Each file is brought to --sample-rate and cut into windows
@@ -39,10 +40,10 @@ from data import uci_har
 from data.errors import DataError, exit_from_command
 from data.labels import class_indexes
 from data.npz_windows import load_npz_windows
-from data.preprocess import available_channels, cut_windows, stream_channels, window_starts
+from data.preprocess import RAW_CHANNELS, available_channels, cut_windows, stream_channels, window_starts
 from data.provenance import array_identity, check, file_identity, make_record, read_json, write_record
 from data.recordings import read_recording
-from data.resample import on_model_clock
+from data.resample import on_model_clock, values_on_model_clock
 from data.splits import NPZ_TEST_FRACTION, NPZ_TEST_SEED, hold_out_subjects
 from data.store import MANIFEST, PARTS, SHARD_DIR, VERSION, finish_store, shard_paths, write_atomic
 
@@ -159,6 +160,9 @@ def parse(argv):
     parser.add_argument("--test-subjects", default=None,
                         help="recordings: comma-separated subjects for the test split (default: a fifth held out)")
     parser.add_argument("--preprocessing", choices=("uci-har", "raw"), default="uci-har")
+    parser.add_argument("--channels", default=None,
+                        help="recordings of another device: its channels' column names, comma-separated, kept "
+                             "as recorded and resampled to --sample-rate (needs --preprocessing raw)")
     parser.add_argument("--sample-rate", type=float, default=None,
                         help=f"recordings: the model's rate (default {uci_har.SAMPLE_RATE_HZ:g}); an .npz without "
                              "sample_rate_hz: its windows' rate")
@@ -190,6 +194,7 @@ def check_options(options):
     except ValueError:
         raise DataError(f"--test-subjects takes subject numbers such as 3,7; got {options.test_subjects!r}") from None
     options.class_names = options.class_names.split(",")
+    options.channels = _channel_names(options.channels, options.preprocessing)
     names = options.class_names
     if len(names) < 2 or not all(name.strip() for name in names) or len(set(names)) < len(names):
         raise DataError(f"--class-names must name at least two distinct classes, comma-separated (such as "
@@ -202,6 +207,20 @@ def check_options(options):
     class_indexes([], options.class_labels, options.unlabelled, "--class-labels and --unlabelled",
                   "give each value once")
     return options
+
+
+def _channel_names(text, preprocessing):
+    """--channels as a tuple of distinct column names (None when not given)."""
+    if text is None:
+        return None
+    names = tuple(name.strip() for name in text.split(","))
+    if preprocessing != "raw":
+        raise DataError("--channels names another device's columns, taken as recorded: add --preprocessing raw")
+    reserved = [name for name in names if name in ("time_s", "label", "subject")]
+    if not all(names) or len(set(names)) < len(names) or reserved:
+        raise DataError(f"--channels must name distinct columns other than time_s, label and subject, "
+                        f"comma-separated (such as ankle_x,ankle_y,ankle_z); got {text!r}")
+    return names
 
 
 def _label_values(flag, values):
@@ -250,9 +269,11 @@ def plan(source, options):
         if not files:
             raise DataError(f"{source} holds no .csv or .npz recordings (nor is it a UCI HAR layout)")
         options.sample_rate = options.sample_rate or uci_har.SAMPLE_RATE_HZ
-        # The first recording's sensors decide the store's channels; every other must have the same.
-        has_gyro = read_recording(files[0], extra=("label", "subject")).gyro_rad_s is not None
-        channels = available_channels(options.preprocessing, has_gyro)
+        if options.channels:
+            channels = options.channels
+        else:  # the first recording's sensors decide the store's channels; every other must have the same
+            has_gyro = read_recording(files[0], extra=("label", "subject")).gyro_rad_s is not None
+            channels = available_channels(options.preprocessing, has_gyro)
         jobs = [{"name": name, "recording": str(path), "options": _recording_options(options, channels)}
                 for name, path in zip(_recording_job_names(files), files, strict=True)]
         layout = _layout(channels, options.class_names, options.sample_rate, options.window_steps,
@@ -342,19 +363,19 @@ def recording_windows(path, sample_rate, window_steps, stride, preprocessing, cl
     """(float32 windows [n, C, T], int64 labels 0..K-1 [n], subject) of one labelled recording: the
     stream brought to the model's clock, its channels derived and cut as predict.py does, each window
     labelled by the majority of its samples."""
-    recording = read_recording(path, extra=("label", "subject"))
+    # Another device's channels (names that are not acc_*/gyro_*) are read by name, as predict.py reads them.
+    named = tuple(channels) if preprocessing == "raw" and not set(channels) <= set(RAW_CHANNELS) else ()
+    recording = read_recording(path, extra=("label", "subject"), channels=named)
     subjects = np.unique(recording.extra["subject"])
     if len(subjects) != 1 or subjects[0] != np.rint(subjects[0]):
         raise DataError(f"{path}: a recording holds one subject, numbered by a whole number; found {len(subjects)} "
                         f"({subjects[:5].tolist()})")
-    acc, gyro, start_s, source_hz = on_model_clock(recording, sample_rate)
-    if preprocessing == "uci-har" and gyro is None:
-        raise DataError(f"{path} has no gyroscope, which --preprocessing uci-har needs; use --preprocessing raw")
-    made = stream_channels(preprocessing, acc, gyro, sample_rate)
-    if set(made) != set(channels):
-        raise DataError(f"{path} gives the channels {', '.join(made)}, but the store's are {', '.join(channels)} "
-                        "(from the first recording); convert recordings of other sensors into a store of their own")
-    stream = np.stack([made[name] for name in channels])
+    if named:
+        values = np.stack([recording.extra[name] for name in named], axis=1)
+        values, start_s, source_hz = values_on_model_clock(values, recording, sample_rate)
+        stream = values.T.astype(np.float32)
+    else:
+        stream, start_s, source_hz = _derived_stream(recording, path, sample_rate, preprocessing, channels)
     starts = window_starts(stream.shape[1], window_steps, stride)
     labels = class_indexes(np.rint(recording.extra["label"]).astype(np.int64), class_labels, unlabelled,
                            f"{path}", "name each class's value with --class-labels and any value that means no class "
@@ -364,6 +385,18 @@ def recording_windows(path, sample_rate, window_steps, stride, preprocessing, cl
     keep = window_labels >= 0
     return (cut_windows(stream, starts[keep], window_steps), window_labels[keep],
             int(subjects[0]))
+
+
+def _derived_stream(recording, path, sample_rate, preprocessing, channels):
+    """(float32 [C, m], start_s, source_hz): the channels `preprocessing` derives from acc and gyro."""
+    acc, gyro, start_s, source_hz = on_model_clock(recording, sample_rate)
+    if preprocessing == "uci-har" and gyro is None:
+        raise DataError(f"{path} has no gyroscope, which --preprocessing uci-har needs; use --preprocessing raw")
+    made = stream_channels(preprocessing, acc, gyro, sample_rate)
+    if set(made) != set(channels):
+        raise DataError(f"{path} gives the channels {', '.join(made)}, but the store's are {', '.join(channels)} "
+                        "(from the first recording); convert recordings of other sensors into a store of their own")
+    return np.stack([made[name] for name in channels]), start_s, source_hz
 
 
 def _labels_on_model_clock(recording, labels, start_s, source_hz, model_hz, steps):

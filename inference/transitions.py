@@ -3,6 +3,10 @@ window's activity follows another's at the stride predict.py steps its windows b
 
   python -m inference.transitions --recordings ../shared/data/hapt-dev/hapt_dev_recordings.npz \\
       --subjects 1,5,6 --out transitions.json
+
+Classes other than UCI HAR's six: --class-names as the checkpoint names them and --class-labels,
+each one's value in the label arrays (default 1..K); any other value (unlabelled stretches,
+transitions) breaks a sequence, so the windows on either side of it count as neighbours.
 """
 import argparse
 import json
@@ -80,15 +84,22 @@ def recording_subjects(archive):
     return sorted({subject_of(key) for key in archive.files if key.endswith("_label")})
 
 
-def recording_classes(archive, subjects):
-    """{recording name: per-sample class index (-1 for transitions and unlabelled samples)} of the
-    given subjects in an archive open_recordings accepted (labels 1..6 the activities)."""
+UCI_HAR_LABELS = tuple(range(1, len(CLASS_NAMES) + 1))  # the activities' values in a hapt-dev archive
+
+
+def recording_classes(archive, subjects, class_labels=UCI_HAR_LABELS):
+    """{recording name: per-sample class index (-1 for any other value: transitions, unlabelled
+    samples)} of the given subjects in an archive open_recordings accepted; class k's label value is
+    class_labels[k] (UCI HAR's activities 1..6 by default)."""
     names = sorted(key[:-len("_label")] for key in archive.files if key.endswith("_label")
                    and subject_of(key) in subjects)
     result = {}
     for name in names:
         label = archive[f"{name}_label"].astype(np.int64)
-        result[name] = np.where((label >= 1) & (label <= len(CLASS_NAMES)), label - 1, -1)
+        index = np.full(len(label), -1, dtype=np.int64)
+        for k, value in enumerate(class_labels):
+            index[label == value] = k
+        result[name] = index
     return result
 
 
@@ -134,7 +145,12 @@ def read_transitions(path, class_names, stride_steps):
 
 def main(argv):
     parser = argparse.ArgumentParser(prog="python -m inference.transitions", description=__doc__.splitlines()[0])
-    parser.add_argument("--recordings", required=True, help="an .npz with uSS_sK_label keys (50 Hz, labels 1..6)")
+    parser.add_argument("--recordings", required=True,
+                        help="an .npz with uSS_sK_label keys (labels 1..6 UCI HAR's activities unless --class-labels)")
+    parser.add_argument("--class-names", default=",".join(CLASS_NAMES),
+                        help="the classes, in the checkpoint's order (default UCI HAR's six)")
+    parser.add_argument("--class-labels", default=None,
+                        help="each class's value in the label arrays, comma-separated (default 1..K)")
     parser.add_argument("--subjects", required=True, help="comma-separated: the training people only")
     parser.add_argument("--window-steps", type=int, default=WINDOW_STEPS)
     parser.add_argument("--stride", type=int, default=None, help="default half a window, as predict.py")
@@ -150,21 +166,39 @@ def main(argv):
     stride = args.stride or args.window_steps // 2
     if not 1 <= stride <= args.window_steps:
         raise UsageError(f"--stride must be between 1 and --window-steps ({args.window_steps}), got {stride}")
+    class_names, class_labels = _classes(args.class_names, args.class_labels)
     check_out_file(args.out, args.overwrite, reads=[args.recordings])
-    classes = recording_classes(open_recordings(args.recordings), subjects)
+    classes = recording_classes(open_recordings(args.recordings), subjects, class_labels)
     if not classes:
         raise UsageError(f"{args.recordings} holds no labelled recording (uSS_sK_label) of subjects "
                          f"{', '.join(map(str, sorted(subjects)))}")
-    counts, matrix = learn_transitions(classes.values(), args.window_steps, stride)
+    counts, matrix = learn_transitions(classes.values(), args.window_steps, stride, len(class_names))
     if not counts.sum():  # the matrix would be the +1 smoothing alone: uniform, learnt from nothing
         raise UsageError(f"the {len(classes)} recordings of subjects {', '.join(map(str, sorted(subjects)))} hold "
-                         "no two consecutive windows of activities 1..6 (too short, or unlabelled): nothing was "
-                         f"learnt and {args.out} was not written; give more people or longer recordings")
-    write_transitions(args.out, counts, CLASS_NAMES, args.window_steps, stride,
+                         f"no two consecutive windows of classes labelled {', '.join(map(str, class_labels))} "
+                         f"(too short, or unlabelled): nothing was learnt and {args.out} was not written; give more "
+                         "people or longer recordings")
+    write_transitions(args.out, counts, class_names, args.window_steps, stride,
                       {"recordings": str(args.recordings), "subjects": sorted(subjects)})
     print(f"{len(classes)} recordings, {int(counts.sum())} window pairs; wrote {args.out}")
     print(np.array2string(matrix, precision=4, suppress_small=True))
     return 0
+
+
+def _classes(names_text, labels_text):
+    """(class names, their label values) from --class-names and --class-labels, refused in one line
+    unless there are two or more distinct names and one distinct whole number for each."""
+    names = [name.strip() for name in names_text.split(",")]
+    if len(names) < 2 or not all(names) or len(set(names)) < len(names):
+        raise UsageError(f"--class-names must name two or more distinct classes, comma-separated; got {names_text!r}")
+    try:
+        labels = [int(value) for value in labels_text.split(",")] if labels_text else list(range(1, len(names) + 1))
+    except ValueError:
+        raise UsageError(f"--class-labels takes whole numbers such as 0,1,2; got {labels_text!r}") from None
+    if len(labels) != len(names) or len(set(labels)) < len(labels):
+        raise UsageError(f"--class-labels must give {len(names)} distinct values, one per --class-names class; "
+                         f"got {labels_text!r}")
+    return names, labels
 
 
 if __name__ == "__main__":

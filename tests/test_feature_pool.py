@@ -35,6 +35,9 @@ class QuietLog:
     def info(self, line):
         self.line = line
 
+    def warn(self, line):
+        self.warned = line
+
 
 def fitted_model():
     torch.manual_seed(0)
@@ -185,7 +188,7 @@ def test_a_pool_on_disk_is_the_pool_in_memory_reused_while_its_identity_holds(tm
         log = QuietLog()
         pool, _ = build_feature_pool(model, splits, 2, augment, seed, CPU, log, store_root=tmp_path)
         everything = {name: part.signals[np.arange(len(part.signals))] for name, part in pool.items()}
-        return everything, log.line
+        return everything, log.line + getattr(log, "warned", "")
 
     built, line = on_disk()
     assert "built: no earlier pool in this folder" in line
@@ -198,6 +201,7 @@ def test_a_pool_on_disk_is_the_pool_in_memory_reused_while_its_identity_holds(tm
     left.write_bytes(b"partial")
     resumed, line = on_disk()
     assert "shards reused, the missing or damaged rebuilt" in line and not left.exists()
+    assert f"rebuilding {shard}: it is cut short" in line
     assert all(np.array_equal(resumed[name], part.signals) for name, part in memory.items())
     other_seed = on_disk(seed=6)[1]  # another seed is another pool, and only the seed differs
     assert "other seed" in other_seed and "augmentation" not in other_seed, other_seed

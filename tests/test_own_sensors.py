@@ -184,3 +184,93 @@ def test_one_persons_recording_validates_on_its_last_part(tmp_path):
     assert code == 0, err
     assert (tmp_path / "run" / "val_report.json").is_file()
     assert_refused(train_npz(path, tmp_path / "cv", "--val-split", "time", "--cv-folds", "2"), "--cv-folds")
+
+
+DEVICE_CHANNELS = ("ankle_fwd", "ankle_vert", "thigh_lat")
+
+
+def device_recording(path, subject, seconds=40.0, rate_hz=32.0, labelled=True):
+    """A recording of three named channels of another device: a calm and a lively class in turn."""
+    time_s = np.arange(int(seconds * rate_hz)) / rate_hz
+    label = 1 + (time_s // 5).astype(int) % 2
+    values = np.sin(np.outer(time_s, [1.0, 2.5, 4.0]) + subject) * np.where(label == 2, 1.0, 0.1)[:, None]
+    columns, names = [time_s, *values.T], ["time_s", *DEVICE_CHANNELS]
+    if labelled:
+        columns, names = columns + [label, np.full(len(time_s), subject)], names + ["label", "subject"]
+    np.savetxt(path, np.column_stack(columns), delimiter=",", header=",".join(names), comments="")
+    return path
+
+
+def test_another_devices_recordings_go_from_a_store_to_a_timeline_and_an_export(tmp_path):
+    """Recordings of three named channels at 32 Hz: a store of exactly those channels, the default model
+    trained on it, a recording of the same device classified into a timeline, and the model exported."""
+    from conftest import run_in_process
+    source = tmp_path / "recordings"
+    source.mkdir()
+    for subject in (1, 2, 3, 4):
+        device_recording(source / f"s{subject}.csv", subject)
+    build_here(source, tmp_path / "store", "--preprocessing", "raw", "--channels", ",".join(DEVICE_CHANNELS),
+               "--sample-rate", "32", "--window-steps", "64", "--class-names", "calm,lively", "--test-subjects", "4")
+    store = WindowStore(tmp_path / "store")
+    assert store.manifest["channels"] == list(DEVICE_CHANNELS) and store.manifest["sample_rate_hz"] == 32.0
+    assert set(store.labels.tolist()) == {0, 1}
+    code, _, err = run_in_process("main.py", ["--dataset", "store", "--data-dir", tmp_path / "store", "--epochs", "2",
+                                              "--no-figures", "--save-dir", tmp_path / "run"])
+    assert code == 0, err
+    recording = device_recording(tmp_path / "device.csv", 5, labelled=False)
+    code, _, err = run_script("predict", ["--checkpoint", tmp_path / "run" / "best.pt", "--recording", recording,
+                                          "--out", tmp_path / "out"])
+    assert code == 0, err
+    timeline = (tmp_path / "out" / "timeline.csv").read_text().splitlines()
+    assert timeline[0].startswith("start_s") and len(timeline) > 2
+    assert {row.split(",")[2] for row in timeline[1:]} <= {"calm", "lively", "uncertain"}
+    code, _, err = run_script("export", ["--checkpoint", tmp_path / "run" / "best.pt", "--format", "torchscript",
+                                         "--out", tmp_path / "model.pt"])
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--channels", "ankle_fwd,ankle_vert"], "add --preprocessing raw"),
+    (["--preprocessing", "raw", "--channels", "ankle_fwd,ankle_fwd"], "distinct columns"),
+    (["--preprocessing", "raw", "--channels", "ankle_fwd,label"], "other than time_s, label and subject"),
+])
+def test_channels_the_converter_cannot_take_are_refused_in_one_line(tmp_path, flags, says):
+    source = tmp_path / "recordings"
+    source.mkdir()
+    device_recording(source / "s1.csv", 1)
+    assert says in build_refused(source, tmp_path / "store", "--class-names", "calm,lively", *flags)
+    assert not (tmp_path / "store").exists()
+
+
+def test_transitions_are_learnt_over_the_classes_and_labels_a_study_gives(tmp_path):
+    """Two classes labelled 0 and 1, and 2 for stretches of no class: the file holds those classes, and
+    the windows on either side of a stretch of 2 count as neighbours."""
+    import json
+
+    from inference.transitions import main as transitions_command
+    from test_trust_inputs import run_command
+    block = 640  # five windows of 128 at a stride of 64
+    labels = np.concatenate([np.zeros(block), np.full(block, 2), np.ones(block), np.zeros(block)]).astype(np.int8)
+    np.savez(tmp_path / "study.npz", u01_s0_label=labels, u02_s0_label=labels[::-1].copy())
+    code, _, err = run_command(transitions_command, "--recordings", tmp_path / "study.npz", "--subjects", "1,2",
+                               "--class-names", "calm,lively", "--class-labels", "0,1", "--out", tmp_path / "t.json")
+    assert code == 0, err
+    record = json.loads((tmp_path / "t.json").read_text())
+    assert record["class_names"] == ["calm", "lively"] and np.array(record["counts"]).shape == (2, 2)
+    counts = np.array(record["counts"])
+    assert counts[0, 1] > 0 and counts[1, 0] > 0  # across the stretch of 2, and from lively back to calm
+    assert counts.sum() > 4 * 8
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--class-names", "calm,lively", "--class-labels", "0"], "2 distinct values"),
+    (["--class-names", "calm,lively", "--class-labels", "0,x"], "whole numbers"),
+    (["--class-names", "calm"], "two or more distinct classes"),
+])
+def test_transitions_refuse_classes_they_cannot_learn_over(tmp_path, flags, says):
+    from inference.transitions import main as transitions_command
+    from test_trust_inputs import run_command
+    np.savez(tmp_path / "study.npz", u01_s0_label=np.zeros(1280, np.int8))
+    assert_refused(run_command(transitions_command, "--recordings", tmp_path / "study.npz", "--subjects", "1",
+                               *flags, "--out", tmp_path / "t.json"), says)
+    assert not (tmp_path / "t.json").exists()

@@ -6,14 +6,15 @@ number <micro-batch>, counted from 0 over the whole run (epoch x batches per epo
   hang  stop making progress until SIGTERM/SIGUSR1, then exit (a stuck rank)
   nan   feed that micro-batch as NaN (a diverging loss)
   nanfrom  feed that micro-batch and every later one as NaN (a run that never recovers)
-and HAR_FAULT="kill@save:<n>" kills the process halfway through writing its n-th checkpoint
-(counted from 1). Faults fire only in a process's first life: not after a torchrun restart.
+HAR_FAULT="kill@save:<n>" kills the process halfway through writing its n-th checkpoint and
+HAR_FAULT="kill@shard:<n>" halfway through writing its n-th shard of a feature pool on disk (both
+counted from 1). Faults fire only in a process's first life: not after a torchrun restart.
 """
 import os
 import signal
 import time
 
-_saves_seen = 0
+_writes_seen = {"save": 0, "shard": 0}
 
 
 def _spec():
@@ -28,7 +29,7 @@ def _spec():
 def wrap_batches(loader, first_global_batch, rank):
     """The loader itself, or a generator over it that injects the configured fault."""
     spec = _spec()
-    if spec is None or spec[1].startswith("save") or spec[2] not in (None, rank):
+    if spec is None or not spec[1].isdigit() or spec[2] not in (None, rank):
         return loader
     return _faulty(loader, first_global_batch, spec[0], int(spec[1]))
 
@@ -57,10 +58,18 @@ def _hang():
 
 def during_save():
     """Called between writing a checkpoint's temporary file and renaming it into place."""
-    global _saves_seen
+    _kill_at_write("save")
+
+
+def during_shard_write():
+    """Called between writing a feature pool shard's temporary file and renaming it into place."""
+    _kill_at_write("shard")
+
+
+def _kill_at_write(kind):
     spec = _spec()
-    if spec is None or not spec[1].startswith("save:"):
+    if spec is None or not spec[1].startswith(f"{kind}:"):
         return
-    _saves_seen += 1
-    if _saves_seen == int(spec[1].split(":")[1]):
+    _writes_seen[kind] += 1
+    if _writes_seen[kind] == int(spec[1].split(":")[1]):
         os.kill(os.getpid(), signal.SIGKILL)

@@ -13,7 +13,7 @@ from data.splits import Split
 from data.store import StoreSplit
 from training.config.settings import DEFAULT_FLIP_CLASSES, DEFAULT_ROTATE_WIDE_CLASSES
 from training.errors import UsageError
-from training.loop.feature_store import FeatureStore, pool_identity
+from training.loop.feature_store import MISSING, FeatureStore, pool_identity
 
 
 def build_augmenter(recipe, normalization, channel_names, class_names, device, warn):
@@ -217,11 +217,14 @@ def build_feature_pool(model, splits, views, augment, seed, strategy, log, store
         store = FeatureStore(store_root, pool_identity(model, splits, views, augment, seed, probe.dtype, POOL_CHUNK))
         why = store.describe_change()
         store.start()
-        mine = [piece for piece in mine if not store.holds(*piece, probe.shape[1], probe.dtype)]
+        mine, damaged = _to_build(store, mine, probe)
         for (part, first, _), counts in _transformed(model, parts, mine, strategy.device, log, spent):
             store.write(part, first, counts)
         # Also the barrier: every rank's shards are written before any rank opens them.
-        per_rank = strategy.gather_objects((_windows_in(mine), time.perf_counter() - start))
+        per_rank = strategy.gather_objects((_windows_in(mine), time.perf_counter() - start, damaged))
+        for line in (line for _, _, lines in per_rank for line in lines):
+            log.warn(line)
+        per_rank = [(count, busy) for count, busy, _ in per_rank]
         pieces = [piece for share in shares for piece in share]
         groups = [range(views), *([views + index] for index in range(len(others)))]  # training views, then the others
         by_part = [store.open([piece for piece in pieces if piece[0] in group], *probe.shape[1:], probe.dtype)
@@ -251,6 +254,14 @@ def pool_figures(pool, views, train_windows, per_rank, seconds, spent):
             "windows_per_s": transformed / seconds if seconds > 0 else 0.0,
             "per_rank": [{"windows": count, "seconds": busy} for count, busy in per_rank],
             "augment_s": spent["augment_s"], "augmented_windows": spent["augmented"]}
+
+
+def _to_build(store, pieces, probe):
+    """(the pieces whose shards must be built, one line for each shard there that is damaged)."""
+    damage = {piece: store.damage(*piece, probe.shape[1], probe.dtype) for piece in pieces}
+    lines = [f"feature pool: rebuilding {store.shard_path(part, first)}: it {why}"
+             for (part, first, _), why in damage.items() if why not in (None, MISSING)]
+    return [piece for piece, why in damage.items() if why is not None], lines
 
 
 def _windows_in(pieces):

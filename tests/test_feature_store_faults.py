@@ -1,0 +1,175 @@
+"""Faults of the feature pool on disk (training.loop.feature_store): a shard changed in place, cut
+short, of another type or shape, or left without its checksum is rebuilt with one line naming it and
+why, never trained on; a build killed while writing a shard loses that shard alone."""
+import signal
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import run_subprocess
+from test_feature_pool import CPU, fitted_model, split
+from test_store import build, synthetic_npz
+from training.loop.recipe import build_feature_pool
+
+
+class Log:
+    """Keeps the closing line and every warning."""
+
+    def __init__(self):
+        self.line, self.warnings = None, []
+
+    def progress(self, total, description):
+        class Bar:
+            def update(self, count):
+                pass
+
+            def close(self):
+                pass
+        return Bar()
+
+    def info(self, line):
+        self.line = line
+
+    def warn(self, line):
+        self.warnings.append(line)
+
+
+@pytest.fixture(scope="module")
+def model_and_splits():
+    # 2,500 training windows: shards of 1,024, 1,024 and 452 windows, then the validation split's.
+    return fitted_model(), {"train": split(2500, 1), "val": split(7, 2)}
+
+
+def on_disk(model_and_splits, root):
+    """(the pool read back whole, the log) of a build in `root`."""
+    model, splits = model_and_splits
+    log = Log()
+    pool, _ = build_feature_pool(model, splits, 1, None, 5, CPU, log, store_root=root)
+    return {name: part.signals[np.arange(len(part.signals))] for name, part in pool.items()}, log
+
+
+def in_memory(model_and_splits):
+    model, splits = model_and_splits
+    pool, _ = build_feature_pool(model, splits, 1, None, 5, CPU, Log())
+    return {name: part.signals for name, part in pool.items()}
+
+
+def assert_same_pool(pool, expected):
+    assert pool.keys() == expected.keys()
+    for name, rows in expected.items():
+        assert rows.dtype == pool[name].dtype and np.array_equal(rows, pool[name]), name
+
+
+def test_a_shard_whose_bytes_changed_in_place_is_rebuilt_with_one_line(model_and_splits, tmp_path):
+    built, log = on_disk(model_and_splits, tmp_path)
+    assert log.warnings == []
+    shard = next(tmp_path.glob("*/part0-000001024.npy"))
+    before = np.load(shard)
+    data = bytearray(shard.read_bytes())
+    data[-500:-490] = bytes(byte ^ 0xFF for byte in data[-500:-490])  # inside the counts, not the header
+    shard.write_bytes(bytes(data))
+    changed = np.load(shard, mmap_mode="r")
+    assert changed.shape == before.shape and changed.dtype == before.dtype  # whole by its type and shape
+    assert not np.array_equal(changed, before)
+    rebuilt, log = on_disk(model_and_splits, tmp_path)
+    assert len(log.warnings) == 1 and "\n" not in log.warnings[0], log.warnings
+    assert shard.name in log.warnings[0] and "checksum" in log.warnings[0], log.warnings
+    train_windows = len(model_and_splits[1]["train"])
+    reused = train_windows + len(model_and_splits[1]["val"]) - len(before)
+    assert f"{reused:,} windows' shards reused, the missing or damaged rebuilt" in log.line
+    assert_same_pool(rebuilt, built)
+    assert_same_pool(rebuilt, in_memory(model_and_splits))
+    assert on_disk(model_and_splits, tmp_path)[1].warnings == []  # the rebuilt shard and its checksum agree
+
+
+def cut_short(shard):
+    shard.write_bytes(shard.read_bytes()[:1000])
+
+
+def emptied(shard):
+    shard.write_bytes(b"")  # what a crash of the machine can leave of a file renamed before it reached the disk
+
+
+def of_another_type(shard):
+    np.save(shard, np.load(shard).astype(np.uint16))
+
+
+def of_another_shape(shard):
+    np.save(shard, np.load(shard)[:-1])
+
+
+def checksum_of(shard):
+    checksums = [path for path in shard.parent.glob(f"{shard.stem}.*") if path != shard]
+    assert len(checksums) == 1, checksums
+    return checksums[0]
+
+
+def without_its_checksum(shard):
+    checksum_of(shard).unlink()  # what a build stopped between writing the shard and its checksum leaves
+
+
+def with_a_garbled_checksum(shard):
+    checksum_of(shard).write_bytes(bytes(range(256)))
+
+
+@pytest.mark.parametrize("damage, why", [(cut_short, "cut short"), (emptied, "cut short"),
+                                         (of_another_type, "uint16"), (of_another_shape, "[1023, "),
+                                         (without_its_checksum, "no checksum"),
+                                         (with_a_garbled_checksum, "differs from the checksum")])
+def test_a_damaged_shard_is_rebuilt_with_one_line_naming_it_and_why(model_and_splits, tmp_path, damage, why):
+    on_disk(model_and_splits, tmp_path)
+    shard = next(tmp_path.glob("*/part0-000001024.npy"))
+    damage(shard)
+    rebuilt, log = on_disk(model_and_splits, tmp_path)
+    assert len(log.warnings) == 1 and "\n" not in log.warnings[0], log.warnings
+    assert shard.name in log.warnings[0] and why in log.warnings[0], log.warnings
+    assert "the missing or damaged rebuilt" in log.line
+    assert_same_pool(rebuilt, in_memory(model_and_splits))
+
+
+def test_a_missing_shard_is_built_without_a_warning(model_and_splits, tmp_path):
+    on_disk(model_and_splits, tmp_path)
+    next(tmp_path.glob("*/part0-000001024.npy")).unlink()  # as a build stopped before reaching it leaves
+    rebuilt, log = on_disk(model_and_splits, tmp_path)
+    assert log.warnings == [] and "the missing or damaged rebuilt" in log.line
+    assert_same_pool(rebuilt, in_memory(model_and_splits))
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("store")
+    build(synthetic_npz(folder / "windows.npz"), folder / "store", "--dtype", "float32", "--workers", "1")
+    return folder / "store"
+
+
+def shards(save_dir):
+    return {path.name: path for path in (save_dir / "features").glob("*/part*.npy")}
+
+
+def test_a_store_run_killed_while_writing_its_pool_loses_that_shard_alone(store, tmp_path):
+    run = [sys.executable, "main.py", "--dataset", "store", "--data-dir", store, "--model", "minirocket",
+           "--width", "840", "--feature-views", "4", "--epochs", "3", "--no-figures"]
+    straight = run_subprocess([*run, "--save-dir", tmp_path / "straight"])
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    expected = shards(tmp_path / "straight")
+    assert len(expected) >= 5, expected  # the three views three epochs reach, then the other splits
+    killed = run_subprocess([*run, "--save-dir", tmp_path / "killed"], env={"HAR_FAULT": "kill@shard:3"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    kept = shards(tmp_path / "killed")
+    assert len(kept) == 2, kept  # the third was being written: only its temporary file is there
+    assert len(list((tmp_path / "killed" / "features").glob("*/.*.tmp.*"))) == 1
+    kept_files = {name: (path.stat().st_ino, path.stat().st_mtime_ns) for name, path in kept.items()}
+    kept_windows = sum(len(np.load(path, mmap_mode="r")) for path in kept.values())
+    resumed = run_subprocess([*run, "--save-dir", tmp_path / "killed"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"{kept_windows:,} windows' shards reused, the missing or damaged rebuilt" in resumed.stdout
+    assert "warning" not in resumed.stderr, resumed.stderr  # nothing damaged: the partial file is not a shard
+    after = shards(tmp_path / "killed")
+    for name, (inode, mtime) in kept_files.items():  # reused, not written again
+        assert (after[name].stat().st_ino, after[name].stat().st_mtime_ns) == (inode, mtime), name
+    assert not list((tmp_path / "killed" / "features").glob("*/.*"))  # the partial file is gone
+    assert sorted(after) == sorted(expected)
+    for name, path in expected.items():
+        assert after[name].parent.name == path.parent.name  # the same identity
+        assert after[name].read_bytes() == path.read_bytes(), name  # bit for bit
