@@ -17,6 +17,7 @@ from profiling.comm_model import (
 )
 from profiling.recommend import Figures, recommendations
 from profiling.report import number
+from profiling.run_time import pool_entry, run_time_entry
 from profiling.timing import mean_std
 
 OTHER_CPU_WORRY = 0.1  # other processes' CPU-seconds per wall second that make timings suspect
@@ -24,7 +25,8 @@ RUN_KEYS = ("step_time_s", "step_time_min_s", "step_time_max_s", "step_time_medi
             "data_wait_share", "compute_step_time_s", "comm_time_s")
 
 
-def assemble_profile(args, work, runs, phases, memory, benchmark, trace_files, host_load, host_effects=None):
+def assemble_profile(args, work, runs, phases, memory, benchmark, trace_files, host_load, host_effects=None,
+                     run_parts=None):
     strategy = work.strategy
     timing = {key: _summary([run[key] for run in runs]) for key in RUN_KEYS}
     timing["compute_to_comm_ratio"] = _ratio_summary(runs, timing)
@@ -68,6 +70,8 @@ def assemble_profile(args, work, runs, phases, memory, benchmark, trace_files, h
         "recommendations": recommendations(figures, args.predict_gpus),
         "host_load": host_load,
         "trace_files": trace_files,
+        "feature_pool": pool_entry(work.pool, strategy.rank),
+        "run_time": run_time_entry(run_parts, work, predictions, link) if run_parts else None,
         "notes": _notes(strategy, work, host_load),
     }
 

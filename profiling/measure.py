@@ -1,6 +1,8 @@
 """PerformanceProfiler: warm-up, repeated timed runs, a phase breakdown, memory, the all-reduce benchmark, and a
 short torch.profiler trace of the optimizer step, written for TensorBoard's profiler plugin."""
 import statistics
+import sys
+import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
@@ -10,6 +12,7 @@ from profiling.assemble import assemble_profile
 from profiling.comm_model import collectives_per_step, comm_split
 from profiling.host_sharing import measure_host_effects
 from profiling.report import default_output_dir
+from profiling.run_time import measure_run_parts
 from profiling.timing import HostCpuMeter, LapTimer, StepClock, barrier, gather_per_rank, reduce_over_ranks
 from profiling.workload import build_workload, optimizer_step
 from training.distributed.strategy import make_strategy
@@ -27,10 +30,13 @@ class PerformanceProfiler:
         self.output_dir = None
 
     def run(self):
+        started, loaded = time.perf_counter(), list(sys.modules)
         args, strategy = self.args, make_strategy(self.args.run)
         self.is_main = strategy.is_main
         try:
             work = build_workload(args, strategy)
+            # The strategy's start (a process group) belongs to the set-up, as in main.py's time line.
+            work.set_up_s = time.perf_counter() - started - work.inputs_s
             self.output_dir = default_output_dir(args, strategy.world_size, work.precision)
             reset_peaks(strategy.device)
             for _ in range(args.warmup_steps):
@@ -47,12 +53,14 @@ class PerformanceProfiler:
             host_effects = measure_host_effects(work, args, timed_steps, lone_samples_s) \
                 if strategy.world_size == 1 else None
             phases = phase_breakdown(work, args.phase_steps) if args.phase_steps else None
+            run_parts = measure_run_parts(work, statistics.fmean(run["step_time_s"] for run in runs), loaded)
             gradient_elements = work.gradient_bytes // 4  # all-reduced as fp32, like DDP's gradients
             compute_s = statistics.fmean(run["compute_step_time_s"] for run in runs)
             benchmark = benchmark_allreduce(strategy, gradient_elements, args.allreduce_iters,
                                             collective_gap_s(work, compute_s))
             trace_files = write_trace(work, self.output_dir / "trace") if args.trace else []
-            return assemble_profile(args, work, runs, phases, memory, benchmark, trace_files, host_load, host_effects)
+            return assemble_profile(args, work, runs, phases, memory, benchmark, trace_files, host_load, host_effects,
+                                    run_parts)
         finally:
             work = None  # the wrapped model goes before its process group (strategy.close)
             strategy.close()

@@ -65,6 +65,12 @@ def summary_rows(profile):
     if benchmark["measured"]:
         single += [("allreduce_time_s", benchmark["time_s"], "s"),
                    ("allreduce_bus_bandwidth_gb_per_s", benchmark["bus_bandwidth_gb_per_s"], "GB/s")]
+    if profile.get("feature_pool"):
+        single += [("feature_pool_build_s", profile["feature_pool"]["seconds"], "s"),
+                   ("feature_pool_windows_per_s", profile["feature_pool"]["windows_per_s"], "windows/s"),
+                   ("feature_pool_bytes", profile["feature_pool"]["bytes"], "bytes")]
+    for p in (profile.get("run_time") or {}).get("predictions", []):
+        single.append((f"predicted_run_s_{p['world_size']}gpu", p["total_s"], "s"))
     for p in profile["predictions"]:
         n = p["world_size"]
         single += [(f"predicted_step_time_s_{n}gpu", p["step_s"], "s"),
@@ -109,6 +115,7 @@ def format_summary(profile):
     for p in profile["predictions"]:
         lines.append(f"      {p['world_size']:>4}  {_ms(p['allreduce_s']):>10} {_ms(p['step_s']):>8} "
                      f"{p['speedup']:>8.2f}x {p['efficiency']:>10.0%} {number(p['compute_to_comm_ratio']):>8}")
+    lines += _run_lines(profile)
     if profile.get("strategies"):
         lines.append("  strategies      predicted per strategy (communication / step / speedup / MB of model "
                      "state per GPU)")
@@ -121,6 +128,33 @@ def format_summary(profile):
     lines.append("  notes")
     lines += [f"    - {note}" for note in profile["notes"]]
     return "\n".join(lines)
+
+
+def _run_lines(profile):
+    """The feature pool's build and the whole run predicted, where the profile has them (a profile
+    written before they were measured has neither)."""
+    lines, pool, run = [], profile.get("feature_pool"), profile.get("run_time")
+    if pool:
+        others = pool["windows"] - pool["views"] * pool["train_windows"]
+        parts = [f"transform {pool['transform_windows_per_s']:,.0f}/s"] if pool["transform_windows_per_s"] else []
+        if pool["augment_windows_per_s"]:
+            parts.append(f"augmenting {pool['augmented_windows']:,} windows {pool['augment_windows_per_s']:,.0f}/s")
+        lines.append(f"  feature pool    {pool['views']} view(s) of {pool['train_windows']:,} training windows + "
+                     f"{others:,} others = {pool['windows']:,}, {pool['bytes'] / 2**20:,.0f} MiB "
+                     f"({pool['bytes_per_window']:,} B a window); built in {pool['seconds']:.2f} s, "
+                     f"{pool['windows_per_s']:,.0f} windows/s in all ({', '.join(parts) or 'none transformed'})")
+    if run:
+        parts = run["parts"]
+        lines.append(f"  whole run       predicted for main.py with these flags ({parts['epochs']} epochs; start-up "
+                     f"{parts['start_up_s']:.2f} s, inputs {parts['inputs_s']:.2f} s, imports during the run "
+                     f"{parts['imports_s']:.2f} s, a validation pass {_ms(parts['validation_s'])}, a checkpoint "
+                     f"{_ms(parts['save_s'])}, the epoch loop {_ms(parts['loop_s'])} a step, exit "
+                     f"{parts['exit_s']:.2f} s)")
+        lines.append("      ranks  features  training  evaluation  other set-up     total  (seconds)")
+        for p in run["predictions"]:
+            lines.append(f"      {p['world_size']:>5} {p['build_s']:>9.2f} {p['training_s']:>9.2f} "
+                         f"{p['evaluation_s']:>11.2f} {p['fixed_s']:>13.2f} {p['total_s']:>9.2f}")
+    return lines
 
 
 def _own_scaling(config, timing):

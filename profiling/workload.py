@@ -6,6 +6,7 @@ smoothing) and loss tally included; --bare-step times the step without them.
 import itertools
 import math
 import tempfile
+import time
 from dataclasses import dataclass
 
 from training.distributed.fsdp import sharded_units
@@ -31,6 +32,10 @@ class Workload:
     data_source: str
     scratch: object = None  # the run's scratch --save-dir, removed with the workload
     steps_taken: int = 0
+    trainer: object = None  # the run itself: its evaluation passes and checkpoint are timed too
+    inputs_s: float = 0.0  # reading the run's inputs, as main.py's time line counts them
+    set_up_s: float = 0.0  # Trainer.build: model, fit and the feature pool
+    pool: dict = None  # the feature pool's build figures (training.loop.recipe.pool_figures), or None
 
     @property
     def grad_accum_steps(self):
@@ -66,12 +71,17 @@ def build_workload(args, strategy, data=None):
     `data`: the run's data, when the caller has loaded it already."""
     scratch = tempfile.TemporaryDirectory(prefix="har-profile-")
     config = args.run.replace(save_dir=scratch.name, resume=None, **(RECIPE_OFF if args.bare_step else {}))
-    trainer = Trainer.build(config, strategy, quiet=True, inputs=read_run_inputs(config, hold_lock=False, data=data))
+    started = time.perf_counter()
+    inputs = read_run_inputs(config, hold_lock=False, data=data)
+    read = time.perf_counter()
+    trainer = Trainer.build(config, strategy, quiet=True, inputs=inputs)
+    built = time.perf_counter()
     loader = trainer.loaders["train"]
     tally = None if args.bare_step else EpochTally(strategy.device)
     return Workload(strategy, trainer.model, trainer.step, trainer.precision,
                     _endless(loader, loader.sampler, trainer.loader_batch), tally, config.optim.batch_size,
-                    len(trainer.data.train), trainer.data.source, scratch)
+                    len(trainer.data.train), trainer.data.source, scratch, trainer=trainer, inputs_s=read - started,
+                    set_up_s=built - read, pool=trainer.pool_figures)
 
 
 def _endless(loader, sampler, batch_size):

@@ -81,6 +81,25 @@ def test_the_pool_holds_the_features_of_each_view_and_of_the_other_splits():
     assert build_feature_pool(model, splits, 3, None, 5, CPU, QuietLog())[1] == 1
 
 
+def test_the_build_reports_what_it_transformed_and_what_the_pool_holds():
+    model, splits = fitted_model(), {"train": split(30, 1), "val": split(7, 2), "test": split(5, 3)}
+    augment = BatchAugmenter(AugmentConfig(kinds=("scale", "jitter")), torch.zeros(3), torch.ones(3),
+                             ("acc_x", "acc_y", "acc_z"), ("a", "b", "c", "d"))
+    figures = {}
+    pool, _ = build_feature_pool(model, splits, 3, augment, 5, CPU, QuietLog(), figures=figures)
+    held = sum(part.signals.nbytes for part in pool.values())
+    assert figures["windows"] == figures["transformed"] == 3 * 30 + 7 + 5
+    assert (figures["views"], figures["train_windows"], figures["bytes"]) == (3, 30, held)
+    assert figures["bytes_per_window"] == model.feature_mean.numel()  # one uint8 count per feature
+    assert figures["augmented_windows"] == 2 * 30  # views 1 and 2; view 0 and the other splits as they are
+    assert 0 < figures["augment_s"] < figures["seconds"]
+    assert figures["windows_per_s"] == pytest.approx(figures["transformed"] / figures["seconds"])
+    assert [rank["windows"] for rank in figures["per_rank"]] == [102]
+    plain = {}
+    build_feature_pool(model, splits, 3, None, 5, CPU, QuietLog(), figures=plain)
+    assert (plain["views"], plain["windows"], plain["augmented_windows"], plain["augment_s"]) == (1, 42, 0, 0.0)
+
+
 def test_the_ranks_shares_cover_the_pool_once_in_order_and_evenly():
     lengths = [2500, 2500, 300, 0, 7]
     for world_size in (1, 2, 3, 8):

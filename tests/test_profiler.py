@@ -1,6 +1,7 @@
 """The profiler: its scaling arithmetic, one real run through profiler.py, bad input, and the report writers."""
 import copy
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -30,6 +31,7 @@ from profiling.comm_model import (
 )
 from profiling.measure import LONGEST_GAP_S, collective_gap_s, compute_only_step_s
 from profiling.recommend import Figures, larger_batch_shares, recommendations
+from profiling.run_time import RunParts, epoch_steps, gather_pool_s, pool_entry, predict_run, share_build_s
 from profiling.scaling import scaling_rows
 
 MB = 1e6
@@ -238,6 +240,66 @@ def test_neighbours_only_where_ranks_would_share_this_hosts_cores():
     assert host_rank_counts([1, 2], torch.device("cuda", 0), 1) == []  # each rank has its own GPU
 
 
+def run_parts(**changes):
+    parts = RunParts(start_up_s=1.0, imports_s=0.2, exit_s=0.3, inputs_s=0.5, set_up_s=7.0, build_s=6.0, loop_s=0.0005,
+                     validation_s=0.04, save_s=0.01, final_eval_s=0.12, epochs=20, train_windows=100, batch_size=32,
+                     grad_accum_steps=1)
+    return dataclasses.replace(parts, **changes)
+
+
+def test_steps_per_epoch_share_the_windows_over_the_ranks_with_a_partial_last_batch():
+    assert epoch_steps(100, 1, 32, 1) == 4  # 32 + 32 + 32 + 4
+    assert epoch_steps(100, 2, 32, 1) == 2  # 50 a rank: 32 + 18
+    assert epoch_steps(100, 3, 32, 1) == 2  # 34 a rank, the sampler padding the shares to equal
+    assert epoch_steps(100, 1, 32, 3) == 2  # 4 micro-batches, the last window of accumulation partial
+
+
+def test_the_whole_run_is_its_set_up_the_pool_the_epochs_and_the_evaluation():
+    one = predict_run(run_parts(), 1, 0.002, 6.0)
+    assert one["steps_per_epoch"] == 4
+    assert one["fixed_s"] == pytest.approx(1.0 + 0.2 + 0.5 + 7.0 - 6.0 + 0.3)  # the set-up without the pool, the exit
+    assert one["stepping_s"] == pytest.approx(20 * 4 * 0.0025)  # each step and the loop's own part of it
+    assert one["training_s"] == pytest.approx(20 * (4 * 0.0025 + 0.04 + 0.01))
+    assert one["total_s"] == pytest.approx(3.0 + 6.0 + 20 * (4 * 0.0025 + 0.05) + 0.12)
+    assert one["build_share"] == pytest.approx(6.0 / one["total_s"])
+    two = predict_run(run_parts(), 2, 0.003, 3.5)
+    assert two["steps_per_epoch"] == 2 and two["build_s"] == 3.5
+    # The evaluation passes split their windows over the ranks; every rank saves as long as one.
+    assert two["training_s"] == pytest.approx(20 * (2 * 0.0035 + 0.02 + 0.01))
+    assert two["evaluation_s"] == pytest.approx(0.06)
+    assert two["total_s"] == pytest.approx(3.0 + 3.5 + two["training_s"] + 0.06)
+    # Without a pool the set-up is all fixed.
+    bare = predict_run(run_parts(build_s=0.0), 1, 0.002, 0.0)
+    assert bare["fixed_s"] == pytest.approx(9.0) and bare["build_share"] == 0.0
+
+
+def test_the_pool_is_built_in_shares_that_the_hosts_cores_bound_on_cpu():
+    assert share_build_s(6.0, 1, "cpu", 2, 2) == 6.0
+    assert share_build_s(6.0, 4, "cuda", 8, 16) == pytest.approx(1.5)  # a device per rank
+    assert share_build_s(6.0, 2, "cpu", 2, 2) == pytest.approx(6.0)  # one process already had both cores
+    assert share_build_s(6.0, 2, "cpu", 1, 4) == pytest.approx(3.0)
+    assert share_build_s(6.0, 8, "cpu", 1, 4) == pytest.approx(1.5)  # no more than the 4 cores
+    assert share_build_s(6.0, 2, "cpu", 8, 4) == pytest.approx(6.0)  # threads beyond the cores gain nothing back
+
+
+def test_the_gathered_pool_costs_one_ring_pass_of_its_bytes():
+    link = Link(1e9, 1e-3, "assumed")
+    assert gather_pool_s(4e8, 1, link) == 0.0
+    assert gather_pool_s(4e8, 2, link) == pytest.approx(0.2 + 1e-3)
+    assert gather_pool_s(4e8, 4, link) == pytest.approx(0.3 + 3e-3)
+
+
+def test_the_pools_entry_splits_the_transform_from_the_augmentation():
+    pool = {"per_rank": [{"windows": 1000, "seconds": 3.0}, {"windows": 900, "seconds": 2.5}],
+            "augment_s": 0.5, "augmented_windows": 600}
+    entry = pool_entry(pool, rank=0)
+    assert entry["transform_windows_per_s"] == pytest.approx(1000 / 2.5)
+    assert entry["augment_windows_per_s"] == pytest.approx(600 / 0.5)
+    assert pool_entry(pool, rank=1)["transform_windows_per_s"] == pytest.approx(900 / 2.0)
+    assert pool_entry({**pool, "augment_s": 0.0, "augmented_windows": 0})["augment_windows_per_s"] is None
+    assert pool_entry(None) is None
+
+
 @pytest.fixture(scope="module")
 def tiny_profile(tmp_path_factory):
     """One real profiler.py run on CPU with tiny settings, shared by the tests below."""
@@ -271,11 +333,42 @@ def test_profiler_py_writes_sane_json_and_csv(tiny_profile):
     assert effects["ddp_step_s"] >= 0 and all(value >= 0 for value in effects["straggler_s"].values())
     for prediction in profile["predictions"][1:]:
         assert prediction["rank_step_s"] >= timing["step_time_s"]["mean"] + effects["ddp_step_s"] - 1e-12
+    assert profile["feature_pool"] is None  # cnn1d learns its features
+    run = profile["run_time"]
+    assert run["parts"]["build_s"] == 0 and run["parts"]["set_up_s"] > 0 and run["parts"]["validation_s"] > 0
+    assert run["parts"]["start_up_s"] > 0 and run["parts"]["loop_s"] >= 0 and run["parts"]["final_eval_s"] > 0
+    # A fresh interpreter imported main.py, then TensorBoard at least, then exited.
+    assert run["parts"]["imports_s"] > 0 and run["parts"]["exit_s"] > 0
+    assert [p["world_size"] for p in run["predictions"]] == [1, 2, 4, 8]
+    assert run["predictions"][0]["step_s"] == pytest.approx(timing["step_time_s"]["mean"])
     with open(out / "profile_summary.csv") as handle:
         summary = {row["metric"]: row for row in csv.DictReader(handle)}
     assert float(summary["samples_per_s"]["mean"]) > 0 and float(summary["step_time_s"]["std"]) >= 0
+    assert float(summary["predicted_run_s_1gpu"]["mean"]) == pytest.approx(run["predictions"][0]["total_s"], rel=1e-5)
     with open(out / "profile_runs.csv") as handle:
         assert [float(row["step_time_s"]) > 0 for row in csv.DictReader(handle)] == [True, True]
+
+
+def test_a_pool_models_profile_times_the_build_and_predicts_the_whole_run(tmp_path):
+    result = run_subprocess([sys.executable, "profiler.py", *TINY_DATA, "--model", "minirocket", "--width", "840",
+                             "--synthetic-windows-per-subject", "8", "--batch-size", "16", "--epochs", "3",
+                             "--device", "cpu", "--warmup-steps", "2", "--steps", "5", "--repeats", "1",
+                             "--phase-steps", "0", "--predict-gpus", "1,2", "--output-dir", tmp_path], timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "feature pool    3 view(s) of " in result.stdout and "whole run       predicted" in result.stdout
+    profile = json.loads((tmp_path / "profile.json").read_text())
+    pool, run = profile["feature_pool"], profile["run_time"]
+    train = profile["config"]["train_windows"]
+    assert pool["views"] == 3 and pool["train_windows"] == train  # 3 epochs reach 3 of the 4 views
+    assert pool["windows"] > 3 * train and pool["transformed"] == pool["windows"]
+    assert pool["bytes"] == pool["windows"] * pool["bytes_per_window"]
+    assert pool["augmented_windows"] == 2 * train and pool["augment_windows_per_s"] > 0
+    assert 0 < run["parts"]["build_s"] == pool["seconds"] < run["parts"]["set_up_s"]
+    one, two = run["predictions"]
+    assert one["build_s"] == pool["seconds"] and one["steps_per_epoch"] == profile["config"]["steps_per_epoch"]
+    assert two["step_s"] == pytest.approx(profile["predictions"][1]["step_s"])  # the advisor's DDP step
+    assert two["build_s"] > 0 and two["steps_per_epoch"] == math.ceil(math.ceil(train / 2) / 16)
+    assert one["total_s"] == pytest.approx(one["fixed_s"] + one["build_s"] + one["training_s"] + one["evaluation_s"])
 
 
 def two_rank_copy(single, speedup):

@@ -145,6 +145,7 @@ class Trainer:
     stop_signals: StopSignals
     exact_resume: bool = False  # the first epoch continues a mid-epoch checkpoint bit for bit
     first_epoch: int = 0  # the first epoch this invocation trains
+    pool_figures: dict = None  # the feature pool's build (recipe.pool_figures); None without a pool
 
     @classmethod
     def build(cls, config, strategy, stop_signals=None, quiet=False, inputs=None):
@@ -166,7 +167,7 @@ class Trainer:
         global_batch = global_batch_size(optim.batch_size, strategy.data_parallel_size, optim.grad_accum_steps)
         # DataParallel splits one loader batch over its GPUs; DDP ranks each load their own.
         loader_batch = optim.batch_size * strategy.data_parallel_size // strategy.world_size
-        loaders, augment = _build_loaders(config, data, model, augment, loader_batch, strategy, log)
+        loaders, augment, pool_figures = _build_loaders(config, data, model, augment, loader_batch, strategy, log)
 
         peak_lr = scaled_lr(optim.lr, optim.lr_scaling, global_batch, optim.batch_size)
         lr_warning = scaling_warning(optim.lr, optim.lr_scaling, global_batch, optim.batch_size, DEFAULT_LR)
@@ -204,7 +205,7 @@ class Trainer:
         return cls(config=config, strategy=strategy, log=log, data=data, model=model, precision=precision,
                    loaders=loaders, loader_batch=loader_batch, global_batch=global_batch, step=step, state=state,
                    rng=rng, checkpoints=checkpoints, stop_signals=stop_signals or StopSignals(),
-                   exact_resume=exact_resume)
+                   exact_resume=exact_resume, pool_figures=pool_figures)
 
     def evaluate(self, split, model=None):
         """(labels, logits, mean loss) of "val" or "test" over every rank, by `model` or else the
@@ -271,23 +272,25 @@ def _normalize_data(data, checkpoint, log):
 
 
 def _build_loaders(config, data, model, augment, loader_batch, strategy, log):
-    """The splits' loaders, over a feature pool where the model's features are fixed, and the
-    augmenter the step applies (None when the pool's views carry the augmentation)."""
+    """The splits' loaders, over a feature pool where the model's features are fixed, the augmenter
+    the step applies (None when the pool's views carry the augmentation), and the pool's build
+    figures (None without a pool)."""
     optim = config.optim
-    splits, train_views = {"train": data.train, "val": data.val, "test": data.test}, 1
+    splits, train_views, figures = {"train": data.train, "val": data.val, "test": data.test}, 1, None
     views = feature_views_of(config.model.name, config.recipe.feature_views)
     if wants_feature_pool(model, views):
         # Epoch e trains on view e mod V, so a run of fewer epochs than views never reaches the
         # last ones: they are not built.
         views = min(views, optim.epochs)
+        figures = {}
         splits, train_views = build_feature_pool(model, splits, views, augment, optim.seed, strategy, log,
-                                                 feature_store_root(config.save_dir, splits))
+                                                 feature_store_root(config.save_dir, splits), figures)
         augment = None
     loaders, data_path = split_loaders(splits, loader_batch, max(EVAL_BATCH_MIN, loader_batch), strategy.device,
                                        strategy.world_size, strategy.rank, optim.seed, config.hardware.data_path,
                                        config.hardware.num_workers, train_views)
     log.info(f"data path: {data_path}")
-    return loaders, augment
+    return loaders, augment, figures
 
 
 def _build_model(config, data, strategy, log, checkpoint=None):

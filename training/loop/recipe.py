@@ -196,20 +196,21 @@ def pool_shares(lengths, world_size):
     return shares
 
 
-def build_feature_pool(model, splits, views, augment, seed, strategy, log, store_root=None):
+def build_feature_pool(model, splits, views, augment, seed, strategy, log, store_root=None, figures=None):
     """(splits of features in place of windows, the number of training views), every rank building
     its share. In memory the ranks then gather the pool whole; with `store_root` (a window store's run)
     each piece is a shard on disk there, and every rank reads them all memory-mapped. Without an
-    augmenter every view would be the same, so there is one."""
+    augmenter every view would be the same, so there is one. A `figures` dict given is filled with
+    the build's figures (pool_figures), for a caller that reports them."""
     views = views if augment is not None else 1
     train, others = splits["train"], [name for name in splits if name != "train"]
     parts = [(train, augment if view else None, seed * VIEW_SEED_STRIDE + view) for view in range(views)]
     parts += [(splits[name], None, seed) for name in others]
     shares = pool_shares([len(split) for split, _, _ in parts], strategy.world_size)
     probe = model.pool_features(torch.from_numpy(_windows(train.signals, 0, 0)).to(strategy.device)).cpu().numpy()
-    start, mine = time.perf_counter(), shares[strategy.rank]
+    start, mine, spent = time.perf_counter(), shares[strategy.rank], {"augment_s": 0.0, "augmented": 0}
     if store_root is None:
-        transformed = [counts for _, counts in _transformed(model, parts, mine, strategy.device, log)]
+        transformed = [counts for _, counts in _transformed(model, parts, mine, strategy.device, log, spent)]
         per_rank = strategy.gather_objects((_windows_in(mine), time.perf_counter() - start))
         by_part, where = _gathered_parts(np.concatenate([probe, *transformed]), parts, views, strategy), None
     else:
@@ -217,7 +218,7 @@ def build_feature_pool(model, splits, views, augment, seed, strategy, log, store
         why = store.describe_change()
         store.start()
         mine, damaged = _to_build(store, mine, probe)
-        for (part, first, _), counts in _transformed(model, parts, mine, strategy.device, log):
+        for (part, first, _), counts in _transformed(model, parts, mine, strategy.device, log, spent):
             store.write(part, first, counts)
         # Also the barrier: every rank's shards are written before any rank opens them.
         per_rank = strategy.gather_objects((_windows_in(mine), time.perf_counter() - start, damaged))
@@ -234,8 +235,25 @@ def build_feature_pool(model, splits, views, augment, seed, strategy, log, store
     pool = {"train": Split(by_part[0], np.tile(train.labels, views), np.tile(train.subjects, views))}
     for name, rows in zip(others, by_part[1:], strict=True):
         pool[name] = Split(rows, splits[name].labels, splits[name].subjects)
-    _report_pool(pool, views, len(train), per_rank, time.perf_counter() - start, log, where)
+    seconds = time.perf_counter() - start
+    _report_pool(pool, views, len(train), per_rank, seconds, log, where)
+    if figures is not None:
+        figures.update(pool_figures(pool, views, len(train), per_rank, seconds, spent))
     return pool, views
+
+
+def pool_figures(pool, views, train_windows, per_rank, seconds, spent):
+    """What the build cost and holds: windows (in the pool, transformed now), bytes, seconds (the
+    whole build, the gather or the shards' opening included), windows/s in all, each rank's
+    (windows, busy seconds), and this rank's augmentation of the views: seconds and windows."""
+    windows = sum(len(split.signals) for split in pool.values())
+    transformed = sum(count for count, _ in per_rank)
+    pool_bytes = sum(split.signals.nbytes for split in pool.values())
+    return {"views": views, "train_windows": train_windows, "windows": windows, "transformed": transformed,
+            "bytes": pool_bytes, "bytes_per_window": pool_bytes // max(windows, 1), "seconds": seconds,
+            "windows_per_s": transformed / seconds if seconds > 0 else 0.0,
+            "per_rank": [{"windows": count, "seconds": busy} for count, busy in per_rank],
+            "augment_s": spent["augment_s"], "augmented_windows": spent["augmented"]}
 
 
 def _to_build(store, pieces, probe):
@@ -275,19 +293,20 @@ def _windows(signals, first, stop):
     return np.asarray(signals[first:stop] if isinstance(signals, np.ndarray) else signals[np.arange(first, stop)])
 
 
-def _transformed(model, parts, pieces, device, log):
-    """(piece, its features [n, F]) of each of this rank's pieces, in order."""
+def _transformed(model, parts, pieces, device, log, spent):
+    """(piece, its features [n, F]) of each of this rank's pieces, in order; `spent` adds up the
+    augmentation's seconds and windows."""
     bar = log.progress(_windows_in(pieces), "transforming windows once")
     for index, (split, augment, seed) in enumerate(parts):
         ranges = [(first, stop) for part, first, stop in pieces if part == index]
         if ranges:
-            for (first, stop), counts in _features(model, split, device, bar, augment, seed, ranges):
+            for (first, stop), counts in _features(model, split, device, bar, augment, seed, ranges, spent):
                 yield (index, first, stop), counts
     bar.close()
 
 
 @torch.no_grad()
-def _features(model, split, device, bar, augment, seed, ranges):
+def _features(model, split, device, bar, augment, seed, ranges, spent):
     """((first, stop), the model's pool features [n, F]) of `split`'s windows in each of `ranges` (in
     order, none across a chunk), through `augment` when given. With an augmenter every chunk up to the
     last range is augmented, so each draws the random numbers it draws in one process."""
@@ -301,7 +320,12 @@ def _features(model, split, device, bar, augment, seed, ranges):
             windows = torch.from_numpy(_windows(split.signals, start, stop_chunk)).to(device)
             if augment is not None:
                 labels = torch.from_numpy(split.labels[start:stop_chunk].astype(np.int64)).to(device)
+                augmenting = time.perf_counter()
                 windows = augment(windows, labels)
+                if device.type == "cuda":  # queued work would count as the transform's
+                    torch.cuda.synchronize(device)
+                spent["augment_s"] += time.perf_counter() - augmenting
+                spent["augmented"] += stop_chunk - start
             for first, stop in inside:
                 yield (first, stop), model.pool_features(windows[first - start:stop - start]).cpu().numpy()
                 bar.update(stop - first)

@@ -1,0 +1,199 @@
+"""The whole run: what `python main.py` with the profiler's flags would take, part by part, on one
+process and on N ranks. The optimizer step is the profiler's headline measurement; what a run
+does besides stepping (start-up, reading the data, the set-up with a model's feature pool, the
+validation and checkpoint after each epoch, the final evaluation) is measured here once, on the
+run the profiler built, and the arithmetic that puts them together is predict_run."""
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from profiling.comm_model import ring_allreduce_time_s
+from profiling.entry_points import REPO
+from training.loop.epochs import train_epoch
+from training.loop.step import steps_per_epoch
+from training.reporting.final_report import report_best_weights
+from training.reporting.logger import process_age_s
+
+
+@dataclass(frozen=True)
+class RunParts:
+    """What one process measured of a run besides its optimizer steps; seconds unless named."""
+    start_up_s: float  # Python and main.py's imports, before the run began
+    imports_s: float  # the imports main.py's run adds that the profiler's timed set-up did not pay
+    exit_s: float  # the interpreter's teardown after the run
+    inputs_s: float  # reading the data (and a checkpoint)
+    set_up_s: float  # device, model, fit and the feature pool: everything before the first step
+    build_s: float  # of set_up_s, the feature pool's build; 0 without a pool
+    loop_s: float  # per optimizer step, what the epoch loop adds to the step (progress, logging, the epoch's ends)
+    validation_s: float  # one pass over the validation split, after every epoch
+    save_s: float  # one checkpoint, after every epoch
+    final_eval_s: float  # the final report: best.pt reloaded, judged on the validation and test splits
+    epochs: int
+    train_windows: int  # what one epoch trains on: the training split (one view of the pool)
+    batch_size: int  # per rank
+    grad_accum_steps: int
+
+
+def epoch_steps(train_windows, world_size, batch_size, grad_accum_steps):
+    """Optimizer steps in one epoch on `world_size` ranks: each takes 1/N of the windows (the sampler
+    pads to equal shares), in batches of batch_size, the last one partial."""
+    per_rank = math.ceil(train_windows / world_size)
+    return steps_per_epoch(math.ceil(per_rank / batch_size), grad_accum_steps)
+
+
+def share_build_s(build_s, world_size, device_type, threads, cores):
+    """The feature build's transform on `world_size` ranks, each taking 1/N of the pool's windows.
+    On GPUs each rank has a device of its own: 1/N of the time. On CPU the ranks share this host's
+    cores: the lone build ran on `threads` of its `cores`, and N ranks together can use at most all
+    of them, so the build shrinks by at most cores / threads, whatever N."""
+    if world_size <= 1:
+        return build_s
+    speedup = world_size if device_type != "cpu" else min(world_size, max(cores / threads, 1.0))
+    return build_s / speedup
+
+
+def gather_pool_s(pool_bytes, world_size, link):
+    """Every rank gathering the whole pool from the others' shares: one ring pass (all-gather)."""
+    return ring_allreduce_time_s(pool_bytes, world_size, link.bandwidth_bytes_per_s, link.latency_s, passes=1)
+
+
+def predict_run(parts, world_size, step_s, build_s):
+    """{part: seconds} of the run on `world_size` ranks whose optimizer step takes step_s and whose
+    feature build takes build_s (the lone process's parts.build_s, or a share's). Start-up, inputs and
+    the rest of the set-up are each rank's own, as long as on one; the evaluation passes split the
+    windows over the ranks; each epoch saves one checkpoint."""
+    steps = epoch_steps(parts.train_windows, world_size, parts.batch_size, parts.grad_accum_steps)
+    fixed_s = parts.start_up_s + parts.imports_s + parts.inputs_s + parts.set_up_s - parts.build_s + parts.exit_s
+    stepping_s = parts.epochs * steps * (step_s + parts.loop_s)
+    training_s = stepping_s + parts.epochs * (parts.validation_s / world_size + parts.save_s)
+    evaluation_s = parts.final_eval_s / world_size
+    total_s = fixed_s + build_s + training_s + evaluation_s
+    return {"world_size": world_size, "steps_per_epoch": steps, "step_s": step_s, "fixed_s": fixed_s,
+            "build_s": build_s, "stepping_s": stepping_s, "training_s": training_s, "evaluation_s": evaluation_s,
+            "total_s": total_s, "build_share": build_s / total_s if total_s > 0 else 0.0}
+
+
+def timed_s(call, times=2):
+    """Seconds of the last of `times` calls: the first pays for first-call costs."""
+    for _ in range(times):
+        started = time.perf_counter()
+        call()
+        seconds = time.perf_counter() - started
+    return seconds
+
+
+# A fresh interpreter that starts as `python main.py` does (its age once main.py is imported), then
+# imports the modules named on its stdin (the seconds that takes), then exits (the rest of its wall time).
+FRESH_MAIN = """import importlib, sys, time
+import main
+from training.reporting.logger import process_age_s
+age, started = process_age_s(), time.perf_counter()
+for name in sys.stdin.read().split():
+    try:
+        importlib.import_module(name)
+    except Exception:
+        pass
+print(age, time.perf_counter() - started)
+"""
+# Imported by main.py's run but never by the profiler's quiet one: TensorBoard's writer.
+RUN_ONLY_MODULES = ("torch.utils.tensorboard",)
+PROFILER_ONLY = ("profiler", "profiling", "benchmarks", "tests", "conftest", "pytest", "_pytest", "__main__",
+                 "__mp_main__")
+
+
+def main_start_and_exit_s(loaded_before_set_up):
+    """(seconds before main.py's run begins, seconds of imports its run adds that the profiler's
+    timed set-up did not pay, seconds its interpreter takes to exit), from a fresh interpreter. The
+    profiler's own start cannot stand for main.py's: it imports at its start the FSDP, DTensor and
+    compiler modules its advisor measures (0.45 s more on the 2-core development machine), which
+    main.py imports during its set-up instead; those (the modules loaded before the profiler's set-up,
+    less its own) and TensorBoard's are imported by the fresh interpreter after main.py, timed apart.
+    Where main.py cannot be imported (a copy without it), the profiler's own start and nothing else."""
+    names = [name for name in loaded_before_set_up if name.split(".")[0] not in PROFILER_ONLY]
+    started = time.perf_counter()
+    result = subprocess.run([sys.executable, "-c", FRESH_MAIN], cwd=REPO, capture_output=True, text=True,
+                            input=" ".join([*names, *RUN_ONLY_MODULES]))
+    wall_s = time.perf_counter() - started
+    try:
+        age_s, imports_s = map(float, result.stdout.strip().splitlines()[-1].split())
+    except (ValueError, IndexError):  # no /proc (age None), or no main.py
+        return process_age_s() or 0.0, 0.0, 0.0
+    return age_s, imports_s, max(wall_s - age_s - imports_s, 0.0)
+
+
+EPOCH_PASS_LIMIT_S = 10.0  # one real epoch pass is timed where it takes no longer than this
+
+
+def loop_s_per_step(trainer, step_s, steps):
+    """What the trainer's epoch loop adds to each optimizer step (its progress and check-ins, the
+    loader's epoch start, the epoch's partial last batch), from one real epoch pass
+    (training.loop.epochs.train_epoch) against the measured step; 0 where a pass would take
+    longer than EPOCH_PASS_LIMIT_S."""
+    if steps * step_s > EPOCH_PASS_LIMIT_S:
+        return 0.0
+    result = train_epoch(trainer, 0)
+    return max(result.train_time_s / max(result.steps, 1) - step_s, 0.0)
+
+
+def measure_run_parts(work, step_s, loaded_before_set_up=()):
+    """RunParts of the profiled run, whose optimizer step took step_s: its set-up as build_workload
+    timed it, and what main.py does besides (an epoch pass's loop, a validation pass and a checkpoint
+    after each epoch, the final report) timed now on the profiled run's own trainer, in its scratch
+    folder. Call it after the step's measurements: it trains an epoch, and the report reloads
+    best.pt, the weights the checkpoint has just saved. loaded_before_set_up: the names in
+    sys.modules when the profiler began its set-up (main_start_and_exit_s)."""
+    trainer, config = work.trainer, work.trainer.config
+    loop_s = loop_s_per_step(trainer, step_s, work.steps_per_epoch)
+    validation_s = timed_s(lambda: trainer.evaluate("val")) if trainer.has_validation else 0.0
+    save_s = timed_s(lambda: trainer.save(is_best=True))
+    report_s = timed_s(lambda: report_best_weights(trainer), times=1)  # once, as a run reports
+    pool = work.pool or {}
+    start_up_s, imports_s, exit_s = main_start_and_exit_s(loaded_before_set_up)
+    return RunParts(start_up_s=start_up_s, imports_s=imports_s, exit_s=exit_s, inputs_s=work.inputs_s,
+                    set_up_s=work.set_up_s,
+                    build_s=pool.get("seconds", 0.0), loop_s=loop_s, validation_s=validation_s, save_s=save_s,
+                    final_eval_s=report_s, epochs=config.optim.epochs, train_windows=work.train_windows,
+                    batch_size=work.batch_size, grad_accum_steps=work.grad_accum_steps)
+
+
+def run_time_entry(parts, work, predictions, link):
+    """profile.json's "run_time": the parts, and the whole run predicted for each N the advisor
+    predicts, its DDP step as the advisor predicts it."""
+    device, lone = work.strategy.device.type, work.strategy.world_size == 1
+    threads, cores = torch.get_num_threads(), os.cpu_count() or 1
+    pool_bytes = (work.pool or {}).get("bytes", 0)
+    runs = []
+    for prediction in predictions:
+        n = prediction["world_size"]
+        build_s = parts.build_s  # a profile on N ranks measured its own build, shares and gather included
+        if lone and n > 1:
+            build_s = share_build_s(build_s, n, device, threads, cores) + \
+                (gather_pool_s(pool_bytes, n, link) if pool_bytes else 0.0)
+        runs.append(predict_run(parts, n, prediction["step_s"], build_s))
+    return {"parts": asdict(parts), "predictions": runs,
+            "what": "total = start-up, the imports main.py's run adds, and exit (of a fresh interpreter "
+                    "importing main.py) + inputs + set-up "
+                    "besides the feature pool + the pool's build + epochs x (steps per epoch x (step time + the "
+                    "epoch loop's own cost per step) + a validation pass + a checkpoint) + the final report "
+                    "(best.pt judged on the validation and test splits); figures are not counted. For N ranks: "
+                    "the advisor's DDP step, the evaluation passes split N ways, and the pool built in 1/N "
+                    f"shares (on CPU at most {cores} cores / {threads} thread(s) faster, the host's cores "
+                    "being shared) and then gathered over the link; a profile of N ranks takes its own "
+                    "build for every N"}
+
+
+def pool_entry(pool, rank=0):
+    """profile.json's "feature_pool": the build's figures, with the windows/s of the transform and of
+    the views' augmentation apart (this rank's busy time, the augmentation's taken out); None
+    without a pool."""
+    if not pool:
+        return None
+    mine = pool["per_rank"][rank]
+    transform_s = mine["seconds"] - pool["augment_s"]
+    return {**pool, "transform_windows_per_s": mine["windows"] / transform_s if transform_s > 0 else None,
+            "augment_windows_per_s": pool["augmented_windows"] / pool["augment_s"] if pool["augment_s"] else None}
