@@ -2,6 +2,8 @@
 device-resident path (a split copied to the device once, batches cut there by index_select), and
 the rank-sharded samplers whose order a resumed run continues."""
 import contextlib
+import ctypes
+import ctypes.util
 import math
 import queue
 import threading
@@ -13,6 +15,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 ITER_CHUNK = 65_536  # sampler indices turned into Python ints at a time
 STREAM_BLOCK = 256  # neighbouring windows of a store read together (about 0.3 to 0.6 MB)
 STORE_PREFETCH = 8  # batches a store's reader thread keeps ready ahead of the step
+TRIM_EVERY = 32  # batches a store's reader thread reads between handing freed memory back (release_freed_memory)
 DEVICE_DATA_SHARE = 0.25  # --data-path auto keeps the splits on a GPU when they take at most this share
 
 
@@ -169,7 +172,9 @@ class StoreStreamLoader:
 
     def _read(self, order, ready, stop):
         try:
-            for first in range(0, len(order), self.batch_size):
+            for batch_index, first in enumerate(range(0, len(order), self.batch_size)):
+                if batch_index % TRIM_EVERY == TRIM_EVERY - 1:
+                    release_freed_memory()
                 signals, labels = read_batch(self.split, order[first:first + self.batch_size])
                 batch = (signals.pin_memory(), labels.pin_memory()) if self.pin_memory else (signals, labels)
                 if not _put(ready, batch, stop):
@@ -177,6 +182,27 @@ class StoreStreamLoader:
             _put(ready, None, stop)
         except BaseException as exc:  # noqa: BLE001 - handed to the training loop, which raises it
             _put(ready, exc, stop)
+
+
+def _libc():
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
+LIBC = _libc()
+
+
+def release_freed_memory():
+    """Hand the pages of freed heap blocks back to the system (glibc's malloc_trim; elsewhere nothing).
+    Batches made by the reader thread and freed by the step are megabytes each; glibc then raises its
+    mmap threshold above them and keeps them in its arenas, so a validation pass over a feature pool on
+    disk grew the process by 0.9 GiB (28,812 windows, batches of 256) where the batches in flight are a
+    few MB. Trimming every TRIM_EVERY batches holds that growth down."""
+    trim = getattr(LIBC, "malloc_trim", None)
+    if trim is not None:
+        trim(0)
 
 
 def _put(ready, item, stop):
