@@ -1,5 +1,6 @@
 """The generalisation recipe's parts around the training step: the batch augmenter, the weight average,
 and the feature pool of a model whose features do not learn."""
+import contextlib
 import copy
 import dataclasses
 import time
@@ -208,7 +209,7 @@ def build_feature_pool(model, splits, views, augment, seed, strategy, log, store
     parts += [(splits[name], None, seed) for name in others]
     shares = pool_shares([len(split) for split, _, _ in parts], strategy.world_size)
     probe = model.pool_features(torch.from_numpy(_windows(train.signals, 0, 0)).to(strategy.device)).cpu().numpy()
-    start, mine, spent = time.perf_counter(), shares[strategy.rank], {"augment_s": 0.0, "augmented": 0}
+    start, mine, spent = time.perf_counter(), shares[strategy.rank], AugmentTime()
     if store_root is None:
         transformed = [counts for _, counts in _transformed(model, parts, mine, strategy.device, log, spent)]
         per_rank = strategy.gather_objects((_windows_in(mine), time.perf_counter() - start))
@@ -253,7 +254,35 @@ def pool_figures(pool, views, train_windows, per_rank, seconds, spent):
             "bytes": pool_bytes, "bytes_per_window": pool_bytes // max(windows, 1), "seconds": seconds,
             "windows_per_s": transformed / seconds if seconds > 0 else 0.0,
             "per_rank": [{"windows": count, "seconds": busy} for count, busy in per_rank],
-            "augment_s": spent["augment_s"], "augmented_windows": spent["augmented"]}
+            "augment_s": spent.seconds(), "augmented_windows": spent.windows}
+
+
+class AugmentTime:
+    """The views' augmentation time over a build, without a host sync per chunk: on a GPU each chunk's
+    augmentation is bracketed by CUDA events, read once when the figures are asked for (the build's
+    copies back to the host have waited for them by then); on a CPU, the clock."""
+
+    def __init__(self):
+        self.cpu_s, self.events, self.windows = 0.0, [], 0
+
+    @contextlib.contextmanager
+    def timing(self, device, windows):
+        if device.type == "cuda":
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            yield
+            end.record()
+            self.events.append((begin, end))
+        else:
+            started = time.perf_counter()
+            yield
+            self.cpu_s += time.perf_counter() - started
+        self.windows += windows
+
+    def seconds(self):
+        if self.events:
+            self.events[-1][1].synchronize()
+        return self.cpu_s + sum(begin.elapsed_time(end) for begin, end in self.events) / 1e3
 
 
 def _to_build(store, pieces, probe):
@@ -320,12 +349,8 @@ def _features(model, split, device, bar, augment, seed, ranges, spent):
             windows = torch.from_numpy(_windows(split.signals, start, stop_chunk)).to(device)
             if augment is not None:
                 labels = torch.from_numpy(split.labels[start:stop_chunk].astype(np.int64)).to(device)
-                augmenting = time.perf_counter()
-                windows = augment(windows, labels)
-                if device.type == "cuda":  # queued work would count as the transform's
-                    torch.cuda.synchronize(device)
-                spent["augment_s"] += time.perf_counter() - augmenting
-                spent["augmented"] += stop_chunk - start
+                with spent.timing(device, stop_chunk - start):
+                    windows = augment(windows, labels)
             for first, stop in inside:
                 yield (first, stop), model.pool_features(windows[first - start:stop - start]).cpu().numpy()
                 bar.update(stop - first)
