@@ -93,6 +93,20 @@ def max_abs_difference(state_a, state_b):
 CUDA_MARKS = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
+@pytest.fixture(scope="module")
+def recording(tmp_path_factory):
+    """A 30 s recording CSV of the synthetic stream (inference_fixtures), for predict.py's tests."""
+    from inference_fixtures import synthetic_stream, write_csv
+    return write_csv(tmp_path_factory.mktemp("recording") / "walk.csv", *synthetic_stream(30.0))
+
+
+@pytest.fixture(scope="module")
+def minirocket(tmp_path_factory):
+    """A small random MiniRocket checkpoint with the keys predict.py reads (inference_fixtures)."""
+    from inference_fixtures import make_checkpoint
+    return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "minirocket.pt", model="minirocket")
+
+
 def requires_cuda(test):
     for mark in CUDA_MARKS:
         test = mark(test)

@@ -26,7 +26,6 @@ from conftest import (
     run_in_process,
     run_subprocess,
 )
-from inference_fixtures import synthetic_stream, write_csv
 from test_predict import run_script
 from test_resume import RUN, assert_same_state
 from test_training_runs import EQUIVALENT, torchrun
@@ -74,11 +73,6 @@ def largest_difference(a, b):
                for index in a["optimizer"]["state"]]
     return max(max_abs_difference(a["model"], b["model"]), max_abs_difference(a["ema"]["weights"], b["ema"]["weights"]),
                *moments)
-
-
-@pytest.fixture(scope="module")
-def recording(tmp_path_factory):
-    return write_csv(tmp_path_factory.mktemp("recording") / "walk.csv", *synthetic_stream(30.0))
 
 
 # ---------------------------------------------------------------------------

@@ -23,6 +23,11 @@ CPU = SingleDevice(torch.device("cpu"))
 
 
 class QuietLog:
+    """The build's log: its closing line and every warning kept, its progress bar silent."""
+
+    def __init__(self):
+        self.line, self.warnings = None, []
+
     def progress(self, total, description):
         class Bar:
             def update(self, count):
@@ -36,7 +41,7 @@ class QuietLog:
         self.line = line
 
     def warn(self, line):
-        self.warned = line
+        self.warnings.append(line)
 
 
 def fitted_model():
@@ -188,7 +193,7 @@ def test_a_pool_on_disk_is_the_pool_in_memory_reused_while_its_identity_holds(tm
         log = QuietLog()
         pool, _ = build_feature_pool(model, splits, 2, augment, seed, CPU, log, store_root=tmp_path)
         everything = {name: part.signals[np.arange(len(part.signals))] for name, part in pool.items()}
-        return everything, log.line + getattr(log, "warned", "")
+        return everything, log.line + "".join(log.warnings)
 
     built, line = on_disk()
     assert "built: no earlier pool in this folder" in line

@@ -8,31 +8,9 @@ import numpy as np
 import pytest
 
 from conftest import run_subprocess
-from test_feature_pool import CPU, fitted_model, split
-from test_store import build, synthetic_npz
+from test_feature_pool import CPU, QuietLog, fitted_model, split
+from test_store import store  # noqa: F401 (a fixture: the window store the runs read)
 from training.loop.recipe import build_feature_pool
-
-
-class Log:
-    """Keeps the closing line and every warning."""
-
-    def __init__(self):
-        self.line, self.warnings = None, []
-
-    def progress(self, total, description):
-        class Bar:
-            def update(self, count):
-                pass
-
-            def close(self):
-                pass
-        return Bar()
-
-    def info(self, line):
-        self.line = line
-
-    def warn(self, line):
-        self.warnings.append(line)
 
 
 @pytest.fixture(scope="module")
@@ -44,14 +22,14 @@ def model_and_splits():
 def on_disk(model_and_splits, root):
     """(the pool read back whole, the log) of a build in `root`."""
     model, splits = model_and_splits
-    log = Log()
+    log = QuietLog()
     pool, _ = build_feature_pool(model, splits, 1, None, 5, CPU, log, store_root=root)
     return {name: part.signals[np.arange(len(part.signals))] for name, part in pool.items()}, log
 
 
 def in_memory(model_and_splits):
     model, splits = model_and_splits
-    pool, _ = build_feature_pool(model, splits, 1, None, 5, CPU, Log())
+    pool, _ = build_feature_pool(model, splits, 1, None, 5, CPU, QuietLog())
     return {name: part.signals for name, part in pool.items()}
 
 
@@ -136,18 +114,11 @@ def test_a_missing_shard_is_built_without_a_warning(model_and_splits, tmp_path):
     assert_same_pool(rebuilt, in_memory(model_and_splits))
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("store")
-    build(synthetic_npz(folder / "windows.npz"), folder / "store", "--dtype", "float32", "--workers", "1")
-    return folder / "store"
-
-
 def shards(save_dir):
     return {path.name: path for path in (save_dir / "features").glob("*/part*.npy")}
 
 
-def test_a_store_run_killed_while_writing_its_pool_loses_that_shard_alone(store, tmp_path):
+def test_a_store_run_killed_while_writing_its_pool_loses_that_shard_alone(store, tmp_path):  # noqa: F811
     run = [sys.executable, "main.py", "--dataset", "store", "--data-dir", store, "--model", "minirocket",
            "--width", "840", "--feature-views", "4", "--epochs", "3", "--no-figures"]
     straight = run_subprocess([*run, "--save-dir", tmp_path / "straight"])

@@ -8,7 +8,7 @@ import pytest
 
 from data.uci_har import CLASS_NAMES
 from inference.transitions import write_transitions
-from inference_fixtures import make_checkpoint, synthetic_stream, write_csv
+from inference_fixtures import make_checkpoint
 from test_bad_input import assert_refused, write_fake_uci
 from test_predict import read_rows, run_script
 
@@ -16,16 +16,6 @@ from test_predict import read_rows, run_script
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "best.pt")
-
-
-@pytest.fixture(scope="module")
-def minirocket(tmp_path_factory):
-    return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "minirocket.pt", model="minirocket")
-
-
-@pytest.fixture(scope="module")
-def recording(tmp_path_factory):
-    return write_csv(tmp_path_factory.mktemp("rec") / "walk.csv", *synthetic_stream(30.0))
 
 
 def predict(checkpoint, recording, out, *flags):

@@ -19,22 +19,8 @@ from models import build_model
 from test_adaptation import CHANNELS, CLASSES, STEPS, bundle_of
 from test_bad_input import assert_refused, snapshot
 from test_predict import read_rows, run_script
+from test_predict_new_people import predict
 from test_store import build_here, synthetic_npz, write_recording
-
-
-@pytest.fixture(scope="module")
-def minirocket(tmp_path_factory):
-    return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "best.pt", model="minirocket")
-
-
-@pytest.fixture(scope="module")
-def recording(tmp_path_factory):
-    return write_csv(tmp_path_factory.mktemp("rec") / "walk.csv", *synthetic_stream(30.0))
-
-
-def predict(checkpoint, recording, out, *flags):
-    return run_script("predict", ["--checkpoint", checkpoint, "--recording", recording, "--out", out, *flags])
-
 
 # --- Numbers that become nonsense ------------------------------------------------------------------
 
