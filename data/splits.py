@@ -74,8 +74,8 @@ def load_har_data(dataset="auto", data_dir=None, mode="flatten", val_fraction=0.
     train, val, val_subjects = _hold_out(train_all, val_fraction, split_seed, val_subjects, val_split)
     description = (f"data: {source} ({where}), mode={mode}: {train.signals.shape[1]} channels x "
                    f"{train.signals.shape[2]} steps; train {len(train)} windows / "
-                   f"{len(np.unique(train.subjects))} subjects, val {len(val)} / {len(val_subjects)} "
-                   f"subjects {sorted(int(s) for s in val_subjects)}, test {len(test)} / "
+                   f"{len(np.unique(train.subjects))} subjects, val {len(val)} / "
+                   f"{_validation_words(train_all, val_subjects, val_split)}, test {len(test)} / "
                    f"{len(np.unique(test.subjects))} subjects")
     identity = array_identity(*raw["train"], *raw["test"])
     return HarData(train, val, test, uci_har.CLASS_NAMES, channel_names(mode), source, description, identity=identity)
@@ -111,20 +111,17 @@ def _load_npz(data_dir, mode, val_fraction, split_seed, val_subjects, val_split)
     whole = Split(windows.signals, windows.labels, windows.subjects)
     if windows.split is not None:
         is_test, how = windows.split == "test", "its split array"
+    elif len(np.unique(whole.subjects)) == 1:  # one person: the end of their recording tests
+        is_test, how = _last_part(whole.subjects, NPZ_TEST_FRACTION), "one subject: the last fifth of it tests"
     else:
-        if len(np.unique(whole.subjects)) < 3:
-            raise DataError(f"{data_dir} has no split array and {len(np.unique(whole.subjects))} subject(s); "
-                            "holding out whole subjects for validation and test needs at least three: mark the "
-                            "test windows with a split array ('train' / 'test'), with --val-fraction 0 for a "
-                            "single training subject")
         test_subjects = hold_out_subjects(whole.subjects, NPZ_TEST_FRACTION, NPZ_TEST_SEED)
         is_test = np.isin(whole.subjects, test_subjects)
         how = f"test subjects {sorted(int(s) for s in test_subjects)} held out"
     train_all, test = _take(whole, ~is_test), _take(whole, is_test)
     train, val, val_subjects = _hold_out(train_all, val_fraction, split_seed, val_subjects, val_split)
     description = (f"data: npz ({data_dir}, {how}): {whole.signals.shape[1]} channels x "
-                   f"{whole.signals.shape[2]} steps; train {len(train)} windows, val {len(val)} / subjects "
-                   f"{sorted(int(s) for s in val_subjects)}, test {len(test)}")
+                   f"{whole.signals.shape[2]} steps; train {len(train)} windows, val {len(val)} / "
+                   f"{_validation_words(train_all, val_subjects, val_split)}, test {len(test)}")
     return HarData(train, val, test, windows.class_names, windows.channel_names, "npz", description,
                    sample_rate_hz=windows.sample_rate_hz, preprocessing=windows.preprocessing,
                    identity=file_sha256(data_dir))
@@ -140,7 +137,8 @@ def _load_store(data_dir, mode, val_fraction, split_seed, val_subjects, val_spli
     train, val, val_subjects = _hold_out(train_all, val_fraction, split_seed, val_subjects, val_split)
     description = (f"data: store ({data_dir}, {len(store):,} windows in {len(store.shards)} shards, "
                    f"{manifest['dtype']}): {len(store.channels)} channels x {store.window_steps} steps; train "
-                   f"{len(train):,} windows, val {len(val):,} / subjects {sorted(int(s) for s in val_subjects)}, "
+                   f"{len(train):,} windows, val {len(val):,} / "
+                   f"{_validation_words(train_all, val_subjects, val_split)}, "
                    f"test {len(test):,} / {len(manifest['test_subjects'])} subjects")
     statistics = manifest["normalization"]
     normalization = (np.asarray(statistics["mean"], np.float32), np.asarray(statistics["std"], np.float32))
@@ -197,7 +195,7 @@ def hold_out_subjects(subjects, val_fraction, seed):
 def _hold_out(train_all, val_fraction, seed, val_subjects, val_split="subjects"):
     """(train, val, validation subjects): the given subjects, which must be training subjects and leave
     at least one to train on, else a random `val_fraction` of them; or the end of each one's windows."""
-    if val_split == "time":
+    if _validates_in_time(train_all, val_fraction, val_subjects, val_split):
         is_val = _last_part(train_all.subjects, val_fraction)
         return _take(train_all, ~is_val), _take(train_all, is_val), np.unique(train_all.subjects[is_val])
     if val_subjects is None:
@@ -213,6 +211,21 @@ def _hold_out(train_all, val_fraction, seed, val_subjects, val_split="subjects")
         val_subjects = np.array(sorted(set(val_subjects)), dtype=np.int64)
     is_val = np.isin(train_all.subjects, val_subjects)
     return _take(train_all, ~is_val), _take(train_all, is_val), val_subjects
+
+
+def _validates_in_time(train_all, val_fraction, val_subjects, val_split):
+    """--val-split time, or one training subject (whole subjects cannot be held out of one person's
+    data, so the end of their windows validates, as --val-split time would)."""
+    if val_split == "time":
+        return True
+    return val_subjects is None and val_fraction > 0 and len(np.unique(train_all.subjects)) == 1
+
+
+def _validation_words(train_all, val_subjects, val_split):
+    """How validation was held out, for the data's one-line description."""
+    if len(val_subjects) and (val_split == "time" or len(np.unique(train_all.subjects)) == 1):
+        return "the last part of each training subject's windows"
+    return f"subjects {sorted(int(s) for s in val_subjects)}"
 
 
 def _last_part(subjects, fraction):

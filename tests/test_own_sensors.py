@@ -129,15 +129,31 @@ def test_an_accelerometer_alone_makes_a_store_of_its_three_channels(tmp_path):
     assert load_har_data("store", tmp_path / "store").train.signals.shape[1] == 3
 
 
-def test_one_person_is_shown_the_way_to_train_without_validation(tmp_path):
+def test_one_persons_windows_are_tested_and_validated_on_their_end_without_flags(tmp_path):
+    arrays = windows(subjects=1, per_subject=50)
+    path = write_npz(tmp_path / "one.npz", **arrays)
+    data = load_har_data("npz", path, val_fraction=0.25)
+    np.testing.assert_array_equal(data.test.signals, arrays["signals"][40:])  # the last fifth tests
+    np.testing.assert_array_equal(data.val.signals, arrays["signals"][30:40])  # the end of the rest validates
+    np.testing.assert_array_equal(data.train.signals, arrays["signals"][:30])
+    assert "the last part of each training subject's windows" in data.description
+    code, out, err = train_npz(path, tmp_path / "run")
+    assert code == 0, err
+    assert (tmp_path / "run" / "val_report.json").is_file()
+
+
+def test_one_training_subject_among_others_validates_on_its_end(tmp_path):
     arrays = windows(subjects=2)
     path = write_npz(tmp_path / "w.npz", **arrays, split=np.where(arrays["subjects"] == 1, "train", "test"))
-    line = assert_refused(train_npz(path, tmp_path / "refused"), "at least two training subjects")
-    assert "--val-fraction 0" in line
-    code, _, err = train_npz(path, tmp_path / "run", "--val-fraction", "0")
-    assert code == 0, err
-    one = write_npz(tmp_path / "one.npz", **windows(subjects=1))
-    assert "--val-fraction 0" in assert_refused(train_npz(one, tmp_path / "refused"), "split array")
+    data = load_har_data("npz", path, val_fraction=0.2)
+    trained = arrays["signals"][arrays["subjects"] == 1]
+    count = round(0.2 * len(trained))
+    np.testing.assert_array_equal(data.val.signals, trained[-count:])
+    np.testing.assert_array_equal(data.train.signals, trained[:-count])
+    two = write_npz(tmp_path / "two.npz", **arrays)  # no split array: one person tests, the other trains
+    data = load_har_data("npz", two, val_fraction=0.2)
+    assert len(np.unique(data.test.subjects)) == 1 and len(np.unique(data.train.subjects)) == 1
+    assert set(data.test.subjects).isdisjoint(data.train.subjects)
 
 
 def test_a_class_without_training_windows_is_warned_of(tmp_path):
