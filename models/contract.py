@@ -12,6 +12,7 @@ class HARModel(nn.Module):
     FIXED_FEATURES = False  # True: forward also takes features(windows), which do not learn, so a pool can hold them
     FEATURE_VIEWS = 0  # when --feature-views is not given: views of the training windows pooled once (FIXED_FEATURES)
     FITS_TO_DATA = False  # True: fit(signals) sets parts from the training windows before training
+    LINEAR_HEAD = False  # True: head[-1] is one nn.Linear over the FIXED_FEATURES, which ridge regression can solve
     # True: its whole training step was shown on a GPU to record as one CUDA graph and to train as the
     # eager step does (tests/test_cuda.py), so CUDA runs record it unless --no-cuda-graphs.
     STEP_RECORDS = False

@@ -45,6 +45,7 @@ class MiniRocket(HARModel):
     FIXED_FEATURES = True
     FEATURE_VIEWS = 4  # chosen on the nested subject-wise estimate (docs/training.md)
     FITS_TO_DATA = True  # fit(signals): the biases and the feature statistics
+    LINEAR_HEAD = True  # head = Dropout, Linear over from_counts(pool counts): --head-fit ridge solves it
     STEP_RECORDS = True  # shown for the head's step on the feature pool, the default
 
     @staticmethod

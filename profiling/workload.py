@@ -69,8 +69,14 @@ class Workload:
 def build_workload(args, strategy, data=None):
     """The trainer's run for the profiler's flags, in a scratch --save-dir that nothing resumes from;
     `data`: the run's data, when the caller has loaded it already."""
+    if args.run.optim.head_fit == "ridge":
+        raise UsageError("--head-fit ridge solves the head in closed form and takes no optimizer step to profile; "
+                         "profile --head-fit adamw")
     scratch = tempfile.TemporaryDirectory(prefix="har-profile-")
-    config = args.run.replace(save_dir=scratch.name, resume=None, **(RECIPE_OFF if args.bare_step else {}))
+    # The profiler times optimizer steps, so a small split that auto would solve by ridge is profiled
+    # as the epochs would train it.
+    config = args.run.replace(save_dir=scratch.name, resume=None, head_fit="adamw",
+                              **(RECIPE_OFF if args.bare_step else {}))
     started = time.perf_counter()
     inputs = read_run_inputs(config, hold_lock=False, data=data)
     read = time.perf_counter()

@@ -175,7 +175,7 @@ def test_windows_of_unequal_lengths_are_refused_for_what_they_are(tmp_path):
     assert "unicode" not in line
 
 
-@pytest.mark.parametrize("flags", [[], ["--model", "cnn1d", "--cv-folds", "2"]])
+@pytest.mark.parametrize("flags", [["--head-fit", "adamw"], ["--model", "cnn1d", "--cv-folds", "2"]])
 @pytest.mark.parametrize("channel_names, dropped", [(RAW, ["'flip'", "no class"]),
                                                       (ANKLE_HIP_WRIST, ["'rotate'", "'flip'", "x/y/z"])])
 def test_augmentations_a_layout_does_not_support_are_dropped_in_one_line(channel_names, dropped, flags, tmp_path):

@@ -24,7 +24,8 @@ from training.run_inputs import LOCK_NAME, SaveDirLock
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # A tiny run whose settings all differ from the defaults somewhere, so a lost key shows.
 CONFIG = {"dataset": "synthetic", "synthetic-windows-per-subject": 8, "epochs": 2, "batch_size": 16,
-          "lr": "2e-3", "norm": "group", "dropout": 0.0, "seed": 7, "max_grad_norm": 0.5, "amp": False}
+          "lr": "2e-3", "norm": "group", "dropout": 0.0, "seed": 7, "max_grad_norm": 0.5, "amp": False,
+          "head-fit": "adamw"}
 
 
 def parse_args(argv):

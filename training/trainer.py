@@ -19,9 +19,10 @@ from pathlib import Path
 import torch
 
 from data.loaders import split_loaders
-from data.splits import HarData, fit_normalization, normalize
+from data.splits import HarData, Split, fit_normalization, normalize
+from data.store import StoreSplit
 from evaluation.figures import write_run_figures
-from models import count_parameters, feature_views_of, label_smoothing_of, resolve_size, training_bytes
+from models import MODELS, count_parameters, feature_views_of, label_smoothing_of, resolve_size, training_bytes
 from training.checkpoint import files as ckpt
 from training.checkpoint.earlier_run import earlier_run_files, move_aside
 from training.checkpoint.manager import CheckpointManager, restore_parts
@@ -40,6 +41,7 @@ from training.loop.recipe import (
     feature_store_root,
     wants_feature_pool,
 )
+from training.loop.ridge_head import fit_head_by_ridge, resolve_head_fit
 from training.loop.step import (
     Precision,
     TrainStep,
@@ -99,7 +101,7 @@ def train(config):
     try:
         trainer = Trainer.build(config, strategy, stop_signals, inputs=inputs)
         clock.lap(SET_UP_LAP)
-        outcome = fit(trainer)
+        outcome = fit_head_by_ridge(trainer) if trainer.head_pool is not None else fit(trainer)
         clock.lap("training")
         if outcome == "complete":
             report_best_weights(trainer)
@@ -146,6 +148,7 @@ class Trainer:
     exact_resume: bool = False  # the first epoch continues a mid-epoch checkpoint bit for bit
     first_epoch: int = 0  # the first epoch this invocation trains
     pool_figures: dict = None  # the feature pool's build (recipe.pool_figures); None without a pool
+    head_pool: Split = None  # the training windows' pooled counts when --head-fit resolves to ridge, else None
 
     @classmethod
     def build(cls, config, strategy, stop_signals=None, quiet=False, inputs=None):
@@ -161,13 +164,18 @@ class Trainer:
         for warning in warnings:
             log.warn(warning)
         data, normalization = _normalize_data(data, checkpoint, log)
-        augment = build_augmenter(config.recipe, normalization, data.channel_names, data.class_names, strategy.device,
-                                  log.warn)
+        head_fit = resolve_head_fit(optim.head_fit, MODELS[config.model.name],
+                                    feature_views_of(config.model.name, config.recipe.feature_views) > 0,
+                                    len(data.train), strategy, not isinstance(data.train, StoreSplit))
+        # A head solved by ridge sees the windows as they are: one view, no augmentation.
+        augment = None if head_fit == "ridge" else build_augmenter(
+            config.recipe, normalization, data.channel_names, data.class_names, strategy.device, log.warn)
         model, train_model, precision, ema = _build_model(config, data, strategy, log, checkpoint)
         global_batch = global_batch_size(optim.batch_size, strategy.data_parallel_size, optim.grad_accum_steps)
         # DataParallel splits one loader batch over its GPUs; DDP ranks each load their own.
         loader_batch = optim.batch_size * strategy.data_parallel_size // strategy.world_size
-        loaders, augment, pool_figures = _build_loaders(config, data, model, augment, loader_batch, strategy, log)
+        loaders, augment, pool_figures, pool = _build_loaders(config, data, model, augment, loader_batch, strategy,
+                                                              log)
 
         peak_lr = scaled_lr(optim.lr, optim.lr_scaling, global_batch, optim.batch_size)
         lr_warning = scaling_warning(optim.lr, optim.lr_scaling, global_batch, optim.batch_size, DEFAULT_LR)
@@ -205,7 +213,13 @@ class Trainer:
         return cls(config=config, strategy=strategy, log=log, data=data, model=model, precision=precision,
                    loaders=loaders, loader_batch=loader_batch, global_batch=global_batch, step=step, state=state,
                    rng=rng, checkpoints=checkpoints, stop_signals=stop_signals or StopSignals(),
-                   exact_resume=exact_resume, pool_figures=pool_figures)
+                   exact_resume=exact_resume, pool_figures=pool_figures,
+                   head_pool=pool["train"] if head_fit == "ridge" else None)
+
+    @property
+    def epochs(self):
+        """The epochs this run trains: one, a closed-form solve, when the head is solved by ridge."""
+        return 1 if self.head_pool is not None else self.config.optim.epochs
 
     def evaluate(self, split, model=None):
         """(labels, logits, mean loss) of "val" or "test" over every rank, by `model` or else the
@@ -273,8 +287,8 @@ def _normalize_data(data, checkpoint, log):
 
 def _build_loaders(config, data, model, augment, loader_batch, strategy, log):
     """The splits' loaders, over a feature pool where the model's features are fixed, the augmenter
-    the step applies (None when the pool's views carry the augmentation), and the pool's build
-    figures (None without a pool)."""
+    the step applies (None when the pool's views carry the augmentation), the pool's build figures
+    (None without a pool), and the splits the loaders read (the pool's, or the windows)."""
     optim = config.optim
     splits, train_views, figures = {"train": data.train, "val": data.val, "test": data.test}, 1, None
     views = feature_views_of(config.model.name, config.recipe.feature_views)
@@ -290,7 +304,7 @@ def _build_loaders(config, data, model, augment, loader_batch, strategy, log):
                                        strategy.world_size, strategy.rank, optim.seed, config.hardware.data_path,
                                        config.hardware.num_workers, train_views)
     log.info(f"data path: {data_path}")
-    return loaders, augment, figures
+    return loaders, augment, figures, splits
 
 
 def _build_model(config, data, strategy, log, checkpoint=None):

@@ -241,6 +241,10 @@ class Optimisation:
     amp: bool | None = setting(None, "mixed precision (default: on for CUDA, off for CPU)")
     amp_dtype: str | None = setting(None, "default: bf16 where supported, else fp16 with a GradScaler; CPU: bf16",
                                     choices=("bf16", "fp16"))
+    head_fit: str = setting("auto", "minirocket's linear head: ridge = solved by ridge regression on the training "
+                            "windows (its strength by leave-one-out error; no epochs, views or augmentation); adamw "
+                            "= trained by AdamW over --epochs; auto = ridge for a training split of at most 512 "
+                            "windows, else adamw", choices=("auto", "adamw", "ridge"))
     early_stopping_patience: int = setting(0, "stop after this many epochs without a better validation macro-F1; "
                                            "0 = off")
     seed: int = setting(42, "initial weights, shuffling, dropout, augmentation, validation subjects and "
@@ -393,6 +397,10 @@ def check_recipe_strengths(args):
         raise UsageError(f"--ema-decay must be in [0, 1), got {args.ema_decay}")
     if args.feature_views is not None and args.feature_views < 0:
         raise UsageError(f"--feature-views must be 0 (off) or more, got {args.feature_views}")
+    if args.head_fit == "ridge" and not (MODELS[args.model].LINEAR_HEAD and args.feature_views != 0):
+        raise UsageError(f"--head-fit ridge solves a linear head over pooled features: --model minirocket with "
+                         f"--feature-views above 0 (got --model {args.model}"
+                         f"{', --feature-views 0' if args.feature_views == 0 else ''}); use --head-fit adamw")
     if args.feature_views and not has_fixed_features(args.model):
         raise UsageError(f"--feature-views pools fixed features, which --model {args.model} does not have (minirocket "
                          "does): drop --feature-views")

@@ -32,7 +32,7 @@ def fit(trainer):
         epoch_start = time.perf_counter()
         result = train_epoch(trainer, epoch)
         if not result.stopped_early:  # a pass stopped early saved its checkpoint already
-            _end_epoch(trainer, epoch, result, epoch_start)
+            end_epoch(trainer, epoch, result, epoch_start)
         if result.stopped_early or stop_requested(trainer):
             log.info(f"received {trainer.stop_signals.received or 'a stop signal on another rank'}: stopped after "
                      f"step {state.step} (epoch {state.epoch + 1}) and saved {trainer.checkpoints.last_path}; run "
@@ -56,7 +56,7 @@ def train_epoch(trainer, epoch):
     plan = _plan_epoch(trainer, epoch, loader)
     tally = EpochTally(strategy.device, *((state.epoch_loss_sum, state.epoch_samples) if strategy.is_main else ()))
     steps_left = math.ceil((plan.batches_in_epoch - plan.first_batch) / config.optim.grad_accum_steps)
-    bar = trainer.log.progress(steps_left, f"epoch {epoch + 1}/{config.optim.epochs}")
+    bar = trainer.log.progress(steps_left, f"epoch {epoch + 1}/{trainer.epochs}")
     hook = _StepHook(trainer, plan, tally, bar)
     batches = faults.wrap_batches(loader, epoch * plan.batches_in_epoch + plan.first_batch, strategy.rank)
     step, accum, steps = trainer.step, config.optim.grad_accum_steps, 0
@@ -102,7 +102,7 @@ def _plan_epoch(trainer, epoch, loader):
     return EpochPlan(0, len(loader), state.step)
 
 
-def _end_epoch(trainer, epoch, result, epoch_start):
+def end_epoch(trainer, epoch, result, epoch_start):
     """Validate, update the train state, checkpoint and log the epoch's record."""
     if trainer.has_validation:
         labels, logits, val_loss = trainer.evaluate("val")
@@ -112,10 +112,10 @@ def _end_epoch(trainer, epoch, result, epoch_start):
     is_best = trainer.state.end_epoch(metrics["macro_f1"])
     trainer.save(is_best)
     strategy = trainer.strategy
-    record = {"epoch": epoch + 1, "epochs": trainer.config.optim.epochs, "step": trainer.state.step,
+    record = {"epoch": epoch + 1, "epochs": trainer.epochs, "step": trainer.state.step,
               "train_loss": result.loss_sum / max(1, result.loss_samples), "train_samples": result.loss_samples,
               "val_loss": val_loss, "val_acc": metrics["acc"], "val_macro_f1": metrics["macro_f1"],
-              "lr": trainer.step.last_lr(),
+              "lr": trainer.step.last_lr() if result.steps else 0.0,  # a solved head took no step at any LR
               "samples_per_s": result.samples / result.train_time_s if result.train_time_s > 0 else 0.0,
               "train_time_s": result.train_time_s, "epoch_time_s": time.perf_counter() - epoch_start,
               "world_size": strategy.world_size, "global_batch_size": trainer.global_batch,

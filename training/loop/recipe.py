@@ -98,7 +98,8 @@ class WeightAverage:
         """Start the average over from the model's current weights (a resumed run that kept none)."""
         with torch.no_grad():
             for averaged, current in self._tensors():
-                torch._foreach_copy_(averaged, current)
+                if averaged:  # a model may have no buffers of a kind
+                    torch._foreach_copy_(averaged, current)
         self.updates = 0
 
     def update(self):

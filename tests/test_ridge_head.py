@@ -1,0 +1,79 @@
+"""MiniRocket's head solved by ridge regression (--head-fit, training/loop/ridge_head.py): the solve
+against scikit-learn's, which runs take it, and what the run writes and resumes."""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from sklearn.linear_model import RidgeClassifierCV
+
+from conftest import load_checkpoint, run_in_process
+from data.splits import load_har_data, normalize
+from models import MODELS, build_model
+from test_bad_input import assert_refused
+from test_npz_dataset import train as train_npz
+from test_own_sensors import windows, write_npz
+from training.loop.ridge_head import ALPHAS, RIDGE_MAX_WINDOWS, resolve_head_fit, solve_ridge
+
+SINGLE, FSDP = SimpleNamespace(name="single"), SimpleNamespace(name="fsdp")
+
+
+@pytest.mark.parametrize("spread", [0.3, 3.0])  # classes far apart choose a weak alpha, close ones a strong one
+def test_the_solve_is_scikit_learns_ridge_classifier_with_leave_one_out_alpha(spread):
+    rng = np.random.default_rng(0)
+    labels = np.arange(60) % 3
+    features = rng.normal(size=(60, 200)) + spread * rng.normal(size=(3, 200))[labels]
+    reference = RidgeClassifierCV(alphas=ALPHAS).fit(features, labels)
+    weight, bias, alpha = solve_ridge(torch.from_numpy(features), labels, 3)
+    assert alpha == pytest.approx(reference.alpha_)
+    np.testing.assert_allclose(weight.numpy(), reference.coef_, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(bias.numpy(), reference.intercept_, rtol=1e-4, atol=1e-6)
+
+
+def test_auto_solves_small_training_splits_only_where_a_linear_head_is_pooled_in_memory():
+    minirocket, cnn = MODELS["minirocket"], MODELS["cnn1d"]
+    assert resolve_head_fit("auto", minirocket, True, RIDGE_MAX_WINDOWS, SINGLE, True) == "ridge"
+    assert resolve_head_fit("auto", minirocket, True, RIDGE_MAX_WINDOWS + 1, SINGLE, True) == "adamw"
+    for model, pooled, strategy, in_memory in ((cnn, True, SINGLE, True), (minirocket, False, SINGLE, True),
+                                                (minirocket, True, FSDP, True), (minirocket, True, SINGLE, False)):
+        assert resolve_head_fit("auto", model, pooled, 10, strategy, in_memory) == "adamw"
+    assert resolve_head_fit("ridge", minirocket, True, 10 * RIDGE_MAX_WINDOWS, SINGLE, True) == "ridge"
+    assert resolve_head_fit("adamw", minirocket, True, 10, SINGLE, True) == "adamw"
+
+
+def test_a_small_set_is_solved_on_its_training_windows_and_the_run_resumes_as_done(tmp_path):
+    arrays = windows(subjects=5, per_subject=12, channels=3, steps=48)
+    path = write_npz(tmp_path / "w.npz", **arrays, split=np.where(arrays["subjects"] == 5, "test", "train"))
+    code, out, err = train_npz(path, tmp_path / "run", "--val-fraction", "0")
+    assert code == 0, err
+    assert "head: ridge regression on 48 training windows" in out and "epoch 1/1" in out
+    checkpoint = load_checkpoint(tmp_path / "run" / "best.pt")
+    model = build_model("minirocket", 3, 3, window_steps=48)
+    model.load_state_dict(checkpoint["model"])
+    data = load_har_data("npz", path, val_fraction=0.0)
+    statistics = checkpoint["normalization"]
+    train = normalize(data.train, statistics["mean"].numpy(), statistics["std"].numpy())
+    weight, bias, _ = solve_ridge(model.features(torch.from_numpy(train.signals)), train.labels, 3)
+    torch.testing.assert_close(model.head[-1].weight, weight)
+    torch.testing.assert_close(model.head[-1].bias, bias)
+    torch.testing.assert_close(checkpoint["ema"]["weights"]["head.1.weight"], weight)  # the average is the solve
+    code, out, err = train_npz(path, tmp_path / "run", "--val-fraction", "0")  # the same command again
+    assert code == 0, err
+    assert "already solved" in out
+    assert torch.equal(load_checkpoint(tmp_path / "run" / "best.pt")["model"]["head.1.weight"], weight)
+
+
+def test_adamw_trains_the_same_small_set_by_epochs(tmp_path):
+    path = write_npz(tmp_path / "w.npz", **windows(subjects=4, per_subject=12, channels=3, steps=48))
+    code, out, err = train_npz(path, tmp_path / "run", "--head-fit", "adamw", "--epochs", "2")
+    assert code == 0, err
+    assert "ridge" not in out and "epoch 2/2" in out
+
+
+def test_ridge_is_refused_where_there_is_no_pooled_linear_head(tmp_path):
+    path = write_npz(tmp_path / "w.npz", **windows())
+    for flags, named in ((["--model", "cnn1d"], "--model cnn1d"), (["--feature-views", "0"], "--feature-views 0")):
+        code, out, err = run_in_process("main.py", ["--dataset", "npz", "--data-dir", path, "--head-fit", "ridge",
+                                                    "--save-dir", tmp_path / "run", *flags])
+        assert named in assert_refused((code, out, err), "--head-fit ridge")
+        assert not (tmp_path / "run").exists()

@@ -1,0 +1,92 @@
+"""MiniRocket's linear head solved in closed form, for small data: ridge regression on +-1 class
+targets over the training windows' features, its strength chosen by leave-one-out error, as aeon's
+MiniRocket classifier does. On a few hundred windows the AdamW epochs take a few dozen steps and
+lose to it (docs/training.md, "Small data: the head solved by ridge regression"); on more windows
+the augmented views and epochs generalise better across people, so above RIDGE_MAX_WINDOWS the head
+is trained as before.
+
+The solve works in the dual (one row and column per window), so its cost grows with the windows
+squared: RIDGE_MAX_WINDOWS keeps it to a fraction of a second."""
+import time
+
+import numpy as np
+import torch
+
+from training.errors import UsageError
+from training.loop.epochs import EpochResult, end_epoch
+
+RIDGE_MAX_WINDOWS = 512  # auto: the largest training split solved by ridge (the measurements: docs/training.md)
+ALPHAS = tuple(np.logspace(-3, 3, 10))  # the strengths tried, aeon's and scikit-learn's RidgeClassifierCV's range
+FEATURE_CHUNK = 1024  # windows turned from counts into features at a time
+
+
+def resolve_head_fit(head_fit, model_class, pooled, train_windows, strategy, data_in_memory):
+    """'ridge' or 'adamw': what --head-fit asks for, auto resolved by the training split's size. Ridge
+    needs a linear head over a feature pool (`pooled`: --feature-views above 0) in memory and the
+    whole head on every rank."""
+    solvable = model_class.LINEAR_HEAD and pooled and data_in_memory and strategy.name != "fsdp"
+    if head_fit == "adamw" or (head_fit == "auto" and not solvable):
+        return "adamw"
+    if head_fit == "ridge":
+        if not solvable:
+            raise UsageError("--head-fit ridge solves a linear head over features held in memory on every rank "
+                             "(minirocket, with --feature-views above 0, not under FSDP, not from a window store); "
+                             "use --head-fit adamw")
+        return "ridge"
+    return "ridge" if train_windows <= RIDGE_MAX_WINDOWS else "adamw"
+
+
+def solve_ridge(features, labels, classes, alphas=ALPHAS):
+    """(weight [K, F], bias [K], alpha) of least squares from `features` [N, F] to +-1 targets of
+    `labels` [N], the intercept unpenalised, alpha the one of `alphas` with the smallest
+    leave-one-out squared error (exact for ridge: residual / (1 - leverage)). float64 throughout."""
+    x = features.double()
+    count = len(labels)
+    targets = -torch.ones(count, classes, dtype=torch.float64)
+    targets[torch.arange(count), torch.as_tensor(labels)] = 1.0
+    x_mean, target_mean = x.mean(dim=0), targets.mean(dim=0)
+    x, targets = x - x_mean, targets - target_mean
+    eigenvalues, vectors = torch.linalg.eigh(x @ x.T)
+    eigenvalues = eigenvalues.clamp_min(0.0)  # rounding leaves the null directions slightly negative
+    projected = vectors.T @ targets
+    errors = []
+    for alpha in alphas:
+        shrink = eigenvalues / (eigenvalues + alpha)
+        residual = targets - vectors @ (shrink[:, None] * projected)
+        leverage = 1.0 / count + (vectors * vectors) @ shrink  # the intercept's 1/N, then the ridge's
+        errors.append(float(((residual / (1.0 - leverage)[:, None]) ** 2).mean()))
+    alpha = alphas[int(np.argmin(errors))]
+    dual = vectors @ (projected / (eigenvalues + alpha)[:, None])
+    weight = x.T @ dual
+    return weight.T.float(), (target_mean - x_mean @ weight).float(), float(alpha)
+
+
+def fit_head_by_ridge(trainer):
+    """The run's one 'epoch': solve the head on the trainer's head_pool (counts of the training
+    windows as they are), put it in the model and its average, then validate, save and log as an
+    epoch ends. Returns "complete"."""
+    state, log, pool = trainer.state, trainer.log, trainer.head_pool
+    if state.epoch >= 1:
+        log.info("the head was already solved by ridge regression; evaluating the test split")
+        return "complete"
+    start = time.perf_counter()
+    model = trainer.model
+    features = torch.cat([model.from_counts(torch.as_tensor(np.asarray(pool.signals[first:first + FEATURE_CHUNK]),
+                                                            device=trainer.strategy.device)).cpu()
+                          for first in range(0, len(pool), FEATURE_CHUNK)])
+    weight, bias, alpha = solve_ridge(features, pool.labels, len(trainer.data.class_names))
+    linear = model.head[-1]
+    with torch.no_grad():
+        linear.weight.copy_(weight.to(linear.weight.device))
+        linear.bias.copy_(bias.to(linear.bias.device))
+    if trainer.step.ema is not None:
+        trainer.step.ema.restart()  # the average of one set of weights is those weights
+    seconds = time.perf_counter() - start
+    log.info(f"head: ridge regression on {len(pool):,} training windows, alpha {alpha:.3g} (of "
+             f"{ALPHAS[0]:g} to {ALPHAS[-1]:g}, by leave-one-out error) in {seconds:.1f} s")
+    # The epoch line's training loss: the solved head's cross-entropy on the windows it was solved on.
+    loss_sum = torch.nn.functional.cross_entropy(features @ weight.T + bias, torch.as_tensor(pool.labels),
+                                                 reduction="sum")
+    end_epoch(trainer, 0, EpochResult(steps=0, samples=len(pool), train_time_s=seconds, loss_sum=float(loss_sum),
+                                      loss_samples=len(pool), stopped_early=False), start)
+    return "complete"
