@@ -15,6 +15,7 @@ fails is recorded with its command and its one-line error; the study goes on.
 import csv
 import json
 import os
+import resource
 import shlex
 import statistics
 import subprocess
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from profiling.entry_points import REPO, at_least, comma_choices, entry_parser, json_file, write_json
 from profiling.interleave import interleave, per_side
+from profiling.timing import HostCpuMeter
 from studies.layout_windows import LAYOUTS, cut_layout, read_recordings, write_recording
 from training.entry_point import run_entry_point
 from training.errors import UsageError
@@ -110,21 +112,34 @@ def side_runner(side, data, scratch, threads):
             said = f"accuracy {result['accuracy']:.4f}, worst person {worst} ({result['worst_accuracy']:.4f})"
         else:
             said = f"failed: {result['error']}"
-        print(f"  round {round_index + 1}, {side}: {result['wall_s']:.1f} s, {said}", flush=True)
+        print(f"  round {round_index + 1}, {side}: {result['wall_s']:.1f} s, {said}; other processes "
+              f"{result['other_cores']} cores", flush=True)
         return result
     return one_round
 
 
 def run_step(command):
-    """{'ok', 'wall_s', 'command', 'error'} of one process run from the repository root; error is the
-    last line it wrote to stderr (the entry points' one `error:` line) when it failed."""
-    started = time.perf_counter()
+    """{'ok', 'wall_s', 'command', 'error', 'other_cores'} of one process run from the repository root;
+    error is the last line it wrote to stderr (the entry points' one `error:` line) when it failed;
+    other_cores the cores that processes other than this one and the step kept busy meanwhile (None
+    off Linux): on a shared machine, what the wall clock also measured."""
+    meter, children_s, started = HostCpuMeter(), children_cpu_s(), time.perf_counter()
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
     wall_s = time.perf_counter() - started
+    elapsed = meter.elapsed()  # (machine busy CPU s, this process's CPU s, wall s)
+    other = None if elapsed is None else \
+        round(max(elapsed[0] - elapsed[1] - (children_cpu_s() - children_s), 0.0) / elapsed[2], 2)
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     error = None if result.returncode == 0 else f"exit {result.returncode}: " + (lines[-1] if lines else "(no stderr)")
     shown = shlex.join(["python", *map(str, command[1:])])
-    return {"ok": result.returncode == 0, "wall_s": round(wall_s, 2), "command": shown, "error": error}
+    return {"ok": result.returncode == 0, "wall_s": round(wall_s, 2), "command": shown, "error": error,
+            "other_cores": other}
+
+
+def children_cpu_s():
+    """CPU seconds of this process's finished children."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def end_to_end(checkpoint, recording_file, scratch):
@@ -183,10 +198,15 @@ def format_table(rows):
             failures += [(row["layout"], side, run) for run in row[side] if not run["ok"]]
         failures += [(row["layout"], name, step) for name, step in steps.items() if not step["ok"]]
     lines.append("")
-    lines += [f"{row['layout']}: {row['about']}; recording {row['recording']}" for row in rows]
+    lines += [f"{row['layout']}: {row['about']}; recording {row['recording']}; cores other processes kept busy, "
+              + ", ".join(f"{side} {_cores(row[side])}" for side in SIDES) for row in rows]
     for layout, what, step in failures:
         lines.append(f"FAILED {layout}, {what}: {step['command']}\n  {step['error']}")
     return "\n".join(lines)
+
+
+def _cores(runs):
+    return "/".join("?" if run.get("other_cores") is None else f"{run['other_cores']:.2f}" for run in runs)
 
 
 def _side_text(figures):

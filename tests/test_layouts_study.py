@@ -166,6 +166,7 @@ def test_the_baseline_reads_an_npz_of_windows(recordings, tmp_path, monkeypatch)
 def test_a_failed_step_keeps_its_error_line_and_the_table_says_so():
     step = run_step([sys.executable, "-c", "import sys; print('noise', file=sys.stderr); sys.exit('error: no way')"])
     assert not step["ok"] and step["error"] == "exit 1: error: no way"
+    assert step["other_cores"] is None or step["other_cores"] >= 0
     ran = {"ok": True, "wall_s": 10.0, "accuracy": 0.9, "worst_subject": "3", "worst_accuracy": 0.8,
            "command": "python x", "error": None}
     row = {"layout": "one-person", "about": "about", "train_windows": 10, "test_windows": 5, "channels": 6,
