@@ -6,6 +6,8 @@ those of `main.py --cv-folds K --seed S` on the same data; unless --no-test it a
 training subject and scores the test split. Per person, per fold, the worst person. aeon is a
 benchmark-only dependency (pip install aeon), never the trainer's.
 Example: python -m studies.minirocket_baseline --data-dir ../hapt-dev-ucihar --folds 7 --json out.json
+Windows of your own (main.py --dataset npz's file, its test split as main.py takes it):
+python -m studies.minirocket_baseline --dataset npz --data-dir windows.npz
 """
 import statistics
 import sys
@@ -22,7 +24,8 @@ from training.entry_point import run_entry_point
 
 def main(argv=None):
     parser = entry_parser("studies.minirocket_baseline", __doc__)
-    parser.add_argument("--data-dir", required=True, help="a UCI HAR layout")
+    parser.add_argument("--dataset", default="uci-har", choices=("uci-har", "npz"), help="as main.py --dataset")
+    parser.add_argument("--data-dir", required=True, help="a UCI HAR layout, or an .npz of windows (--dataset npz)")
     parser.add_argument("--folds", type=int, default=0, help="K > 1: subject-wise folds of the training subjects")
     parser.add_argument("--seed", type=int, default=42, help="deals the folds, as main.py --seed does")
     parser.add_argument("--kernel-seeds", default="0", help="comma-separated random_state of the kernels")
@@ -35,7 +38,7 @@ def main(argv=None):
         from aeon.classification.convolution_based import MiniRocketClassifier
     except ImportError:
         parser.exit(2, "error: this benchmark needs aeon: pip install aeon\n")
-    data = load_har_data("uci-har", opts.data_dir, opts.mode, val_fraction=0.0)
+    data = load_har_data(opts.dataset, opts.data_dir, opts.mode, val_fraction=0.0)
     train, test = data.train, data.test
     print(f"{data.description}\naeon MiniRocketClassifier (10,000 kernels, ridge with its own alpha search)")
     results = {"data": data.description, "runs": []}

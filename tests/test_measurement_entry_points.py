@@ -19,6 +19,8 @@ CASES = [
     ("benchmarks.overhead", ["--json", "no-such-folder/figures.json"], "folder no-such-folder does not exist"),
     ("studies.recording_accuracy", ["--nested", "no-such-folder"], "no-such-folder holds no finished outer fold"),
     ("studies.recording_accuracy", ["--checkpoint", "x.pt", "--recordings", "no-such.npz"], "no-such.npz does not"),
+    ("studies.layouts", ["--recordings", "no-such.npz"], "--recordings no-such.npz does not exist"),
+    ("studies.layouts", ["--layouts", "20hz,30hz"], "--layouts: unknown '30hz'"),
 ]
 
 
