@@ -7,7 +7,9 @@ Every layout of studies/layout_windows.py is cut from the development recordings
 takes every core). Each one's wall clock, test accuracy and worst person. Then the last round's
 best.pt goes end to end: one test person's whole recording, written in the layout's channels and
 rate, through predict.py, and the checkpoint through export.py (TorchScript and ONNX). A step that
-fails is recorded with its command and its one-line error; the study goes on.
+fails is recorded with its command and its one-line error; the study goes on. The public sets aeon
+ships (studies/public_sets.py, --public) are compared the same way; they hold windows only, so
+their end to end is the export.
 
   python -m studies.layouts --json layouts.json
   python -m studies.layouts --layouts 20hz,one-person --rounds 2 --keep ../layouts-npz
@@ -28,6 +30,7 @@ from profiling.entry_points import REPO, at_least, comma_choices, entry_parser, 
 from profiling.interleave import interleave, per_side
 from profiling.timing import HostCpuMeter
 from studies.layout_windows import LAYOUTS, cut_layout, read_recordings, write_recording
+from studies.public_sets import PUBLIC_SETS, write_public_set
 from training.entry_point import run_entry_point
 from training.errors import UsageError
 
@@ -41,6 +44,9 @@ def main(argv=None):
     parser.add_argument("--recordings", default=DEFAULT_RECORDINGS, help="the development recordings archive")
     parser.add_argument("--layouts", type=comma_choices(tuple(LAYOUTS)), default=list(LAYOUTS),
                         help=f"comma-separated, from {', '.join(LAYOUTS)}")
+    parser.add_argument("--public", type=comma_choices(("none", *PUBLIC_SETS)), default=list(PUBLIC_SETS),
+                        help=f"comma-separated public sets (aeon's own copies), from {', '.join(PUBLIC_SETS)}, "
+                             "or none")
     parser.add_argument("--rounds", type=at_least(1), default=1, help="A B, then B A, ...")
     parser.add_argument("--threads", type=at_least(1), default=len(os.sched_getaffinity(0)),
                         help="aeon's jobs: the cores main.py takes")
@@ -58,6 +64,8 @@ def main(argv=None):
         files.mkdir(parents=True, exist_ok=True)
         for name in opts.layouts:
             rows.append(study_layout(name, recordings, files, Path(scratch) / name, opts))
+        for name in (name for name in opts.public if name != "none"):
+            rows.append(study_public_set(name, files, Path(scratch) / name, opts))
     print(format_table(rows))
     write_json(opts.json, {"recordings": opts.recordings, "rounds": opts.rounds, "threads": opts.threads,
                            "layouts": rows})
@@ -86,6 +94,25 @@ def study_layout(name, recordings, files, scratch, opts):
     row.update(runs)
     best = scratch / f"ours-{opts.rounds - 1}" / "best.pt"
     row["end_to_end"] = end_to_end(best, recording_file, scratch) if best.is_file() else \
+        {"trained": {"ok": False, "command": runs["ours"][-1]["command"], "error": f"no {best.name}: training failed"}}
+    return row
+
+
+def study_public_set(name, files, scratch, opts):
+    """One public set: its windows written, both sides timed in turn, then its export."""
+    data = files / f"{name}.npz"
+    train, test, channels, steps, classes, padded = write_public_set(name, data)
+    about = "aeon's copy, its train/test split" + (", unequal lengths padded with each series' last value"
+                                                   if padded else "")
+    row = {"layout": name, "about": about, "train_windows": train, "test_windows": test, "channels": channels,
+           "steps": steps, "rate_hz": None, "classes": classes, "test_classes": classes,
+           "recording": "none (windows only)"}
+    print(f"\n{name}: {about}; {train} / {test} windows", flush=True)
+    scratch.mkdir(parents=True)
+    runs = per_side(interleave({side: side_runner(side, data, scratch, opts.threads) for side in SIDES}, opts.rounds))
+    row.update(runs)
+    best = scratch / f"ours-{opts.rounds - 1}" / "best.pt"
+    row["end_to_end"] = end_to_end(best, None, scratch) if best.is_file() else \
         {"trained": {"ok": False, "command": runs["ours"][-1]["command"], "error": f"no {best.name}: training failed"}}
     return row
 
@@ -143,12 +170,14 @@ def children_cpu_s():
 
 
 def end_to_end(checkpoint, recording_file, scratch):
-    """The recording through predict.py and the checkpoint through export.py, each step's outcome."""
+    """The recording (when there is one) through predict.py and the checkpoint through export.py, each
+    step's outcome."""
     steps = {}
     out = scratch / "timeline"
-    steps["predict"] = run_step([sys.executable, "predict.py", "--checkpoint", str(checkpoint), "--recording",
-                                 str(recording_file), "--out", str(out)])
-    if steps["predict"]["ok"]:
+    if recording_file is not None:
+        steps["predict"] = run_step([sys.executable, "predict.py", "--checkpoint", str(checkpoint), "--recording",
+                                     str(recording_file), "--out", str(out)])
+    if steps.get("predict", {}).get("ok"):
         with open(out / "windows.csv", newline="") as handle:
             steps["predict"]["windows"] = sum(1 for _ in csv.reader(handle)) - 1  # less the header
         with open(out / "timeline.csv", newline="") as handle:
@@ -192,7 +221,7 @@ def format_table(rows):
         e2e = "yes" if len(ok) == len(steps) else ("no: " + ", ".join(name for name in steps if name not in ok))
         e2e += f" ({windows} windows)" if windows is not None else ""
         lines.append(f"| {row['layout']} | {row['train_windows']}/{row['test_windows']} | {row['channels']} | "
-                     f"{row['steps']} ({row['rate_hz']:g}) | {row['classes']} ({row['test_classes']}) | "
+                     f"{row['steps']} ({_rate(row)}) | {row['classes']} ({row['test_classes']}) | "
                      f"{_side_text(ours)} | {_side_text(aeon)} | {gap} | {ratio} | {e2e} |")
         for side in SIDES:
             failures += [(row["layout"], side, run) for run in row[side] if not run["ok"]]
@@ -203,6 +232,10 @@ def format_table(rows):
     for layout, what, step in failures:
         lines.append(f"FAILED {layout}, {what}: {step['command']}\n  {step['error']}")
     return "\n".join(lines)
+
+
+def _rate(row):
+    return "-" if row["rate_hz"] is None else f"{row['rate_hz']:g}"
 
 
 def _cores(runs):

@@ -11,6 +11,7 @@ from data.recordings import read_recording
 from data.uci_har import CLASS_NAMES
 from studies.layout_windows import LAYOUTS, ONE_PERSON, THREE_CLASSES, cut_layout, read_recordings, write_recording
 from studies.layouts import format_table, run_step
+from studies.public_sets import write_public_set
 
 RATE_HZ = 50
 STRETCH_S = 12  # long enough for one 10 s window
@@ -176,3 +177,17 @@ def test_a_failed_step_keeps_its_error_line_and_the_table_says_so():
     assert "| one-person | 10/5 | 6 | 128 (50) | 6 (2) | - / failed / " in table
     assert "0.9000 / 0.800 (3) / 10.0 | - | - | no: trained |" in table
     assert "FAILED one-person, ours: python -c" in table and "error: no way" in table
+
+
+def test_a_public_set_keeps_its_split_and_pads_each_series_with_its_last_value(tmp_path):
+    datasets = pytest.importorskip("aeon.datasets")
+    train, test, channels, steps, classes, padded = write_public_set("JapaneseVowels", tmp_path / "jv.npz")
+    assert (train, test, channels, classes, padded) == (270, 370, 12, 9, True)
+    windows = load_npz_windows(tmp_path / "jv.npz")
+    series, _ = datasets.load_classification("JapaneseVowels", split="train")
+    shortest = min(range(len(series)), key=lambda index: series[index].shape[-1])
+    length = series[shortest].shape[-1]
+    assert windows.signals.shape[2] == steps > length
+    np.testing.assert_array_equal(windows.signals[shortest, :, :length], series[shortest].astype(np.float32))
+    assert np.all(windows.signals[shortest, :, length:] == windows.signals[shortest, :, length - 1:length])
+    assert list(windows.split[:train]) == ["train"] * train and set(windows.split[train:]) == {"test"}
