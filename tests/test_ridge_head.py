@@ -13,7 +13,7 @@ from models import MODELS, build_model
 from test_bad_input import assert_refused
 from test_npz_dataset import train as train_npz
 from test_own_sensors import windows, write_npz
-from training.loop.ridge_head import ALPHAS, RIDGE_MAX_WINDOWS, resolve_head_fit, solve_ridge
+from training.loop.ridge_head import ALPHAS, RIDGE_MAX_WINDOWS, left_out_groups, resolve_head_fit, solve_ridge
 
 SINGLE, FSDP = SimpleNamespace(name="single"), SimpleNamespace(name="fsdp")
 
@@ -28,6 +28,35 @@ def test_the_solve_is_scikit_learns_ridge_classifier_with_leave_one_out_alpha(sp
     assert alpha == pytest.approx(reference.alpha_)
     np.testing.assert_allclose(weight.numpy(), reference.coef_, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(bias.numpy(), reference.intercept_, rtol=1e-4, atol=1e-6)
+
+
+def test_the_alpha_is_chosen_by_the_error_on_each_group_left_out_as_refitting_without_it_measures():
+    rng = np.random.default_rng(1)
+    labels, groups = np.arange(48) % 2, np.repeat(np.arange(6), 8)
+    # Each group shares an offset, as one person's overlapping windows share samples.
+    features = rng.normal(size=(48, 100)) + 2.0 * rng.normal(size=(6, 100))[groups] + 0.5 * labels[:, None]
+    alphas = (0.01, 10.0, 1e4)
+
+    def refit_error(alpha):
+        """Squared error on each group's +-1 targets of the solve without it, the groups together."""
+        errors = []
+        for group in range(6):
+            out = groups == group
+            weight, bias, _ = solve_ridge(torch.from_numpy(features[~out]), labels[~out], 2, alphas=(alpha,))
+            predicted = torch.from_numpy(features[out]).float() @ weight.T + bias
+            targets = torch.where(torch.nn.functional.one_hot(torch.from_numpy(labels[out]), 2) > 0, 1.0, -1.0)
+            errors.append(((predicted - targets) ** 2).sum().item())
+        return sum(errors)
+
+    best = min(alphas, key=refit_error)
+    assert solve_ridge(torch.from_numpy(features), labels, 2, groups=groups, alphas=alphas)[2] == best
+    assert len({round(refit_error(alpha), 3) for alpha in alphas}) == 3  # the choice is not a tie
+
+
+def test_one_persons_windows_are_left_out_in_stretches_of_time():
+    assert list(left_out_groups(np.ones(20, dtype=int), blocks=4)) == [0] * 5 + [1] * 5 + [2] * 5 + [3] * 5
+    people = np.repeat([4, 7, 9], 3)
+    assert list(left_out_groups(people)) == list(people)
 
 
 def test_auto_solves_small_training_splits_only_where_a_linear_head_is_pooled_in_memory():

@@ -16,7 +16,7 @@ from training.errors import UsageError
 from training.loop.epochs import EpochResult, end_epoch
 
 RIDGE_MAX_WINDOWS = 512  # auto: the largest training split solved by ridge (the measurements: docs/training.md)
-ALPHAS = tuple(np.logspace(-3, 3, 10))  # the strengths tried, aeon's and scikit-learn's RidgeClassifierCV's range
+ALPHAS = tuple(np.logspace(-3, 5, 9))  # the strengths tried: scikit-learn's and aeon's -3..3, and two stronger
 FEATURE_CHUNK = 1024  # windows turned from counts into features at a time
 
 
@@ -36,10 +36,13 @@ def resolve_head_fit(head_fit, model_class, pooled, train_windows, strategy, dat
     return "ridge" if train_windows <= RIDGE_MAX_WINDOWS else "adamw"
 
 
-def solve_ridge(features, labels, classes, alphas=ALPHAS):
+def solve_ridge(features, labels, classes, groups=None, alphas=ALPHAS):
     """(weight [K, F], bias [K], alpha) of least squares from `features` [N, F] to +-1 targets of
-    `labels` [N], the intercept unpenalised, alpha the one of `alphas` with the smallest
-    leave-one-out squared error (exact for ridge: residual / (1 - leverage)). float64 throughout."""
+    `labels` [N], the intercept unpenalised, alpha the one of `alphas` with the smallest squared error
+    on windows left out: each window alone (scikit-learn's RidgeClassifierCV), or each group of
+    `groups` [N] at a time (exact for ridge: the group's residuals through (I - H_gg)^-1, H the hat
+    matrix). Overlapping windows of one person share samples, so leaving one out while its
+    neighbours stay would choose too weak an alpha. float64 throughout."""
     x = features.double()
     count = len(labels)
     targets = -torch.ones(count, classes, dtype=torch.float64)
@@ -49,16 +52,37 @@ def solve_ridge(features, labels, classes, alphas=ALPHAS):
     eigenvalues, vectors = torch.linalg.eigh(x @ x.T)
     eigenvalues = eigenvalues.clamp_min(0.0)  # rounding leaves the null directions slightly negative
     projected = vectors.T @ targets
+    members = None if groups is None else [torch.from_numpy(np.flatnonzero(np.asarray(groups) == group))
+                                           for group in np.unique(groups)]
     errors = []
     for alpha in alphas:
         shrink = eigenvalues / (eigenvalues + alpha)
         residual = targets - vectors @ (shrink[:, None] * projected)
-        leverage = 1.0 / count + (vectors * vectors) @ shrink  # the intercept's 1/N, then the ridge's
-        errors.append(float(((residual / (1.0 - leverage)[:, None]) ** 2).mean()))
+        if members is None:
+            leverage = 1.0 / count + (vectors * vectors) @ shrink  # the intercept's 1/N, then the ridge's
+            left_out = residual / (1.0 - leverage)[:, None]
+        else:
+            left_out = torch.cat([torch.linalg.solve(torch.eye(len(rows), dtype=torch.float64) - _hat(vectors[rows],
+                                                                                                      shrink, count),
+                                                     residual[rows]) for rows in members])
+        errors.append(float((left_out ** 2).mean()))
     alpha = alphas[int(np.argmin(errors))]
     dual = vectors @ (projected / (eigenvalues + alpha)[:, None])
     weight = x.T @ dual
     return weight.T.float(), (target_mean - x_mean @ weight).float(), float(alpha)
+
+
+def _hat(rows_of_vectors, shrink, count):
+    """The hat matrix's block between these rows: the intercept's 1/N, then the ridge's."""
+    return 1.0 / count + (rows_of_vectors * shrink) @ rows_of_vectors.T
+
+
+def left_out_groups(subjects, blocks=10):
+    """What the alpha's error leaves out at a time: each person where there are several, else
+    `blocks` stretches of consecutive windows (one person's recording, cut in time)."""
+    if len(np.unique(subjects)) >= 3:
+        return np.asarray(subjects)
+    return np.arange(len(subjects)) * min(blocks, len(subjects)) // len(subjects)
 
 
 def fit_head_by_ridge(trainer):
@@ -74,7 +98,8 @@ def fit_head_by_ridge(trainer):
     features = torch.cat([model.from_counts(torch.as_tensor(np.asarray(pool.signals[first:first + FEATURE_CHUNK]),
                                                             device=trainer.strategy.device)).cpu()
                           for first in range(0, len(pool), FEATURE_CHUNK)])
-    weight, bias, alpha = solve_ridge(features, pool.labels, len(trainer.data.class_names))
+    weight, bias, alpha = solve_ridge(features, pool.labels, len(trainer.data.class_names),
+                                      groups=left_out_groups(pool.subjects))
     linear = model.head[-1]
     with torch.no_grad():
         linear.weight.copy_(weight.to(linear.weight.device))
@@ -83,7 +108,7 @@ def fit_head_by_ridge(trainer):
         trainer.step.ema.restart()  # the average of one set of weights is those weights
     seconds = time.perf_counter() - start
     log.info(f"head: ridge regression on {len(pool):,} training windows, alpha {alpha:.3g} (of "
-             f"{ALPHAS[0]:g} to {ALPHAS[-1]:g}, by leave-one-out error) in {seconds:.1f} s")
+             f"{ALPHAS[0]:g} to {ALPHAS[-1]:g}, by the error on each person or stretch left out) in {seconds:.1f} s")
     # The epoch line's training loss: the solved head's cross-entropy on the windows it was solved on.
     loss_sum = torch.nn.functional.cross_entropy(features @ weight.T + bias, torch.as_tensor(pool.labels),
                                                  reduction="sum")
