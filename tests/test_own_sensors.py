@@ -6,7 +6,7 @@ from data.errors import DataError
 from data.npz_windows import load_npz_windows
 from data.recordings import Recording
 from data.resample import on_model_clock
-from data.splits import load_har_data
+from data.splits import MIN_VALIDATION_SUBJECTS, load_har_data
 from data.store import WindowStore
 from inference_fixtures import RATE_HZ, synthetic_stream
 from test_bad_input import assert_refused
@@ -140,6 +140,20 @@ def test_one_persons_windows_are_tested_and_validated_on_their_end_without_flags
     code, out, err = train_npz(path, tmp_path / "run")
     assert code == 0, err
     assert (tmp_path / "run" / "val_report.json").is_file()
+
+
+@pytest.mark.parametrize("people", [MIN_VALIDATION_SUBJECTS - 1, MIN_VALIDATION_SUBJECTS])
+def test_few_training_people_validate_on_the_end_of_each_ones_windows_and_more_on_whole_people(people, tmp_path):
+    arrays = windows(subjects=people + 1, per_subject=10)
+    path = write_npz(tmp_path / "w.npz", **arrays, split=np.where(arrays["subjects"] > people, "test", "train"))
+    data = load_har_data("npz", path, val_fraction=0.2)
+    if people < MIN_VALIDATION_SUBJECTS:
+        for person in range(1, people + 1):  # windows 8 and 9 of each person's 10 validate
+            np.testing.assert_array_equal(data.val.signals[data.val.subjects == person],
+                                          arrays["signals"][arrays["subjects"] == person][8:])
+    else:
+        assert not set(data.val.subjects.tolist()) & set(data.train.subjects.tolist())
+        assert len(set(data.val.subjects.tolist())) == 1
 
 
 def test_one_training_subject_among_others_validates_on_its_end(tmp_path):
