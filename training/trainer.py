@@ -164,12 +164,7 @@ class Trainer:
         for warning in warnings:
             log.warn(warning)
         data, normalization = _normalize_data(data, checkpoint, log)
-        head_fit = resolve_head_fit(optim.head_fit, MODELS[config.model.name],
-                                    feature_views_of(config.model.name, config.recipe.feature_views) > 0,
-                                    len(data.train), strategy, not isinstance(data.train, StoreSplit))
-        # A head solved by ridge sees the windows as they are: one view, no augmentation.
-        augment = None if head_fit == "ridge" else build_augmenter(
-            config.recipe, normalization, data.channel_names, data.class_names, strategy.device, log.warn)
+        head_fit, augment = _head_fit_and_augmenter(config, data, normalization, strategy, log)
         model, train_model, precision, ema = _build_model(config, data, strategy, log, checkpoint)
         global_batch = global_batch_size(optim.batch_size, strategy.data_parallel_size, optim.grad_accum_steps)
         # DataParallel splits one loader batch over its GPUs; DDP ranks each load their own.
@@ -283,6 +278,18 @@ def _normalize_data(data, checkpoint, log):
     data = dataclasses.replace(data, **{name: normalize(getattr(data, name), mean, std)
                                         for name in ("train", "val", "test")})
     return data, {"mean": torch.from_numpy(mean), "std": torch.from_numpy(std)}
+
+
+def _head_fit_and_augmenter(config, data, normalization, strategy, log):
+    """How the head is fitted ('ridge' or 'adamw', --head-fit resolved for this data) and the batch
+    augmenter: none for a head solved by ridge, which sees the windows as they are in one view."""
+    head_fit = resolve_head_fit(config.optim.head_fit, MODELS[config.model.name],
+                                feature_views_of(config.model.name, config.recipe.feature_views) > 0,
+                                len(data.train), strategy, not isinstance(data.train, StoreSplit))
+    if head_fit == "ridge":
+        return head_fit, None
+    return head_fit, build_augmenter(config.recipe, normalization, data.channel_names, data.class_names,
+                                     strategy.device, log.warn)
 
 
 def _build_loaders(config, data, model, augment, loader_batch, strategy, log):

@@ -243,7 +243,7 @@ class Optimisation:
                                     choices=("bf16", "fp16"))
     head_fit: str = setting("auto", "minirocket's linear head: ridge = solved by ridge regression on the training "
                             "windows (its strength by leave-one-out error; no epochs, views or augmentation); adamw "
-                            "= trained by AdamW over --epochs; auto = ridge for a training split of at most 512 "
+                            "= trained by AdamW over --epochs; auto = ridge for a training split of at most 1,024 "
                             "windows, else adamw", choices=("auto", "adamw", "ridge"))
     early_stopping_patience: int = setting(0, "stop after this many epochs without a better validation macro-F1; "
                                            "0 = off")
