@@ -1,5 +1,6 @@
 """MiniRocket's head solved by ridge regression (--head-fit, training/loop/ridge_head.py): the solve
 against scikit-learn's, which runs take it, and what the run writes and resumes."""
+import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -7,7 +8,7 @@ import pytest
 import torch
 from sklearn.linear_model import RidgeClassifierCV
 
-from conftest import load_checkpoint, run_in_process
+from conftest import load_checkpoint, run_in_process, run_subprocess
 from data.splits import load_har_data, normalize
 from models import MODELS, build_model
 from test_bad_input import assert_refused
@@ -106,3 +107,20 @@ def test_ridge_is_refused_where_there_is_no_pooled_linear_head(tmp_path):
                                                     "--save-dir", tmp_path / "run", *flags])
         assert named in assert_refused((code, out, err), "--head-fit ridge")
         assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_two_ddp_ranks_solve_the_head_one_process_solves(tmp_path):
+    """Every rank holds the whole pool (gathered from the shares) and solves on it: the same head."""
+    arrays = windows(subjects=6, per_subject=12, channels=3, steps=48)
+    path = write_npz(tmp_path / "w.npz", **arrays, split=np.where(arrays["subjects"] == 6, "test", "train"))
+    data = ["--dataset", "npz", "--data-dir", path, "--no-figures"]
+    alone = run_subprocess([sys.executable, "main.py", *data, "--save-dir", tmp_path / "one"])
+    assert alone.returncode == 0, alone.stderr
+    ranks = run_subprocess([sys.executable, "main_multi_gpu.py", "--multi-gpu", "ddp", "--device", "cpu",
+                            "--nproc-per-node", "2", *data, "--save-dir", tmp_path / "two"])
+    assert ranks.returncode == 0, ranks.stderr
+    assert "head: ridge regression on 48 training windows" in ranks.stdout
+    one, two = (load_checkpoint(tmp_path / name / "best.pt")["model"] for name in ("one", "two"))
+    for name in ("head.1.weight", "head.1.bias"):
+        assert torch.equal(one[name], two[name]), name
