@@ -83,10 +83,18 @@ def format_report(report):
     return "\n".join(lines)
 
 
+PEOPLE_SHOWN = 20  # more people than this (a set whose every window is its own subject) show the lowest only
+
+
 def format_people(report):
-    """One line of a report's per-person accuracies, then its worst person."""
+    """One line of a report's per-person accuracies (the PEOPLE_SHOWN lowest where there are more;
+    the report file holds them all), then its worst person."""
     people, worst = report["per_subject"], report["worst_subject"]
-    return ("per person: " + ", ".join(f"{subject} {row['accuracy']:.3f}" for subject, row in people.items()) +
+    shown, what = list(people.items()), "per person: "
+    if len(shown) > PEOPLE_SHOWN:
+        shown = sorted(shown, key=lambda item: item[1]["accuracy"])[:PEOPLE_SHOWN]
+        what = f"per person, the {PEOPLE_SHOWN} lowest of {len(people)} (all in the report's per_subject): "
+    return (what + ", ".join(f"{subject} {row['accuracy']:.3f}" for subject, row in shown) +
             f"; worst: subject {worst} ({people[worst]['accuracy']:.3f})")
 
 

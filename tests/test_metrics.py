@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from sklearn import metrics as reference
 
-from evaluation.metrics import classification_report, summary_metrics
+from evaluation.metrics import PEOPLE_SHOWN, classification_report, format_people, summary_metrics
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -30,3 +30,17 @@ def test_figures_equal_scikit_learn_with_absent_and_never_predicted_classes(seed
 
 def test_an_empty_split_scores_zero():
     assert summary_metrics(np.array([], dtype=int), np.array([], dtype=int), 6) == {"acc": 0.0, "macro_f1": 0.0}
+
+
+def test_the_people_line_lists_everyone_up_to_twenty_then_the_lowest_twenty():
+    def report(count):
+        people = {str(index): {"accuracy": 1.0 - index / 200} for index in range(count)}
+        return {"per_subject": people, "worst_subject": str(count - 1)}
+
+    few = format_people(report(PEOPLE_SHOWN))
+    assert few.startswith("per person: 0 1.000, 1 0.995") and few.count(",") == PEOPLE_SHOWN - 1
+    many = format_people(report(150))
+    listed = many.split(": ", 1)[1].split("; worst")[0].split(", ")
+    assert many.startswith(f"per person, the {PEOPLE_SHOWN} lowest of 150")
+    assert [entry.split()[0] for entry in listed] == [str(index) for index in range(149, 129, -1)]
+    assert many.endswith("; worst: subject 149 (0.255)")
