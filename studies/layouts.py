@@ -88,14 +88,7 @@ def study_layout(name, recordings, files, scratch, opts):
            "classes": len(set(windows.labels.tolist())),
            "test_classes": len(set(windows.labels[split == "test"].tolist())),
            "recording": f"{recording_name} (person {subject})"}
-    print(f"\n{name}: {layout.about}; {row['train_windows']} / {row['test_windows']} windows", flush=True)
-    scratch.mkdir(parents=True)
-    runs = per_side(interleave({side: side_runner(side, data, scratch, opts.threads) for side in SIDES}, opts.rounds))
-    row.update(runs)
-    best = scratch / f"ours-{opts.rounds - 1}" / "best.pt"
-    row["end_to_end"] = end_to_end(best, recording_file, scratch) if best.is_file() else \
-        {"trained": {"ok": False, "command": runs["ours"][-1]["command"], "error": f"no {best.name}: training failed"}}
-    return row
+    return compared(row, data, recording_file, scratch, opts)
 
 
 def study_public_set(name, files, scratch, opts):
@@ -107,12 +100,18 @@ def study_public_set(name, files, scratch, opts):
     row = {"layout": name, "about": about, "train_windows": train, "test_windows": test, "channels": channels,
            "steps": steps, "rate_hz": None, "classes": classes, "test_classes": classes,
            "recording": "none (windows only)"}
-    print(f"\n{name}: {about}; {train} / {test} windows", flush=True)
+    return compared(row, data, None, scratch, opts)
+
+
+def compared(row, data, recording_file, scratch, opts):
+    """`row` with both sides' rounds on the windows file `data`, in turn, and the last round's model
+    end to end (through predict.py too where there is a `recording_file`)."""
+    print(f"\n{row['layout']}: {row['about']}; {row['train_windows']} / {row['test_windows']} windows", flush=True)
     scratch.mkdir(parents=True)
     runs = per_side(interleave({side: side_runner(side, data, scratch, opts.threads) for side in SIDES}, opts.rounds))
     row.update(runs)
     best = scratch / f"ours-{opts.rounds - 1}" / "best.pt"
-    row["end_to_end"] = end_to_end(best, None, scratch) if best.is_file() else \
+    row["end_to_end"] = end_to_end(best, recording_file, scratch) if best.is_file() else \
         {"trained": {"ok": False, "command": runs["ours"][-1]["command"], "error": f"no {best.name}: training failed"}}
     return row
 
