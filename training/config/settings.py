@@ -242,9 +242,9 @@ class Optimisation:
     amp_dtype: str | None = setting(None, "default: bf16 where supported, else fp16 with a GradScaler; CPU: bf16",
                                     choices=("bf16", "fp16"))
     head_fit: str = setting("auto", "minirocket's linear head: ridge = solved by ridge regression on the training "
-                            "windows (its strength by leave-one-out error; no epochs, views or augmentation); adamw "
-                            "= trained by AdamW over --epochs; auto = ridge for a training split of at most 1,024 "
-                            "windows, else adamw", choices=("auto", "adamw", "ridge"))
+                            "windows (its strength by the error on each person left out; no epochs, views or "
+                            "augmentation); adamw = trained by AdamW over --epochs; auto = ridge for a training "
+                            "split of at most 1,024 windows, else adamw", choices=("auto", "adamw", "ridge"))
     early_stopping_patience: int = setting(0, "stop after this many epochs without a better validation macro-F1; "
                                            "0 = off")
     seed: int = setting(42, "initial weights, shuffling, dropout, augmentation, validation subjects and "

@@ -1,9 +1,9 @@
 """MiniRocket's linear head solved in closed form, for small data: ridge regression on +-1 class
-targets over the training windows' features, its strength chosen by leave-one-out error, as aeon's
-MiniRocket classifier does. On a few hundred windows the AdamW epochs take a few dozen steps and
-lose to it (docs/training.md, "Small data: the head solved by ridge regression"); on more windows
-the augmented views and epochs generalise better across people, so above RIDGE_MAX_WINDOWS the head
-is trained as before.
+targets over the training windows' features, as aeon's MiniRocket classifier does, its strength
+chosen by the error on each person (or stretch of one person's windows) left out. On a few hundred
+windows the AdamW epochs take a few dozen steps and lose to it (docs/training.md, "Small data: the
+head solved by ridge regression"); on more windows the augmented views and epochs generalise better
+across people, so above RIDGE_MAX_WINDOWS the head is trained as before.
 
 The solve works in the dual (one row and column per window), so its cost grows with the windows
 squared: at RIDGE_MAX_WINDOWS it takes about a second on two CPU cores."""
@@ -52,8 +52,9 @@ def solve_ridge(features, labels, classes, groups=None, alphas=ALPHAS):
     eigenvalues, vectors = torch.linalg.eigh(x @ x.T)
     eigenvalues = eigenvalues.clamp_min(0.0)  # rounding leaves the null directions slightly negative
     projected = vectors.T @ targets
-    members = None if groups is None else [torch.from_numpy(np.flatnonzero(np.asarray(groups) == group))
-                                           for group in np.unique(groups)]
+    alone = groups is None or len(np.unique(groups)) == count  # every window its own group: the fast formula
+    members = None if alone else [torch.from_numpy(np.flatnonzero(np.asarray(groups) == group))
+                                  for group in np.unique(groups)]
     errors = []
     for alpha in alphas:
         shrink = eigenvalues / (eigenvalues + alpha)
