@@ -240,13 +240,14 @@ def _job(config, save_dir, folds, job, local_rank):
 
 
 def _refit_finished(refit_config):
-    """Done once its last epoch is logged and, unless --no-test, its test report written."""
+    """Done once its last epoch is logged (the record says how many the run trains: one for a head
+    solved by ridge) and, unless --no-test, its test report written."""
     run_dir = Path(refit_config.output.save_dir)
     try:
         last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
     except (OSError, ValueError, IndexError):
         return False
-    return last["epoch"] >= refit_config.optim.epochs and (refit_config.data.no_test or
+    return last["epoch"] >= last.get("epochs", refit_config.optim.epochs) and (refit_config.data.no_test or
                                                             (run_dir / "test_report.json").is_file())
 
 

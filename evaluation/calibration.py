@@ -9,6 +9,8 @@ probabilities too.
 import numpy as np
 import torch
 
+from evaluation.metrics import shown_people
+
 ECE_BINS = 15  # equal-width confidence bins, the usual choice since Guo et al. (2017)
 CALIBRATION_FILE = "calibration.json"  # a temperature and where it was fitted, beside a checkpoint or a report
 # The temperatures that still say something: above 100 every gap between log-probabilities shrinks a
@@ -102,6 +104,7 @@ def format_calibration(report, fitted):
     if not people:
         return line
     worst = max(people, key=people.get)
-    return (f"{line}\nper person ECE{'' if tempered is None else ' at that temperature'}: "
-            + ", ".join(f"{subject} {value:.3f}" for subject, value in people.items())
+    words, shown = shown_people(people, worst_is_lowest=False)
+    return (f"{line}\nper person ECE{'' if tempered is None else ' at that temperature'}{words}: "
+            + ", ".join(f"{subject} {value:.3f}" for subject, value in shown)
             + f"; worst: subject {worst} ({people[worst]:.3f})")

@@ -83,18 +83,24 @@ def format_report(report):
     return "\n".join(lines)
 
 
-PEOPLE_SHOWN = 20  # more people than this (a set whose every window is its own subject) show the lowest only
+PEOPLE_SHOWN = 20  # more people than this (a set whose every window is its own subject) show the worst only
+
+
+def shown_people(values, worst_is_lowest=True):
+    """What a per-person line lists of {subject: value}: ('' and every pair in order), or where there
+    are more than PEOPLE_SHOWN people, (the words that say so, the PEOPLE_SHOWN worst pairs)."""
+    pairs = list(values.items())
+    if len(pairs) <= PEOPLE_SHOWN:
+        return "", pairs
+    worst = sorted(pairs, key=lambda pair: pair[1], reverse=not worst_is_lowest)[:PEOPLE_SHOWN]
+    return f", the {PEOPLE_SHOWN} worst of {len(pairs)} (all in the report)", worst
 
 
 def format_people(report):
-    """One line of a report's per-person accuracies (the PEOPLE_SHOWN lowest where there are more;
-    the report file holds them all), then its worst person."""
+    """One line of a report's per-person accuracies, then its worst person."""
     people, worst = report["per_subject"], report["worst_subject"]
-    shown, what = list(people.items()), "per person: "
-    if len(shown) > PEOPLE_SHOWN:
-        shown = sorted(shown, key=lambda item: item[1]["accuracy"])[:PEOPLE_SHOWN]
-        what = f"per person, the {PEOPLE_SHOWN} lowest of {len(people)} (all in the report's per_subject): "
-    return (what + ", ".join(f"{subject} {row['accuracy']:.3f}" for subject, row in shown) +
+    words, shown = shown_people({subject: row["accuracy"] for subject, row in people.items()})
+    return (f"per person{words}: " + ", ".join(f"{subject} {value:.3f}" for subject, value in shown) +
             f"; worst: subject {worst} ({people[worst]['accuracy']:.3f})")
 
 

@@ -26,6 +26,12 @@ SHARED_KEYS = ("class_names", "channel_names", "in_channels", "num_classes", "sa
 MEMBER_KEYS = ("config", "normalization", "in_channels", "num_classes")
 
 
+def _comparable(shared):
+    """The shared keys with NaN (an unknown rate) as None: NaN equals nothing, so members without a
+    rate would never agree."""
+    return {key: None if isinstance(value, float) and math.isnan(value) else value for key, value in shared.items()}
+
+
 class ProbabilityAverage(nn.Module):
     """Raw-unit windows in; log of the members' mean class probabilities out."""
 
@@ -51,7 +57,7 @@ def write_ensemble(member_paths, path, config=None):
         check_member(checkpoint, member_path)
         config = checkpoint["config"] if config is None else config
         these = {key: checkpoint[key] for key in SHARED_KEYS}
-        if shared is not None and these != shared:
+        if shared is not None and _comparable(these) != _comparable(shared):
             raise UsageError(f"{member_path} was trained on other windows or classes than {member_paths[0]}; "
                              "an ensemble's members must share them")
         shared = these

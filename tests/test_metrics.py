@@ -41,6 +41,6 @@ def test_the_people_line_lists_everyone_up_to_twenty_then_the_lowest_twenty():
     assert few.startswith("per person: 0 1.000, 1 0.995") and few.count(",") == PEOPLE_SHOWN - 1
     many = format_people(report(150))
     listed = many.split(": ", 1)[1].split("; worst")[0].split(", ")
-    assert many.startswith(f"per person, the {PEOPLE_SHOWN} lowest of 150")
+    assert many.startswith(f"per person, the {PEOPLE_SHOWN} worst of 150 (all in the report): ")
     assert [entry.split()[0] for entry in listed] == [str(index) for index in range(149, 129, -1)]
     assert many.endswith("; worst: subject 149 (0.255)")

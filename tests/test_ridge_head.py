@@ -124,3 +124,22 @@ def test_two_ddp_ranks_solve_the_head_one_process_solves(tmp_path):
     one, two = (load_checkpoint(tmp_path / name / "best.pt")["model"] for name in ("one", "two"))
     for name in ("head.1.weight", "head.1.bias"):
         assert torch.equal(one[name], two[name]), name
+
+
+def test_cross_validation_with_a_refit_and_an_ensemble_finishes_on_solved_heads(tmp_path):
+    path = write_npz(tmp_path / "w.npz", **windows(subjects=6, per_subject=10, channels=3, steps=48))
+    flags = ["--dataset", "npz", "--data-dir", path, "--no-figures", "--save-dir", tmp_path / "cv", "--cv-folds", "2",
+             "--refit", "--ensemble"]
+    code, out, err = run_in_process("main.py", flags)
+    assert code == 0, err
+    assert out.count("head: ridge regression") == 3 and "not finished" not in out
+    assert (tmp_path / "cv" / "ensemble.pt").is_file()
+
+
+def test_a_solved_run_is_finished_for_the_resume_judge(tmp_path):
+    path = write_npz(tmp_path / "w.npz", **windows(subjects=5, per_subject=10, channels=3, steps=48))
+    code, _, err = train_npz(path, tmp_path / "run")
+    assert code == 0, err
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["planned_epochs"] == 1
+    line = assert_refused(train_npz(path, tmp_path / "run", "--lr", "0.005"), "--lr")
+    assert "a finished run (1 of 1 epochs)" in line

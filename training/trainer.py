@@ -149,6 +149,7 @@ class Trainer:
     first_epoch: int = 0  # the first epoch this invocation trains
     pool_figures: dict = None  # the feature pool's build (recipe.pool_figures); None without a pool
     head_pool: Split = None  # the training windows' pooled counts when --head-fit resolves to ridge, else None
+    epochs: int = 0  # the epochs this run trains: --epochs, or one when the head is solved by ridge
 
     @classmethod
     def build(cls, config, strategy, stop_signals=None, quiet=False, inputs=None):
@@ -200,7 +201,8 @@ class Trainer:
                          max_grad_norm=optim.max_grad_norm, label_smoothing=smoothing, augment=augment, ema=ema,
                          skips=skipped_steps(model, precision, grad_scaler), record_graph=record_graph,
                          warn=log.warn)
-        metadata = _checkpoint_metadata(config, data, normalization, strategy, global_batch, layout)
+        epochs = 1 if head_fit == "ridge" else optim.epochs  # a head solved by ridge: one 'epoch' of no step
+        metadata = _checkpoint_metadata(config, data, normalization, strategy, global_batch, layout, epochs)
         checkpoints = CheckpointManager(save_dir=save_dir, keep_last=config.output.keep_last, strategy=strategy,
                                         state=state, parts={**parts, "scheduler": scheduler}, metadata=metadata,
                                         resumed=resume_from is not None,
@@ -209,12 +211,7 @@ class Trainer:
                    loaders=loaders, loader_batch=loader_batch, global_batch=global_batch, step=step, state=state,
                    rng=rng, checkpoints=checkpoints, stop_signals=stop_signals or StopSignals(),
                    exact_resume=exact_resume, pool_figures=pool_figures,
-                   head_pool=pool["train"] if head_fit == "ridge" else None)
-
-    @property
-    def epochs(self):
-        """The epochs this run trains: one, a closed-form solve, when the head is solved by ridge."""
-        return 1 if self.head_pool is not None else self.config.optim.epochs
+                   head_pool=pool["train"] if head_fit == "ridge" else None, epochs=epochs)
 
     def evaluate(self, split, model=None):
         """(labels, logits, mean loss) of "val" or "test" over every rank, by `model` or else the
@@ -406,9 +403,11 @@ def _resume(checkpoint, path, state, parts, layout, global_batch, train_windows,
     return bool(state.epoch_position) and exact
 
 
-def _checkpoint_metadata(config, data, normalization, strategy, global_batch, layout):
-    """What a checkpoint carries beside the state: enough to use it without the trainer."""
-    return {"config": config.flags(), "normalization": normalization, "world_size": strategy.world_size,
+def _checkpoint_metadata(config, data, normalization, strategy, global_batch, layout, epochs):
+    """What a checkpoint carries beside the state: enough to use it without the trainer, and the
+    epochs its run trains (`epochs`: --epochs, or one for a head solved by ridge)."""
+    return {"config": config.flags(), "planned_epochs": epochs, "normalization": normalization,
+            "world_size": strategy.world_size,
             "global_batch_size": global_batch, "layout": layout, "in_channels": data.train.signals.shape[1],
             "num_classes": len(data.class_names), "class_names": list(data.class_names),
             "channel_names": list(data.channel_names),

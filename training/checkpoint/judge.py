@@ -57,7 +57,7 @@ def judge(checkpoint, path, config, data=None, on_purpose=False):
 
 def _another_run(checkpoint, config, differ):
     save_dir = config.save_dir
-    saved_epochs = checkpoint["config"].get("epochs", config.optim.epochs)
+    saved_epochs = _planned_epochs(checkpoint, config.optim.epochs)
     done = checkpoint.get("epoch", 0)
     if _finished(checkpoint):
         run, go_on = f"a finished run ({done} of {saved_epochs} epochs)", ""
@@ -151,10 +151,15 @@ def _sizes_resolved(settings):
     return settings
 
 
+def _planned_epochs(checkpoint, default):
+    """The epochs the checkpoint's run trains: its --epochs, or one where its head was solved by ridge."""
+    return checkpoint.get("planned_epochs", checkpoint["config"].get("epochs", default))
+
+
 def _finished(checkpoint):
     """Trained for all its epochs, or stopped early by its own patience."""
     saved = checkpoint["config"]
-    if checkpoint.get("epoch", 0) >= saved.get("epochs", float("inf")):
+    if checkpoint.get("epoch", 0) >= _planned_epochs(checkpoint, float("inf")):
         return True
     patience = saved.get("early_stopping_patience") or 0
     return bool(patience) and checkpoint.get("epochs_since_best", 0) >= patience
