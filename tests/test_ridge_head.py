@@ -14,6 +14,7 @@ from models import MODELS, build_model
 from test_bad_input import assert_refused
 from test_npz_dataset import train as train_npz
 from test_own_sensors import windows, write_npz
+from training.errors import UsageError
 from training.loop.ridge_head import ALPHAS, RIDGE_MAX_WINDOWS, left_out_groups, resolve_head_fit, solve_ridge
 
 SINGLE, FSDP = SimpleNamespace(name="single"), SimpleNamespace(name="fsdp")
@@ -68,6 +69,8 @@ def test_auto_solves_small_training_splits_only_where_a_linear_head_is_pooled_in
                                                 (minirocket, True, FSDP, True), (minirocket, True, SINGLE, False)):
         assert resolve_head_fit("auto", model, pooled, 10, strategy, in_memory) == "adamw"
     assert resolve_head_fit("ridge", minirocket, True, 10 * RIDGE_MAX_WINDOWS, SINGLE, True) == "ridge"
+    with pytest.raises(UsageError, match="more than the 16,384 it takes"):
+        resolve_head_fit("ridge", minirocket, True, 100_000, SINGLE, True)
     assert resolve_head_fit("adamw", minirocket, True, 10, SINGLE, True) == "adamw"
 
 

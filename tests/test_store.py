@@ -417,3 +417,13 @@ def test_a_build_out_that_is_a_file_or_another_folder_is_refused_and_left_alone(
         with pytest.raises(DataError, match=says):
             build_store.main([str(source), "--out", str(out), "--workers", "1"])
     assert (tmp_path / "file").read_text() == "keep me" and sorted(p.name for p in run.iterdir()) == ["best.pt"]
+
+
+def test_a_store_run_refuses_a_head_solved_by_ridge_in_one_line_and_writes_nothing(store, tmp_path):
+    save_dir = tmp_path / "run"
+    save_dir.mkdir()
+    (save_dir / "keep.txt").write_text("keep\n")
+    result = run_in_process("main.py", ["--dataset", "store", "--data-dir", store, "--head-fit", "ridge",
+                                        "--epochs", "1", "--save-dir", save_dir])
+    assert_refused(result, "--head-fit ridge", "window store", "--head-fit adamw")
+    assert sorted(path.name for path in save_dir.iterdir()) == ["keep.txt"]

@@ -17,6 +17,7 @@ from training.loop.epochs import EpochResult, end_epoch
 
 RIDGE_MAX_WINDOWS = 1024  # auto: the largest training split solved by ridge (the measurements: docs/training.md)
 ALPHAS = tuple(np.logspace(-3, 5, 9))  # the strengths tried: scikit-learn's and aeon's -3..3, and two stronger
+RIDGE_LIMIT_WINDOWS = 16_384  # --head-fit ridge: its dual's 2 GiB float64 Gram matrix, and minutes to decompose
 FEATURE_CHUNK = 1024  # windows turned from counts into features at a time
 
 
@@ -32,6 +33,9 @@ def resolve_head_fit(head_fit, model_class, pooled, train_windows, strategy, dat
             raise UsageError("--head-fit ridge solves a linear head over features held in memory on every rank "
                              "(minirocket, with --feature-views above 0, not under FSDP, not from a window store); "
                              "use --head-fit adamw")
+        if train_windows > RIDGE_LIMIT_WINDOWS:
+            raise UsageError(f"--head-fit ridge solves over every pair of training windows: {train_windows:,} is more "
+                             f"than the {RIDGE_LIMIT_WINDOWS:,} it takes; use --head-fit adamw (or auto)")
         return "ridge"
     return "ridge" if train_windows <= RIDGE_MAX_WINDOWS else "adamw"
 
