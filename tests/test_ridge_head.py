@@ -15,7 +15,14 @@ from test_bad_input import assert_refused
 from test_npz_dataset import train as train_npz
 from test_own_sensors import windows, write_npz
 from training.errors import UsageError
-from training.loop.ridge_head import ALPHAS, RIDGE_MAX_WINDOWS, left_out_groups, resolve_head_fit, solve_ridge
+from training.loop.ridge_head import (
+    ALPHAS,
+    RIDGE_MAX_WINDOWS,
+    left_out_groups,
+    resolve_head_fit,
+    scaled_ridge,
+    solve_ridge,
+)
 
 SINGLE, FSDP = SimpleNamespace(name="single"), SimpleNamespace(name="fsdp")
 
@@ -26,10 +33,10 @@ def test_the_solve_is_scikit_learns_ridge_classifier_with_leave_one_out_alpha(sp
     labels = np.arange(60) % 3
     features = rng.normal(size=(60, 200)) + spread * rng.normal(size=(3, 200))[labels]
     reference = RidgeClassifierCV(alphas=ALPHAS).fit(features, labels)
-    weight, bias, alpha = solve_ridge(torch.from_numpy(features), labels, 3)
-    assert alpha == pytest.approx(reference.alpha_)
-    np.testing.assert_allclose(weight.numpy(), reference.coef_, rtol=1e-4, atol=1e-6)
-    np.testing.assert_allclose(bias.numpy(), reference.intercept_, rtol=1e-4, atol=1e-6)
+    solution = solve_ridge(torch.from_numpy(features), labels, 3)
+    assert solution.alpha == pytest.approx(reference.alpha_)
+    np.testing.assert_allclose(solution.weight.numpy(), reference.coef_, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(solution.bias.numpy(), reference.intercept_, rtol=1e-4, atol=1e-6)
 
 
 def test_the_alpha_is_chosen_by_the_error_on_each_group_left_out_as_refitting_without_it_measures():
@@ -44,15 +51,36 @@ def test_the_alpha_is_chosen_by_the_error_on_each_group_left_out_as_refitting_wi
         errors = []
         for group in range(6):
             out = groups == group
-            weight, bias, _ = solve_ridge(torch.from_numpy(features[~out]), labels[~out], 2, alphas=(alpha,))
-            predicted = torch.from_numpy(features[out]).float() @ weight.T + bias
+            solution = solve_ridge(torch.from_numpy(features[~out]), labels[~out], 2, alphas=(alpha,))
+            predicted = torch.from_numpy(features[out]).float() @ solution.weight.T + solution.bias
             targets = torch.where(torch.nn.functional.one_hot(torch.from_numpy(labels[out]), 2) > 0, 1.0, -1.0)
             errors.append(((predicted - targets) ** 2).sum().item())
         return sum(errors)
 
     best = min(alphas, key=refit_error)
-    assert solve_ridge(torch.from_numpy(features), labels, 2, groups=groups, alphas=alphas)[2] == best
+    assert solve_ridge(torch.from_numpy(features), labels, 2, groups=groups, alphas=alphas).alpha == best
     assert len({round(refit_error(alpha), 3) for alpha in alphas}) == 3  # the choice is not a tie
+
+
+def test_each_windows_held_out_output_is_the_solve_without_its_group_and_the_scale_keeps_every_prediction():
+    rng = np.random.default_rng(2)
+    labels, groups = np.arange(40) % 3, np.repeat(np.arange(5), 8)
+    features = torch.from_numpy(rng.normal(size=(40, 60)) + 1.5 * rng.normal(size=(3, 60))[labels])
+    solution = solve_ridge(features, labels, 3, groups=groups, alphas=(5.0,))
+    for group in range(5):
+        out = groups == group
+        without = solve_ridge(features[~out], labels[~out], 3, alphas=(5.0,))
+        expected = features[out].float() @ without.weight.T + without.bias
+        torch.testing.assert_close(solution.held_out[out].float(), expected, rtol=1e-4, atol=1e-4)
+    weight, bias, _, temperature = scaled_ridge(features, labels, 3, groups)
+    solution = solve_ridge(features, labels, 3, groups=groups)  # the strengths scaled_ridge chooses among
+    assert temperature != 1.0
+    torch.testing.assert_close(weight, solution.weight / temperature)
+    outputs = features.float() @ solution.weight.T + solution.bias
+    assert torch.equal((features.float() @ weight.T + bias).argmax(dim=1), outputs.argmax(dim=1))
+    nll = [torch.nn.functional.cross_entropy(solution.held_out / scale, torch.from_numpy(labels)).item()
+           for scale in (1.0, temperature)]
+    assert nll[1] < nll[0]
 
 
 def test_one_persons_windows_are_left_out_in_stretches_of_time():
@@ -86,7 +114,9 @@ def test_a_small_set_is_solved_on_its_training_windows_and_the_run_resumes_as_do
     data = load_har_data("npz", path, val_fraction=0.0)
     statistics = checkpoint["normalization"]
     train = normalize(data.train, statistics["mean"].numpy(), statistics["std"].numpy())
-    weight, bias, _ = solve_ridge(model.features(torch.from_numpy(train.signals)), train.labels, 3)
+    weight, bias, _, temperature = scaled_ridge(model.features(torch.from_numpy(train.signals)), train.labels, 3,
+                                                left_out_groups(train.subjects))
+    assert temperature < 1  # least squares' outputs near +-1 are sharpened
     torch.testing.assert_close(model.head[-1].weight, weight)
     torch.testing.assert_close(model.head[-1].bias, bias)
     torch.testing.assert_close(checkpoint["ema"]["weights"]["head.1.weight"], weight)  # the average is the solve

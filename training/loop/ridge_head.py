@@ -8,10 +8,12 @@ across people, so above RIDGE_MAX_WINDOWS the head is trained as before.
 The solve works in the dual (one row and column per window), so its cost grows with the windows
 squared: at RIDGE_MAX_WINDOWS it takes about a second on two CPU cores."""
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from evaluation.calibration import fit_temperature
 from training.errors import UsageError
 from training.loop.epochs import EpochResult, end_epoch
 
@@ -40,8 +42,16 @@ def resolve_head_fit(head_fit, model_class, pooled, train_windows, strategy, dat
     return "ridge" if train_windows <= RIDGE_MAX_WINDOWS else "adamw"
 
 
+@dataclass
+class RidgeSolution:
+    weight: torch.Tensor  # float32 [K, F]
+    bias: torch.Tensor  # float32 [K]
+    alpha: float
+    held_out: torch.Tensor  # float64 [N, K]: each window's outputs from the solve without its group
+
+
 def solve_ridge(features, labels, classes, groups=None, alphas=ALPHAS):
-    """(weight [K, F], bias [K], alpha) of least squares from `features` [N, F] to +-1 targets of
+    """The RidgeSolution of least squares from `features` [N, F] to +-1 targets of
     `labels` [N], the intercept unpenalised, alpha the one of `alphas` with the smallest squared error
     on windows left out: each window alone (scikit-learn's RidgeClassifierCV), or each group of
     `groups` [N] at a time (exact for ridge: the group's residuals through (I - H_gg)^-1, H the hat
@@ -59,7 +69,7 @@ def solve_ridge(features, labels, classes, groups=None, alphas=ALPHAS):
     alone = groups is None or len(np.unique(groups)) == count  # every window its own group: the fast formula
     members = None if alone else [torch.from_numpy(np.flatnonzero(np.asarray(groups) == group))
                                   for group in np.unique(groups)]
-    errors = []
+    errors, left_outs = [], []
     for alpha in alphas:
         shrink = eigenvalues / (eigenvalues + alpha)
         residual = targets - vectors @ (shrink[:, None] * projected)
@@ -71,10 +81,24 @@ def solve_ridge(features, labels, classes, groups=None, alphas=ALPHAS):
                                                                                                       shrink, count),
                                                      residual[rows]) for rows in members])
         errors.append(float((left_out ** 2).mean()))
-    alpha = alphas[int(np.argmin(errors))]
+        left_outs.append(left_out)
+    best = int(np.argmin(errors))
+    alpha = alphas[best]
     dual = vectors @ (projected / (eigenvalues + alpha)[:, None])
     weight = x.T @ dual
-    return weight.T.float(), (target_mean - x_mean @ weight).float(), float(alpha)
+    held_out = targets - left_outs[best] + target_mean  # the targets less the left-out residual, uncentred
+    return RidgeSolution(weight.T.float(), (target_mean - x_mean @ weight).float(), float(alpha), held_out)
+
+
+def scaled_ridge(features, labels, classes, groups):
+    """(weight, bias, alpha, temperature): the solve with its outputs divided by the temperature that
+    makes the softmax of its held-out outputs likeliest. Least squares gives outputs near +-1, whose
+    softmax is far less sure than the head's accuracy warrants; predict.py reads the probabilities
+    (--uncertain-below, the smoothers), so they are put on the scale the data supports. The argmax,
+    and so every prediction, stays."""
+    solution = solve_ridge(features, labels, classes, groups=groups)
+    temperature = fit_temperature(torch.softmax(solution.held_out, dim=1).numpy(), labels)
+    return solution.weight / temperature, solution.bias / temperature, solution.alpha, temperature
 
 
 def _hat(rows_of_vectors, shrink, count):
@@ -103,8 +127,8 @@ def fit_head_by_ridge(trainer):
     features = torch.cat([model.from_counts(torch.as_tensor(np.asarray(pool.signals[first:first + FEATURE_CHUNK]),
                                                             device=trainer.strategy.device)).cpu()
                           for first in range(0, len(pool), FEATURE_CHUNK)])
-    weight, bias, alpha = solve_ridge(features, pool.labels, len(trainer.data.class_names),
-                                      groups=left_out_groups(pool.subjects))
+    weight, bias, alpha, temperature = scaled_ridge(features, pool.labels, len(trainer.data.class_names),
+                                                    left_out_groups(pool.subjects))
     linear = model.head[-1]
     with torch.no_grad():
         linear.weight.copy_(weight.to(linear.weight.device))
@@ -113,7 +137,8 @@ def fit_head_by_ridge(trainer):
         trainer.step.ema.restart()  # the average of one set of weights is those weights
     seconds = time.perf_counter() - start
     log.info(f"head: ridge regression on {len(pool):,} training windows, alpha {alpha:.3g} (of "
-             f"{ALPHAS[0]:g} to {ALPHAS[-1]:g}, by the error on each person or stretch left out) in {seconds:.1f} s")
+             f"{ALPHAS[0]:g} to {ALPHAS[-1]:g}, by the error on each person or stretch left out), outputs divided "
+             f"by {temperature:.3g} (fitted on those held-out outputs) in {seconds:.1f} s")
     # The epoch line's training loss: the solved head's cross-entropy on the windows it was solved on.
     loss_sum = torch.nn.functional.cross_entropy(features @ weight.T + bias, torch.as_tensor(pool.labels),
                                                  reduction="sum")
