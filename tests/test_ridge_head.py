@@ -89,17 +89,16 @@ def test_one_persons_windows_are_left_out_in_stretches_of_time():
     assert list(left_out_groups(people)) == list(people)
 
 
-def test_auto_solves_small_training_splits_only_where_a_linear_head_is_pooled_in_memory():
+def test_auto_solves_small_training_splits_only_where_a_linear_head_is_pooled_whole_on_each_rank():
     minirocket, cnn = MODELS["minirocket"], MODELS["cnn1d"]
-    assert resolve_head_fit("auto", minirocket, True, RIDGE_MAX_WINDOWS, SINGLE, True) == "ridge"
-    assert resolve_head_fit("auto", minirocket, True, RIDGE_MAX_WINDOWS + 1, SINGLE, True) == "adamw"
-    for model, pooled, strategy, in_memory in ((cnn, True, SINGLE, True), (minirocket, False, SINGLE, True),
-                                                (minirocket, True, FSDP, True), (minirocket, True, SINGLE, False)):
-        assert resolve_head_fit("auto", model, pooled, 10, strategy, in_memory) == "adamw"
-    assert resolve_head_fit("ridge", minirocket, True, 10 * RIDGE_MAX_WINDOWS, SINGLE, True) == "ridge"
+    assert resolve_head_fit("auto", minirocket, True, RIDGE_MAX_WINDOWS, SINGLE) == "ridge"
+    assert resolve_head_fit("auto", minirocket, True, RIDGE_MAX_WINDOWS + 1, SINGLE) == "adamw"
+    for model, pooled, strategy in ((cnn, True, SINGLE), (minirocket, False, SINGLE), (minirocket, True, FSDP)):
+        assert resolve_head_fit("auto", model, pooled, 10, strategy) == "adamw"
+    assert resolve_head_fit("ridge", minirocket, True, 10 * RIDGE_MAX_WINDOWS, SINGLE) == "ridge"
     with pytest.raises(UsageError, match="more than the 16,384 it takes"):
-        resolve_head_fit("ridge", minirocket, True, 100_000, SINGLE, True)
-    assert resolve_head_fit("adamw", minirocket, True, 10, SINGLE, True) == "adamw"
+        resolve_head_fit("ridge", minirocket, True, 100_000, SINGLE)
+    assert resolve_head_fit("adamw", minirocket, True, 10, SINGLE) == "adamw"
 
 
 def test_a_small_set_is_solved_on_its_training_windows_and_the_run_resumes_as_done(tmp_path):

@@ -155,7 +155,7 @@ def test_training_from_a_store_reaches_the_accuracy_of_the_same_windows_in_memor
 
 
 def test_minirocket_fits_its_biases_from_windows_read_from_the_store(store, tmp_path):
-    # adamw on both paths: a store's run never solves its head by ridge, a split this small in memory would.
+    # The head trained by epochs on both paths (a split this small would otherwise be solved by ridge).
     flags = ["--model", "minirocket", "--width", "840", "--epochs", "2", "--no-resume", "--head-fit", "adamw"]
     streamed_run = [*flags, "--dataset", "store", "--data-dir", store, "--save-dir", tmp_path / "streamed"]
     code, out, err = run_in_process("main.py", streamed_run)
@@ -419,11 +419,18 @@ def test_a_build_out_that_is_a_file_or_another_folder_is_refused_and_left_alone(
     assert (tmp_path / "file").read_text() == "keep me" and sorted(p.name for p in run.iterdir()) == ["best.pt"]
 
 
-def test_a_store_run_refuses_a_head_solved_by_ridge_in_one_line_and_writes_nothing(store, tmp_path):
-    save_dir = tmp_path / "run"
-    save_dir.mkdir()
-    (save_dir / "keep.txt").write_text("keep\n")
-    result = run_in_process("main.py", ["--dataset", "store", "--data-dir", store, "--head-fit", "ridge",
-                                        "--epochs", "1", "--save-dir", save_dir])
-    assert_refused(result, "--head-fit ridge", "window store", "--head-fit adamw")
-    assert sorted(path.name for path in save_dir.iterdir()) == ["keep.txt"]
+def test_a_store_run_solves_its_head_from_the_pool_on_disk_as_a_run_in_memory_does(store, tmp_path):
+    runs = {"store": ["--dataset", "store", "--data-dir", store],
+            "memory": ["--dataset", "npz", "--data-dir", store.parent / "windows.npz"]}
+    said = {}
+    for name, data in runs.items():
+        code, said[name], err = run_in_process("main.py", [*data, "--model", "minirocket", "--width", "840",
+                                                           "--head-fit", "ridge", "--no-figures", "--save-dir",
+                                                           tmp_path / name])
+        assert code == 0, err
+        assert "head: ridge regression on " in said[name], name
+    assert f"on disk in {tmp_path / 'store' / 'features'}" in said["store"]
+    streamed, memory = (load_checkpoint(tmp_path / name / "best.pt") for name in runs)
+    assert streamed["planned_epochs"] == memory["planned_epochs"] == 1
+    accuracy = [json.loads((tmp_path / name / "test_report.json").read_text())["accuracy"] for name in runs]
+    assert accuracy[0] > 0.5 and abs(accuracy[0] - accuracy[1]) < 0.1, accuracy

@@ -20,7 +20,6 @@ import torch
 
 from data.loaders import split_loaders
 from data.splits import HarData, Split, fit_normalization, normalize
-from data.store import StoreSplit
 from evaluation.figures import write_run_figures
 from models import MODELS, count_parameters, feature_views_of, label_smoothing_of, resolve_size, training_bytes
 from training.checkpoint import files as ckpt
@@ -282,7 +281,7 @@ def _head_fit_and_augmenter(config, data, normalization, strategy, log):
     augmenter: none for a head solved by ridge, which sees the windows as they are in one view."""
     head_fit = resolve_head_fit(config.optim.head_fit, MODELS[config.model.name],
                                 feature_views_of(config.model.name, config.recipe.feature_views) > 0,
-                                len(data.train), strategy, not isinstance(data.train, StoreSplit))
+                                len(data.train), strategy)
     if head_fit == "ridge":
         return head_fit, None
     return head_fit, build_augmenter(config.recipe, normalization, data.channel_names, data.class_names,

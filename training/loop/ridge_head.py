@@ -23,18 +23,18 @@ RIDGE_LIMIT_WINDOWS = 16_384  # --head-fit ridge: its dual's 2 GiB float64 Gram 
 FEATURE_CHUNK = 1024  # windows turned from counts into features at a time
 
 
-def resolve_head_fit(head_fit, model_class, pooled, train_windows, strategy, data_in_memory):
+def resolve_head_fit(head_fit, model_class, pooled, train_windows, strategy):
     """'ridge' or 'adamw': what --head-fit asks for, auto resolved by the training split's size. Ridge
-    needs a linear head over a feature pool (`pooled`: --feature-views above 0) in memory and the
-    whole head on every rank."""
-    solvable = model_class.LINEAR_HEAD and pooled and data_in_memory and strategy.name != "fsdp"
+    needs a linear head over a feature pool (`pooled`: --feature-views above 0), in memory or on disk,
+    and the whole head on every rank."""
+    solvable = model_class.LINEAR_HEAD and pooled and strategy.name != "fsdp"
     if head_fit == "adamw" or (head_fit == "auto" and not solvable):
         return "adamw"
     if head_fit == "ridge":
         if not solvable:
-            raise UsageError("--head-fit ridge solves a linear head over features held in memory on every rank "
-                             "(minirocket, with --feature-views above 0, not under FSDP, not from a window store); "
-                             "use --head-fit adamw")
+            raise UsageError("--head-fit ridge solves a linear head over pooled features, the whole head on "
+                             "every rank (minirocket, with --feature-views above 0, not under FSDP); use --head-fit "
+                             "adamw")
         if train_windows > RIDGE_LIMIT_WINDOWS:
             raise UsageError(f"--head-fit ridge solves over every pair of training windows: {train_windows:,} is more "
                              f"than the {RIDGE_LIMIT_WINDOWS:,} it takes; use --head-fit adamw (or auto)")
@@ -60,7 +60,7 @@ def solve_ridge(features, labels, classes, groups=None, alphas=ALPHAS):
     x = features.double()
     count = len(labels)
     targets = -torch.ones(count, classes, dtype=torch.float64)
-    targets[torch.arange(count), torch.as_tensor(labels)] = 1.0
+    targets[torch.arange(count), torch.as_tensor(np.asarray(labels, dtype=np.int64))] = 1.0
     x_mean, target_mean = x.mean(dim=0), targets.mean(dim=0)
     x, targets = x - x_mean, targets - target_mean
     eigenvalues, vectors = torch.linalg.eigh(x @ x.T)
@@ -119,15 +119,18 @@ def fit_head_by_ridge(trainer):
     windows as they are), put it in the model and its average, then validate, save and log as an
     epoch ends. Returns "complete"."""
     state, log, pool = trainer.state, trainer.log, trainer.head_pool
+    labels = np.asarray(pool.labels, dtype=np.int64)  # a store's labels are narrower integers
     if state.epoch >= 1:
         log.info("the head was already solved by ridge regression; evaluating the test split")
         return "complete"
     start = time.perf_counter()
     model = trainer.model
-    features = torch.cat([model.from_counts(torch.as_tensor(np.asarray(pool.signals[first:first + FEATURE_CHUNK]),
+    # Read by positions, which a pool in memory and one on disk (feature_store.ShardedRows) both take.
+    chunks = (np.arange(first, min(first + FEATURE_CHUNK, len(pool))) for first in range(0, len(pool), FEATURE_CHUNK))
+    features = torch.cat([model.from_counts(torch.as_tensor(np.asarray(pool.signals[rows]),
                                                             device=trainer.strategy.device)).cpu()
-                          for first in range(0, len(pool), FEATURE_CHUNK)])
-    weight, bias, alpha, temperature = scaled_ridge(features, pool.labels, len(trainer.data.class_names),
+                          for rows in chunks])
+    weight, bias, alpha, temperature = scaled_ridge(features, labels, len(trainer.data.class_names),
                                                     left_out_groups(pool.subjects))
     linear = model.head[-1]
     with torch.no_grad():
@@ -140,8 +143,7 @@ def fit_head_by_ridge(trainer):
              f"{ALPHAS[0]:g} to {ALPHAS[-1]:g}, by the error on each person or stretch left out), outputs divided "
              f"by {temperature:.3g} (fitted on those held-out outputs) in {seconds:.1f} s")
     # The epoch line's training loss: the solved head's cross-entropy on the windows it was solved on.
-    loss_sum = torch.nn.functional.cross_entropy(features @ weight.T + bias, torch.as_tensor(pool.labels),
-                                                 reduction="sum")
+    loss_sum = torch.nn.functional.cross_entropy(features @ weight.T + bias, torch.from_numpy(labels), reduction="sum")
     end_epoch(trainer, 0, EpochResult(steps=0, samples=len(pool), train_time_s=seconds, loss_sum=float(loss_sum),
                                       loss_samples=len(pool), stopped_early=False), start)
     return "complete"
