@@ -120,7 +120,7 @@ def shards(save_dir):
 
 def test_a_store_run_killed_while_writing_its_pool_loses_that_shard_alone(store, tmp_path):  # noqa: F811
     run = [sys.executable, "main.py", "--dataset", "store", "--data-dir", store, "--model", "minirocket",
-           "--width", "840", "--feature-views", "4", "--epochs", "3", "--no-figures"]
+           "--width", "840", "--feature-views", "4", "--epochs", "3", "--head-fit", "adamw", "--no-figures"]
     straight = run_subprocess([*run, "--save-dir", tmp_path / "straight"])
     assert straight.returncode == 0, straight.stderr[-3000:]
     expected = shards(tmp_path / "straight")
