@@ -223,13 +223,16 @@ def _validates_in_time(train_all, val_fraction, val_subjects, val_split):
     cannot be held out of their own data), so the end of each one's windows validates instead."""
     if val_split == "time":
         return True
-    few = len(np.unique(train_all.subjects)) < MIN_VALIDATION_SUBJECTS
-    return val_subjects is None and val_fraction > 0 and few
+    return val_subjects is None and val_fraction > 0 and _few_subjects(train_all)
+
+
+def _few_subjects(train_all):
+    return len(np.unique(train_all.subjects)) < MIN_VALIDATION_SUBJECTS
 
 
 def _validation_words(train_all, val_subjects, val_split):
     """How validation was held out, for the data's one-line description."""
-    if len(val_subjects) and (val_split == "time" or len(np.unique(train_all.subjects)) < MIN_VALIDATION_SUBJECTS):
+    if len(val_subjects) and (val_split == "time" or _few_subjects(train_all)):
         return "the last part of each training subject's windows"
     return f"subjects {sorted(int(s) for s in val_subjects)}"
 

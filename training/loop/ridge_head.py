@@ -119,11 +119,11 @@ def fit_head_by_ridge(trainer):
     windows as they are), put it in the model and its average, then validate, save and log as an
     epoch ends. Returns "complete"."""
     state, log, pool = trainer.state, trainer.log, trainer.head_pool
-    labels = np.asarray(pool.labels, dtype=np.int64)  # a store's labels are narrower integers
     if state.epoch >= 1:
         log.info("the head was already solved by ridge regression; evaluating the test split")
         return "complete"
     start = time.perf_counter()
+    labels = np.asarray(pool.labels, dtype=np.int64)  # a store's labels are narrower integers
     model = trainer.model
     # Read by positions, which a pool in memory and one on disk (feature_store.ShardedRows) both take.
     chunks = (np.arange(first, min(first + FEATURE_CHUNK, len(pool))) for first in range(0, len(pool), FEATURE_CHUNK))
