@@ -26,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from inference.outputs import check_out_file
 from profiling.entry_points import REPO, at_least, comma_choices, entry_parser, json_file, write_json
 from profiling.interleave import interleave, per_side
 from profiling.timing import HostCpuMeter
@@ -53,6 +54,8 @@ def main(argv=None):
     parser.add_argument("--keep", help="write the layouts' files into this new or empty folder and keep them")
     parser.add_argument("--json", type=json_file, help="write the figures here")
     opts = parser.parse_args(argv)
+    if opts.json:  # an earlier figures file may be replaced; the recordings it reads may not
+        check_out_file(opts.json, overwrite=True, reads=(opts.recordings,), flag="--json")
     if not Path(opts.recordings).is_file():
         raise UsageError(f"--recordings {opts.recordings} does not exist; see ../shared/data/hapt-dev/README.md")
     if opts.keep and Path(opts.keep).exists() and (not Path(opts.keep).is_dir() or any(Path(opts.keep).iterdir())):

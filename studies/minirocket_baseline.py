@@ -18,6 +18,7 @@ import numpy as np
 from crossval.folds import fold_subjects
 from data.splits import Split, load_har_data
 from evaluation.metrics import classification_report, per_subject_accuracy
+from inference.outputs import check_out_file
 from profiling.entry_points import entry_parser, json_file, write_json
 from training.entry_point import run_entry_point
 
@@ -34,6 +35,8 @@ def main(argv=None):
     parser.add_argument("--no-test", action="store_true")
     parser.add_argument("--json", type=json_file, help="write the figures here")
     opts = parser.parse_args(argv)
+    if opts.json:  # an earlier figures file may be replaced; an .npz of windows it reads may not
+        check_out_file(opts.json, overwrite=True, reads=(opts.data_dir,), flag="--json")
     try:
         from aeon.classification.convolution_based import MiniRocketClassifier
     except ImportError:

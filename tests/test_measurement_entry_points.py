@@ -29,3 +29,14 @@ def test_bad_input_is_one_line(module, flags, says):
     result = run_subprocess([sys.executable, "-m", module, *flags], timeout=120)
     assert_refused((result.returncode, result.stdout, result.stderr), says)
     assert result.stderr.count("\n") == 1, result.stderr  # nothing printed beside it
+
+
+@pytest.mark.parametrize("module, reads", [("studies.layouts", "--recordings"),
+                                           ("studies.minirocket_baseline", "--data-dir")])
+def test_figures_are_never_written_over_the_data_a_study_reads(module, reads, tmp_path):
+    data = tmp_path / "data.npz"
+    data.write_bytes(b"the user's data")
+    flags = [reads, data, "--json", data] + (["--dataset", "npz"] if reads == "--data-dir" else [])
+    result = run_subprocess([sys.executable, "-m", module, *flags], timeout=120)
+    assert_refused((result.returncode, result.stdout, result.stderr), "--json", "a file this command reads")
+    assert data.read_bytes() == b"the user's data"
