@@ -4,14 +4,14 @@ By default that is the step `python main.py` takes, recipe (augmentation, weight
 smoothing) and loss tally included; --bare-step times the step without them.
 """
 import itertools
-import math
 import tempfile
 import time
 from dataclasses import dataclass
 
+from profiling.run_time import epoch_steps
 from training.distributed.fsdp import sharded_units
 from training.errors import UsageError
-from training.loop.step import NO_TIMER, steps_per_epoch
+from training.loop.step import NO_TIMER
 from training.loop.tally import EpochTally
 from training.run_inputs import read_run_inputs
 from training.trainer import Trainer
@@ -34,7 +34,7 @@ class Workload:
     steps_taken: int = 0
     trainer: object = None  # the run itself: its evaluation passes and checkpoint are timed too
     inputs_s: float = 0.0  # reading the run's inputs, as main.py's time line counts them
-    set_up_s: float = 0.0  # Trainer.build: model, fit and the feature pool
+    set_up_s: float = 0.0  # the strategy's start and Trainer.build (model, fit, pool), set by profiling.measure
     pool: dict = None  # the feature pool's build figures (training.loop.recipe.pool_figures), or None
 
     @property
@@ -62,8 +62,7 @@ class Workload:
     @property
     def steps_per_epoch(self):
         """Optimizer steps of one epoch of the full training split, with the sampler's padding."""
-        per_rank = math.ceil(self.train_windows / self.strategy.world_size)
-        return steps_per_epoch(math.ceil(per_rank / self.batch_size), self.grad_accum_steps)
+        return epoch_steps(self.train_windows, self.strategy.world_size, self.batch_size, self.grad_accum_steps)
 
 
 def build_workload(args, strategy, data=None):
@@ -81,13 +80,12 @@ def build_workload(args, strategy, data=None):
     inputs = read_run_inputs(config, hold_lock=False, data=data)
     read = time.perf_counter()
     trainer = Trainer.build(config, strategy, quiet=True, inputs=inputs)
-    built = time.perf_counter()
     loader = trainer.loaders["train"]
     tally = None if args.bare_step else EpochTally(strategy.device)
     return Workload(strategy, trainer.model, trainer.step, trainer.precision,
                     _endless(loader, loader.sampler, trainer.loader_batch), tally, config.optim.batch_size,
                     len(trainer.data.train), trainer.data.source, scratch, trainer=trainer, inputs_s=read - started,
-                    set_up_s=built - read, pool=trainer.pool_figures)
+                    pool=trainer.pool_figures)
 
 
 def _endless(loader, sampler, batch_size):

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from data.provenance import read_json
+from data.provenance import file_sha256, read_json
 from data.store import StoreSplit, write_atomic
 from training import faults
 from training.errors import UsageError
@@ -43,15 +43,6 @@ def pool_identity(model, splits, views, augment, seed, dtype, chunk):
         else:
             identity[f"data {name}"] = _digest(np.ascontiguousarray(signals))
     return identity
-
-
-def _file_digest(path, block=1 << 22):
-    # Read in blocks (hashlib.file_digest would do it, but only from Python 3.11; 3.10 is supported).
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(block):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _digest(*parts):
@@ -125,7 +116,7 @@ class FeatureStore:
             return "has no checksum beside it (written before checksums were kept, or stopped before its own)"
         except (OSError, ValueError):  # not text: as good as a checksum of other bytes
             recorded = []
-        if recorded != [_file_digest(path)]:
+        if recorded != [file_sha256(path)]:
             return "has bytes other than those written (its SHA-256 differs from the checksum recorded)"
         return None
 
@@ -135,7 +126,7 @@ class FeatureStore:
 
         def save(partial):
             np.save(partial, counts)
-            digest.append(_file_digest(partial))
+            digest.append(file_sha256(partial))
             faults.during_shard_write()
 
         try:
