@@ -18,7 +18,7 @@ GRAPH_VARIANTS = ("reduce-overhead", "whole-step graphs")  # CUDA only
 # benchmarks 239 (each compiled variant compiles the model twice, trainer and minimal loop, before
 # its rounds). The second run took 62, 13, 14, 9 and 184 s for those, and 6 s for MiniRocket's
 # transform, 16 for the two gloo ranks and 9 for the trace: 317 s in all. The default groups fit
-# 475 s, so that one check measures every target of the GPU issue in under 8 minutes with start-up
+# 475 s, so that one check measures every target of the GPU issue in about 8.5 minutes with start-up
 # and writing: the cold start (main.py with its defaults, first of all, after only the machine
 # probe: 24.6 s on the nested fold before that work) and the overhead at batch 32 alone, with 30 s
 # more for its whole-step graph variant (no compilation: about an eager variant's time).
