@@ -171,14 +171,22 @@ class StoreStreamLoader:
                     ready.get(timeout=0.1)
 
     def _read(self, order, ready, stop):
+        # One read per block of the order rather than per batch: a block's windows lie in one or two
+        # shard files, so each is opened and mapped once per STREAM_BLOCK windows, and the reads hold
+        # the interpreter lock (which the step needs) a fraction as often.
+        per_read = max(1, STREAM_BLOCK // self.batch_size) * self.batch_size
         try:
-            for batch_index, first in enumerate(range(0, len(order), self.batch_size)):
-                if batch_index % TRIM_EVERY == TRIM_EVERY - 1:
-                    release_freed_memory()
-                signals, labels = read_batch(self.split, order[first:first + self.batch_size])
-                batch = (signals.pin_memory(), labels.pin_memory()) if self.pin_memory else (signals, labels)
-                if not _put(ready, batch, stop):
-                    return
+            made = 0
+            for first in range(0, len(order), per_read):
+                signals, labels = read_batch(self.split, order[first:first + per_read])
+                for batch in zip(signals.split(self.batch_size), labels.split(self.batch_size), strict=True):
+                    made += 1
+                    if made % TRIM_EVERY == 0:
+                        release_freed_memory()
+                    if self.pin_memory:
+                        batch = tuple(part.pin_memory() for part in batch)
+                    if not _put(ready, batch, stop):
+                        return
             _put(ready, None, stop)
         except BaseException as exc:  # noqa: BLE001 - handed to the training loop, which raises it
             _put(ready, exc, stop)

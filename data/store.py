@@ -87,7 +87,7 @@ class WindowStore:
         shape in C order (its header read), and exactly the size its windows take."""
         path = shard_paths(self.root, entry["name"])["signals"]
         shape = (entry["windows"], len(self.channels), self.window_steps)
-        offset = _npy_data_offset(shape, self.dtype.str)
+        offset = npy_data_offset(shape, self.dtype.str)
         expected = offset + int(np.prod(shape)) * self.dtype.itemsize
         if not path.is_file():
             raise DataError(f"store {self.root}: shard file {path} is missing; rebuild the store (python -m "
@@ -172,7 +172,7 @@ class WindowStore:
 
 
 @functools.lru_cache(maxsize=4096)
-def _npy_data_offset(shape, dtype_str):
+def npy_data_offset(shape, dtype_str):
     """Bytes before the data in the .npy file np.save writes for an array of this shape and dtype."""
     header = io.BytesIO()
     np.lib.format.write_array_header_1_0(header, {"descr": dtype_str, "fortran_order": False, "shape": shape})

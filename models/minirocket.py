@@ -175,8 +175,9 @@ class MiniRocket(HARModel):
     def from_counts(self, counts):
         """pool_features(windows) [B, F] -> features(windows), the same floats bit for bit."""
         with torch.no_grad(), torch.autocast(counts.device.type, enabled=False):
-            proportions = counts.float() / self.window_positions
-            return (proportions - self.feature_mean) / self.feature_std
+            # In place: one new [B, F] tensor, not four (each a fresh megabyte or more, which glibc
+            # may hand back and fault in again on the next batch).
+            return counts.float().div_(self.window_positions).sub_(self.feature_mean).div_(self.feature_std)
 
     def forward(self, x):
         # Windows [B, C, T], or computed once (a feature pool): their counts, or their features [B, F].

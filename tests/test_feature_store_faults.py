@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import run_subprocess
+from data.errors import DataError
 from test_feature_pool import CPU, QuietLog, fitted_model, split
 from test_store import store  # noqa: F401 (a fixture: the window store the runs read)
 from training.loop.recipe import build_feature_pool
@@ -89,6 +90,19 @@ def without_its_checksum(shard):
 
 def with_a_garbled_checksum(shard):
     checksum_of(shard).write_bytes(bytes(range(256)))
+
+
+def test_the_pool_on_disk_reads_any_positions_as_the_pool_in_memory_holds_them(model_and_splits, tmp_path):
+    model, splits = model_and_splits
+    pool, _ = build_feature_pool(model, splits, 1, None, 5, CPU, QuietLog(), store_root=tmp_path)
+    rows, expected = pool["train"].signals, in_memory(model_and_splits)["train"]
+    block = np.random.default_rng(0).permutation(np.arange(1000, 1100))  # neighbours across two shards of 1,024
+    for positions in (block, block[:1], np.array([2499, 3, 1500, 700, 3])):  # and scattered, one twice
+        assert np.array_equal(rows[positions], expected[positions])
+    last = sorted(tmp_path.rglob("part0-*.npy"))[-1]
+    last.write_bytes(last.read_bytes()[:-100])
+    with pytest.raises(DataError, match="cut short while training read it"):
+        rows[np.arange(2400, 2500)]
 
 
 @pytest.mark.parametrize("damage, why", [(cut_short, "cut short"), (emptied, "cut short"),

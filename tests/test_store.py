@@ -2,6 +2,7 @@
 without holding it in memory, resumed exactly, split over ranks without overlap, and refused in one
 line when it is damaged."""
 import json
+import math
 import re
 import signal
 import sys
@@ -13,8 +14,8 @@ import torch
 
 from conftest import load_checkpoint, run_in_process, run_subprocess
 from data import synthetic
-from data.loaders import STREAM_BLOCK, BlockShuffledSampler, split_loaders, window_shape
-from data.store import WindowStore
+from data.loaders import STREAM_BLOCK, BlockShuffledSampler, StoreStreamLoader, read_batch, split_loaders, window_shape
+from data.store import StoreSplit, WindowStore
 from data.uci_har import CLASS_NAMES, SIGNAL_NAMES
 from inference_fixtures import synthetic_stream
 from test_bad_input import assert_refused
@@ -138,6 +139,20 @@ def test_ranks_take_disjoint_shares_of_a_block_shuffled_epoch():
     assert not torch.equal(order, ranks[0].order())
     blocks = order // STREAM_BLOCK
     assert (blocks[1:] != blocks[:-1]).sum() == 10  # each block visited in one go: 11 blocks, 10 changes
+
+
+@pytest.mark.parametrize("batch_size", [32, 24, 300])  # a block's 256 windows make 8 batches, 10 and a half, a part
+def test_the_reader_thread_hands_out_the_batches_the_order_makes(store, batch_size):
+    opened = WindowStore(store)
+    split = StoreSplit.of(opened, np.ones(len(opened), dtype=bool))
+    sampler = BlockShuffledSampler(len(split), seed=3)
+    sampler.set_epoch(1, start=7)  # a resumed epoch: the reads start inside a block
+    order = sampler.indices().numpy()
+    batches = list(StoreStreamLoader(split, batch_size, sampler))
+    assert len(batches) == math.ceil(len(order) / batch_size)
+    for number, (signals, labels) in enumerate(batches):
+        expected = read_batch(split, order[number * batch_size:(number + 1) * batch_size])
+        assert torch.equal(signals, expected[0]) and torch.equal(labels, expected[1]), number
 
 
 def test_training_from_a_store_reaches_the_accuracy_of_the_same_windows_in_memory(store, tmp_path):
