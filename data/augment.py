@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from data.splits import AXES
+from data.description import named_triples
 
 AUGMENTATIONS = ("rotate", "flip", "scale", "jitter", "shift")
 
@@ -41,19 +41,6 @@ def parse_kinds(text):
     return tuple(kind for kind in AUGMENTATIONS if kind in kinds)
 
 
-def sensor_triples(channel_names):
-    """Channel indices of every x/y/z triple of one sensor, e.g. body_acc_x/_y/_z -> [0, 1, 2]."""
-    index = {name: i for i, name in enumerate(channel_names)}
-    triples = []
-    for name in channel_names:
-        if name.endswith("_x"):
-            stem = name[:-1]
-            members = [index.get(stem + axis) for axis in AXES]
-            if None not in members:
-                triples.append(members)
-    return triples
-
-
 class BatchAugmenter:
     """Applies the configured augmentations to normalised batches [B, C, T].
 
@@ -64,9 +51,10 @@ class BatchAugmenter:
     rotate_wide_classes turn further, so that the tilt stops deciding between them.
     """
 
-    def __init__(self, config, mean, std, channel_names, class_names=()):
+    def __init__(self, config, mean, std, channel_names, class_names=(), triples=None):
         self.config = config
-        self.triples = torch.tensor(sensor_triples(channel_names), dtype=torch.long)
+        # Each sensor's x/y/z channels: as a dataset description places them, else by the names' _x/_y/_z.
+        self.triples = torch.tensor(named_triples(channel_names) if triples is None else triples, dtype=torch.long)
         turning = [kind for kind in ("rotate", "flip") if kind in config.kinds]
         if turning and len(self.triples) == 0:
             raise ValueError(f"{turning[0]} needs x/y/z channel triples; these channels have none "

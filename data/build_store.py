@@ -17,6 +17,8 @@ SRC is one of:
 
 Window labels (recordings): a window takes the label most of its samples carry; windows whose
 most common label is an --unlabelled value are left out.
+--description FILE (data/description.py) says the channels, rate, window, classes with their label
+values and the unlabelled values in one JSON file, in place of those flags; the manifest keeps it.
 Each subject's windows (or each recording's, in a job named after its file) go into shards of
 their own, written by --workers processes in parallel. Each finished job leaves a record beside
 its shards (data/provenance.py): what it was made from (the recording's path, size and mtime and
@@ -37,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from data import uci_har
+from data.description import read_description
 from data.errors import DataError, exit_from_command
 from data.labels import class_indexes
 from data.npz_windows import load_npz_windows
@@ -52,7 +55,7 @@ from data.store import MANIFEST, PARTS, SHARD_DIR, VERSION, finish_store, shard_
 MAX_WINDOW_STEPS = 2 ** 16
 # What makes a store's windows what they are: a finished store asked for other values of these is refused.
 STORE_SETTINGS = ("channels", "class_names", "label_rule", "sample_rate_hz", "window_steps", "stride_steps",
-                  "preprocessing", "dtype")
+                  "preprocessing", "dtype", "description")
 MAX_NAME_CHARACTERS = 120  # of a recording's file name in its job's name
 SHARD_WINDOWS = 8_192  # windows per shard file at most (19 MB of float16 9 x 128 windows)
 JOB_FILE = re.compile(rf"(.*)\.json|(.*)-[^-]*\.(?:{'|'.join(PARTS)})\.npy", re.DOTALL)
@@ -125,11 +128,11 @@ def check_same_store(out, asked):
     dtype, rate, window, stride, preprocessing or classes) is refused rather than converted over it. Only
     its sources may change: a recording added or removed updates the same store."""
     finished = read_json(out / MANIFEST)
-    differ = [key for key in STORE_SETTINGS if isinstance(finished, dict) and finished.get(key) != asked[key]]
+    differ = [key for key in STORE_SETTINGS if isinstance(finished, dict) and finished.get(key) != asked.get(key)]
     if differ:
         key = differ[0]
         raise DataError(f"--out {out} holds a finished store whose {key} is {finished.get(key)!r}, not this build's "
-                        f"{asked[key]!r}; give another --out, or remove {out / MANIFEST} to convert it in place")
+                        f"{asked.get(key)!r}; give another --out, or remove {out / MANIFEST} to convert it in place")
 
 
 def remove_stale_files(out, jobs):
@@ -159,20 +162,24 @@ def parse(argv):
                         help="how signals are stored (float16 halves the disk and the reads)")
     parser.add_argument("--test-subjects", default=None,
                         help="recordings: comma-separated subjects for the test split (default: a fifth held out)")
-    parser.add_argument("--preprocessing", choices=("uci-har", "raw"), default="uci-har")
+    parser.add_argument("--description", default=None,
+                        help="a JSON file describing the data (data/description.py: channels, rate, window, classes "
+                             "and their label values, values meaning no class) in place of the flags below; a flag "
+                             "given beside it must agree with it")
+    parser.add_argument("--preprocessing", choices=("uci-har", "raw"), default=None, help="default uci-har")
     parser.add_argument("--channels", default=None,
                         help="recordings of another device: its channels' column names, comma-separated, kept "
                              "as recorded and resampled to --sample-rate (needs --preprocessing raw)")
     parser.add_argument("--sample-rate", type=float, default=None,
                         help=f"recordings: the model's rate (default {uci_har.SAMPLE_RATE_HZ:g}); an .npz without "
                              "sample_rate_hz: its windows' rate")
-    parser.add_argument("--window-steps", type=int, default=uci_har.WINDOW_STEPS)
+    parser.add_argument("--window-steps", type=int, default=None, help=f"default {uci_har.WINDOW_STEPS}")
     parser.add_argument("--stride", type=int, default=None, help="recordings: window stride (default half a window)")
-    parser.add_argument("--class-names", default=",".join(uci_har.CLASS_NAMES),
-                        help="recordings: the classes, in the order of --class-labels")
+    parser.add_argument("--class-names", default=None,
+                        help="recordings: the classes, in the order of --class-labels (default UCI HAR's six)")
     parser.add_argument("--class-labels", default=None,
                         help="recordings: each class's value in the label column, comma-separated (default 1..K)")
-    parser.add_argument("--unlabelled", default="",
+    parser.add_argument("--unlabelled", default=None,
                         help="recordings: label values that mean no class, comma-separated (default none: "
                              "every value must be a class's)")
     return check_options(parser.parse_args(argv))
@@ -181,6 +188,12 @@ def parse(argv):
 def check_options(options):
     """Options that cannot make a store the trainer reads, refused before any file is touched; the
     test subjects and class names read into lists."""
+    options.described = _apply_description(options) if options.description else None
+    defaults = {"preprocessing": "uci-har", "window_steps": uci_har.WINDOW_STEPS,
+                "class_names": ",".join(uci_har.CLASS_NAMES), "unlabelled": ""}
+    for name, value in defaults.items():
+        if getattr(options, name) is None:
+            setattr(options, name, value)
     for flag, value, low, high in (("--workers", options.workers, 1, math.inf),
                                    ("--window-steps", options.window_steps, 8, MAX_WINDOW_STEPS),
                                    ("--stride", options.stride, 1, options.window_steps)):  # predict.py's bounds
@@ -207,6 +220,29 @@ def check_options(options):
     class_indexes([], options.class_labels, options.unlabelled, "--class-labels and --unlabelled",
                   "give each value once")
     return options
+
+
+def _apply_description(options):
+    """The description's fields in place of the flags that say the same (a flag given must agree):
+    its channels are read by name as recorded (--preprocessing raw)."""
+    described = read_description(options.description)
+    if any(not isinstance(label, int) for label in (*described.class_labels, *described.unlabelled)):
+        raise DataError(f"{described.where}: 'classes' must give whole-number labels for the converter (a "
+                        "recording's label column holds numbers)")
+    said = {"--channels": (options.channels, ",".join(described.channels)),
+            "--sample-rate": (options.sample_rate, described.sample_rate_hz),
+            "--window-steps": (options.window_steps, described.window_steps),
+            "--stride": (options.stride, described.stride_steps),
+            "--class-names": (options.class_names, ",".join(described.class_names)),
+            "--class-labels": (options.class_labels, ",".join(map(str, described.class_labels))),
+            "--unlabelled": (options.unlabelled, ",".join(map(str, described.unlabelled))),
+            "--preprocessing": (options.preprocessing, "raw")}
+    for flag, (given, value) in said.items():
+        if given is not None and value is not None and str(given).replace(" ", "") != str(value).replace(" ", ""):
+            raise DataError(f"{flag} {given} disagrees with {described.where}, which says {value}: drop the flag")
+        if value is not None:
+            setattr(options, flag[2:].replace("-", "_"), value)
+    return described
 
 
 def _channel_names(text, preprocessing):
@@ -248,6 +284,8 @@ def plan(source, options):
     """(jobs, layout): one job per subject's windows or per recording file, and what the manifest
     says of the whole source (channels, rate, test subjects, class names...)."""
     if (root := uci_har.find_root(source)) is not None:
+        if options.described:
+            raise DataError(f"{source} is a UCI HAR layout, whose channels and classes are known: drop --description")
         splits = {split: uci_har.load_split(root, split) for split in ("train", "test")}
         jobs = [job for split in splits.values() for job in _window_jobs(*split)]
         test = sorted(int(s) for s in np.unique(splits["test"][2]))
@@ -255,15 +293,15 @@ def plan(source, options):
         return jobs, _layout(uci_har.SIGNAL_NAMES, uci_har.CLASS_NAMES, rate, uci_har.WINDOW_STEPS,
                              uci_har.WINDOW_STEPS // 2, "uci-har", test, f"UCI HAR layout {root}")
     if source.is_file() and source.suffix.lower() == ".npz":
-        windows = load_npz_windows(source)
+        windows = load_npz_windows(source, options.described)
         if windows.split is not None:
             test = np.unique(windows.subjects[windows.split == "test"])
         else:
             test = hold_out_subjects(windows.subjects, NPZ_TEST_FRACTION, NPZ_TEST_SEED)
         rate = source_rate(windows.sample_rate_hz, options.sample_rate, source)
         return (_window_jobs(windows.signals, windows.labels, windows.subjects),
-                _layout(windows.channel_names, windows.class_names, rate, windows.signals.shape[2],
-                        None, "npz", sorted(int(s) for s in test), f"windows from {source}"))
+                _described(_layout(windows.channel_names, windows.class_names, rate, windows.signals.shape[2],
+                                   None, "npz", sorted(int(s) for s in test), f"windows from {source}"), options))
     if source.is_dir():
         files = sorted(p for p in source.iterdir() if p.suffix.lower() in (".csv", ".npz"))
         if not files:
@@ -279,8 +317,13 @@ def plan(source, options):
         layout = _layout(channels, options.class_names, options.sample_rate, options.window_steps,
                          options.stride or options.window_steps // 2, options.preprocessing, None,
                          f"recordings in {source}")
-        return jobs, {**layout, "label_rule": _label_rule(options)}
+        return jobs, _described({**layout, "label_rule": _label_rule(options)}, options)
     raise DataError(f"{source} is neither a folder of recordings, a UCI HAR layout nor an .npz file")
+
+
+def _described(layout, options):
+    """The manifest's layout with the description it was built by: training and predict.py read it from there."""
+    return {**layout, "description": options.described.as_json()} if options.described else layout
 
 
 def _label_rule(options):

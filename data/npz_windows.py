@@ -32,10 +32,13 @@ class NpzWindows:
     sample_rate_hz: float  # NaN when the file does not say
     split: np.ndarray  # str [N] of 'train' / 'test', or None: the caller holds out subjects
     preprocessing: str  # data/preprocess.py's PREPROCESSINGS: as the file says, else as its channel names imply
+    unlabelled_windows: int = 0  # windows left out: their label is a value the description says means no class
 
 
-def load_npz_windows(path):
-    """Read `path` and check every array; each problem is one DataError line naming the file."""
+def load_npz_windows(path, description=None):
+    """Read `path` and check every array; each problem is one DataError line naming the file. With a
+    data.description.Description, labels are its classes' values, and what the file says of its
+    channels, rate and window length must agree with it (what it leaves unsaid, the description says)."""
     path = Path(path)
     if not path.is_file():
         what = "is a folder" if path.is_dir() else "does not exist"
@@ -51,7 +54,7 @@ def load_npz_windows(path):
         raise DataError(f"{path} is not a readable .npz file ({exc})") from None
     except (OSError, EOFError, zipfile.BadZipFile) as exc:
         raise DataError(f"{path} is not a readable .npz file ({type(exc).__name__})") from None
-    return _validate(path, arrays)
+    return _validate(path, arrays, description)
 
 
 def _objects_refusal(path):
@@ -73,7 +76,7 @@ def _objects_refusal(path):
             "loaded; store strings as unicode arrays, e.g. np.array(names, dtype=str)")
 
 
-def _validate(path, arrays):
+def _validate(path, arrays, description=None):
     missing = [name for name in REQUIRED if name not in arrays]
     unknown = sorted(set(arrays) - set(REQUIRED) - set(OPTIONAL))
     if missing or unknown:
@@ -96,15 +99,46 @@ def _validate(path, arrays):
         raise DataError(f"{path}: signals hold NaN or infinity as float32, the models' type (first at window "
                         f"{window}, channel {channel}, step {step}: {signals[window, channel, step]:g}, beyond about "
                         "3.4e38 or not a number)")
-    labels, class_names = _labels(path, arrays, count)
     subjects = _integers(path, arrays, "subjects", count)
+    channel_names = _names(path, arrays, "channel_names", channels)
+    if description is not None:
+        return _described(path, arrays, as_float32, subjects, channel_names, description)
+    labels, class_names = _labels(path, arrays, count)
     if len(class_names) < 2:
         raise DataError(f"{path}: labels hold a single class; classification needs at least two")
-    channel_names = _names(path, arrays, "channel_names", channels)
     return NpzWindows(as_float32, labels, subjects, class_names,
                       channel_names or tuple(f"channel_{i}" for i in range(channels)),
                       _sample_rate(path, arrays), _split(path, arrays, count),
                       _preprocessing(path, arrays, channel_names or ()))
+
+
+def _described(path, arrays, signals, subjects, channel_names, description):
+    """The windows as the description says them: its classes' label values, its channels and rate;
+    windows whose label means no class left out (and counted)."""
+    count, channels, steps = signals.shape
+    description.check("channels", channel_names, path)
+    if channels != len(description.channels):
+        raise DataError(f"{path}: signals hold {channels} channels but {description.where} names "
+                        f"{len(description.channels)} ({', '.join(description.channels)}): correct the field "
+                        "'channels' or use the data it describes")
+    rate = _sample_rate(path, arrays)
+    description.check("sample_rate_hz", rate, path)
+    description.check("window_steps", steps, path)
+    description.check("classes", _names(path, arrays, "class_names", None), path)
+    values = arrays["labels"]
+    if not (values.dtype.kind in "iuU" and values.shape == (count,)):
+        raise DataError(f"{path}: labels must be integers or unicode names of shape [{count}], got {values.dtype} "
+                        f"{list(values.shape)}")
+    labels = class_indexes(values, description.class_labels, description.unlabelled, where=str(path),
+                           fix=f"add it to the classes or to 'unlabelled' in {description.where}")
+    kept = labels >= 0
+    split = _split(path, arrays, count)
+    if not kept.any():
+        raise DataError(f"{path}: every window's label means no class ({description.where}'s 'unlabelled')")
+    preprocessing = _preprocessing(path, arrays, description.channels)
+    return NpzWindows(signals[kept], labels[kept], subjects[kept], description.class_names, description.channels,
+                      description.sample_rate_hz, split[kept] if split is not None else None,
+                      "raw" if preprocessing == "unknown" else preprocessing, int(count - kept.sum()))
 
 
 def _labels(path, arrays, count):

@@ -1,9 +1,11 @@
 """Turn a data source into normalised train / validation / test arrays, split by subject."""
+import json
 from dataclasses import dataclass
 
 import numpy as np
 
 from data import synthetic, uci_har
+from data.description import description_of, named_triples, read_description
 from data.errors import DataError
 from data.npz_windows import load_npz_windows
 from data.provenance import array_identity, file_sha256
@@ -49,6 +51,12 @@ class HarData:
     # and subjects (of an .npz's bytes; of a store's manifest, which holds its shards' checksums,
     # and labels). A checkpoint keeps it, so a resume tells other data at the same path.
     identity: str | None = None
+    described: object = None  # the data.description.Description the data was read with (a store's, or --description)
+
+    def sensor_triples(self):
+        """Channel indices of each sensor's x/y/z: where the description places them, else by the names'
+        _x/_y/_z."""
+        return self.described.sensor_triples() if self.described else named_triples(self.channel_names)
 
 
 def resolved_dataset(dataset, data_dir):
@@ -60,16 +68,21 @@ def resolved_dataset(dataset, data_dir):
 
 def load_har_data(dataset="auto", data_dir=None, mode="flatten", val_fraction=0.2, split_seed=0,
                   synthetic_seed=0, synthetic_windows_per_subject=synthetic.DEFAULT_WINDOWS_PER_SUBJECT,
-                  val_subjects=None, val_split="subjects"):
+                  val_subjects=None, val_split="subjects", description=None):
     """Load (or generate) the data, pick channels and hold out whole training subjects for validation:
     `val_subjects` when given, else a random `val_fraction` of them; with val_split "time", the last
     `val_fraction` of every training subject's windows instead.
 
     The test split is the dataset's own test subjects and is never used for choices made in
-    training. Signals are NOT normalised here: see `fit_normalization` and `normalize`.
+    training. Signals are NOT normalised here: see `fit_normalization` and `normalize`. `description`:
+    the path of a dataset description (data/description.py) that an .npz's windows are read by.
     """
+    if description is not None and dataset != "npz":
+        where = "a store keeps the one it was built with" if dataset == "store" else "its layout is known"
+        raise DataError(f"--description describes the windows of --dataset npz; --dataset {dataset} takes none "
+                        f"({where}): drop it")
     if dataset == "npz":
-        return _load_npz(data_dir, mode, val_fraction, split_seed, val_subjects, val_split)
+        return _load_npz(data_dir, mode, val_fraction, split_seed, val_subjects, val_split, description)
     if dataset == "store":
         return _load_store(data_dir, mode, val_fraction, split_seed, val_subjects, val_split)
     source, raw, where = _load_source(dataset, data_dir, synthetic_seed, synthetic_windows_per_subject)
@@ -108,10 +121,11 @@ def _load_source(dataset, data_dir, synthetic_seed, windows_per_subject):
     return "synthetic", synthetic.generate(synthetic_seed, windows_per_subject), why
 
 
-def _load_npz(data_dir, mode, val_fraction, split_seed, val_subjects, val_split):
+def _load_npz(data_dir, mode, val_fraction, split_seed, val_subjects, val_split, description=None):
     """Windows brought in an .npz: its own `split`, else whole subjects held out for test."""
     _check_window_source("npz", data_dir, mode, "an .npz file of windows")
-    windows = load_npz_windows(data_dir)
+    described = read_description(description) if description is not None else None
+    windows = load_npz_windows(data_dir, described)
     whole = Split(windows.signals, windows.labels, windows.subjects)
     if windows.split is not None:
         is_test, how = windows.split == "test", "its split array"
@@ -123,12 +137,15 @@ def _load_npz(data_dir, mode, val_fraction, split_seed, val_subjects, val_split)
         how = f"test subjects {sorted(int(s) for s in test_subjects)} held out"
     train_all, test = _take(whole, ~is_test), _take(whole, is_test)
     train, val, val_subjects = _hold_out(train_all, val_fraction, split_seed, val_subjects, val_split)
-    description = (f"data: npz ({data_dir}, {how}): {whole.signals.shape[1]} channels x "
+    described_as = f", described by {description}" if described else ""
+    unlabelled = f", {windows.unlabelled_windows:,} unlabelled windows left out" if windows.unlabelled_windows else ""
+    description = (f"data: npz ({data_dir}{described_as}, {how}{unlabelled}): {whole.signals.shape[1]} channels x "
                    f"{whole.signals.shape[2]} steps; train {len(train)} windows, val {len(val)} / "
                    f"{_validation_words(train_all, val_subjects, val_split)}, test {len(test)}")
     return HarData(train, val, test, windows.class_names, windows.channel_names, "npz", description,
                    sample_rate_hz=windows.sample_rate_hz, preprocessing=windows.preprocessing,
-                   identity=file_sha256(data_dir))
+                   identity=array_identity(np.array([file_sha256(data_dir), *_described_identity(described)])),
+                   described=described)
 
 
 def _load_store(data_dir, mode, val_fraction, split_seed, val_subjects, val_split):
@@ -149,7 +166,22 @@ def _load_store(data_dir, mode, val_fraction, split_seed, val_subjects, val_spli
     return HarData(train, val, test, tuple(manifest["class_names"]), store.channels, "store", description,
                    sample_rate_hz=float(manifest["sample_rate_hz"]), preprocessing=manifest["preprocessing"],
                    normalization=normalization,
-                   identity=array_identity(np.array([file_sha256(store.root / name) for name in (MANIFEST, LABELS)])))
+                   identity=array_identity(np.array([file_sha256(store.root / name) for name in (MANIFEST, LABELS)])),
+                   described=_store_description(manifest, store, data_dir))
+
+
+def _store_description(manifest, store, data_dir):
+    """The description a store was built by (None: built from flags), checked against its channels."""
+    if not manifest.get("description"):
+        return None
+    described = description_of(manifest["description"], f"store {data_dir}'s description")
+    described.check("channels", store.channels, f"store {data_dir}")
+    return described
+
+
+def _described_identity(described):
+    """What a description adds to the identity of the windows it reads (nothing without one)."""
+    return [json.dumps(described.as_json(), sort_keys=True)] if described else []
 
 
 def _check_window_source(dataset, data_dir, mode, what):

@@ -5,7 +5,8 @@ import pytest
 import torch
 from torch import nn
 
-from data.augment import AugmentConfig, BatchAugmenter, parse_kinds, random_rotations, sensor_triples
+from data.augment import AugmentConfig, BatchAugmenter, parse_kinds, random_rotations
+from data.description import named_triples
 from data.splits import channel_names
 from data.uci_har import CLASS_NAMES
 from training.checkpoint.train_state import seed_epoch
@@ -29,9 +30,9 @@ def batch(seed=0, size=16):
 
 
 def test_sensor_triples_follow_the_channel_names():
-    assert sensor_triples(NINE) == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
-    assert sensor_triples(channel_names("average")) == [[0, 1, 2]]
-    assert sensor_triples(("a", "b")) == []
+    assert named_triples(NINE) == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    assert named_triples(channel_names("average")) == [[0, 1, 2]]
+    assert named_triples(("a", "b")) == []
 
 
 def test_rotations_are_proper_and_within_the_angle():

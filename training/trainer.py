@@ -285,7 +285,7 @@ def _head_fit_and_augmenter(config, data, normalization, strategy, log):
     if head_fit == "ridge":
         return head_fit, None
     return head_fit, build_augmenter(config.recipe, normalization, data.channel_names, data.class_names,
-                                     strategy.device, log.warn)
+                                     strategy.device, log.warn, data.sensor_triples())
 
 
 def _build_loaders(config, data, model, augment, loader_batch, strategy, log):
@@ -413,4 +413,5 @@ def _checkpoint_metadata(config, data, normalization, strategy, global_batch, la
             # What predict.py needs to rebuild windows from a recording.
             "sample_rate_hz": float(data.sample_rate_hz), "window_steps": data.train.signals.shape[2],
             "preprocessing": data.preprocessing,
+            "description": data.described.as_json() if data.described else None,  # data/description.py's
             "data_identity": data.identity}  # what the data is, for a resume to compare (run_inputs.py)

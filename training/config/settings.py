@@ -132,6 +132,9 @@ class Data:
                            choices=("auto", "uci-har", "synthetic", "npz", "store"))
     data_dir: str | None = setting(None, "the 'UCI HAR Dataset' folder or the folder that holds it; with "
                                    "--dataset npz, the .npz file; with --dataset store, the store's folder")
+    description: str | None = setting(None, "with --dataset npz: a JSON file that describes the windows (channels "
+                                      "with sensor, axis and unit; the rate; each class's label value; the values "
+                                      "that mean no class); see docs/using_a_model.md")
     mode: str = setting("flatten", "channels: flatten = all 9; average = x,y,z averaged over the three sensors "
                         "(3); first = body_acc x,y,z (3)", choices=CHANNEL_MODES)
     val_fraction: float = setting(0.2, "share of the training subjects held out (whole subjects) for validation; 0 "
@@ -328,7 +331,8 @@ class RunConfig:
         options = {"dataset": data.dataset, "data_dir": data.data_dir, "mode": data.mode,
                    "val_fraction": data.val_fraction, "split_seed": self.optim.seed,
                    "synthetic_seed": data.synthetic_seed, "val_subjects": data.val_subjects,
-                   "synthetic_windows_per_subject": data.synthetic_windows_per_subject, "val_split": data.val_split}
+                   "synthetic_windows_per_subject": data.synthetic_windows_per_subject, "val_split": data.val_split,
+                   "description": data.description}
         return {**options, **overrides}
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from data.augment import BatchAugmenter, class_mask, sensor_triples
+from data.augment import BatchAugmenter, class_mask
+from data.description import named_triples
 from data.splits import Split
 from data.store import StoreSplit
 from training.config.settings import DEFAULT_FLIP_CLASSES, DEFAULT_ROTATE_WIDE_CLASSES
@@ -17,18 +18,20 @@ from training.errors import UsageError
 from training.loop.feature_store import MISSING, FeatureStore, pool_identity
 
 
-def build_augmenter(recipe, normalization, channel_names, class_names, device, warn):
-    """The batch augmenter the settings ask for, fitted to this data's layout and classes, or None."""
-    changes, dropped = fit_augment_to_data(recipe, channel_names, class_names)
+def build_augmenter(recipe, normalization, channel_names, class_names, device, warn, triples=None):
+    """The batch augmenter the settings ask for, fitted to this data's layout and classes, or None.
+    `triples`: each sensor's x/y/z channels as the data's description places them (None: by the names)."""
+    changes, dropped = fit_augment_to_data(recipe, channel_names, class_names, triples)
     if dropped:
         warn(dropped)
     kinds = dataclasses.replace(recipe, **changes).augment_config
     if kinds is None:
         return None
-    return BatchAugmenter(kinds, normalization["mean"], normalization["std"], channel_names, class_names).to(device)
+    return BatchAugmenter(kinds, normalization["mean"], normalization["std"], channel_names, class_names,
+                          triples).to(device)
 
 
-def fit_augment_to_data(recipe, channel_names, class_names):
+def fit_augment_to_data(recipe, channel_names, class_names, triples=None):
     """({setting: value} leaving out what this data cannot take, and one line saying which and why, or
     ''). Rotation and flip turn each sensor's x/y/z together: channel names without such triples give
     no layout to turn. The class defaults name UCI HAR's classes; a class flag given that names a
@@ -38,7 +41,7 @@ def fit_augment_to_data(recipe, channel_names, class_names):
         return {}, ""
     turning = [kind for kind in ("rotate", "flip") if kind in kinds.kinds]
     dropped, reasons, changes = [], [], {}
-    if turning and not sensor_triples(channel_names):
+    if turning and not (named_triples(channel_names) if triples is None else triples):
         dropped += turning
         reasons.append(f"without {' and '.join(map(repr, turning))}: these channels have no x/y/z triples to turn")
     if "flip" in kinds.kinds and "flip" not in dropped and kinds.flip_classes:

@@ -1,0 +1,163 @@
+"""A dataset said once, in a JSON file that the store's converter and --dataset npz take as --description
+and that then travels with the store and the checkpoint to predict.py: the channels (name, and where
+known the sensor, axis and unit), the sample rate, the windows' length and stride, the classes with
+the label value of each, and the values that mean no class. Each field is checked as it is read, and
+data that contradicts the file is refused in one line naming the field.
+
+    {"sample_rate_hz": 64, "window_steps": 128, "stride_steps": 64,
+     "channels": [{"name": "wrist_x", "sensor": "wrist_acc", "axis": "x", "unit": "g"}, ...],
+     "classes": [{"name": "walking", "label": 1}, {"name": "running", "label": 2}],
+     "unlabelled": [0]}
+
+sample_rate_hz, channels and classes are needed; the rest may be left out."""
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from data.errors import DataError
+
+AXES = ("x", "y", "z")
+FIELDS = ("sample_rate_hz", "channels", "classes", "unlabelled", "window_steps", "stride_steps")
+CHANNEL_FIELDS = ("name", "sensor", "axis", "unit")
+RESERVED_COLUMNS = ("time_s", "label", "subject")  # the recordings' own columns, never a channel
+
+
+@dataclass(frozen=True)
+class Description:
+    sample_rate_hz: float
+    channels: tuple  # the channels' names, in the windows' order
+    sensors: tuple  # per channel: the sensor it belongs to, or None
+    axes: tuple  # per channel: "x", "y", "z", or None
+    units: tuple  # per channel: its unit as said (free text), or None
+    class_names: tuple
+    class_labels: tuple  # per class: the value (a whole number or a name) that the data's labels give it
+    unlabelled: tuple = ()  # label values that mean no class
+    window_steps: int | None = None
+    stride_steps: int | None = None
+    where: str = "the description"  # the file it was read from, for the refusals
+
+    def sensor_triples(self):
+        """Channel indices [x, y, z] of every sensor whose three axes are all named: what rotation and
+        flip turn together."""
+        triples = []
+        for sensor in dict.fromkeys(s for s in self.sensors if s is not None):
+            by_axis = {axis: i for i, (s, axis) in enumerate(zip(self.sensors, self.axes, strict=True))
+                       if s == sensor and axis is not None}
+            if set(by_axis) == set(AXES):
+                triples.append([by_axis[axis] for axis in AXES])
+        return triples
+
+    def as_json(self):
+        """The dict the file holds (what a store's manifest and a checkpoint keep)."""
+        channels = [{key: value for key, value in zip(CHANNEL_FIELDS, row, strict=True) if value is not None}
+                    for row in zip(self.channels, self.sensors, self.axes, self.units, strict=True)]
+        kept = {"window_steps": self.window_steps, "stride_steps": self.stride_steps}
+        return {"sample_rate_hz": self.sample_rate_hz, "channels": channels,
+                "classes": [{"name": name, "label": label}
+                            for name, label in zip(self.class_names, self.class_labels, strict=True)],
+                "unlabelled": list(self.unlabelled), **{key: value for key, value in kept.items() if value is not None}}
+
+    def check(self, field, held, source):
+        """Refuse `source` when what it holds for `field` is not what the description says (None: it does
+        not say, and the description's stands)."""
+        said = {"channels": self.channels, "sample_rate_hz": self.sample_rate_hz, "window_steps": self.window_steps,
+                "stride_steps": self.stride_steps, "classes": self.class_names}[field]
+        if held is None or said is None or (isinstance(held, float) and math.isnan(held)):
+            return
+        same = tuple(held) == said if isinstance(said, tuple) else float(held) == float(said)
+        if not same:
+            raise DataError(f"{source} holds {field} {_shown(held)} but {self.where} says {_shown(said)}: correct "
+                            f"the field '{field}' or use the data it describes")
+
+
+def named_triples(channel_names):
+    """Channel indices of every x/y/z triple told by the names alone, e.g. body_acc_x/_y/_z -> [0, 1, 2]."""
+    index = {name: i for i, name in enumerate(channel_names)}
+    triples = []
+    for name in channel_names:
+        if name.endswith("_x"):
+            members = [index.get(name[:-1] + axis) for axis in AXES]
+            if None not in members:
+                triples.append(members)
+    return triples
+
+
+def read_description(path):
+    """The Description in a JSON file; a file that is not one is refused in one line naming the field."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"--description {path} " + ("is a folder" if path.is_dir() else "does not exist")
+                        + "; it names a JSON file (see docs/using_a_model.md, 'A dataset description')")
+    try:
+        content = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DataError(f"--description {path} is not readable JSON ({exc})") from None
+    return description_of(content, str(path))
+
+
+def description_of(content, where):
+    """A Description from the dict a file, a store's manifest or a checkpoint holds."""
+    def need(ok, field, what):
+        if not ok:
+            raise DataError(f"{where}: '{field}' must be {what}")
+
+    need(isinstance(content, dict), "(the whole file)", "an object with " + ", ".join(FIELDS))
+    unknown = sorted(set(content) - set(FIELDS))
+    need(not unknown, unknown[0] if unknown else "", "left out: the fields are " + ", ".join(FIELDS))
+    for field in ("sample_rate_hz", "channels", "classes"):
+        need(field in content, field, "given")
+    rate = content["sample_rate_hz"]
+    need(_is_number(rate) and math.isfinite(rate) and rate > 0, "sample_rate_hz", "a positive number of Hz")
+    window, stride = content.get("window_steps"), content.get("stride_steps")
+    need(window is None or (_is_whole(window) and window >= 8), "window_steps", "a whole number of at least 8")
+    need(stride is None or (_is_whole(stride) and 1 <= stride <= (window or math.inf)), "stride_steps",
+         "a whole number between 1 and window_steps")
+    channels = content["channels"]
+    need(isinstance(channels, list) and channels and all(isinstance(c, dict) and _is_name(c.get("name"))
+                                                         and set(c) <= set(CHANNEL_FIELDS) for c in channels),
+         "channels", "a list of objects with a non-empty 'name' and optionally 'sensor', 'axis' and 'unit'")
+    names = tuple(channel["name"] for channel in channels)
+    need(len(set(names)) == len(names) and not set(names) & set(RESERVED_COLUMNS), "channels",
+         "distinct names other than " + ", ".join(RESERVED_COLUMNS))
+    for key in ("sensor", "unit"):
+        need(all(channel.get(key) is None or _is_name(channel[key]) for channel in channels), "channels",
+             f"objects whose '{key}' is a non-empty string where given")
+    need(all(channel.get("axis") in (None, *AXES) for channel in channels), "channels",
+         "objects whose 'axis' is x, y or z where given")
+    pairs = [(c.get("sensor"), c["axis"]) for c in channels if c.get("axis") is not None]
+    need(all(sensor is not None for sensor, _ in pairs) and len(set(pairs)) == len(pairs), "channels",
+         "objects that give an 'axis' with its 'sensor', each axis of a sensor once")
+    classes = content["classes"]
+    need(isinstance(classes, list) and len(classes) >= 2
+         and all(isinstance(c, dict) and set(c) == {"name", "label"} and _is_name(c["name"]) for c in classes),
+         "classes", "a list of at least two objects {\"name\": ..., \"label\": ...}")
+    labels = tuple(c["label"] for c in classes)
+    need(all(_is_whole(label) or _is_name(label) for label in labels), "classes", "objects whose 'label' is a whole "
+         "number or a non-empty string")
+    class_names = tuple(c["name"] for c in classes)
+    need(len(set(class_names)) == len(class_names) and len(set(labels)) == len(labels), "classes",
+         "objects of distinct names and distinct labels")
+    unlabelled = content.get("unlabelled", [])
+    need(isinstance(unlabelled, list) and all(_is_whole(v) or _is_name(v) for v in unlabelled)
+         and len(set(unlabelled)) == len(unlabelled) and not set(unlabelled) & set(labels), "unlabelled",
+         "a list of distinct label values that are no class's label")
+    return Description(float(rate), names, tuple(c.get("sensor") for c in channels),
+                       tuple(c.get("axis") for c in channels), tuple(c.get("unit") for c in channels),
+                       class_names, labels, tuple(unlabelled), window, stride, where)
+
+
+def _is_number(value):
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_whole(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_name(value):
+    return isinstance(value, str) and bool(value.strip())
+
+
+def _shown(value):
+    return ", ".join(map(str, value)) if isinstance(value, tuple | list) else f"{float(value):g}"
