@@ -1,6 +1,7 @@
 """Turn a data source into normalised train / validation / test arrays, split by subject."""
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -75,7 +76,7 @@ def load_har_data(dataset="auto", data_dir=None, mode="flatten", val_fraction=0.
 
     The test split is the dataset's own test subjects and is never used for choices made in
     training. Signals are NOT normalised here: see `fit_normalization` and `normalize`. `description`:
-    the path of a dataset description (data/description.py) that an .npz's windows are read by.
+    a dataset description (data/description.py), or its file's path, that an .npz's windows are read by.
     """
     if description is not None and dataset != "npz":
         where = "a store keeps the one it was built with" if dataset == "store" else "its layout is known"
@@ -124,7 +125,7 @@ def _load_source(dataset, data_dir, synthetic_seed, windows_per_subject):
 def _load_npz(data_dir, mode, val_fraction, split_seed, val_subjects, val_split, description=None):
     """Windows brought in an .npz: its own `split`, else whole subjects held out for test."""
     _check_window_source("npz", data_dir, mode, "an .npz file of windows")
-    described = read_description(description) if description is not None else None
+    described = read_description(description) if isinstance(description, str | Path) else description
     windows = load_npz_windows(data_dir, described)
     whole = Split(windows.signals, windows.labels, windows.subjects)
     if windows.split is not None:
@@ -137,7 +138,7 @@ def _load_npz(data_dir, mode, val_fraction, split_seed, val_subjects, val_split,
         how = f"test subjects {sorted(int(s) for s in test_subjects)} held out"
     train_all, test = _take(whole, ~is_test), _take(whole, is_test)
     train, val, val_subjects = _hold_out(train_all, val_fraction, split_seed, val_subjects, val_split)
-    described_as = f", described by {description}" if described else ""
+    described_as = f", described by {described.where}" if described else ""
     unlabelled = f", {windows.unlabelled_windows:,} unlabelled windows left out" if windows.unlabelled_windows else ""
     description = (f"data: npz ({data_dir}{described_as}, {how}{unlabelled}): {whole.signals.shape[1]} channels x "
                    f"{whole.signals.shape[2]} steps; train {len(train)} windows, val {len(val)} / "

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from data.description import description_of
 from inference.checkpoint_checks import check_declared_shapes, check_members, check_model_part
 from inference.ensemble import ENSEMBLE_KIND, MEMBER_KEYS, ProbabilityAverage
 from training.checkpoint.files import inference_weights, load_checkpoint
@@ -62,6 +63,7 @@ class ModelBundle:
     config: RunConfig  # the run's settings, rebuilt from the checkpoint (today's defaults for newer ones)
     path: str
     members: int = 1  # models whose probabilities are averaged: more than one for a fold ensemble
+    described: object = None  # the data.description.Description its data was read with, or None
 
     def describe(self):
         models = f"ensemble of {self.members} {self.config.model.name} models" if self.members > 1 \
@@ -102,7 +104,9 @@ def load_bundle(path):
     return ModelBundle(model.eval(), mean, std, tuple(checkpoint["class_names"]),
                        tuple(checkpoint["channel_names"]), float(checkpoint["sample_rate_hz"]),
                        int(checkpoint["window_steps"]), str(checkpoint["preprocessing"]),
-                       RunConfig.from_flags(checkpoint["config"]), str(path), len(models))
+                       RunConfig.from_flags(checkpoint["config"]), str(path), len(models),
+                       description_of(checkpoint["description"], f"checkpoint {path}'s description")
+                       if checkpoint.get("description") else None)
 
 
 def pick_device(name):

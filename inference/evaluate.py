@@ -34,7 +34,7 @@ def evaluate_checkpoint(args):
     # auto as for a path: an .npz file is npz, anything else UCI HAR
     dataset = args.dataset if args.dataset != "auto" else "npz" if str(args.data_dir).endswith(".npz") else "uci-har"
     _check_source(bundle, dataset, args)
-    data = splits_as_trained(bundle.config, dataset, args.data_dir)
+    data = splits_as_trained(bundle.config, dataset, args.data_dir, bundle.described)
     split = getattr(data, args.split)
     _check_fits(bundle, data, split, args)
     adapt = args.adapt == "subject"
@@ -74,9 +74,12 @@ def split_probabilities(bundle, split, device, adapt=False):
     return probabilities(bundle, split.signals, device)
 
 
-def splits_as_trained(config, dataset, data_dir):
-    """The splits of `data_dir` (or of the synthetic data) rebuilt with the data options of the run's RunConfig."""
-    return load_har_data(**config.data_options(dataset=dataset, data_dir=data_dir))
+def splits_as_trained(config, dataset, data_dir, described=None):
+    """The splits of `data_dir` (or of the synthetic data) rebuilt with the data options of the run's RunConfig;
+    an .npz read by the description the model's data had (`described`, the checkpoint's), not by the path the
+    run was given, which may have moved."""
+    return load_har_data(**config.data_options(dataset=dataset, data_dir=data_dir,
+                                               description=described if dataset == "npz" else None))
 
 
 def report_of(bundle, split, device, about, temperature=1.0, adapt=False):

@@ -117,6 +117,13 @@ def test_training_turns_the_sensor_a_description_places_and_keeps_the_descriptio
                    "correct the field 'channels'")
     assert_refused(run_in_process("main.py", ["--dataset", "synthetic", "--description", tmp_path / "d.json",
                                               "--save-dir", tmp_path / "synthetic"]), "--description", "npz")
+    (tmp_path / "d.json").unlink()  # moved away: an evaluation reads the windows by the checkpoint's description
+    code, _, err = run_script("predict", ["--checkpoint", tmp_path / "described" / "best.pt", "--data-dir", path,
+                                          "--out", tmp_path / "evaluated"])
+    assert code == 0, err
+    report, trained = (json.loads((folder / "test_report.json").read_text())
+                       for folder in (tmp_path / "evaluated", tmp_path / "described"))
+    assert (report["accuracy"], report["num_samples"]) == (trained["accuracy"], trained["num_samples"])
 
 
 def device_description(path, **fields):
