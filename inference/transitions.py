@@ -5,8 +5,10 @@ window's activity follows another's at the stride predict.py steps its windows b
       --subjects 1,5,6 --out transitions.json
 
 Classes other than UCI HAR's six: --class-names as the checkpoint names them and --class-labels,
-each one's value in the label arrays (default 1..K); any other value (unlabelled stretches,
-transitions) breaks a sequence, so the windows on either side of it count as neighbours.
+each one's value in the label arrays (default 1..K), or --description, the dataset description the
+model's data was read by (its classes, label values, window and stride); any other value
+(unlabelled stretches, transitions) breaks a sequence, so the windows on either side of it count as
+neighbours.
 """
 import argparse
 import json
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from data.description import read_description
 from data.preprocess import window_starts
 from data.store import write_atomic
 from data.uci_har import CLASS_NAMES
@@ -147,12 +150,15 @@ def main(argv):
     parser = argparse.ArgumentParser(prog="python -m inference.transitions", description=__doc__.splitlines()[0])
     parser.add_argument("--recordings", required=True,
                         help="an .npz with uSS_sK_label keys (labels 1..6 UCI HAR's activities unless --class-labels)")
-    parser.add_argument("--class-names", default=",".join(CLASS_NAMES),
+    parser.add_argument("--description", default=None,
+                        help="a dataset description (data/description.py): its classes, their label values, its "
+                             "window and stride, in place of the flags below")
+    parser.add_argument("--class-names", default=None,
                         help="the classes, in the checkpoint's order (default UCI HAR's six)")
     parser.add_argument("--class-labels", default=None,
                         help="each class's value in the label arrays, comma-separated (default 1..K)")
     parser.add_argument("--subjects", required=True, help="comma-separated: the training people only")
-    parser.add_argument("--window-steps", type=int, default=WINDOW_STEPS)
+    parser.add_argument("--window-steps", type=int, default=None, help=f"default {WINDOW_STEPS}")
     parser.add_argument("--stride", type=int, default=None, help="default half a window, as predict.py")
     parser.add_argument("--out", required=True, help="the transitions file to write (never one of the inputs)")
     parser.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
@@ -163,10 +169,12 @@ def main(argv):
         subjects = {int(s) for s in args.subjects.split(",")}
     except ValueError:
         raise UsageError(f"--subjects must be numbers separated by commas, got {args.subjects!r}") from None
+    class_names, class_labels = _described_classes(args) if args.description else \
+        _classes(args.class_names or ",".join(CLASS_NAMES), args.class_labels)
+    args.window_steps = args.window_steps or WINDOW_STEPS
     stride = args.stride or args.window_steps // 2
     if not 1 <= stride <= args.window_steps:
         raise UsageError(f"--stride must be between 1 and --window-steps ({args.window_steps}), got {stride}")
-    class_names, class_labels = _classes(args.class_names, args.class_labels)
     check_out_file(args.out, args.overwrite, reads=[args.recordings])
     classes = recording_classes(open_recordings(args.recordings), subjects, class_labels)
     if not classes:
@@ -183,6 +191,21 @@ def main(argv):
     print(f"{len(classes)} recordings, {int(counts.sum())} window pairs; wrote {args.out}")
     print(np.array2string(matrix, precision=4, suppress_small=True))
     return 0
+
+
+def _described_classes(args):
+    """(class names, their label values) of --description, whose window and stride stand where the flags
+    leave them; the class flags beside it are refused rather than weighed against it."""
+    if args.class_names or args.class_labels:
+        raise UsageError("--description gives the classes and their label values: drop --class-names and "
+                         "--class-labels")
+    described = read_description(args.description)
+    if not all(isinstance(label, int) for label in described.class_labels):
+        raise UsageError(f"{described.where}: 'classes' must give whole-number labels, as the recordings' label "
+                         "arrays hold")
+    args.window_steps = args.window_steps or described.window_steps
+    args.stride = args.stride or described.stride_steps
+    return list(described.class_names), list(described.class_labels)
 
 
 def _classes(names_text, labels_text):

@@ -290,12 +290,21 @@ def test_transitions_are_learnt_over_the_classes_and_labels_a_study_gives(tmp_pa
     counts = np.array(record["counts"])
     assert counts[0, 1] > 0 and counts[1, 0] > 0  # across the stretch of 2, and from lively back to calm
     assert counts.sum() > 4 * 8
+    description = tmp_path / "d.json"  # the same classes said by a dataset description
+    description.write_text(json.dumps({"sample_rate_hz": 50, "channels": [{"name": "a"}], "unlabelled": [2],
+                                       "classes": [{"name": "calm", "label": 0}, {"name": "lively", "label": 1}]}))
+    code, _, err = run_command(transitions_command, "--recordings", tmp_path / "study.npz", "--subjects", "1,2",
+                               "--description", description, "--out", tmp_path / "described.json")
+    assert code == 0, err
+    described = json.loads((tmp_path / "described.json").read_text())
+    assert (described["class_names"], described["counts"]) == (record["class_names"], record["counts"])
 
 
 @pytest.mark.parametrize("flags, says", [
     (["--class-names", "calm,lively", "--class-labels", "0"], "2 distinct values"),
     (["--class-names", "calm,lively", "--class-labels", "0,x"], "whole numbers"),
     (["--class-names", "calm"], "two or more distinct classes"),
+    (["--description", "d.json", "--class-names", "calm,lively"], "drop --class-names and --class-labels"),
 ])
 def test_transitions_refuse_classes_they_cannot_learn_over(tmp_path, flags, says):
     from inference.transitions import main as transitions_command
