@@ -241,9 +241,10 @@ def build_feature_pool(model, splits, views, augment, seed, strategy, log, store
     for name, rows in zip(others, by_part[1:], strict=True):
         pool[name] = Split(rows, splits[name].labels, splits[name].subjects)
     seconds = time.perf_counter() - start
-    _report_pool(pool, views, len(train), per_rank, seconds, log, where)
+    built = pool_figures(pool, views, len(train), per_rank, seconds, spent)
+    _report_pool(built, pool["train"].signals, log, where)
     if figures is not None:
-        figures.update(pool_figures(pool, views, len(train), per_rank, seconds, spent))
+        figures.update(built)
     return pool, views
 
 
@@ -360,20 +361,20 @@ def _features(model, split, device, bar, augment, seed, ranges, spent):
                 bar.update(stop - first)
 
 
-def _report_pool(pool, views, train_windows, per_rank, seconds, log, where=None):
-    """The build's closing line (rank 0's): windows and views in the pool and transformed now, windows/s
-    on each rank and in all, and the bytes the pool holds where it lives."""
-    windows = sum(len(split.signals) for split in pool.values())
-    transformed = sum(count for count, _ in per_rank)
-    features = pool["train"].signals
-    ranks = " and ".join(f"{count:,} at {count / max(busy, 1e-9):,.0f}/s" for count, busy in per_rank)
+def _report_pool(built, features, log, where=None):
+    """The build's closing line (rank 0's), from its pool_figures: windows and views in the pool and
+    transformed now, windows/s on each rank and in all, and the bytes the pool holds where it lives;
+    `features`: the training split's, whose rows give the bytes a window."""
+    windows, transformed, per_rank = built["windows"], built["transformed"], built["per_rank"]
+    ranks = " and ".join(f"{rank['windows']:,} at {rank['windows'] / max(rank['seconds'], 1e-9):,.0f}/s"
+                         for rank in per_rank)
     by = f" by {len(per_rank)} ranks ({ranks})" if len(per_rank) > 1 else ""
     done = " transformed once" if transformed == windows else f", {transformed:,} of them transformed now"
-    done = f"{done}{by}, {transformed / seconds:,.0f} windows/s in all" if transformed else ", none transformed now"
+    done = f"{done}{by}, {built['windows_per_s']:,.0f} windows/s in all" if transformed else ", none transformed now"
     held = where or ("in each rank's memory" if len(per_rank) > 1 else "in host memory", "")
-    size_mib = sum(split.signals.nbytes for split in pool.values()) / 2**20
-    log.info(f"features: {views} view(s) of {train_windows:,} training windows + {windows - views * train_windows:,} "
+    other = windows - built["views"] * built["train_windows"]
+    log.info(f"features: {built['views']} view(s) of {built['train_windows']:,} training windows + {other:,} "
              f"other windows = {windows:,}{done}; "
-             f"{size_mib:,.0f} MiB {held[0]} ({features.shape[1] * features.dtype.itemsize:,} B a window, "
-             f"{features.dtype}){held[1]} "
+             f"{built['bytes'] / 2**20:,.0f} MiB {held[0]} ({features.shape[1] * features.dtype.itemsize:,} B a "
+             f"window, {features.dtype}){held[1]} "
              "(--feature-views 0 transforms every batch instead)")
