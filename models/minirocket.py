@@ -107,17 +107,20 @@ class MiniRocket(HARModel):
 
     def positions(self, window_steps, device):
         """Each feature's T': the positions its kernel's output has over a window of `window_steps`."""
-        lengths = [window_steps + 2 * padding - (KERNEL_LENGTH - 1) * dilation
-                   for dilation, padding in zip(self.dilations, self.paddings, strict=True)]
         per_dilation = len(KERNEL_TWOS) * self.biases_per_kernel
-        return torch.tensor(lengths, dtype=torch.float32, device=device).repeat_interleave(per_dilation)
+        return torch.tensor(self._output_lengths(window_steps), dtype=torch.float32,
+                            device=device).repeat_interleave(per_dilation)
+
+    def _output_lengths(self, window_steps):
+        """T' of each dilation's outputs over a window of `window_steps`."""
+        return [window_steps + 2 * padding - (KERNEL_LENGTH - 1) * dilation
+                for dilation, padding in zip(self.dilations, self.paddings, strict=True)]
 
     @property
     def count_dtype(self):
-        """The narrowest type that holds every count exactly (a feature pool's: 1/4 or 1/2 of float32)."""
-        longest = max(self.window_steps + 2 * padding - (KERNEL_LENGTH - 1) * dilation
-                      for dilation, padding in zip(self.dilations, self.paddings, strict=True))
-        return torch.uint8 if longest <= 255 else torch.uint16
+        """The narrowest type that holds every count exactly (a feature pool's: 1/4 or 1/2 of float32),
+        from the dilations' T' rather than a pass over every feature's."""
+        return torch.uint8 if max(self._output_lengths(self.window_steps)) <= 255 else torch.uint16
 
     def pool_features(self, x):
         """[B, C, T] windows -> each feature's count of positive positions [B, F] as count_dtype: what a
