@@ -43,7 +43,7 @@ from data.description import read_description
 from data.errors import DataError, exit_from_command
 from data.labels import class_indexes
 from data.npz_windows import load_npz_windows
-from data.preprocess import RAW_CHANNELS, available_channels, cut_windows, stream_channels, window_starts
+from data.preprocess import available_channels, cut_windows, own_channels, stream_channels, window_starts
 from data.provenance import array_identity, check, file_identity, make_record, read_json, write_record
 from data.recordings import read_recording
 from data.resample import on_model_clock, values_on_model_clock
@@ -406,8 +406,7 @@ def recording_windows(path, sample_rate, window_steps, stride, preprocessing, cl
     """(float32 windows [n, C, T], int64 labels 0..K-1 [n], subject) of one labelled recording: the
     stream brought to the model's clock, its channels derived and cut as predict.py does, each window
     labelled by the majority of its samples."""
-    # Another device's channels (names that are not acc_*/gyro_*) are read by name, as predict.py reads them.
-    named = tuple(channels) if preprocessing == "raw" and not set(channels) <= set(RAW_CHANNELS) else ()
+    named = own_channels(channels, preprocessing)  # read by name, as predict.py reads them
     recording = read_recording(path, extra=("label", "subject"), channels=named)
     subjects = np.unique(recording.extra["subject"])
     if len(subjects) != 1 or subjects[0] != np.rint(subjects[0]):

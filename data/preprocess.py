@@ -81,6 +81,12 @@ def available_channels(preprocessing, has_gyro):
     return ()
 
 
+def own_channels(channel_names, preprocessing):
+    """The channels a recording holds as columns of those names, taken as recorded: another device's
+    (preprocessing 'raw', names other than acc_* / gyro_*), else () (acc and gyro read by axis)."""
+    return tuple(channel_names) if preprocessing == "raw" and not set(channel_names) <= set(RAW_CHANNELS) else ()
+
+
 def preprocessing_of(channel_names):
     """Which chain a set of channel names implies (used for windows brought in an .npz)."""
     if set(channel_names) <= set(RAW_CHANNELS):

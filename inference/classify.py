@@ -4,8 +4,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from data import preprocess
 from data.errors import DataError
-from data.preprocess import RAW_CHANNELS, available_channels, cut_windows, stream_channels, window_starts
+from data.preprocess import available_channels, cut_windows, stream_channels, window_starts
 from data.resample import on_model_clock, values_on_model_clock
 from data.splits import channel_names, select_channels
 from data.uci_har import SIGNAL_NAMES
@@ -36,10 +37,8 @@ def _averaged(bundle):
 
 
 def own_channels(bundle):
-    """A raw checkpoint's channel names when they are another device's (not acc_* / gyro_*): a
-    recording holds columns of those names, taken as they are."""
-    raw_names = set(bundle.channel_names) <= set(RAW_CHANNELS)
-    return tuple(bundle.channel_names) if bundle.preprocessing == "raw" and not raw_names else ()
+    """A raw checkpoint's channel names when they are another device's (data.preprocess.own_channels)."""
+    return preprocess.own_channels(bundle.channel_names, bundle.preprocessing)
 
 
 def check_checkpoint(bundle):
