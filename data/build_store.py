@@ -41,7 +41,7 @@ import numpy as np
 from data import uci_har
 from data.description import read_description
 from data.errors import DataError, exit_from_command
-from data.labels import class_indexes
+from data.labels import class_indexes, classes_from_flags, whole_numbers
 from data.npz_windows import load_npz_windows
 from data.preprocess import available_channels, cut_windows, own_channels, stream_channels, window_starts
 from data.provenance import array_identity, check, file_identity, make_record, read_json, write_record
@@ -206,17 +206,9 @@ def check_options(options):
         options.test_subjects = [int(s) for s in (options.test_subjects or "").split(",") if s.strip()]
     except ValueError:
         raise DataError(f"--test-subjects takes subject numbers such as 3,7; got {options.test_subjects!r}") from None
-    options.class_names = options.class_names.split(",")
     options.channels = _channel_names(options.channels, options.preprocessing)
-    names = options.class_names
-    if len(names) < 2 or not all(name.strip() for name in names) or len(set(names)) < len(names):
-        raise DataError(f"--class-names must name at least two distinct classes, comma-separated (such as "
-                        f"WALKING,SITTING); got {','.join(names)!r}")
-    options.class_labels = _label_values("--class-labels", options.class_labels or range(1, len(names) + 1))
-    options.unlabelled = _label_values("--unlabelled", options.unlabelled)
-    if len(options.class_labels) != len(names):
-        raise DataError(f"--class-labels gives {len(options.class_labels)} values for {len(names)} --class-names; "
-                        "give one label value per class, in the same order")
+    options.class_names, options.class_labels = classes_from_flags(options.class_names, options.class_labels)
+    options.unlabelled = whole_numbers("--unlabelled", options.unlabelled)
     class_indexes([], options.class_labels, options.unlabelled, "--class-labels and --unlabelled",
                   "give each value once")
     return options
@@ -257,14 +249,6 @@ def _channel_names(text, preprocessing):
         raise DataError(f"--channels must name distinct columns other than time_s, label and subject, "
                         f"comma-separated (such as ankle_x,ankle_y,ankle_z); got {text!r}")
     return names
-
-
-def _label_values(flag, values):
-    try:
-        items = values.split(",") if isinstance(values, str) else values
-        return [int(value) for value in items if str(value).strip()]
-    except ValueError:
-        raise DataError(f"{flag} takes whole numbers such as 0,1,2; got {values!r}") from None
 
 
 def source_rate(said, given, source):

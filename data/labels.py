@@ -19,3 +19,26 @@ def class_indexes(values, class_labels, unlabelled=(), where="labels", fix=""):
         raise DataError(f"{where}: label {unknown[0]!r} ({count} times) is none of the classes' labels "
                         f"({', '.join(map(str, class_labels))}){named}; {fix}")
     return np.array([lookup[value] for value in distinct.tolist()], np.int64)[inverse.reshape(-1)]
+
+
+def classes_from_flags(names_text, labels_text):
+    """(class names, their whole-number label values) from --class-names and --class-labels (default
+    1..K), refused in one line unless there are two or more distinct names and one distinct value each."""
+    names = [name.strip() for name in names_text.split(",")]
+    if len(names) < 2 or not all(names) or len(set(names)) < len(names):
+        raise DataError(f"--class-names must name at least two distinct classes, comma-separated (such as "
+                        f"WALKING,SITTING); got {names_text!r}")
+    labels = whole_numbers("--class-labels", labels_text) if labels_text else list(range(1, len(names) + 1))
+    if len(labels) != len(names):
+        raise DataError(f"--class-labels gives {len(labels)} values for {len(names)} --class-names; give one label "
+                        "value per class, in the same order")
+    class_indexes([], labels, (), "--class-labels", "give each value once")
+    return names, labels
+
+
+def whole_numbers(flag, text):
+    """The comma-separated whole numbers of a flag's value, refused in one line otherwise."""
+    try:
+        return [int(value) for value in text.split(",") if value.strip()]
+    except ValueError:
+        raise DataError(f"{flag} takes whole numbers such as 0,1,2; got {text!r}") from None

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from data.description import read_description
+from data.labels import classes_from_flags
 from data.preprocess import window_starts
 from data.store import write_atomic
 from data.uci_har import CLASS_NAMES
@@ -170,7 +171,7 @@ def main(argv):
     except ValueError:
         raise UsageError(f"--subjects must be numbers separated by commas, got {args.subjects!r}") from None
     class_names, class_labels = _described_classes(args) if args.description else \
-        _classes(args.class_names or ",".join(CLASS_NAMES), args.class_labels)
+        classes_from_flags(args.class_names or ",".join(CLASS_NAMES), args.class_labels)
     args.window_steps = args.window_steps or WINDOW_STEPS
     stride = args.stride or args.window_steps // 2
     if not 1 <= stride <= args.window_steps:
@@ -206,22 +207,6 @@ def _described_classes(args):
     args.window_steps = args.window_steps or described.window_steps
     args.stride = args.stride or described.stride_steps
     return list(described.class_names), list(described.class_labels)
-
-
-def _classes(names_text, labels_text):
-    """(class names, their label values) from --class-names and --class-labels, refused in one line
-    unless there are two or more distinct names and one distinct whole number for each."""
-    names = [name.strip() for name in names_text.split(",")]
-    if len(names) < 2 or not all(names) or len(set(names)) < len(names):
-        raise UsageError(f"--class-names must name two or more distinct classes, comma-separated; got {names_text!r}")
-    try:
-        labels = [int(value) for value in labels_text.split(",")] if labels_text else list(range(1, len(names) + 1))
-    except ValueError:
-        raise UsageError(f"--class-labels takes whole numbers such as 0,1,2; got {labels_text!r}") from None
-    if len(labels) != len(names) or len(set(labels)) < len(labels):
-        raise UsageError(f"--class-labels must give {len(names)} distinct values, one per --class-names class; "
-                         f"got {labels_text!r}")
-    return names, labels
 
 
 if __name__ == "__main__":

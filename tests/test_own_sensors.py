@@ -301,9 +301,10 @@ def test_transitions_are_learnt_over_the_classes_and_labels_a_study_gives(tmp_pa
 
 
 @pytest.mark.parametrize("flags, says", [
-    (["--class-names", "calm,lively", "--class-labels", "0"], "2 distinct values"),
+    (["--class-names", "calm,lively", "--class-labels", "0"], "gives 1 values for 2"),
+    (["--class-names", "calm,lively", "--class-labels", "0,0"], "give each value once"),
     (["--class-names", "calm,lively", "--class-labels", "0,x"], "whole numbers"),
-    (["--class-names", "calm"], "two or more distinct classes"),
+    (["--class-names", "calm"], "at least two distinct classes"),
     (["--description", "d.json", "--class-names", "calm,lively"], "drop --class-names and --class-labels"),
 ])
 def test_transitions_refuse_classes_they_cannot_learn_over(tmp_path, flags, says):
