@@ -153,7 +153,10 @@ def measure_run_parts(work, step_s, loaded_before_set_up=()):
     save_s = timed_s(lambda: trainer.save(is_best=True))
     report_s = timed_s(lambda: report_best_weights(trainer), times=1)  # once, as a run reports
     pool = work.pool or {}
-    start_up_s, imports_s, exit_s = main_start_and_exit_s(loaded_before_set_up)
+    # Rank 0's alone, the one written: fresh interpreters started on every rank at once would share the
+    # cores and time each other.
+    start_up_s, imports_s, exit_s = main_start_and_exit_s(loaded_before_set_up) if work.strategy.is_main \
+        else (0.0, 0.0, 0.0)
     return RunParts(start_up_s=start_up_s, imports_s=imports_s, exit_s=exit_s, inputs_s=work.inputs_s,
                     set_up_s=work.set_up_s,
                     build_s=pool.get("seconds", 0.0), loop_s=loop_s, validation_s=validation_s, save_s=save_s,
