@@ -17,7 +17,7 @@ from data.store import WindowStore
 from test_bad_input import assert_refused
 from test_npz_dataset import train as train_npz
 from test_npz_dataset import windows, write_npz
-from test_own_sensors import DEVICE_CHANNELS, device_recording
+from test_own_sensors import DEVICE_CHANNELS, device_recording, trained_then_classified
 from test_predict import run_script
 from test_store import build_here
 from test_trust_numbers import build_refused
@@ -158,11 +158,4 @@ def test_the_converter_takes_a_description_for_its_flags_and_the_store_keeps_it(
     np.testing.assert_array_equal(store.read(np.arange(len(store))), by_flags.read(np.arange(len(by_flags))))
     data = load_har_data("store", tmp_path / "store")
     assert data.sensor_triples() == [[0, 1, 2]] and data.described.units == ("g", "g", "g")
-    code, _, err = run_in_process("main.py", ["--dataset", "store", "--data-dir", tmp_path / "store", "--epochs", "1",
-                                              "--no-figures", "--save-dir", tmp_path / "run"])
-    assert code == 0, err
-    recording = device_recording(tmp_path / "device.csv", 5, labelled=False)
-    code, _, err = run_script("predict", ["--checkpoint", tmp_path / "run" / "best.pt", "--recording", recording,
-                                          "--out", tmp_path / "out"])
-    assert code == 0, err
-    assert len((tmp_path / "out" / "timeline.csv").read_text().splitlines()) > 2
+    assert len(trained_then_classified(tmp_path / "store", tmp_path, epochs=1)) > 2

@@ -231,10 +231,23 @@ def device_recording(path, subject, seconds=40.0, rate_hz=32.0, labelled=True):
     return path
 
 
+def trained_then_classified(store, tmp_path, epochs):
+    """The default model trained on `store` (into tmp_path/run), then a recording of the same device
+    classified: the timeline's lines."""
+    from conftest import run_in_process
+    code, _, err = run_in_process("main.py", ["--dataset", "store", "--data-dir", store, "--epochs", str(epochs),
+                                              "--no-figures", "--save-dir", tmp_path / "run"])
+    assert code == 0, err
+    recording = device_recording(tmp_path / "device.csv", 5, labelled=False)
+    code, _, err = run_script("predict", ["--checkpoint", tmp_path / "run" / "best.pt", "--recording", recording,
+                                          "--out", tmp_path / "out"])
+    assert code == 0, err
+    return (tmp_path / "out" / "timeline.csv").read_text().splitlines()
+
+
 def test_another_devices_recordings_go_from_a_store_to_a_timeline_and_an_export(tmp_path):
     """Recordings of three named channels at 32 Hz: a store of exactly those channels, the default model
     trained on it, a recording of the same device classified into a timeline, and the model exported."""
-    from conftest import run_in_process
     source = tmp_path / "recordings"
     source.mkdir()
     for subject in (1, 2, 3, 4):
@@ -244,14 +257,7 @@ def test_another_devices_recordings_go_from_a_store_to_a_timeline_and_an_export(
     store = WindowStore(tmp_path / "store")
     assert store.manifest["channels"] == list(DEVICE_CHANNELS) and store.manifest["sample_rate_hz"] == 32.0
     assert set(store.labels.tolist()) == {0, 1}
-    code, _, err = run_in_process("main.py", ["--dataset", "store", "--data-dir", tmp_path / "store", "--epochs", "2",
-                                              "--no-figures", "--save-dir", tmp_path / "run"])
-    assert code == 0, err
-    recording = device_recording(tmp_path / "device.csv", 5, labelled=False)
-    code, _, err = run_script("predict", ["--checkpoint", tmp_path / "run" / "best.pt", "--recording", recording,
-                                          "--out", tmp_path / "out"])
-    assert code == 0, err
-    timeline = (tmp_path / "out" / "timeline.csv").read_text().splitlines()
+    timeline = trained_then_classified(tmp_path / "store", tmp_path, epochs=2)
     assert timeline[0].startswith("start_s") and len(timeline) > 2
     assert {row.split(",")[2] for row in timeline[1:]} <= {"calm", "lively", "uncertain"}
     code, _, err = run_script("export", ["--checkpoint", tmp_path / "run" / "best.pt", "--format", "torchscript",
