@@ -133,8 +133,11 @@ def _described(path, arrays, signals, subjects, channel_names, description):
                            fix=f"add it to the classes or to 'unlabelled' in {description.where}")
     kept = labels >= 0
     split = _split(path, arrays, count)
-    if not kept.any():
-        raise DataError(f"{path}: every window's label means no class ({description.where}'s 'unlabelled')")
+    left = set(split[kept].tolist()) if split is not None else {"train", "test"}
+    if not kept.any() or left != {"train", "test"}:
+        side = f"every {({'train', 'test'} - left).pop()} window's" if kept.any() else "every window's"
+        raise DataError(f"{path}: {side} label means no class ({description.where}'s 'unlabelled'); label some of "
+                        "them with a class")
     preprocessing = _preprocessing(path, arrays, description.channels)
     return NpzWindows(signals[kept], labels[kept], subjects[kept], description.class_names, description.channels,
                       description.sample_rate_hz, split[kept] if split is not None else None,

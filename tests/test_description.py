@@ -93,6 +93,9 @@ def test_npz_windows_read_by_a_description(tmp_path):
     ({"signals": np.zeros((48, 3, 40), np.float32)}, "signals hold 3 channels but"),
     ({"labels": np.full(48, 7)}, "label 7 (48 times) is none of the classes' labels"),
     ({"class_names": np.array(["a", "b", "c"])}, "holds classes a, b, c but"),
+    ({"labels": np.full(48, -1)}, "every window's label means no class"),
+    ({"labels": np.repeat([0, -1], 24), "split": np.repeat(["train", "test"], 24)},
+     "every test window's label means no class"),
 ])
 def test_npz_windows_that_contradict_their_description_are_refused_naming_the_field(arrays, says, tmp_path):
     path = write_npz(tmp_path / "w.npz", **{**windows(channels=4, steps=40), **arrays})
