@@ -221,20 +221,24 @@ def _apply_description(options):
     if any(not isinstance(label, int) for label in (*described.class_labels, *described.unlabelled)):
         raise DataError(f"{described.where}: 'classes' must give whole-number labels for the converter (a "
                         "recording's label column holds numbers)")
-    said = {"--channels": (options.channels, ",".join(described.channels)),
-            "--sample-rate": (options.sample_rate, described.sample_rate_hz),
-            "--window-steps": (options.window_steps, described.window_steps),
-            "--stride": (options.stride, described.stride_steps),
-            "--class-names": (options.class_names, ",".join(described.class_names)),
-            "--class-labels": (options.class_labels, ",".join(map(str, described.class_labels))),
-            "--unlabelled": (options.unlabelled, ",".join(map(str, described.unlabelled))),
-            "--preprocessing": (options.preprocessing, "raw")}
-    for flag, (given, value) in said.items():
-        if given is not None and value is not None and str(given).replace(" ", "") != str(value).replace(" ", ""):
-            raise DataError(f"{flag} {given} disagrees with {described.where}, which says {value}: drop the flag")
+    said = {"channels": ",".join(described.channels), "sample_rate": described.sample_rate_hz,
+            "window_steps": described.window_steps, "stride": described.stride_steps,
+            "class_names": ",".join(described.class_names),
+            "class_labels": ",".join(map(str, described.class_labels)),
+            "unlabelled": ",".join(map(str, described.unlabelled)), "preprocessing": "raw"}
+    for name, value in said.items():
+        given = getattr(options, name)
+        if given is not None and value is not None and _flag_items(given) != _flag_items(value):
+            raise DataError(f"--{name.replace('_', '-')} {given} disagrees with {described.where}, which says "
+                            f"{value}: drop the flag")
         if value is not None:
-            setattr(options, flag[2:].replace("-", "_"), value)
+            setattr(options, name, value)
     return described
+
+
+def _flag_items(value):
+    """What a flag's value says: its comma-separated items, or a number."""
+    return tuple(item.strip() for item in value.split(",")) if isinstance(value, str) else float(value)
 
 
 def _channel_names(text, preprocessing):

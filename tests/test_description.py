@@ -149,9 +149,11 @@ def test_the_converter_takes_a_description_for_its_flags_and_the_store_keeps_it(
     assert "'classes' must give whole-number labels" in build_refused(
         source, tmp_path / "refused", "--description", str(device_description(
             tmp_path / "names.json", classes=[{"name": "calm", "label": "c"}, {"name": "lively", "label": "l"}])))
+    assert "--class-names ca lm,lively disagrees" in build_refused(source, tmp_path / "refused", "--description",
+                                                                   description, "--class-names", "ca lm,lively")
     assert not (tmp_path / "refused").exists()
     build_here(source, tmp_path / "store", "--description", description, "--sample-rate", "32",
-               "--test-subjects", "4")
+               "--class-names", "calm, lively", "--test-subjects", "4")
     flags = tmp_path / "flags"
     build_here(source, flags, "--preprocessing", "raw", "--channels", ",".join(DEVICE_CHANNELS), "--sample-rate",
                "32", "--window-steps", "64", "--class-names", "calm,lively", "--test-subjects", "4")
