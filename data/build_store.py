@@ -218,14 +218,13 @@ def _apply_description(options):
     """The description's fields in place of the flags that say the same (a flag given must agree):
     its channels are read by name as recorded (--preprocessing raw)."""
     described = read_description(options.description)
-    if any(not isinstance(label, int) for label in (*described.class_labels, *described.unlabelled)):
-        raise DataError(f"{described.where}: 'classes' must give whole-number labels for the converter (a "
-                        "recording's label column holds numbers)")
+    # Labels that are names are an .npz's (plan() refuses them for recordings, whose label column holds numbers).
+    numbered = _numbered(described)
     said = {"channels": ",".join(described.channels), "sample_rate": described.sample_rate_hz,
             "window_steps": described.window_steps, "stride": described.stride_steps,
             "class_names": ",".join(described.class_names),
-            "class_labels": ",".join(map(str, described.class_labels)),
-            "unlabelled": ",".join(map(str, described.unlabelled)), "preprocessing": "raw"}
+            "class_labels": ",".join(map(str, described.class_labels)) if numbered else None,
+            "unlabelled": ",".join(map(str, described.unlabelled)) if numbered else None, "preprocessing": "raw"}
     for name, value in said.items():
         given = getattr(options, name)
         if given is not None and value is not None and _flag_items(given) != _flag_items(value):
@@ -234,6 +233,11 @@ def _apply_description(options):
         if value is not None:
             setattr(options, name, value)
     return described
+
+
+def _numbered(described):
+    """Whether the description's label values are all whole numbers."""
+    return all(isinstance(label, int) for label in (*described.class_labels, *described.unlabelled))
 
 
 def _flag_items(value):
@@ -294,6 +298,9 @@ def plan(source, options):
         files = sorted(p for p in source.iterdir() if p.suffix.lower() in (".csv", ".npz"))
         if not files:
             raise DataError(f"{source} holds no .csv or .npz recordings (nor is it a UCI HAR layout)")
+        if options.described and not _numbered(options.described):
+            raise DataError(f"{options.described.where}: 'classes' must give whole-number labels for recordings, "
+                            "whose label column holds numbers")
         options.sample_rate = options.sample_rate or uci_har.SAMPLE_RATE_HZ
         if options.channels:
             channels = options.channels

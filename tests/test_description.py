@@ -129,6 +129,18 @@ def test_training_turns_the_sensor_a_description_places_and_keeps_the_descriptio
     assert (report["accuracy"], report["num_samples"]) == (trained["accuracy"], trained["num_samples"])
 
 
+def test_the_converter_reads_an_npz_by_its_description_whose_labels_may_be_names(tmp_path):
+    arrays = windows(channels=4, steps=40)
+    names = np.array(["rest", "walk", "run", "none"])[np.where(np.arange(48) % 7 == 0, 3, arrays["labels"])]
+    path = write_npz(tmp_path / "w.npz", **{**arrays, "labels": names})
+    classes = [{"name": name, "label": name} for name in ("rest", "walk", "run")]
+    build_here(path, tmp_path / "store", "--description", str(describe(tmp_path / "d.json", classes=classes,
+                                                                       unlabelled=["none"])))
+    store, loaded = WindowStore(tmp_path / "store"), load_npz_windows(path, read_description(tmp_path / "d.json"))
+    assert store.manifest["class_names"] == ["rest", "walk", "run"] and len(store) == len(loaded.labels) < 48
+    assert sorted(store.labels.tolist()) == sorted(loaded.labels.tolist())
+
+
 def device_description(path, **fields):
     channels = [{"name": name, "sensor": "leg", "axis": axis, "unit": "g"}
                 for name, axis in zip(DEVICE_CHANNELS, "xyz", strict=True)]
