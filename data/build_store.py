@@ -219,7 +219,7 @@ def _apply_description(options):
     its channels are read by name as recorded (--preprocessing raw)."""
     described = read_description(options.description)
     # Labels that are names are an .npz's (plan() refuses them for recordings, whose label column holds numbers).
-    numbered = _numbered(described)
+    numbered = described.labels_are_numbers()
     said = {"channels": ",".join(described.channels), "sample_rate": described.sample_rate_hz,
             "window_steps": described.window_steps, "stride": described.stride_steps,
             "class_names": ",".join(described.class_names),
@@ -233,11 +233,6 @@ def _apply_description(options):
         if value is not None:
             setattr(options, name, value)
     return described
-
-
-def _numbered(described):
-    """Whether the description's label values are all whole numbers."""
-    return all(isinstance(label, int) for label in (*described.class_labels, *described.unlabelled))
 
 
 def _flag_items(value):
@@ -298,7 +293,7 @@ def plan(source, options):
         files = sorted(p for p in source.iterdir() if p.suffix.lower() in (".csv", ".npz"))
         if not files:
             raise DataError(f"{source} holds no .csv or .npz recordings (nor is it a UCI HAR layout)")
-        if options.described and not _numbered(options.described):
+        if options.described and not options.described.labels_are_numbers():
             raise DataError(f"{options.described.where}: 'classes' must give whole-number labels for recordings, "
                             "whose label column holds numbers")
         options.sample_rate = options.sample_rate or uci_har.SAMPLE_RATE_HZ

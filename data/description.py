@@ -48,6 +48,11 @@ class Description:
                 triples.append([by_axis[axis] for axis in AXES])
         return triples
 
+    def labels_are_numbers(self):
+        """Whether every class's label and every unlabelled value is a whole number, as a recording's
+        label column holds (an .npz may label by names)."""
+        return all(_is_whole(label) for label in (*self.class_labels, *self.unlabelled))
+
     def as_json(self):
         """The dict the file holds (what a store's manifest and a checkpoint keep)."""
         channels = [{key: value for key, value in zip(CHANNEL_FIELDS, row, strict=True) if value is not None}

@@ -172,8 +172,8 @@ class StoreStreamLoader:
 
     def _read(self, order, ready, stop):
         # One read per block of the order rather than per batch: a block's windows lie in one or two
-        # shard files, so each is opened and mapped once per STREAM_BLOCK windows, and the reads hold
-        # the interpreter lock (which the step needs) a fraction as often.
+        # shard files, read once per STREAM_BLOCK windows, and the reads' own Python (which holds the
+        # interpreter lock the step needs) runs once where it ran once a batch.
         per_read = max(1, STREAM_BLOCK // self.batch_size) * self.batch_size
         try:
             made = 0

@@ -201,7 +201,7 @@ def _described_classes(args):
         raise UsageError("--description gives the classes and their label values: drop --class-names and "
                          "--class-labels")
     described = read_description(args.description)
-    if not all(isinstance(label, int) for label in described.class_labels):
+    if not described.labels_are_numbers():
         raise UsageError(f"{described.where}: 'classes' must give whole-number labels, as the recordings' label "
                          "arrays hold")
     args.window_steps = args.window_steps or described.window_steps
