@@ -67,7 +67,7 @@ class Description:
         """Refuse `source` when what it holds for `field` is not what the description says (None: it does
         not say, and the description's stands)."""
         said = {"channels": self.channels, "sample_rate_hz": self.sample_rate_hz, "window_steps": self.window_steps,
-                "stride_steps": self.stride_steps, "classes": self.class_names}[field]
+                "classes": self.class_names}[field]
         if held is None or said is None or (isinstance(held, float) and math.isnan(held)):
             return
         same = tuple(held) == said if isinstance(said, tuple) else float(held) == float(said)
