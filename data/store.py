@@ -148,14 +148,10 @@ class WindowStore:
         for shard_index in np.unique(shard_of):
             picked = np.flatnonzero(shard_of == shard_index)
             shard = self.shards[shard_index]
-            local = indices[picked] - shard.first
-            low, high = int(local.min()), int(local.max()) + 1
-            with open(shard.signals_path, "rb") as handle:  # opened per read: safe in DataLoader workers
-                if (high - low) * self.window_bytes <= max(SPAN_BYTES, 4 * len(local) * self.window_bytes):
-                    out[picked] = self._pread(handle, shard, low, high - low)[local - low]
-                else:
-                    for slot, position in zip(picked, local, strict=True):
-                        out[slot] = self._pread(handle, shard, int(position), 1)[0]
+            rows = read_rows(shard.signals_path, shard.data_offset, self.window_bytes, indices[picked] - shard.first,
+                             f"store {self.root}: {shard.signals_path} was cut short while training read it; "
+                             "rebuild the store")
+            out[picked] = rows.view(self.dtype).reshape(len(picked), len(self.channels), self.window_steps)
         if not np.isfinite(out).all():  # a check far cheaper than the step that would turn NaN
             window = int(np.flatnonzero(~np.isfinite(out).all(axis=(1, 2)))[0])
             name, position = self.locate(int(indices[window]))
@@ -163,12 +159,24 @@ class WindowStore:
                             "finite; its build did not write that (the file changed since): rebuild the store")
         return out
 
-    def _pread(self, handle, shard, first, count):
-        raw = os.pread(handle.fileno(), count * self.window_bytes, shard.data_offset + first * self.window_bytes)
-        if len(raw) != count * self.window_bytes:
-            raise DataError(f"store {self.root}: {shard.signals_path} was cut short while training read it; "
-                            "rebuild the store")
-        return np.frombuffer(raw, dtype=self.dtype).reshape(count, len(self.channels), self.window_steps)
+
+def read_rows(path, data_offset, row_bytes, rows, cut_short):
+    """uint8 [len(rows), row_bytes]: the rows at these positions of a file's array of rows starting at
+    data_offset, in this order. Rows close together (a shuffled block of a batch) come in one read of
+    their span, others in one read each; `cut_short` is the one-line error for a file that ends before
+    them. The file is opened per call: safe in DataLoader workers, and nothing stays mapped."""
+    rows = np.asarray(rows, dtype=np.int64)
+    low, high = int(rows.min()), int(rows.max()) + 1
+    with open(path, "rb") as handle:
+        def read(first, count):
+            raw = os.pread(handle.fileno(), count * row_bytes, data_offset + first * row_bytes)
+            if len(raw) != count * row_bytes:
+                raise DataError(cut_short)
+            return np.frombuffer(raw, dtype=np.uint8).reshape(count, row_bytes)
+
+        if (high - low) * row_bytes <= max(SPAN_BYTES, 4 * len(rows) * row_bytes):
+            return read(low, high - low)[rows - low]
+        return np.concatenate([read(int(row), 1) for row in rows])
 
 
 @functools.lru_cache(maxsize=4096)

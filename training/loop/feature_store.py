@@ -11,23 +11,20 @@ counts, 234 MiB) checking every shard took 0.14 to 0.19 s on two busy CPU cores,
 pool takes about 18 s (docs/distributed.md), so every byte is hashed rather than a sample."""
 import hashlib
 import json
-import os
 import shutil
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from data.errors import DataError
 from data.provenance import file_sha256, read_json
-from data.store import StoreSplit, npy_data_offset, write_atomic
+from data.store import StoreSplit, npy_data_offset, read_rows, write_atomic
 from training import faults
 from training.errors import UsageError
 
 FORMAT = "har-feature-store-1"
 IDENTITY = "identity.json"
 MISSING = "missing"  # a shard not written yet: built without a word, unlike a damaged one
-DENSE_SPAN = 2  # rows asked for at least 1 in this many of their span are read as the whole span
 
 
 def pool_identity(model, splits, views, augment, seed, dtype, chunk):
@@ -151,9 +148,9 @@ class FeatureStore:
 
 class ShardedRows:
     """Shards [n_i, F] read as one array [sum n_i, F]: `shape`, `dtype`, `nbytes`, and indexing with an
-    array of positions (what the loaders read a batch with). Neighbouring rows (a block of the loaders'
-    order) come in one read of their span, scattered ones through a mapping let go after the read, so a
-    process keeps resident the batches it works on, not every page it went through."""
+    array of positions (what the loaders read a batch with), by data.store.read_rows as the window
+    store reads its windows: nothing stays mapped, so a process keeps resident the batches it works on,
+    not every page it went through."""
 
     def __init__(self, paths, lengths, width, dtype):
         self.paths, self.dtype = paths, np.dtype(dtype)
@@ -168,25 +165,13 @@ class ShardedRows:
         positions = np.asarray(positions, dtype=np.int64)
         out = np.empty((len(positions), self.shape[1]), dtype=self.dtype)
         shard_of = np.searchsorted(self.starts, positions, side="right") - 1
+        row_bytes = self.shape[1] * self.dtype.itemsize
         for shard in np.unique(shard_of):
             picked = np.flatnonzero(shard_of == shard)
-            rows = positions[picked] - self.starts[shard]
-            low, high = int(rows.min()), int(rows.max()) + 1
-            if high - low <= DENSE_SPAN * len(rows):  # a block of the loaders' order: read its span in one go
-                out[picked] = self._span(shard, low, high)[rows - low]
-            else:
-                out[picked] = np.load(self.paths[shard], mmap_mode="r")[rows]
+            length = int(self.starts[shard + 1] - self.starts[shard])
+            rows = read_rows(self.paths[shard], npy_data_offset((length, self.shape[1]), self.dtype.str), row_bytes,
+                             positions[picked] - self.starts[shard],
+                             f"feature pool shard {self.paths[shard]} was cut short while training read it; run the "
+                             "same command again to rebuild it")
+            out[picked] = rows.view(self.dtype)
         return out
-
-    def _span(self, shard, low, high):
-        """Rows low..high-1 of a shard in one read at their offset: no header parsed and no mapping made
-        per batch, and the read releases the interpreter lock for the step."""
-        row_bytes = self.shape[1] * self.dtype.itemsize
-        rows = int(self.starts[shard + 1] - self.starts[shard])
-        offset = npy_data_offset((rows, self.shape[1]), self.dtype.str) + low * row_bytes
-        with open(self.paths[shard], "rb") as handle:
-            raw = os.pread(handle.fileno(), (high - low) * row_bytes, offset)
-        if len(raw) != (high - low) * row_bytes:
-            raise DataError(f"feature pool shard {self.paths[shard]} was cut short while training read it; run the "
-                            "same command again to rebuild it")
-        return np.frombuffer(raw, dtype=self.dtype).reshape(high - low, self.shape[1])
