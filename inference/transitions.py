@@ -176,7 +176,7 @@ def main(argv):
     stride = args.stride or args.window_steps // 2
     if not 1 <= stride <= args.window_steps:
         raise UsageError(f"--stride must be between 1 and --window-steps ({args.window_steps}), got {stride}")
-    check_out_file(args.out, args.overwrite, reads=[args.recordings])
+    check_out_file(args.out, args.overwrite, reads=[path for path in (args.recordings, args.description) if path])
     classes = recording_classes(open_recordings(args.recordings), subjects, class_labels)
     if not classes:
         raise UsageError(f"{args.recordings} holds no labelled recording (uSS_sK_label) of subjects "

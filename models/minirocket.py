@@ -180,7 +180,8 @@ class MiniRocket(HARModel):
         with torch.no_grad(), torch.autocast(counts.device.type, enabled=False):
             # In place: one new [B, F] tensor, not four (each a fresh megabyte or more, which glibc
             # may hand back and fault in again on the next batch).
-            return counts.float().div_(self.window_positions).sub_(self.feature_mean).div_(self.feature_std)
+            features = counts.to(torch.float32, copy=True)  # a copy even of float input, which is worked on in place
+            return features.div_(self.window_positions).sub_(self.feature_mean).div_(self.feature_std)
 
     def forward(self, x):
         # Windows [B, C, T], or computed once (a feature pool): their counts, or their features [B, F].

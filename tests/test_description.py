@@ -169,6 +169,10 @@ def test_the_converter_takes_a_description_for_its_flags_and_the_store_keeps_it(
     flags = tmp_path / "flags"
     build_here(source, flags, "--preprocessing", "raw", "--channels", ",".join(DEVICE_CHANNELS), "--sample-rate",
                "32", "--window-steps", "64", "--class-names", "calm,lively", "--test-subjects", "4")
+    other = device_description(tmp_path / "other.json", channels=[{"name": name, "unit": "m/s2"}
+                                                                  for name in DEVICE_CHANNELS])
+    assert "whose description is" in build_refused(source, tmp_path / "store", "--description", str(other),
+                                                   "--test-subjects", "4", "--dtype", "float32")  # its windows stay
     store, by_flags = WindowStore(tmp_path / "store"), WindowStore(flags)
     assert store.manifest["description"] == json.loads(Path(description).read_text()) | {"unlabelled": []}
     np.testing.assert_array_equal(store.labels, by_flags.labels)  # the same windows as the flags make

@@ -304,6 +304,10 @@ def test_transitions_are_learnt_over_the_classes_and_labels_a_study_gives(tmp_pa
     assert code == 0, err
     described = json.loads((tmp_path / "described.json").read_text())
     assert (described["class_names"], described["counts"]) == (record["class_names"], record["counts"])
+    kept = description.read_bytes()
+    assert_refused(run_command(transitions_command, "--recordings", tmp_path / "study.npz", "--subjects", "1,2",
+                               "--description", description, "--out", description, "--overwrite"), str(description))
+    assert description.read_bytes() == kept  # an input named as --out is left as it was
 
 
 @pytest.mark.parametrize("flags, says", [
