@@ -1,7 +1,8 @@
 """The feature pool on disk: a window store's run (--dataset store) keeps its pool in
 <save-dir>/features/<identity>/, one .npy shard per piece that a rank transforms, each written whole or
-not at all (a temporary file, then one rename), read back memory-mapped. The identity is a digest of
-everything that decides the pool's contents, so a re-run with the same identity reuses the shards
+not at all (a temporary file, then one rename), read back by positioned reads (data.store.read_rows).
+The identity is a digest of everything that decides the pool's contents, so a re-run with the same
+identity reuses the shards
 (an interrupted build resumes at the shards it lacks) and any change builds a pool of its own.
 
 Beside each shard lies its SHA-256, in the format of sha256sum (part0-000000000.sha256), recorded as
