@@ -9,32 +9,37 @@ import torch
 import triton
 import triton.language as tl
 
-# Windows per program: a [16, T] block of outputs takes 16 registers a thread at T = 128 and 4 warps,
-# and each kernel-and-dilation still gets B / 16 programs to spread over the GPU.
-WINDOWS_PER_PROGRAM = 16
+# Outputs per program, [windows, steps]: 16 registers a thread at 4 warps. A dilation whose outputs
+# are short takes more windows per program, so that no program spends most of its work on steps
+# beyond its outputs' end (half the dilations are unpadded: 16 to 112 outputs of 128 steps).
+OUTPUTS_PER_PROGRAM = 2048
+WARPS = 4
 
 
 # One compilation for every dilation and batch: Triton would otherwise compile a variant for each
 # integer argument that is 1 or a multiple of 16 (a first run's start-up pays for each).
-@triton.jit(do_not_specialize=["windows", "outputs_steps", "first_feature", "dilation", "padding"])
-def _ppv_kernel(x_ptr, weights_ptr, used_ptr, biases_ptr, out_ptr, windows, channels, steps, outputs_steps,
-                features, first_feature, biases_per_kernel, dilation, padding,
+@triton.jit(do_not_specialize=["windows", "padded_steps", "outputs_steps", "first_feature", "dilation", "offset"])
+def _ppv_kernel(x_ptr, weights_ptr, used_ptr, biases_ptr, out_ptr, windows, channels, padded_steps, outputs_steps,
+                features, first_feature, biases_per_kernel, dilation, offset,
                 BLOCK_WINDOWS: tl.constexpr, BLOCK_STEPS: tl.constexpr, KERNEL_LENGTH: tl.constexpr):
     kernel = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_WINDOWS + tl.arange(0, BLOCK_WINDOWS)
-    starts = tl.arange(0, BLOCK_STEPS)
     row_ok = rows < windows
+    # A block's last rows beyond the batch read its last window (every read in bounds, no mask to
+    # build per tap) and store nothing.
+    rows_read = tl.minimum(rows, windows - 1)
+    starts = tl.arange(0, BLOCK_STEPS)
     start_ok = starts < outputs_steps
     output = tl.zeros((BLOCK_WINDOWS, BLOCK_STEPS), dtype=tl.float32)
     for channel in range(channels):
         # A kernel sums a few of the channels (its weights are zero on the others): skip the rest.
         if tl.load(used_ptr + kernel * channels + channel) != 0:
-            row_starts = x_ptr + (rows[:, None] * channels + channel) * steps
+            # The windows come padded with zeros on both sides, wide enough for every dilation's
+            # taps from every start: conv1d's zero padding without a bounds test per read.
+            first_tap = x_ptr + (rows_read[:, None] * channels + channel) * padded_steps + offset + starts[None, :]
             for tap in tl.static_range(KERNEL_LENGTH):
                 weight = tl.load(weights_ptr + (kernel * channels + channel) * KERNEL_LENGTH + tap)
-                position = starts[None, :] + tap * dilation - padding  # zeros beyond the ends, as conv1d pads
-                inside = row_ok[:, None] & start_ok[None, :] & (position >= 0) & (position < steps)
-                output += weight * tl.load(row_starts + position, mask=inside, other=0.0)
+                output += weight * tl.load(first_tap + tap * dilation)
     for bias_index in range(biases_per_kernel):
         bias = tl.load(biases_ptr + kernel * biases_per_kernel + bias_index)
         positive = (output > -bias) & start_ok[None, :]
@@ -43,28 +48,33 @@ def _ppv_kernel(x_ptr, weights_ptr, used_ptr, biases_ptr, out_ptr, windows, chan
         tl.store(out_ptr + rows * features + feature, counts.to(tl.float32), mask=row_ok)
 
 
-def fused_counts(x, weights, biases, dilations, paddings):
+def fused_counts(x, weights, biases, dilations, paddings, outputs_per_program=OUTPUTS_PER_PROGRAM, warps=WARPS):
     """[B, C, T] fp32 windows -> [B, D x 84 x biases] counts of positive positions (as float32), ordered
     as MiniRocket.transform's features, which are these over each feature's T'.
     weights [D, 84, C, 9], biases [D, 84, biases]: the model's buffers. One launch per dilation, whose
     outputs are T + 2 x padding - 8 x dilation steps long."""
-    x = x.contiguous().float()
     windows, channels, steps = x.shape
     kernels, per = weights.shape[1], biases.shape[2]
     features = torch.empty(windows, len(dilations) * kernels * per, device=x.device, dtype=torch.float32)
     if not windows:
         return features
     kernel_length = weights.shape[3]
+    reach = (kernel_length - 1) * max(dilations)
+    left = max(paddings)
+    # Zeros to the left for the widest padding, and to the right for the furthest tap of the longest
+    # block of starts (a power of two at least T), so that every read of the kernel lands inside.
+    padded = torch.nn.functional.pad(x.float(), (left, triton.next_power_of_2(steps) + reach - steps)).contiguous()
     # [D, 84, C]: the channels each kernel sums; int32 so that every dilation's slice starts 16-byte
     # aligned, as Triton also compiles a variant per pointer alignment.
     used = weights.ne(0).any(dim=3).int()
-    grid = (kernels, triton.cdiv(windows, WINDOWS_PER_PROGRAM))
-    block_steps = triton.next_power_of_2(steps)  # the longest outputs, the padded dilations'
     for d, (dilation, padding) in enumerate(zip(dilations, paddings, strict=True)):
         outputs_steps = steps + 2 * padding - (kernel_length - 1) * dilation
-        _ppv_kernel[grid](x, weights[d].contiguous(), used[d].contiguous(), biases[d].contiguous(), features,
-                          windows, channels, steps, outputs_steps, features.shape[1], d * kernels * per, per,
-                          dilation, padding,
-                          BLOCK_WINDOWS=WINDOWS_PER_PROGRAM, BLOCK_STEPS=block_steps,
-                          KERNEL_LENGTH=kernel_length)
+        block_steps = triton.next_power_of_2(outputs_steps)
+        block_windows = max(1, outputs_per_program // block_steps)
+        grid = (kernels, triton.cdiv(windows, block_windows))
+        _ppv_kernel[grid](padded, weights[d].contiguous(), used[d].contiguous(), biases[d].contiguous(), features,
+                          windows, channels, padded.shape[2], outputs_steps, features.shape[1], d * kernels * per,
+                          per, dilation, left - padding,
+                          BLOCK_WINDOWS=block_windows, BLOCK_STEPS=block_steps, KERNEL_LENGTH=kernel_length,
+                          num_warps=warps)
     return features

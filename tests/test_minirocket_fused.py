@@ -50,14 +50,19 @@ def output_steps(model, windows):
 def check_against_the_reference(device):
     from models.minirocket_fused import fused_counts
     model, signals = fitted_model(device)
-    # Windows the biases were drawn from (outputs equal to a bias: ties) and fresh ones, 20 in all:
-    # a whole block of 16 windows and a part of one.
+    # Windows the biases were drawn from (outputs equal to a bias: ties) and fresh ones, 20 in all: at
+    # 256 outputs a program, two whole blocks of 8 windows and a part of one at the padded dilations
+    # (32 starts), one of 16 and a part at the unpadded one (14 outputs, 16 starts).
     windows = torch.cat([signals[:10], (torch.randn(10, CHANNELS, STEPS).cumsum(dim=2) * 0.1).to(device)])
     # Ties by construction as well: the first bias of every kernel at the first dilation equals one
     # output of the first window, which the reference counts as not positive.
     tied = torch.nn.functional.conv1d(windows[:1], model.weights[0], padding=model.paddings[0])[0, :, 5]
     model.biases[0, :, 0] = -tied
-    counted = fused_counts(windows, model.weights, model.biases, model.dilations, model.paddings).long().cpu()
+    counted = fused_counts(windows, model.weights, model.biases, model.dilations, model.paddings,
+                           outputs_per_program=256).long().cpu()
+    # The default blocks (every window in one block here) count the same.
+    assert torch.equal(fused_counts(windows, model.weights, model.biases, model.dilations, model.paddings).cpu(),
+                       counted.float())
     reference = model.transform(windows, fused=False)
     steps = output_steps(model, windows).to(device)
     reference_counts = torch.round(reference * steps).long().cpu()
@@ -85,11 +90,11 @@ def test_the_kernel_compiles_for_an_h100_without_one():
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from models.minirocket_fused import WINDOWS_PER_PROGRAM, _ppv_kernel
+    from models.minirocket_fused import OUTPUTS_PER_PROGRAM, _ppv_kernel
     pointers = {"x_ptr": "*fp32", "weights_ptr": "*fp32", "used_ptr": "*i32", "biases_ptr": "*fp32", "out_ptr": "*fp32"}
-    integers = ("windows", "channels", "steps", "outputs_steps", "features", "first_feature", "biases_per_kernel",
-                "dilation", "padding")
-    constants = {"BLOCK_WINDOWS": WINDOWS_PER_PROGRAM, "BLOCK_STEPS": 128, "KERNEL_LENGTH": 9}
+    integers = ("windows", "channels", "padded_steps", "outputs_steps", "features", "first_feature",
+                "biases_per_kernel", "dilation", "offset")
+    constants = {"BLOCK_WINDOWS": OUTPUTS_PER_PROGRAM // 128, "BLOCK_STEPS": 128, "KERNEL_LENGTH": 9}
     signature = {**pointers, **dict.fromkeys(integers, "i32"), **dict.fromkeys(constants, "constexpr")}
     compiled = triton.compile(ASTSource(fn=_ppv_kernel, signature=signature, constexprs=constants),
                               target=GPUTarget("cuda", 90, 32))
