@@ -9,9 +9,10 @@ import torch
 
 from evaluation.metrics import summary_metrics
 from training import faults
+from training.loop.readout import LogReadout
 from training.loop.step import micro_step_plan
 from training.loop.stop_protocol import CheckIns, checked_totals, stop_requested
-from training.loop.tally import EpochTally
+from training.loop.tally import NO_NONFINITE_STEP, EpochTally
 
 
 def fit(trainer):
@@ -76,6 +77,7 @@ def train_epoch(trainer, epoch):
     strategy.synchronize()  # one sync per pass, so the time covers the queued GPU work
     train_time_s = time.perf_counter() - start
     hook.check_ins.finish()
+    hook.log(hook.readout.flush())
     bar.close()
     loss_sum, loss_samples = (0.0, 0) if stopped else checked_totals(trainer, tally)
     trained = (plan.batches_in_epoch - plan.first_batch) * trainer.loader_batch * strategy.world_size
@@ -134,6 +136,9 @@ def _patience_exhausted(trainer):
     return bool(patience) and trainer.state.epochs_since_best >= patience
 
 
+NO_NEWS = [-NO_NONFINITE_STEP, 0]  # a first log point's health: no earlier read to act on
+
+
 @dataclass
 class EpochPlan:
     """Where this pass starts inside the epoch; a resumed epoch starts past its first batches."""
@@ -158,7 +163,8 @@ class _StepHook:
     def __init__(self, trainer, plan, tally, bar):
         self.trainer, self.plan, self.tally, self.bar = trainer, plan, tally, bar
         self.start_position = trainer.state.epoch_position
-        self.check_ins = CheckIns(trainer, tally)
+        self.check_ins = CheckIns(trainer)
+        self.readout = LogReadout(tally, trainer.step)
 
     def __call__(self, step):
         """After optimizer step `step` (counted over the run); True asks the pass to stop here."""
@@ -168,16 +174,20 @@ class _StepHook:
         if batches_done >= self.plan.batches_in_epoch:
             return False  # the epoch's own end follows: validation, save, then any stop request
         if step % output.log_interval == 0:
-            stop = self.check_ins()
-            if trainer.strategy.is_main:
-                loss, lr = self.tally.mean_loss(), trainer.step.last_lr()
-                self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}")
-                trainer.log.log_step(step, loss, lr)
+            previous = self.readout.take(step)
+            stop = self.check_ins(previous.health() if previous else NO_NEWS)
+            self.log(previous)
         else:
             stop = self.check_ins.alone_and_asked_to_stop()
         if stop or (output.save_every_steps and step % output.save_every_steps == 0):
             self._save_mid_epoch(step, batches_done)
         return stop
+
+    def log(self, point):
+        """The progress bar's and TensorBoard's figures of a log point (None: nothing read yet)."""
+        if point is not None and self.trainer.strategy.is_main:
+            self.bar.set_postfix(loss=f"{point.mean_loss:.4f}", lr=f"{point.lr:.2e}")
+            self.trainer.log.log_step(point.step, point.mean_loss, point.lr)
 
     def _save_mid_epoch(self, step, batches_done):
         trainer = self.trainer

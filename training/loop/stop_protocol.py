@@ -3,7 +3,8 @@
 Its promise: every rank stops at the same step, and a bad step is never saved. The ranks agree
 through one small message at each check-in (--log-interval), carrying whether a stop signal
 arrived (trainer.py's StopSignals records it) and each rank's health (the first step with a
-NaN/inf loss, the longest run of steps the fp16 GradScaler skipped); every rank acts on the same
+NaN/inf loss, the longest run of steps the fp16 GradScaler skipped, as the previous log point read
+them without waiting for the device: training/loop/readout.py); every rank acts on the same
 message, so all stop at the same step, and one process alone acts on its own at once. A message
 has --log-interval steps to arrive, so a stop request is acted on within two check-ins; at the
 epoch's end stop_requested() agrees again. Every save reads the loss totals through
@@ -53,16 +54,17 @@ def stop_requested(trainer):
 class CheckIns:
     """The check-ins of one pass over the training split."""
 
-    def __init__(self, trainer, tally):
-        self.trainer, self.tally = trainer, tally
+    def __init__(self, trainer):
+        self.trainer = trainer
         self.in_flight = None  # the last check-in's message between ranks, not yet waited for
 
-    def __call__(self):
-        """At a log point: raise once any rank's losses went bad; True once any rank received a stop
-        signal. Ranks act on the previous check-in's message, so none waits for the others here."""
+    def __call__(self, health):
+        """At a log point, with this rank's `health` as _health gives it (the last log point's read,
+        training/loop/readout.py): raise once any rank's losses went bad; True once any rank received
+        a stop signal. Ranks act on the previous check-in's message, so none waits for the others here."""
         trainer = self.trainer
         received = trainer.stop_signals.received is not None
-        message = trainer.strategy.start_max_ints([int(received), *_health(trainer, self.tally)])
+        message = trainer.strategy.start_max_ints([int(received), *health])
         if trainer.strategy.world_size == 1:
             decision = message.wait()  # nothing was sent: act on it now
         else:

@@ -41,9 +41,17 @@ class EpochTally:
 
     def earliest_nonfinite_step(self):
         """The step of the first NaN/inf loss, NO_NONFINITE_STEP while there is none (reads the device)."""
+        index = int(self.earliest_index())
+        return NO_NONFINITE_STEP if index == NO_NONFINITE_STEP else self.step_of(index)
+
+    def earliest_index(self):
+        """The device scalar index of the first NaN/inf micro-batch added, NO_NONFINITE_STEP while none."""
         self._fold()
-        index = int(self._earliest_index)
-        return NO_NONFINITE_STEP if index == NO_NONFINITE_STEP else self._step_of[index]
+        return self._earliest_index
+
+    def step_of(self, index):
+        """The optimizer step of the micro-batch added `index`-th this epoch."""
+        return self._step_of[index]
 
     def mean_loss(self):
         """The epoch's mean training loss on this rank so far, read back to the host."""

@@ -1,0 +1,72 @@
+"""A log point's figures read from the device without waiting for it.
+
+Each log point starts a copy of its figures (the epoch's loss so far, the LR where it is a device
+scalar, the NaN watch, the fp16 skip count) to the host and reads the previous log point's copy,
+which finished long ago: the step loop never stops for the GPU between an epoch's start and end,
+where three reads a log point used to drain its queue. So a log line, and a NaN loss, are seen one
+log interval late. Nothing is saved on them: every save reads the totals and the watch through
+checked_totals, which waits for the device."""
+from dataclasses import dataclass
+
+import torch
+
+from training.loop.tally import NO_NONFINITE_STEP
+
+
+@dataclass(frozen=True)
+class LogPoint:
+    step: int  # the optimizer step the figures were taken after
+    mean_loss: float  # the epoch's mean training loss on this rank up to that step
+    lr: float
+    earliest_nonfinite_step: int  # NO_NONFINITE_STEP while no loss was NaN/inf
+    longest_skip_run: int  # fp16 steps the GradScaler skipped in a row (0 without one)
+
+    def health(self):
+        """As the stop protocol's message carries it: ints whose maximum over ranks is the worst."""
+        return [-self.earliest_nonfinite_step, self.longest_skip_run]
+
+
+class LogReadout:
+    """The log points of one pass over the training split."""
+
+    def __init__(self, tally, step):
+        self.tally, self.step = tally, step  # the pass's EpochTally and TrainStep
+        self.pending = None  # the last log point's copy: (step, samples, lr, host tensor, event)
+
+    def take(self, step):
+        """Start the copy of this log point's figures; return the previous log point's, or None."""
+        tally, skips = self.tally, self.step.skips
+        lr = self.step.scheduler.get_last_lr()[0]  # a device scalar where AdamW is capturable
+        on_device = [tally.loss_sum(), tally.earliest_index().double()]
+        if isinstance(lr, torch.Tensor):
+            on_device.append(lr.double())
+        if skips is not None and skips.longest is not None:
+            on_device.append(skips.longest.double())
+        values = torch.stack(on_device)
+        event = None
+        if values.is_cuda:
+            host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+            host.copy_(values, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            values = host
+        previous, self.pending = self.pending, (step, tally.samples, lr, values, event)
+        return self._read(previous)
+
+    def flush(self):
+        """The last log point's figures, waiting for them if need be (the pass's end), or None."""
+        previous, self.pending = self.pending, None
+        return self._read(previous)
+
+    def _read(self, pending):
+        if pending is None:
+            return None
+        step, samples, lr, values, event = pending
+        if event is not None:
+            event.synchronize()
+        loss_sum, earliest_index, *rest = values.tolist()
+        if isinstance(lr, torch.Tensor):
+            lr, *rest = rest
+        earliest_index = int(earliest_index)
+        earliest = NO_NONFINITE_STEP if earliest_index == NO_NONFINITE_STEP else self.tally.step_of(earliest_index)
+        return LogPoint(step, loss_sum / max(1, samples), float(lr), earliest, int(rest[0]) if rest else 0)
