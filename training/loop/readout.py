@@ -2,10 +2,9 @@
 
 Each log point starts a copy of its figures (the epoch's loss so far, the LR where it is a device
 scalar, the NaN watch, the fp16 skip count) to the host and reads the previous log point's copy,
-which finished long ago: the step loop never stops for the GPU between an epoch's start and end,
-where three reads a log point used to drain its queue. So a log line, and a NaN loss, are seen one
-log interval late. Nothing is saved on them: every save reads the totals and the watch through
-checked_totals, which waits for the device."""
+which finished long ago: a log point no longer waits for the GPU, where its three reads each drained
+the queue of steps. So a log line, and a NaN loss, are seen one log interval late. Nothing is saved
+on them: every save reads the totals and the watch through checked_totals, which waits for the device."""
 from dataclasses import dataclass
 
 import torch
