@@ -2,12 +2,13 @@
 of every model x batch x precision, MiniRocket's transform (fused and reference), the two data paths,
 DDP profiles (one NCCL rank, two gloo ranks sharing the GPU), one UCI-sized epoch end to end, a
 torch.profiler trace of one small eager step and the trainer's overhead (eager, compiled, CUDA
-graphs), each step in its own time budget so that the whole check fits under eight minutes; one JSON
+graphs), each step in its own time budget so that the whole check fits in about nine minutes; one JSON
 and one markdown table out, the trace under trace/, and each target of the GPU work printed beside
 its figure (benchmarks/gpu_check/targets.py). The CUDA tests are a group of their own
 (`--only tests`; 105 s on an H200 four at a time): run them as a command of their own.
 
-    python -m benchmarks.gpu_check [--out DIR] [--quick] [--only GROUP,...] [--budget-s S] [--dry-run]
+    python -m benchmarks.gpu_check [--out DIR] [--quick] [--only GROUP,...] [--budget-s S] [--cold-data NPZ]
+                                   [--dry-run]
 
 A step that fails, hangs or leaves no figures is recorded with the tail of its output and the check
 goes on. Exit code: 0 no step failed, 1 some step failed or timed out (both write the files), 2 no GPU.
@@ -18,7 +19,6 @@ import json
 import os
 import platform
 import re
-import shlex
 import shutil
 import sys
 import tempfile
@@ -43,9 +43,14 @@ def main(argv=None):
                         help=f"comma-separated groups of {', '.join(GROUP_BUDGET_S)} (default: all but tests)")
     parser.add_argument("--budget-s", type=float, default=None,
                         help="seconds for all steps together (default: the sum of the chosen groups' shares)")
+    parser.add_argument("--cold-data", default=None, metavar="NPZ",
+                        help="an .npz of windows for the cold start's main.py (--dataset npz; default: the built-in "
+                             "synthetic data), e.g. a nested outer fold of your recordings")
     parser.add_argument("--dry-run", action="store_true", help="print the commands and exit")
     parser.add_argument("--allow-cpu", action="store_true", help=argparse.SUPPRESS)  # tests run the plan on CPU
     opts = parser.parse_args(argv)
+    if opts.cold_data is not None and not Path(opts.cold_data).is_file():
+        parser.error(f"--cold-data {opts.cold_data}: no such file; give the .npz of windows main.py should train on")
     if opts.budget_s is None:
         opts.budget_s = float(sum(GROUP_BUDGET_S[group] for group in opts.only))
     has_gpu = torch.cuda.is_available()
@@ -56,9 +61,10 @@ def main(argv=None):
     device = "cpu" if opts.allow_cpu and not has_gpu else "cuda"  # a dry run shows the GPU plan anywhere
     started = datetime.datetime.now(datetime.timezone.utc)
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as scratch:
-        plan = [step for step in build_plan(Path(scratch), device, opts.quick) if step.group in opts.only]
+        cold_data = Path(opts.cold_data).resolve() if opts.cold_data else None  # the steps run from the repository
+        plan = [step for step in build_plan(Path(scratch), device, opts.quick, cold_data) if step.group in opts.only]
         if opts.dry_run:
-            print("\n".join(shlex.join(step.command) for step in plan))
+            print("\n".join(step.shell_command() for step in plan))
             return 0
         budget = Budget(GROUP_BUDGET_S, opts.budget_s)  # from here: the probe counts against the deadline too
         machine = probe_machine()

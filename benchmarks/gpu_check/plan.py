@@ -1,5 +1,6 @@
 """The check's plan: which commands run, in which order, in which time budget, with their figures where."""
 import importlib.util
+import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,11 +19,12 @@ GRAPH_VARIANTS = ("reduce-overhead", "whole-step graphs")  # CUDA only
 # benchmarks 239 (each compiled variant compiles the model twice, trainer and minimal loop, before
 # its rounds). The second run took 62, 13, 14, 9 and 184 s for those, and 6 s for MiniRocket's
 # transform, 16 for the two gloo ranks and 9 for the trace: 317 s in all. The default groups fit
-# 475 s, so that one check measures every target of the GPU issue in about 8.5 minutes with start-up
+# 505 s, so that one check measures every target of the GPU issue in about 9 minutes with start-up
 # and writing: the cold start (main.py with its defaults, first of all, after only the machine
-# probe: 24.6 s on the nested fold before that work) and the overhead at batch 32 alone, with 30 s
-# more for its whole-step graph variant (no compilation: about an eager variant's time).
-GROUP_BUDGET_S = {"tests": 420, "cold_start": 45, "profile": 100, "minirocket": 40, "data_path": 25,
+# probe) and the overhead at batch 32 alone, with 30 s more for its whole-step graph variant (no
+# compilation: about an eager variant's time). The cold start runs main.py three times (COLD_STARTS;
+# 46.0 s for the three on the nested fold by hand on an H200, 2026-11-27).
+GROUP_BUDGET_S = {"tests": 420, "cold_start": 75, "profile": 100, "minirocket": 40, "data_path": 25,
                   "ddp_profile": 50, "epoch": 25, "trace": 30, "overhead": 160}
 # The CUDA tests ran past 190 s one at a time (stopped after 19 of 34) and took 105 s four at a time,
 # so they are a group of their own, asked for by name (--only tests): the rest fits one ten-minute
@@ -54,20 +56,49 @@ class Step:
     command: list
     params: dict = field(default_factory=dict)
     output: Path = None  # the file it writes its figures to (None: they come on stdout)
+    env: dict = field(default_factory=dict)  # variables set for its process; None removes one
     cuda_only: bool = False  # refused on CPU by design; skipped there, not failed
     partial: bool = False  # writes its figures as it goes: read them even after a failure or time-out
 
+    def shell_command(self):
+        """The command as a shell would run it, the variables it sets or removes (env) first."""
+        changes = [part for name, value in self.env.items()
+                   for part in (["-u", name] if value is None else [f"{name}={value}"])]
+        return shlex.join((["env", *changes] if changes else []) + [str(part) for part in self.command])
 
-def build_plan(scratch, device="cuda", quick=False):
-    """Every step of the check, in running order; figures go under `scratch`."""
+
+# How the cold start's main.py finds Python's bytecode. An image may ship torch without it and set
+# PYTHONDONTWRITEBYTECODE, so that every process compiles the source of each module it imports; pip
+# writes the bytecode when it installs torch. So: the machine as it is; then a run that writes it (as
+# pip would have); then a run with it and Triton's kernel cache empty, a pip-installed machine's first.
+COLD_STARTS = ("as found", "writing", "written")
+
+
+def cold_start_env(bytecode, scratch):
+    """The variables of one cold start's process (None: removed)."""
+    if bytecode == "as found":
+        return {}
+    env = {"PYTHONDONTWRITEBYTECODE": None}
+    if bytecode == "written":
+        env["TRITON_CACHE_DIR"] = str(scratch / "fresh-triton-cache")
+    return env
+
+
+def build_plan(scratch, device="cuda", quick=False, cold_data=None):
+    """Every step of the check, in running order; figures go under `scratch`. `cold_data`: an .npz of
+    windows the cold start trains on (main.py --dataset npz), else the built-in synthetic data."""
     effort, python = (QUICK if quick else FULL), sys.executable
     warmup, measured, repeats = effort.profile
     timing = ["--warmup-steps", str(warmup), "--steps", str(measured), "--repeats", str(repeats), "--phase-steps", "0"]
     steps = [Step("pytest -m cuda", "tests", [python, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider",
                                                        *PARALLEL_TESTS])]
-    steps.append(Step("cold main.py, defaults", "cold_start", [
-        python, "main.py", "--device", device, "--no-resume", *effort.windows, *(["--epochs", "1"] if quick else []),
-        "--save-dir", str(scratch / "cold-run")]))
+    data = ["--dataset", "npz", "--data-dir", str(cold_data)] if cold_data else list(effort.windows)
+    for bytecode in COLD_STARTS:
+        steps.append(Step("cold main.py, defaults" + ("" if bytecode == "as found" else f", bytecode {bytecode}"),
+                          "cold_start", [python, "main.py", "--device", device, "--no-resume", *data,
+                                         *(["--epochs", "1"] if quick else []),
+                                         "--save-dir", str(scratch / f"cold-run-{bytecode.replace(' ', '-')}")],
+                          {"bytecode": bytecode}, env=cold_start_env(bytecode, scratch)))
     matrix = scratch / "throughput.json"
     steps.append(Step("throughput matrix", "profile", [
         python, "-m", "benchmarks.gpu_check.throughput", "--device", device, *(["--quick"] if quick else []),

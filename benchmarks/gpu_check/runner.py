@@ -4,7 +4,6 @@ import contextlib
 import json
 import os
 import re
-import shlex
 import signal
 import statistics
 import subprocess
@@ -86,7 +85,7 @@ def stop(process):
 
 
 def step_record(step, **outcome):
-    return {"name": step.name, "group": step.group, "params": step.params, "command": shlex.join(step.command),
+    return {"name": step.name, "group": step.group, "params": step.params, "command": step.shell_command(),
             **outcome}
 
 
@@ -98,7 +97,7 @@ def run_step(step, budget, device):
     limit_s = min(budget.limit_for(step.group), STEP_LIMIT_S.get(step.group, float("inf")))
     if limit_s < MIN_STEP_S:
         return {**record, "status": "skipped", "why": "time budget spent"}
-    outcome, stdout = run_command(step.command, limit_s, env_without_torchrun())
+    outcome, stdout = run_command(step.command, limit_s, step_env(step))
     record.update(outcome)
     if outcome["status"] == "ok" or (step.group == "tests" and stdout):  # failed tests still have counts
         try:
@@ -110,6 +109,17 @@ def run_step(step, budget, device):
         with contextlib.suppress(*FIGURE_ERRORS):
             record["figures"] = read_figures(step, stdout)
     return record
+
+
+def step_env(step):
+    """The check's environment without torchrun's variables, with the step's own set or removed."""
+    env = env_without_torchrun()
+    for name, value in step.env.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return env
 
 
 def run_plan(plan, budget, device):

@@ -17,7 +17,7 @@ def target_rows(steps):
     for model, target in STEP_SAMPLES_PER_S.items():
         rows.append(step_rate(model, target, groups.get("profile", []), groups.get("overhead", [])))
     rows += [overhead_ratio(step) for step in groups.get("overhead", []) if step["params"]["batch_size"] == 32]
-    return rows + [cold_start(groups.get("cold_start", []))]
+    return rows + [cold_start(groups.get("cold_start", []), bytecode) for bytecode in COLD_START_ROWS]
 
 
 def row(what, figure, target, form, at_most=False, note=""):
@@ -77,8 +77,15 @@ def overhead_ratio(step):
     return row(what, ratio, TRAINER_OF_MINIMAL, ".3f", note="" if ratio is not None else step["status"])
 
 
-def cold_start(steps):
-    what = "cold `python main.py`, its defaults, first run of the check (s)"
+# The cold starts that have a target (plan.COLD_STARTS): the machine as found, and as pip leaves it.
+COLD_START_ROWS = {
+    "as found": "cold `python main.py`, its defaults, first run of the check (s)",
+    "written": "the same with Python's bytecode written, as pip installs torch, and Triton's cache empty (s)"}
+
+
+def cold_start(steps, bytecode):
+    what = COLD_START_ROWS[bytecode]
+    steps = [step for step in steps if step["params"].get("bytecode", "as found") == bytecode]
     step = next((step for step in steps if step["status"] == "ok"), None)
     if step is None:
         return row(what, None, COLD_START_S, ".1f", at_most=True, note=status_of(steps))
