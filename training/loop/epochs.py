@@ -9,10 +9,10 @@ import torch
 
 from evaluation.metrics import summary_metrics
 from training import faults
-from training.loop.readout import LogReadout
+from training.loop.readout import NO_NEWS, LogReadout
 from training.loop.step import micro_step_plan
 from training.loop.stop_protocol import CheckIns, checked_totals, stop_requested
-from training.loop.tally import NO_NONFINITE_STEP, EpochTally
+from training.loop.tally import EpochTally
 
 
 def fit(trainer):
@@ -134,9 +134,6 @@ def end_epoch(trainer, epoch, result, epoch_start):
 def _patience_exhausted(trainer):
     patience = trainer.config.optim.early_stopping_patience
     return bool(patience) and trainer.state.epochs_since_best >= patience
-
-
-NO_NEWS = [-NO_NONFINITE_STEP, 0]  # a first log point's health: no earlier read to act on
 
 
 @dataclass

@@ -25,6 +25,9 @@ class LogPoint:
         return [-self.earliest_nonfinite_step, self.longest_skip_run]
 
 
+NO_NEWS = LogPoint(0, 0.0, 0.0, NO_NONFINITE_STEP, 0).health()  # before a first read: nothing to act on
+
+
 class LogReadout:
     """The log points of one pass over the training split."""
 
