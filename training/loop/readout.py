@@ -33,18 +33,18 @@ class LogReadout:
 
     def __init__(self, tally, step):
         self.tally, self.step = tally, step  # the pass's EpochTally and TrainStep
-        self.pending = None  # the last log point's copy: (step, samples, lr, host tensor, event)
+        self.pending = None  # the last log point's copy: (step, samples, lr, names, host tensor, event)
 
     def take(self, step):
         """Start the copy of this log point's figures; return the previous log point's, or None."""
         tally, skips = self.tally, self.step.skips
         lr = self.step.scheduler.get_last_lr()[0]  # a device scalar where AdamW is capturable
-        on_device = [tally.loss_sum(), tally.earliest_index().double()]
+        on_device = {"loss_sum": tally.loss_sum(), "earliest_index": tally.earliest_index().double()}
         if isinstance(lr, torch.Tensor):
-            on_device.append(lr.double())
+            on_device["lr"] = lr.double()
         if skips is not None and skips.longest is not None:
-            on_device.append(skips.longest.double())
-        values = torch.stack(on_device)
+            on_device["longest_skip_run"] = skips.longest.double()
+        values = torch.stack(list(on_device.values()))
         event = None
         if values.is_cuda:
             host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
@@ -52,7 +52,8 @@ class LogReadout:
             event = torch.cuda.Event()
             event.record()
             values = host
-        previous, self.pending = self.pending, (step, tally.samples, lr, values, event)
+        # The host's own figures beside the names of the device's, in the order they were stacked.
+        previous, self.pending = self.pending, (step, tally.samples, lr, list(on_device), values, event)
         return self._read(previous)
 
     def flush(self):
@@ -63,12 +64,11 @@ class LogReadout:
     def _read(self, pending):
         if pending is None:
             return None
-        step, samples, lr, values, event = pending
+        step, samples, lr, names, values, event = pending
         if event is not None:
             event.synchronize()
-        loss_sum, earliest_index, *rest = values.tolist()
-        if isinstance(lr, torch.Tensor):
-            lr, *rest = rest
-        earliest_index = int(earliest_index)
-        earliest = NO_NONFINITE_STEP if earliest_index == NO_NONFINITE_STEP else self.tally.step_of(earliest_index)
-        return LogPoint(step, loss_sum / max(1, samples), float(lr), earliest, int(rest[0]) if rest else 0)
+        read = dict(zip(names, values.tolist(), strict=True))
+        index = int(read["earliest_index"])
+        earliest = NO_NONFINITE_STEP if index == NO_NONFINITE_STEP else self.tally.step_of(index)
+        return LogPoint(step, read["loss_sum"] / max(1, samples), float(read.get("lr", lr)), earliest,
+                        int(read.get("longest_skip_run", 0)))

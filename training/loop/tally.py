@@ -53,10 +53,6 @@ class EpochTally:
         """The optimizer step of the micro-batch added `index`-th this epoch."""
         return self._step_of[index]
 
-    def mean_loss(self):
-        """The epoch's mean training loss on this rank so far, read back to the host."""
-        return (self.loss_sum() / max(1, self.samples)).item()
-
     def _fold(self):
         if not self._losses:
             return
