@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from data.errors import DataError
+from data.errors import DataError, not_a_file
 
 AXES = ("x", "y", "z")
 FIELDS = ("sample_rate_hz", "channels", "classes", "unlabelled", "window_steps", "stride_steps")
@@ -92,8 +92,8 @@ def read_description(path):
     """The Description in a JSON file; a file that is not one is refused in one line naming the field."""
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"--description {path} " + ("is a folder" if path.is_dir() else "does not exist")
-                        + "; it names a JSON file (see docs/using_a_model.md, 'A dataset description')")
+        raise DataError(f"--description {path} {not_a_file(path)}; it names a JSON file (see docs/using_a_model.md, "
+                        "'A dataset description')")
     try:
         content = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -1,9 +1,15 @@
 """The one exception type data code raises for bad input a user can fix."""
 import sys
+from pathlib import Path
 
 
 class DataError(ValueError):
     """A problem with the data on disk or the data options, stated in one line."""
+
+
+def not_a_file(path):
+    """Why `path`, which should name a file, does not: for the one line that refuses it."""
+    return "is a folder" if Path(path).is_dir() else "does not exist"
 
 
 def exit_from_command(main, interrupted="interrupted"):

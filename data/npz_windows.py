@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data.errors import DataError
+from data.errors import DataError, not_a_file
 from data.labels import class_indexes
 from data.preprocess import PREPROCESSINGS, preprocessing_of
 
@@ -41,8 +41,7 @@ def load_npz_windows(path, description=None):
     channels, rate and window length must agree with it (what it leaves unsaid, the description says)."""
     path = Path(path)
     if not path.is_file():
-        what = "is a folder" if path.is_dir() else "does not exist"
-        raise DataError(f"--data-dir {path} {what}; --dataset npz needs an .npz file of windows")
+        raise DataError(f"--data-dir {path} {not_a_file(path)}; --dataset npz needs an .npz file of windows")
     if not zipfile.is_zipfile(path):  # np.load would take any other file for a pickle and say so
         raise DataError(f"{path} is not an .npz archive; write the windows with np.savez (see docs/using_a_model.md)")
     try:

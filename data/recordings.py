@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data.errors import DataError
+from data.errors import DataError, not_a_file
 from data.preprocess import ACC_AXES, GYRO_AXES
 
 TIME_COLUMN = "time_s"
@@ -37,8 +37,7 @@ def read_recording(path, acc_unit="g", gyro_unit="rad/s", extra=(), channels=())
     `channels` (another device's channel names), those columns and time_s replace acc and gyro."""
     path = Path(path)
     if not path.is_file():
-        what = "is a folder" if path.is_dir() else "does not exist"
-        raise DataError(f"--recording {path} {what}")
+        raise DataError(f"--recording {path} {not_a_file(path)}")
     extra, reader = (*channels, *extra), _read_npz if path.suffix.lower() == ".npz" else _read_csv
     columns = reader(path, extra, need_acc=not channels)
     acc = columns["acc"] * ACC_UNITS[acc_unit] if columns["acc"] is not None else None

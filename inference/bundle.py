@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from data.description import description_of
+from data.errors import not_a_file
 from inference.checkpoint_checks import check_declared_shapes, check_members, check_model_part
 from inference.ensemble import ENSEMBLE_KIND, MEMBER_KEYS, ProbabilityAverage
 from training.checkpoint.files import inference_weights, load_checkpoint
@@ -76,8 +77,8 @@ class ModelBundle:
 def load_bundle(path):
     """Load with the project's weights_only loader, refuse in one line what lacks a key."""
     if not Path(path).is_file():
-        what = "is a folder" if Path(path).is_dir() else "does not exist"
-        raise UsageError(f"--checkpoint {path} {what}; point it at a best.pt or last.pt written by training")
+        raise UsageError(f"--checkpoint {path} {not_a_file(path)}; point it at a best.pt or last.pt written by "
+                         "training")
     checkpoint = load_checkpoint(path)
     if not isinstance(checkpoint, dict):
         raise UsageError(f"{path} is not a checkpoint of this trainer; point --checkpoint at a best.pt or last.pt")

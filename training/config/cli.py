@@ -17,6 +17,7 @@ from pathlib import Path
 
 import yaml
 
+from data.errors import not_a_file
 from data.store import write_atomic
 from training.config.settings import Parallel, RunConfig, flag_groups
 from training.errors import UsageError
@@ -181,8 +182,7 @@ def load_config_file(path):
     """The mapping of a YAML (or JSON) file, or a one-line error saying what is wrong with it."""
     path = Path(path)
     if not path.is_file():
-        raise UsageError(f"--config {path} " + ("is a folder" if path.is_dir() else "does not exist")
-                         + "; point it at a YAML or JSON file")
+        raise UsageError(f"--config {path} {not_a_file(path)}; point it at a YAML or JSON file")
     if path.stat().st_size > MAX_CONFIG_BYTES:
         raise UsageError(f"--config {path} is {path.stat().st_size:,} bytes, more than a file of flags can need "
                          f"(at most {MAX_CONFIG_BYTES:,}); point it at a YAML or JSON file of flags")
