@@ -12,6 +12,9 @@ class HARModel(nn.Module):
     FIXED_FEATURES = False  # True: forward also takes features(windows), which do not learn, so a pool can hold them
     FEATURE_VIEWS = 0  # when --feature-views is not given: views of the training windows pooled once (FIXED_FEATURES)
     FITS_TO_DATA = False  # True: fit(signals) sets parts from the training windows before training
+    # True: it takes windows of unequal lengths, each padded at its end with NaN (fit(..., padded=True)),
+    # and reads each over its own steps; other models are refused such data.
+    READS_NAN_PADDING = False
     LINEAR_HEAD = False  # True: head[-1] is one nn.Linear over the FIXED_FEATURES, which ridge regression can solve
     # True: its whole training step was shown on a GPU to record as one CUDA graph and to train as the
     # eager step does (tests/test_cuda.py), so CUDA runs record it unless --no-cuda-graphs.
@@ -22,8 +25,9 @@ class HARModel(nn.Module):
         """The constructor's size keywords with defaults filled in; ValueError for sizes it cannot build."""
         return size
 
-    def fit(self, signals):
-        """Set the parts that depend on the data from training windows [N, C, T] (FITS_TO_DATA)."""
+    def fit(self, signals, padded=False):
+        """Set the parts that depend on the data from training windows [N, C, T] (FITS_TO_DATA);
+        `padded`: the data's windows end in NaN padding (READS_NAN_PADDING)."""
 
     def fsdp_blocks(self):
         """The submodules FSDP shards as units of their own; none: the whole model is the root's unit."""

@@ -9,6 +9,12 @@ head learns: a linear layer over the standardised features. Kernels, channel sub
 biases and the feature statistics are buffers, so checkpoints, DDP, FSDP, ensembles, predict.py
 and export carry them like any weights; fit(signals) sets the data-dependent ones once, before
 training, from (normalised) training windows.
+
+Windows of unequal lengths come padded at their end with NaN (fit(..., padded=True)): each is read
+over its own steps, as if it had been transformed alone. Its padding is zeros to the convolutions
+(what a window's own padding holds), the outputs past its own T' count for nothing, its features
+divide by its own T', and a feature whose kernel reaches beyond the whole window (an unpadded
+dilation over a short one) is left at the training mean.
 """
 import contextlib
 import functools
@@ -45,6 +51,7 @@ class MiniRocket(HARModel):
     FIXED_FEATURES = True
     FEATURE_VIEWS = 4  # chosen on the nested subject-wise estimate (docs/training.md)
     FITS_TO_DATA = True  # fit(signals): the biases and the feature statistics
+    READS_NAN_PADDING = True  # each window over its own length
     LINEAR_HEAD = True  # head = Dropout, Linear over from_counts(pool counts): --head-fit ridge solves it
     STEP_RECORDS = True  # shown for the head's step on the feature pool, the default
 
@@ -90,6 +97,10 @@ class MiniRocket(HARModel):
         # Each feature's T' over a window: what every training step on a feature pool divides its counts
         # by, kept beside them on the device rather than built from a list (a host copy) each step.
         self.register_buffer("window_positions", self.positions(window_steps, "cpu"), persistent=False)
+        # Whether the windows end in NaN padding: a buffer, so that checkpoints carry it, read on the host
+        # once (`padded`) rather than at every batch, where a GPU would wait for it.
+        self.register_buffer("nan_padding", torch.zeros((), dtype=torch.bool, device="cpu"))
+        self._padded = False
         self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(num_features, num_classes))
 
     def transform(self, x, one_bias_at_a_time=True, fused=True):
@@ -100,6 +111,10 @@ class MiniRocket(HARModel):
         larger operations (the same features; benchmarks.gpu_check.minirocket times both).
         fused: on a CUDA GPU with triton, one kernel that counts in registers (models.minirocket_fused;
         its counts differ only where an output lies within float rounding of its bias)."""
+        if self.padded:
+            lengths = own_lengths(x)
+            counts = self._float_counts(torch.nan_to_num(x, nan=0.0), one_bias_at_a_time, fused=False, lengths=lengths)
+            return counts / self.own_positions(lengths)
         # The buffer at the model's own window length: a tensor made from a list is a host copy, which
         # a step recorded as a CUDA graph cannot hold.
         steps = self.window_positions if x.shape[2] == self.window_steps else self.positions(x.shape[2], x.device)
@@ -113,8 +128,32 @@ class MiniRocket(HARModel):
 
     def _output_lengths(self, window_steps):
         """T' of each dilation's outputs over a window of `window_steps`."""
-        return [window_steps + 2 * padding - (KERNEL_LENGTH - 1) * dilation
+        return [window_steps + reach for reach in self._reaches()]
+
+    def _reaches(self):
+        """What each dilation adds to a window's length to give its T' (its padding, less its reach)."""
+        return [2 * padding - (KERNEL_LENGTH - 1) * dilation
                 for dilation, padding in zip(self.dilations, self.paddings, strict=True)]
+
+    def own_positions(self, lengths):
+        """[B, F]: each feature's T' over each window of its own length `lengths` [B]; NaN where the
+        kernel reaches beyond the window (no outputs, so no proportion)."""
+        per_dilation = (lengths[:, None] + torch.tensor(self._reaches(), device=lengths.device)).float()
+        positions = per_dilation.repeat_interleave(len(KERNEL_TWOS) * self.biases_per_kernel, dim=1)
+        return positions.where(positions > 0, float("nan"))
+
+    @property
+    def padded(self):
+        """Whether windows end in NaN padding, read from the buffer once after each load or fit."""
+        if self._padded is None:
+            self._padded = bool(self.nan_padding)
+        return self._padded
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # A checkpoint from before unequal lengths were read holds no flag: its windows had no padding.
+        state_dict.setdefault(prefix + "nan_padding", torch.zeros((), dtype=torch.bool))
+        self._padded = None
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @property
     def count_dtype(self):
@@ -124,36 +163,49 @@ class MiniRocket(HARModel):
 
     def pool_features(self, x):
         """[B, C, T] windows -> each feature's count of positive positions [B, F] as count_dtype: what a
-        feature pool holds; forward turns it back into exactly the features `features` gives."""
+        feature pool holds; forward turns it back into exactly the features `features` gives. Padded
+        windows' counts have no common T' to divide by: their pool holds the features themselves."""
+        if self.padded:
+            return self.features(x)
         with torch.no_grad(), torch.autocast(x.device.type, enabled=False):
             return self._float_counts(x.float()).to(self.count_dtype)
 
-    def _float_counts(self, x, one_bias_at_a_time=True, fused=True):
+    def _float_counts(self, x, one_bias_at_a_time=True, fused=True, lengths=None):
+        """Counts [B, F] as floats; with `lengths` [B], each window's over its own outputs only."""
         if torch.jit.is_tracing() or torch.compiler.is_compiling():
             # A graph being recorded (export, compile): one pass over the batch, whose size the
             # graph must leave free, and no writes into a scratch tensor of a recorded size.
-            return self._counts(x, scratch=None)
+            return self._counts(x, None, lengths)
         if fused and x.device.type == "cuda" and triton_installed():
             from models.minirocket_fused import fused_counts  # triton's import is paid only where it runs
             return fused_counts(x, self.weights, self.biases, self.dilations, self.paddings)
         if not len(x):
-            return self._counts(x, None)
-        chunk = self._chunk_counts if one_bias_at_a_time else functools.partial(self._counts, scratch=None)
-        parts = x.split(TRANSFORM_CHUNK.get(x.device.type, TRANSFORM_CHUNK_ELSEWHERE))
+            return self._counts(x, None, lengths)
+        chunk = self._chunk_counts if one_bias_at_a_time else self._all_biases_counts
+        size = TRANSFORM_CHUNK.get(x.device.type, TRANSFORM_CHUNK_ELSEWHERE)
+        pieces = lengths.split(size) if lengths is not None else [None] * len(x.split(size))
+        parts = list(zip(x.split(size), pieces, strict=True))
         if x.device.type == "cpu" and len(parts) > 1 and torch.get_num_threads() > 1:
-            return torch.cat(one_chunk_per_core(chunk, parts))
+            return torch.cat(one_chunk_per_core(lambda part: chunk(*part), parts))
         with full_fp32_convolutions(x.device):
-            return torch.cat([chunk(part) for part in parts])
+            return torch.cat([chunk(*part) for part in parts])
 
-    def _chunk_counts(self, x):
+    def _all_biases_counts(self, x, lengths=None):
+        return self._counts(x, None, lengths)
+
+    def _chunk_counts(self, x, lengths=None):
         # One scratch tensor for every comparison of the chunk: a fresh one each time would cost page
         # faults on a CPU.
-        return self._counts(x, x.new_empty(len(x) * len(KERNEL_TWOS) * x.shape[2]))  # T' <= T
+        return self._counts(x, x.new_empty(len(x) * len(KERNEL_TWOS) * x.shape[2]), lengths)  # T' <= T
 
-    def _counts(self, x, scratch):
+    def _counts(self, x, scratch, lengths=None):
         features = []
         for d, (dilation, padding) in enumerate(zip(self.dilations, self.paddings, strict=True)):
             output = nn.functional.conv1d(x, self.weights[d], padding=padding, dilation=dilation)  # [B, 84, T']
+            if lengths is not None:  # the outputs past each window's own T' are never positive
+                reach = 2 * padding - (KERNEL_LENGTH - 1) * dilation
+                beyond = torch.arange(output.shape[2], device=x.device) >= (lengths + reach)[:, None]  # [B, T']
+                output.masked_fill_(beyond[:, None, :], float("-inf"))
             # output > -bias written as floats, which vectorises where booleans do not; in IEEE
             # arithmetic it is exactly output + bias > 0, the definition. A sum of ones is exact.
             if scratch is None:
@@ -173,30 +225,37 @@ class MiniRocket(HARModel):
         AMP is on (a bias fitted in fp32 sits within a rounding step of many bf16 outputs, and a
         flipped comparison is a changed feature), with no gradient."""
         with torch.no_grad(), torch.autocast(x.device.type, enabled=False):
-            return (self.transform(x.float()) - self.feature_mean) / self.feature_std
+            features = (self.transform(x.float()) - self.feature_mean) / self.feature_std
+            return torch.nan_to_num(features, nan=0.0) if self.padded else features  # no proportion: the mean
 
     def from_counts(self, counts):
-        """pool_features(windows) [B, F] -> features(windows), the same floats bit for bit."""
+        """pool_features(windows) [B, F] -> features(windows), the same floats bit for bit: counts are
+        divided and standardised; floats (a padded model's pool) are the features already."""
+        if counts.is_floating_point():
+            return counts
         with torch.no_grad(), torch.autocast(counts.device.type, enabled=False):
             # In place: one new [B, F] tensor, not four (each a fresh megabyte or more, which glibc
             # may hand back and fault in again on the next batch).
-            features = counts.to(torch.float32, copy=True)  # a copy even of float input, which is worked on in place
+            features = counts.to(torch.float32)
             return features.div_(self.window_positions).sub_(self.feature_mean).div_(self.feature_std)
 
     def forward(self, x):
         # Windows [B, C, T], or computed once (a feature pool): their counts, or their features [B, F].
         if x.dim() == 2:
-            return self.head(x if x.is_floating_point() else self.from_counts(x))
+            return self.head(self.from_counts(x))
         return self.head(self.features(x))
 
     # 512 windows: the feature statistics' transform is most of the fit, and on the 7 nested outer folds
     # 512 scored as 1,024 did (mean 0.9757 both; worst person 0.917 against 0.911, worst fold 0.957
     # against 0.961) in half the time.
     @torch.no_grad()
-    def fit(self, signals, max_windows=512):
+    def fit(self, signals, padded=False, max_windows=512):
         """Biases from quantiles of each kernel's output on random training windows, then the mean
         and std of the features over those windows. `signals` [N, C, T]: an array, a tensor, or a
-        window store's signals; only the max_windows drawn are read."""
+        window store's signals; only the max_windows drawn are read. `padded`: the data's windows end
+        in NaN padding, each read over its own length from now on."""
+        self.nan_padding.fill_(padded)
+        self._padded = padded
         generator = torch.Generator().manual_seed(QUANTILE_SEED)
         positions = torch.randperm(len(signals), generator=generator)[:max_windows]
         if isinstance(signals, torch.Tensor):  # on any device (a GPU tensor has no numpy view)
@@ -209,14 +268,25 @@ class MiniRocket(HARModel):
         # MiniRocket takes the quantiles of one random window's output per kernel and dilation; the
         # draws come in the order a loop over dilations, then kernels, would take them.
         drawn = torch.randint(len(sample), (len(self.dilations), kernels), generator=generator)
+        lengths = own_lengths(sample) if padded else None
+        inputs = torch.nan_to_num(sample, nan=0.0) if padded else sample
         with full_fp32_convolutions(sample.device):
             for d, (dilation, padding) in enumerate(zip(self.dilations, self.paddings, strict=True)):
+                own = None
+                if padded:  # each kernel's window one with outputs at this dilation, and only those read
+                    own = own_outputs(lengths, self._reaches()[d], drawn[d], generator)
                 # Kernel k on its own window: one grouped convolution for the dilation's 84 kernels.
-                windows = sample[drawn[d].to(sample.device)].reshape(1, -1, sample.shape[2])  # [1, 84 x C, T]
+                windows = inputs[drawn[d].to(sample.device)].reshape(1, -1, sample.shape[2])  # [1, 84 x C, T]
                 outputs = nn.functional.conv1d(windows, self.weights[d], padding=padding, dilation=dilation,
                                                groups=kernels)[0]  # [84, T']
-                self.biases[d] = -row_quantiles(outputs, quantiles[d].to(outputs.device))
+                self.biases[d] = -row_quantiles(outputs, quantiles[d].to(outputs.device), own)
         features = self.transform(sample)
+        if padded:  # over the windows each feature has a proportion for (none: the mean 0, std 1)
+            mean = features.nanmean(dim=0)
+            spread = ((features - mean) ** 2).nansum(dim=0) / ((~features.isnan()).sum(dim=0) - 1).clamp_min(1)
+            self.feature_mean.copy_(mean.nan_to_num(0.0))
+            self.feature_std.copy_(spread.sqrt().nan_to_num(1.0).clamp_min(1e-3))
+            return
         self.feature_mean.copy_(features.mean(dim=0))
         self.feature_std.copy_(features.std(dim=0).clamp_min(1e-3))
 
@@ -262,11 +332,33 @@ def thread_pool(threads):
     return ThreadPoolExecutor(threads, thread_name_prefix="minirocket")
 
 
-def row_quantiles(rows, quantiles):
+def own_lengths(windows):
+    """[B] steps before each window's NaN padding (windows [B, C, T]; the data's checks allow NaN only
+    at a window's end, on every channel at once)."""
+    return (~torch.isnan(windows).any(dim=1)).sum(dim=1)
+
+
+def own_outputs(lengths, reach, drawn, generator):
+    """Each drawn window's T' at a dilation that adds `reach` to a length; a drawn window with none
+    (a kernel reaching beyond it) is drawn again, in place in `drawn`, from those that have some."""
+    outputs = lengths + reach
+    short = outputs[drawn] <= 0
+    eligible = torch.nonzero(outputs > 0).flatten()
+    if short.any() and len(eligible):
+        drawn[short] = eligible[torch.randint(len(eligible), (int(short.sum()),), generator=generator)]
+    return outputs[drawn]
+
+
+def row_quantiles(rows, quantiles, lengths=None):
     """Each row's own quantiles [R, Q] of rows [R, N], interpolated linearly between the two order
-    statistics around q x (N - 1), as torch.quantile does for one row at a time."""
+    statistics around q x (N - 1), as torch.quantile does for one row at a time; with `lengths` [R],
+    of each row's first lengths[r] values only."""
+    count = rows.shape[1]
+    if lengths is not None:
+        rows = rows.masked_fill(torch.arange(count, device=rows.device) >= lengths[:, None], float("inf"))
+        count = lengths.clamp(1, count)[:, None].to(quantiles.dtype)
     ordered = rows.sort(dim=1).values
-    ranks = quantiles * (rows.shape[1] - 1)
+    ranks = quantiles * (count - 1)
     below = ordered.gather(1, ranks.long())
     above = ordered.gather(1, ranks.ceil().long())
     return torch.lerp(below, above, ranks - ranks.long())

@@ -168,3 +168,88 @@ def test_row_quantiles_equal_torch_quantile_row_by_row():
     # The same order statistics and weights; lerp's vectorised and scalar loops may round an ulp apart.
     torch.testing.assert_close(found, expected, rtol=1e-6, atol=1e-7)
     assert torch.equal(found[0, :4], rows[0].sort().values[[0, 56, 28, 14]])  # order statistics: exact
+
+
+def own_length_reference(model, window):
+    """One window [C, L] transformed alone, dilation by dilation: the straightforward proportions, NaN
+    where the kernel reaches beyond the window (an unpadded dilation with no output over it)."""
+    features = []
+    for d, (dilation, padding) in enumerate(zip(model.dilations, model.paddings, strict=True)):
+        if window.shape[1] + 2 * padding - (KERNEL_LENGTH - 1) * dilation <= 0:
+            features.append(torch.full((model.biases[d].numel(),), float("nan")))
+            continue
+        output = torch.nn.functional.conv1d(window[None], model.weights[d], padding=padding, dilation=dilation)[0]
+        features.append((output[:, None, :] + model.biases[d][:, :, None] > 0).float().mean(dim=2).flatten())
+    return torch.cat(features)
+
+
+def padded_windows(lengths, channels=3, steps=128, seed=5):
+    """Whole-number random walks of these lengths, padded with NaN to `steps`."""
+    torch.manual_seed(seed)
+    windows = torch.randint(-3, 4, (len(lengths), channels, steps)).cumsum(dim=2).float()
+    for window, length in zip(windows, lengths, strict=True):
+        window[:, length:] = float("nan")
+    return windows
+
+
+def test_a_padded_window_is_read_over_its_own_steps_as_if_transformed_alone():
+    lengths = [128, 100, 64, 20, 9, *range(30, 128, 7)] * 10  # over two chunks of the CPU's transform
+    windows = padded_windows(lengths)
+    model = build_model("minirocket", 3, 6, width=840).eval()
+    model.fit(windows, padded=True)
+    assert model.padded and torch.isfinite(model.biases).all()
+    assert torch.isfinite(model.feature_mean).all() and torch.isfinite(model.feature_std).all()
+    # Whole numbers in and whole weights: the outputs are exact, so the proportions are equal bit for bit.
+    expected = torch.stack([own_length_reference(model, window[:, :length])
+                            for window, length in zip(windows[:20], lengths, strict=False)])
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            for one_bias_at_a_time in (True, False):
+                found = model.transform(windows, one_bias_at_a_time=one_bias_at_a_time)[:20]
+                assert torch.equal(found.isnan(), expected.isnan())
+                assert torch.equal(found.nan_to_num(-1.0), expected.nan_to_num(-1.0))
+    finally:
+        torch.set_num_threads(threads)
+    assert expected.isnan().any(), "a window of 9 steps has no outputs at the unpadded dilations"
+    standardised = model.features(windows[:20])
+    # A feature with no proportion is the mean: 0 once standardised.
+    assert torch.equal(standardised == 0, expected.isnan() | (expected == model.feature_mean))
+    # Its pool holds the features themselves, which the head takes as they are.
+    pooled = model.pool_features(windows[:20])
+    assert pooled.dtype == torch.float32 and torch.equal(pooled, standardised)
+    assert torch.equal(model(pooled), model(windows[:20]))
+
+
+def test_padded_reading_of_windows_without_padding_is_the_plain_one():
+    windows = torch.randn(80, 3, 128).cumsum(dim=2) * 0.1
+    plain, padded = (build_model("minirocket", 3, 6, width=840).eval() for _ in range(2))
+    plain.fit(windows)
+    padded.fit(windows, padded=True)
+    assert not plain.padded and padded.padded
+    assert torch.equal(padded.biases, plain.biases)
+    torch.testing.assert_close(padded.feature_mean, plain.feature_mean)  # nanmean adds as mean does, to rounding
+    torch.testing.assert_close(padded.feature_std, plain.feature_std)
+    assert torch.equal(padded.transform(windows), plain.transform(windows))
+
+
+def test_the_padding_flag_travels_with_the_weights_and_older_weights_have_none():
+    model = build_model("minirocket", 3, 6, width=840)
+    model.fit(padded_windows([128, 50, 90, 70]), padded=True)
+    state = model.state_dict()
+    assert bool(state["nan_padding"])
+    fresh = build_model("minirocket", 3, 6, width=840)
+    fresh.load_state_dict(state)
+    assert fresh.padded
+    older = {name: tensor for name, tensor in state.items() if name != "nan_padding"}
+    fresh.load_state_dict(older)  # strict: an older checkpoint's weights still load
+    assert not fresh.padded
+
+
+def test_row_quantiles_of_each_rows_first_values():
+    rows, quantiles = torch.randn(6, 40), torch.rand(6, 3)
+    lengths = torch.tensor([40, 1, 2, 17, 39, 25])
+    expected = torch.stack([torch.quantile(row[:length], q) for row, length, q in zip(rows, lengths, quantiles,
+                                                                                       strict=True)])
+    torch.testing.assert_close(row_quantiles(rows, quantiles, lengths), expected, rtol=1e-6, atol=1e-7)
