@@ -51,7 +51,8 @@ RANKS_WAIT = datetime.timedelta(days=7)  # ranks that finish first wait for the 
 def _fitted_to_data(config, data):
     """The config without the augmentations this data cannot take, said here once rather than by
     every fold; a class flag naming a class the data lacks is refused."""
-    changes, dropped = fit_augment_to_data(config.recipe, data.channel_names, data.class_names, data.sensor_triples())
+    changes, dropped = fit_augment_to_data(config.recipe, data.channel_names, data.class_names, data.sensor_triples(),
+                                           data.padded)
     if dropped:
         print(f"warning: {dropped}", file=sys.stderr, flush=True)
     return config.replace(**changes)

@@ -1,10 +1,11 @@
 """Bring your own windows: read and validate an .npz of pre-cut windows (--dataset npz).
 
-Arrays: signals float [N, C, T], labels [N] (integers or unicode names; data/labels.py), subjects
-int [N]; optional class_names [K] and channel_names [C] (unicode strings), sample_rate_hz (a
-number), split [N] ('train' / 'test') and preprocessing ('raw': the signals as recorded, resampled
-only, any channel names; 'uci-har'; 'unknown'; default: what the channel names imply). Loaded with
-allow_pickle=False: nothing in the file can run code.
+Arrays: signals float [N, C, T] (windows shorter than T padded at their end with NaN, on every
+channel: the default model reads each over its own steps), labels [N] (integers or unicode names;
+data/labels.py), subjects int [N]; optional class_names [K] and channel_names [C] (unicode
+strings), sample_rate_hz (a number), split [N] ('train' / 'test') and preprocessing ('raw': the
+signals as recorded, resampled only, any channel names; 'uci-har'; 'unknown'; default: what the
+channel names imply). Loaded with allow_pickle=False: nothing in the file can run code.
 """
 import zipfile
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ class NpzWindows:
     split: np.ndarray  # str [N] of 'train' / 'test', or None: the caller holds out subjects
     preprocessing: str  # data/preprocess.py's PREPROCESSINGS: as the file says, else as its channel names imply
     unlabelled_windows: int = 0  # windows left out: their label is a value the description says means no class
+    lengths: tuple = None  # (shortest, longest) steps of windows padded at their end with NaN; None: no padding
 
 
 def load_npz_windows(path, description=None):
@@ -69,8 +71,9 @@ def _objects_refusal(path):
                     held.append(member.removesuffix(".npy"))
     if "signals" in held:
         return (f"{path}: signals holds Python objects, which np.savez makes of windows of unequal lengths; pad "
-                "or cut every window to one length T (e.g. np.pad(window, ((0, 0), (0, T - steps)), mode='edge')) "
-                f"and save them as one float array [N, C, T], T at least {MIN_WINDOW_STEPS} steps")
+                "each at its end with NaN to the longest T (np.pad(window, ((0, 0), (0, T - steps)), "
+                "constant_values=np.nan)) and save them as one float array [N, C, T], every window at least "
+                f"{MIN_WINDOW_STEPS} steps: the default model reads each over its own steps")
     return (f"{path} holds Python objects (pickled arrays{': ' + ', '.join(held) if held else ''}), which are not "
             "loaded; store strings as unicode arrays, e.g. np.array(names, dtype=str)")
 
@@ -93,25 +96,46 @@ def _validate(path, arrays, description=None):
     # range (about 3.4e38) has become infinity.
     with np.errstate(over="ignore"):
         as_float32 = signals.astype(np.float32)
-    if not np.all(np.isfinite(as_float32)):
-        window, channel, step = (int(i) for i in np.argwhere(~np.isfinite(as_float32))[0])
-        raise DataError(f"{path}: signals hold NaN or infinity as float32, the models' type (first at window "
-                        f"{window}, channel {channel}, step {step}: {signals[window, channel, step]:g}, beyond about "
-                        "3.4e38 or not a number)")
+    lengths = None if np.all(np.isfinite(as_float32)) else _padded_lengths(path, signals, as_float32)
     subjects = _integers(path, arrays, "subjects", count)
     channel_names = _names(path, arrays, "channel_names", channels)
     if description is not None:
-        return _described(path, arrays, as_float32, subjects, channel_names, description)
+        return _described(path, arrays, as_float32, subjects, channel_names, description, lengths)
     labels, class_names = _labels(path, arrays, count)
     if len(class_names) < 2:
         raise DataError(f"{path}: labels hold a single class; classification needs at least two")
     return NpzWindows(as_float32, labels, subjects, class_names,
                       channel_names or tuple(f"channel_{i}" for i in range(channels)),
                       _sample_rate(path, arrays), _split(path, arrays, count),
-                      _preprocessing(path, arrays, channel_names or ()))
+                      _preprocessing(path, arrays, channel_names or ()), lengths=lengths)
 
 
-def _described(path, arrays, signals, subjects, channel_names, description):
+def _padded_lengths(path, signals, as_float32):
+    """(shortest, longest) own steps of windows padded at their end with NaN; anything else that is
+    not a finite float32 (infinity, NaN inside a window or on some channels only) is refused."""
+    def at(where, problem):
+        window, channel, step = (int(i) for i in np.argwhere(where)[0])
+        return DataError(f"{path}: signals at window {window}, channel {channel}, step {step} hold "
+                         f"{signals[window, channel, step]:g}, {problem}")
+    if np.isinf(as_float32).any():
+        raise at(np.isinf(as_float32), "infinity as float32, the models' type (beyond about 3.4e38)")
+    missing = np.isnan(as_float32)
+    step_missing = missing.any(axis=1)  # [N, T]
+    if not np.array_equal(missing, np.broadcast_to(step_missing[:, None, :], missing.shape)):
+        raise at(missing & ~missing.all(axis=1)[:, None, :], "NaN on some channels of a step but not all: NaN "
+                 "marks padding after a window's end, on every channel; fill gaps (e.g. interpolate) or cut the window")
+    inside = step_missing[:, :-1] & ~step_missing[:, 1:]  # NaN followed by a value
+    if inside.any():
+        raise at(np.pad(inside, ((0, 0), (0, 1)))[:, None, :] & missing, "NaN before a value: it marks padding "
+                 "after a window's end only; fill gaps inside a window (e.g. interpolate) or cut it there")
+    lengths = signals.shape[2] - step_missing.sum(axis=1)
+    if lengths.min() < MIN_WINDOW_STEPS:
+        raise DataError(f"{path}: window {int(np.argmin(lengths))} has {int(lengths.min())} steps before its NaN "
+                        f"padding, too short for the models; at least {MIN_WINDOW_STEPS}")
+    return int(lengths.min()), int(lengths.max())
+
+
+def _described(path, arrays, signals, subjects, channel_names, description, lengths=None):
     """The windows as the description says them: its classes' label values, its channels and rate;
     windows whose label means no class left out (and counted)."""
     count, channels, steps = signals.shape
@@ -140,7 +164,7 @@ def _described(path, arrays, signals, subjects, channel_names, description):
     preprocessing = _preprocessing(path, arrays, description.channels)
     return NpzWindows(signals[kept], labels[kept], subjects[kept], description.class_names, description.channels,
                       description.sample_rate_hz, split[kept] if split is not None else None,
-                      "raw" if preprocessing == "unknown" else preprocessing, int(count - kept.sum()))
+                      "raw" if preprocessing == "unknown" else preprocessing, int(count - kept.sum()), lengths)
 
 
 def _labels(path, arrays, count):

@@ -53,6 +53,13 @@ class HarData:
     # and labels). A checkpoint keeps it, so a resume tells other data at the same path.
     identity: str | None = None
     described: object = None  # the data.description.Description the data was read with (a store's, or --description)
+    # (shortest, longest) steps of windows of unequal lengths, padded at their end with NaN (an .npz's);
+    # None: every window fills its steps.
+    own_lengths: tuple = None
+
+    @property
+    def padded(self):
+        return self.own_lengths is not None
 
     def sensor_triples(self):
         """Channel indices of each sensor's x/y/z: where the description places them, else by the names'
@@ -140,13 +147,15 @@ def _load_npz(data_dir, mode, val_fraction, split_seed, val_subjects, val_split,
     train, val, val_subjects = _hold_out(train_all, val_fraction, split_seed, val_subjects, val_split)
     described_as = f", described by {described.where}" if described else ""
     unlabelled = f", {windows.unlabelled_windows:,} unlabelled windows left out" if windows.unlabelled_windows else ""
+    lengths = f" (unequal: {windows.lengths[0]} to {windows.lengths[1]}, padded at their end with NaN)" \
+        if windows.lengths else ""
     description = (f"data: npz ({data_dir}{described_as}, {how}{unlabelled}): {whole.signals.shape[1]} channels x "
-                   f"{whole.signals.shape[2]} steps; train {len(train)} windows, val {len(val)} / "
+                   f"{whole.signals.shape[2]} steps{lengths}; train {len(train)} windows, val {len(val)} / "
                    f"{_validation_words(train_all, val_subjects, val_split)}, test {len(test)}")
     return HarData(train, val, test, windows.class_names, windows.channel_names, "npz", description,
                    sample_rate_hz=windows.sample_rate_hz, preprocessing=windows.preprocessing,
                    identity=array_identity(np.array([file_sha256(data_dir), *_described_identity(described)])),
-                   described=described)
+                   described=described, own_lengths=windows.lengths)
 
 
 def _load_store(data_dir, mode, val_fraction, split_seed, val_subjects, val_split):
@@ -293,10 +302,11 @@ def untrained_classes_warning(data):
         if missing else []
 
 
-def fit_normalization(train_signals):
-    """Per-channel mean and std over the training split only, as float32 arrays of [channels]."""
-    mean = train_signals.mean(axis=(0, 2), dtype=np.float64)
-    std = train_signals.std(axis=(0, 2), dtype=np.float64)
+def fit_normalization(train_signals, padded=False):
+    """Per-channel mean and std over the training split only, as float32 arrays of [channels];
+    `padded`: over the steps before each window's NaN padding."""
+    mean, std = (np.nanmean, np.nanstd) if padded else (np.mean, np.std)
+    mean, std = (statistic(train_signals, axis=(0, 2), dtype=np.float64) for statistic in (mean, std))
     return mean.astype(np.float32), np.maximum(std, 1e-6).astype(np.float32)
 
 

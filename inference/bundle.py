@@ -65,6 +65,7 @@ class ModelBundle:
     path: str
     members: int = 1  # models whose probabilities are averaged: more than one for a fold ensemble
     described: object = None  # the data.description.Description its data was read with, or None
+    padded: bool = False  # its model reads windows padded at their end with NaN, each over its own steps
 
     def describe(self):
         models = f"ensemble of {self.members} {self.config.model.name} models" if self.members > 1 \
@@ -107,7 +108,7 @@ def load_bundle(path):
                        int(checkpoint["window_steps"]), str(checkpoint["preprocessing"]),
                        RunConfig.from_flags(checkpoint["config"]), str(path), len(models),
                        description_of(checkpoint["description"], f"checkpoint {path}'s description")
-                       if checkpoint.get("description") else None)
+                       if checkpoint.get("description") else None, all(part.model.padded for part in models))
 
 
 def pick_device(name):

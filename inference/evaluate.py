@@ -147,6 +147,10 @@ def _check_fits(bundle, data, split, args):
     if tuple(data.class_names) != bundle.class_names:
         raise UsageError(f"{source} has classes {', '.join(data.class_names)}; the checkpoint knows "
                          f"{', '.join(bundle.class_names)}")
+    if data.padded and not bundle.padded:
+        raise UsageError(f"{source} holds windows of {data.own_lengths[0]} to {data.own_lengths[1]} steps, padded at "
+                         "their end with NaN, and the checkpoint's model was trained on windows of one length, so it "
+                         "would read the padding as signal; evaluate it on windows of its own length")
     if split.signals.shape[2] != bundle.window_steps:
         raise UsageError(f"{source} has windows of {split.signals.shape[2]} steps; the checkpoint was "
                          f"trained on {bundle.window_steps}")

@@ -15,6 +15,7 @@ class HARModel(nn.Module):
     # True: it takes windows of unequal lengths, each padded at its end with NaN (fit(..., padded=True)),
     # and reads each over its own steps; other models are refused such data.
     READS_NAN_PADDING = False
+    padded = False  # whether its fixed parts were fitted to windows padded with NaN (an instance's, once fitted)
     LINEAR_HEAD = False  # True: head[-1] is one nn.Linear over the FIXED_FEATURES, which ridge regression can solve
     # True: its whole training step was shown on a GPU to record as one CUDA graph and to train as the
     # eager step does (tests/test_cuda.py), so CUDA runs record it unless --no-cuda-graphs.

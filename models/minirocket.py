@@ -97,8 +97,8 @@ class MiniRocket(HARModel):
         # Each feature's T' over a window: what every training step on a feature pool divides its counts
         # by, kept beside them on the device rather than built from a list (a host copy) each step.
         self.register_buffer("window_positions", self.positions(window_steps, "cpu"), persistent=False)
-        # Whether the windows end in NaN padding: a buffer, so that checkpoints carry it, read on the host
-        # once (`padded`) rather than at every batch, where a GPU would wait for it.
+        # Whether the windows end in NaN padding: a buffer, so that checkpoints carry it, mirrored on the
+        # host (`padded`: set by fit and by loading) rather than read at every batch, where a GPU would wait.
         self.register_buffer("nan_padding", torch.zeros((), dtype=torch.bool, device="cpu"))
         self._padded = False
         self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(num_features, num_classes))
@@ -144,15 +144,13 @@ class MiniRocket(HARModel):
 
     @property
     def padded(self):
-        """Whether windows end in NaN padding, read from the buffer once after each load or fit."""
-        if self._padded is None:
-            self._padded = bool(self.nan_padding)
+        """Whether windows end in NaN padding (fit's `padded`, or the loaded weights')."""
         return self._padded
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # A checkpoint from before unequal lengths were read holds no flag: its windows had no padding.
-        state_dict.setdefault(prefix + "nan_padding", torch.zeros((), dtype=torch.bool))
-        self._padded = None
+        flag = state_dict.setdefault(prefix + "nan_padding", torch.zeros((), dtype=torch.bool))
+        self._padded = bool(flag)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @property

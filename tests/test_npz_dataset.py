@@ -123,6 +123,10 @@ def bad_file(tmp_path, case):
         arrays["signals"][5, 1, 7] = np.nan
     elif case == "inf":
         arrays["signals"][5, 1, 7] = -np.inf
+    elif case == "nan-inside":
+        arrays["signals"][5, :, 7] = np.nan
+    elif case == "nan-padding-too-long":
+        arrays["signals"][5, :, 4:] = np.nan
     elif case == "label-out-of-range":
         arrays["labels"][9] = 3
         arrays["class_names"] = np.array(["a", "b", "c"])
@@ -150,8 +154,10 @@ def bad_file(tmp_path, case):
     ("no-labels", ["lacks labels"]),
     ("misspelt-array", ["lacks labels"]),
     ("signals-2d", ["signals must be", "[N, C, T]"]),
-    ("nan", ["NaN or infinity", "window 5"]),
-    ("inf", ["NaN or infinity", "window 5"]),
+    ("nan", ["window 5, channel 1, step 7 hold nan", "NaN on some channels"]),
+    ("inf", ["window 5, channel 1, step 7 hold -inf", "infinity"]),
+    ("nan-inside", ["NaN before a value", "window 5, channel 0, step 7", "interpolate"]),
+    ("nan-padding-too-long", ["window 5 has 4 steps before its NaN padding", "at least 8"]),
     ("label-out-of-range", ["label 3", "(0, 1, 2)", "class_names"]),
     ("negative-label", ["label -1"]),
     ("float-labels", ["labels must be integers"]),

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from data.splits import HarData, load_har_data, untrained_classes_warning
+from models import MODELS
 from training.checkpoint import files as ckpt
 from training.checkpoint.judge import judge
 from training.config.settings import SHARDED_OR_DDP
@@ -57,6 +58,7 @@ def read_run_inputs(config, hold_lock=True, data=None):
     `data`: the config's data already loaded, by a benchmark that builds many runs of one dataset."""
     if data is None:
         data = load_har_data(**config.data_options())  # first: refused data leaves no new --save-dir behind
+    check_model_reads(config, data)
     inputs = _read_save_dir(config, data, hold_lock)
     inputs.warnings += untrained_classes_warning(data)
     return inputs
@@ -75,7 +77,21 @@ def check_data(config):
     parsed and cached on the way (so the run starts from the cache); the synthetic data is made
     with one window per subject, which checks the same flags in a fraction of the time."""
     windows = min(config.data.synthetic_windows_per_subject, 1)  # below 1 stays, to be refused
-    check_class_flags(config.recipe, load_har_data(**config.data_options(synthetic_windows_per_subject=windows)))
+    data = load_har_data(**config.data_options(synthetic_windows_per_subject=windows))
+    check_model_reads(config, data)
+    check_class_flags(config.recipe, data)
+
+
+def check_model_reads(config, data):
+    """Windows of unequal lengths (padded at their end with NaN) go to a model that reads each over its
+    own steps; any other would read the padding as signal."""
+    name = config.model.name
+    if data.padded and not MODELS[name].READS_NAN_PADDING:
+        shortest, longest = data.own_lengths
+        readers = ", ".join(model for model, kind in MODELS.items() if kind.READS_NAN_PADDING)
+        raise UsageError(f"--model {name} reads windows of one length, and these are of {shortest} to {longest} steps, "
+                         f"padded at their end with NaN: use --model {readers}, which reads each over its own steps, "
+                         f"or cut every window to {shortest} steps")
 
 
 def check_class_flags(recipe, data):

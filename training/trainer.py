@@ -270,7 +270,7 @@ def _normalize_data(data, checkpoint, log):
     elif data.normalization is not None:
         mean, std = data.normalization  # a store's, gathered when it was built: no pass over the data here
     else:
-        mean, std = fit_normalization(data.train.signals)
+        mean, std = fit_normalization(data.train.signals, data.padded)
     data = dataclasses.replace(data, **{name: normalize(getattr(data, name), mean, std)
                                         for name in ("train", "val", "test")})
     return data, {"mean": torch.from_numpy(mean), "std": torch.from_numpy(std)}
@@ -285,7 +285,7 @@ def _head_fit_and_augmenter(config, data, normalization, strategy, log):
     if head_fit == "ridge":
         return head_fit, None
     return head_fit, build_augmenter(config.recipe, normalization, data.channel_names, data.class_names,
-                                     strategy.device, log.warn, data.sensor_triples())
+                                     strategy.device, log.warn, data.sensor_triples(), data.padded)
 
 
 def _build_loaders(config, data, model, augment, loader_batch, strategy, log):
@@ -333,15 +333,13 @@ def _build_model(config, data, strategy, log, checkpoint=None):
         # A resumed run's own fixed parts, before anything is computed from them (the feature pool):
         # fitted again, they would differ wherever this run's training windows differ from its.
         saved = checkpoint["model"]
-        for name, buffer in model.named_buffers():
-            if name in saved:
-                buffer.copy_(saved[name])
+        model.load_state_dict({name: saved[name] for name, _ in model.named_buffers() if name in saved}, strict=False)
         log.info(f"took {settings.name}'s fixed parts from the checkpoint")
     elif model.FITS_TO_DATA:
         # Fixed parts that depend on the data (MiniRocket's biases), set once from the training
         # windows (in memory or a store's), before the weight average copies the model.
         started = time.perf_counter()
-        model.fit(data.train.signals)
+        model.fit(data.train.signals, padded=data.padded)
         log.info(f"fitted {settings.name}'s fixed parts to the training windows in "
                  f"{time.perf_counter() - started:.1f} s")
     model = model.to(strategy.device)

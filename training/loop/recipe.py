@@ -18,10 +18,11 @@ from training.errors import UsageError
 from training.loop.feature_store import MISSING, FeatureStore, pool_identity
 
 
-def build_augmenter(recipe, normalization, channel_names, class_names, device, warn, triples=None):
+def build_augmenter(recipe, normalization, channel_names, class_names, device, warn, triples=None, padded=False):
     """The batch augmenter the settings ask for, fitted to this data's layout and classes, or None.
-    `triples`: each sensor's x/y/z channels as the data's description places them (None: by the names)."""
-    changes, dropped = fit_augment_to_data(recipe, channel_names, class_names, triples)
+    `triples`: each sensor's x/y/z channels as the data's description places them (None: by the names);
+    `padded`: windows of unequal lengths, padded at their end with NaN."""
+    changes, dropped = fit_augment_to_data(recipe, channel_names, class_names, triples, padded)
     if dropped:
         warn(dropped)
     kinds = dataclasses.replace(recipe, **changes).augment_config
@@ -31,10 +32,11 @@ def build_augmenter(recipe, normalization, channel_names, class_names, device, w
                           triples).to(device)
 
 
-def fit_augment_to_data(recipe, channel_names, class_names, triples=None):
+def fit_augment_to_data(recipe, channel_names, class_names, triples=None, padded=False):
     """({setting: value} leaving out what this data cannot take, and one line saying which and why, or
     ''). Rotation and flip turn each sensor's x/y/z together: channel names without such triples give
-    no layout to turn. The class defaults name UCI HAR's classes; a class flag given that names a
+    no layout to turn. The time shift is circular: windows padded at their end would take padding
+    into the series. The class defaults name UCI HAR's classes; a class flag given that names a
     class the data lacks is refused."""
     kinds = recipe.augment_config
     if kinds is None:
@@ -44,6 +46,9 @@ def fit_augment_to_data(recipe, channel_names, class_names, triples=None):
     if turning and not (named_triples(channel_names) if triples is None else triples):
         dropped += turning
         reasons.append(f"without {' and '.join(map(repr, turning))}: these channels have no x/y/z triples to turn")
+    if padded and "shift" in kinds.kinds:
+        dropped.append("shift")
+        reasons.append("without 'shift': it shifts windows circularly, which would wrap their NaN padding into them")
     if "flip" in kinds.kinds and "flip" not in dropped and kinds.flip_classes:
         missing = _missing_class(kinds.flip_classes, class_names, "--aug-flip-classes",
                                  recipe.aug_flip_classes == DEFAULT_FLIP_CLASSES)
