@@ -71,9 +71,9 @@ def _objects_refusal(path):
                     held.append(member.removesuffix(".npy"))
     if "signals" in held:
         return (f"{path}: signals holds Python objects, which np.savez makes of windows of unequal lengths; pad "
-                "each at its end with NaN to the longest T (np.pad(window, ((0, 0), (0, T - steps)), "
-                "constant_values=np.nan)) and save them as one float array [N, C, T], every window at least "
-                f"{MIN_WINDOW_STEPS} steps: the default model reads each over its own steps")
+                f"each at its end with NaN to the longest T, at least {MIN_WINDOW_STEPS} steps (np.pad(window, "
+                "((0, 0), (0, T - steps)), constant_values=np.nan)), and save them as one float array [N, C, T]: "
+                "the default model reads each over its own steps")
     return (f"{path} holds Python objects (pickled arrays{': ' + ', '.join(held) if held else ''}), which are not "
             "loaded; store strings as unicode arrays, e.g. np.array(names, dtype=str)")
 
@@ -128,10 +128,12 @@ def _padded_lengths(path, signals, as_float32):
     if inside.any():
         raise at(np.pad(inside, ((0, 0), (0, 1)))[:, None, :] & missing, "NaN before a value: it marks padding "
                  "after a window's end only; fill gaps inside a window (e.g. interpolate) or cut it there")
+    # The model that reads padding (MiniRocket) has outputs over a window of any length: its first
+    # dilation pads each window by its reach.
     lengths = signals.shape[2] - step_missing.sum(axis=1)
-    if lengths.min() < MIN_WINDOW_STEPS:
-        raise DataError(f"{path}: window {int(np.argmin(lengths))} has {int(lengths.min())} steps before its NaN "
-                        f"padding, too short for the models; at least {MIN_WINDOW_STEPS}")
+    if lengths.min() == 0:
+        raise DataError(f"{path}: window {int(np.argmin(lengths))} holds NaN only; every window needs at least one "
+                        "step of values: leave it out")
     return int(lengths.min()), int(lengths.max())
 
 

@@ -125,8 +125,8 @@ def bad_file(tmp_path, case):
         arrays["signals"][5, 1, 7] = -np.inf
     elif case == "nan-inside":
         arrays["signals"][5, :, 7] = np.nan
-    elif case == "nan-padding-too-long":
-        arrays["signals"][5, :, 4:] = np.nan
+    elif case == "nan-only":
+        arrays["signals"][5] = np.nan
     elif case == "label-out-of-range":
         arrays["labels"][9] = 3
         arrays["class_names"] = np.array(["a", "b", "c"])
@@ -157,7 +157,7 @@ def bad_file(tmp_path, case):
     ("nan", ["window 5, channel 1, step 7 hold nan", "NaN on some channels"]),
     ("inf", ["window 5, channel 1, step 7 hold -inf", "infinity"]),
     ("nan-inside", ["NaN before a value", "window 5, channel 0, step 7", "interpolate"]),
-    ("nan-padding-too-long", ["window 5 has 4 steps before its NaN padding", "at least 8"]),
+    ("nan-only", ["window 5 holds NaN only", "leave it out"]),
     ("label-out-of-range", ["label 3", "(0, 1, 2)", "class_names"]),
     ("negative-label", ["label -1"]),
     ("float-labels", ["labels must be integers"]),

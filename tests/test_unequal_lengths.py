@@ -17,7 +17,7 @@ from training.loop.recipe import build_augmenter
 NINE = tuple(f"{sensor}_{axis}" for sensor in ("body_acc", "body_gyro", "total_acc") for axis in "xyz")
 
 
-def padded_arrays(channels=4, steps=40, shortest=12, seed=0):
+def padded_arrays(channels=4, steps=40, shortest=3, seed=0):
     """windows() with each window cut to a length of its own (the longest kept whole) and NaN after it."""
     arrays = windows(channels=channels, steps=steps, seed=seed)
     lengths = np.random.default_rng(seed).integers(shortest, steps + 1, len(arrays["labels"]))
