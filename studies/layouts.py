@@ -43,8 +43,8 @@ EXPORT_FORMATS = {"torchscript": "model.pt", "onnx": "model.onnx"}
 def main(argv=None):
     parser = entry_parser("studies.layouts", __doc__)
     parser.add_argument("--recordings", default=DEFAULT_RECORDINGS, help="the development recordings archive")
-    parser.add_argument("--layouts", type=comma_choices(tuple(LAYOUTS)), default=list(LAYOUTS),
-                        help=f"comma-separated, from {', '.join(LAYOUTS)}")
+    parser.add_argument("--layouts", type=comma_choices(("none", *LAYOUTS)), default=list(LAYOUTS),
+                        help=f"comma-separated, from {', '.join(LAYOUTS)}, or none")
     parser.add_argument("--public", type=comma_choices(("none", *PUBLIC_SETS)), default=list(PUBLIC_SETS),
                         help=f"comma-separated public sets (aeon's own copies), from {', '.join(PUBLIC_SETS)}, "
                              "or none")
@@ -65,7 +65,7 @@ def main(argv=None):
     with tempfile.TemporaryDirectory(prefix="har-layouts-") as scratch:
         files = Path(opts.keep) if opts.keep else Path(scratch) / "files"
         files.mkdir(parents=True, exist_ok=True)
-        for name in opts.layouts:
+        for name in (name for name in opts.layouts if name != "none"):
             rows.append(study_layout(name, recordings, files, Path(scratch) / name, opts))
         for name in (name for name in opts.public if name != "none"):
             rows.append(study_public_set(name, files, Path(scratch) / name, opts))
@@ -98,8 +98,8 @@ def study_public_set(name, files, scratch, opts):
     """One public set: its windows written, both sides timed in turn, then its export."""
     data = files / f"{name}.npz"
     train, test, channels, steps, classes, padded = write_public_set(name, data)
-    about = "aeon's copy, its train/test split" + (", unequal lengths padded with each series' last value"
-                                                   if padded else "")
+    about = "aeon's copy, its train/test split" + (", unequal lengths padded with NaN (aeon's side: with each "
+                                                   "series' last value)" if padded else "")
     row = {"layout": name, "about": about, "train_windows": train, "test_windows": test, "channels": channels,
            "steps": steps, "rate_hz": None, "classes": classes, "test_classes": classes,
            "recording": "none (windows only)"}

@@ -4,7 +4,9 @@ dilated kernels) and a ridge classifier, on the same windows and the same subjec
 With --folds K it fits on every other fold's subjects and scores each fold's people, the folds being
 those of `main.py --cv-folds K --seed S` on the same data; unless --no-test it also fits on every
 training subject and scores the test split. Per person, per fold, the worst person. aeon is a
-benchmark-only dependency (pip install aeon), never the trainer's.
+benchmark-only dependency (pip install aeon), never the trainer's. Its MiniRocket takes series of one
+length: windows padded at their end with NaN (unequal lengths) are given to it padded with their
+last value instead, as a user of aeon would pad them.
 Example: python -m studies.minirocket_baseline --data-dir ../hapt-dev-ucihar --folds 7 --json out.json
 Windows of your own (main.py --dataset npz's file, its test split as main.py takes it):
 python -m studies.minirocket_baseline --dataset npz --data-dir windows.npz
@@ -42,7 +44,8 @@ def main(argv=None):
     except ImportError:
         parser.exit(2, "error: this benchmark needs aeon: pip install aeon\n")
     data = load_har_data(opts.dataset, opts.data_dir, opts.mode, val_fraction=0.0)
-    train, test = data.train, data.test
+    train, test = (Split(last_value_padded(split.signals), split.labels, split.subjects)
+                   for split in (data.train, data.test))
     print(f"{data.description}\naeon MiniRocketClassifier (10,000 kernels, ridge with its own alpha search)")
     results = {"data": data.description, "runs": []}
     for kernel_seed in (int(seed) for seed in opts.kernel_seeds.split(",")):
@@ -78,6 +81,17 @@ def main(argv=None):
             score(np.ones(len(train), dtype=bool), test, {"split": "test"})
     write_json(opts.json, results)
     return 0
+
+
+def last_value_padded(signals):
+    """Windows [N, C, T] whose NaN padding (after each one's last step) holds that step's values."""
+    lengths = (~np.isnan(signals).any(axis=1)).sum(axis=1)
+    if (lengths == signals.shape[2]).all():
+        return signals
+    filled = signals.copy()
+    for window, length in zip(filled, lengths, strict=True):
+        window[:, length:] = window[:, length - 1:length]
+    return filled
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ activities), GunPoint (a hand's position, one channel), PickupGestureWiimoteZ (a
 accelerometer z, unequal lengths) and JapaneseVowels (12 speech coefficients, unequal lengths: the
 UEA multivariate kind). Each keeps its published train/test split (the `split` array); a window is
 its own subject, since the sets name none. Series of unequal length are padded at their end with
-their last value to the longest one, the same arrays for both sides of the comparison.
+NaN to the longest one, as main.py reads them (each over its own steps); aeon's MiniRocket takes
+series of one length only, and studies.minirocket_baseline gives it each padded with its last value.
 """
 import numpy as np
 
@@ -19,7 +20,7 @@ def public_set_windows(name):
     series = [x for signals, _ in parts.values() for x in signals]
     lengths = [x.shape[-1] for x in series]
     longest = max(lengths)
-    signals = np.stack([np.pad(x, ((0, 0), (0, longest - x.shape[-1])), mode="edge") for x in series])
+    signals = np.stack([np.pad(x, ((0, 0), (0, longest - x.shape[-1])), constant_values=np.nan) for x in series])
     labels = np.concatenate([np.asarray(labels, dtype=str) for _, labels in parts.values()])
     split = np.concatenate([np.full(len(labels), split) for split, (_, labels) in parts.items()])
     return signals.astype(np.float32), labels, split, longest - min(lengths)
