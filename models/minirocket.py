@@ -14,7 +14,9 @@ Windows of unequal lengths come padded at their end with NaN (fit(..., padded=Tr
 over its own steps, as if it had been transformed alone. Its padding is zeros to the convolutions
 (what a window's own padding holds), the outputs past its own T' count for nothing, its features
 divide by its own T', and a feature whose kernel reaches beyond the whole window (an unpadded
-dilation over a short one) is left at the training mean.
+dilation over a short one) is left at the training mean. The biases are quantiles of each drawn
+window's own outputs (of its whole outputs, padding included, at a dilation no training window
+reaches).
 """
 import contextlib
 import functools
@@ -277,6 +279,8 @@ class MiniRocket(HARModel):
                 windows = inputs[drawn[d].to(sample.device)].reshape(1, -1, sample.shape[2])  # [1, 84 x C, T]
                 outputs = nn.functional.conv1d(windows, self.weights[d], padding=padding, dilation=dilation,
                                                groups=kernels)[0]  # [84, T']
+                if own is not None:  # no training window reaches this far: its whole outputs, padding included
+                    own = own.where(own > 0, outputs.shape[1]).to(outputs.device)
                 self.biases[d] = -row_quantiles(outputs, quantiles[d].to(outputs.device), own)
         features = self.transform(sample)
         if padded:  # over the windows each feature has a proportion for (none: the mean 0, std 1)

@@ -222,6 +222,14 @@ def test_a_padded_window_is_read_over_its_own_steps_as_if_transformed_alone():
     assert torch.equal(model(pooled), model(windows[:20]))
 
 
+def test_training_windows_too_short_for_a_dilation_leave_its_features_at_the_mean():
+    model = build_model("minirocket", 3, 6, width=840).eval()
+    model.fit(padded_windows([20, 9, 15, 12] * 5), padded=True)  # no window reaches the widest dilations
+    assert torch.isfinite(model.biases).all() and torch.isfinite(model.feature_std).all()
+    features = model.features(padded_windows([128, 64, 12]))
+    assert torch.isfinite(features).all()
+
+
 def test_padded_reading_of_windows_without_padding_is_the_plain_one():
     windows = torch.randn(80, 3, 128).cumsum(dim=2) * 0.1
     plain, padded = (build_model("minirocket", 3, 6, width=840).eval() for _ in range(2))
