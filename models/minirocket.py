@@ -200,10 +200,10 @@ class MiniRocket(HARModel):
 
     def _counts(self, x, scratch, lengths=None):
         features = []
-        for d, (dilation, padding) in enumerate(zip(self.dilations, self.paddings, strict=True)):
+        for d, (dilation, padding, reach) in enumerate(zip(self.dilations, self.paddings, self._reaches(),
+                                                           strict=True)):
             output = nn.functional.conv1d(x, self.weights[d], padding=padding, dilation=dilation)  # [B, 84, T']
             if lengths is not None:  # the outputs past each window's own T' are never positive
-                reach = 2 * padding - (KERNEL_LENGTH - 1) * dilation
                 beyond = torch.arange(output.shape[2], device=x.device) >= (lengths + reach)[:, None]  # [B, T']
                 output.masked_fill_(beyond[:, None, :], float("-inf"))
             # output > -bias written as floats, which vectorises where booleans do not; in IEEE
@@ -268,20 +268,19 @@ class MiniRocket(HARModel):
         # MiniRocket takes the quantiles of one random window's output per kernel and dilation; the
         # draws come in the order a loop over dilations, then kernels, would take them.
         drawn = torch.randint(len(sample), (len(self.dilations), kernels), generator=generator)
-        lengths = own_lengths(sample) if padded else None
+        lengths = own_lengths(sample).cpu() if padded else None  # beside `drawn`, on the host
         inputs = torch.nan_to_num(sample, nan=0.0) if padded else sample
         with full_fp32_convolutions(sample.device):
-            for d, (dilation, padding) in enumerate(zip(self.dilations, self.paddings, strict=True)):
-                own = None
-                if padded:  # each kernel's window one with outputs at this dilation, and only those read
-                    own = own_outputs(lengths, self._reaches()[d], drawn[d], generator)
+            for d, (dilation, padding, reach) in enumerate(zip(self.dilations, self.paddings, self._reaches(),
+                                                               strict=True)):
+                # Padded: each kernel's window one with outputs at this dilation, and only those read.
+                own = own_outputs(lengths, sample.shape[2] + reach, reach, drawn[d], generator) if padded else None
                 # Kernel k on its own window: one grouped convolution for the dilation's 84 kernels.
                 windows = inputs[drawn[d].to(sample.device)].reshape(1, -1, sample.shape[2])  # [1, 84 x C, T]
                 outputs = nn.functional.conv1d(windows, self.weights[d], padding=padding, dilation=dilation,
                                                groups=kernels)[0]  # [84, T']
-                if own is not None:  # no training window reaches this far: its whole outputs, padding included
-                    own = own.where(own > 0, outputs.shape[1]).to(outputs.device)
-                self.biases[d] = -row_quantiles(outputs, quantiles[d].to(outputs.device), own)
+                self.biases[d] = -row_quantiles(outputs, quantiles[d].to(outputs.device),
+                                                own.to(outputs.device) if padded else None)
         features = self.transform(sample)
         if padded:  # over the windows each feature has a proportion for (none: the mean 0, std 1)
             mean = features.nanmean(dim=0)
@@ -340,15 +339,16 @@ def own_lengths(windows):
     return (~torch.isnan(windows).any(dim=1)).sum(dim=1)
 
 
-def own_outputs(lengths, reach, drawn, generator):
-    """Each drawn window's T' at a dilation that adds `reach` to a length; a drawn window with none
-    (a kernel reaching beyond it) is drawn again, in place in `drawn`, from those that have some."""
+def own_outputs(lengths, whole, reach, drawn, generator):
+    """Each drawn window's T' at a dilation that adds `reach` to a length. A drawn window with none (a
+    kernel reaching beyond it) is drawn again, in place in `drawn`, from those that have some; where
+    none has any, its `whole` T', the outputs over its padding included."""
     outputs = lengths + reach
     short = outputs[drawn] <= 0
     eligible = torch.nonzero(outputs > 0).flatten()
     if short.any() and len(eligible):
         drawn[short] = eligible[torch.randint(len(eligible), (int(short.sum()),), generator=generator)]
-    return outputs[drawn]
+    return outputs[drawn].where(outputs[drawn] > 0, whole)
 
 
 def row_quantiles(rows, quantiles, lengths=None):
