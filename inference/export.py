@@ -20,10 +20,15 @@ EXPORT_FORMATS = ("torchscript", "onnx")
 
 
 def example_windows(bundle, batch_size, seed=0):
-    """Windows at the scale of the training data (mean +- std per channel)."""
+    """Windows at the scale of the training data (mean +- std per channel); for a model that reads
+    windows padded with NaN, all but the first cut shorter and padded so."""
     generator = torch.Generator().manual_seed(seed)
     noise = torch.randn(batch_size, len(bundle.channel_names), bundle.window_steps, generator=generator)
-    return noise * torch.from_numpy(bundle.std)[None, :, None] + torch.from_numpy(bundle.mean)[None, :, None]
+    windows = noise * torch.from_numpy(bundle.std)[None, :, None] + torch.from_numpy(bundle.mean)[None, :, None]
+    if bundle.padded:
+        for index, window in enumerate(windows):
+            window[:, bundle.window_steps - index * bundle.window_steps // batch_size:] = float("nan")
+    return windows
 
 
 def export_torchscript(bundle, path):
