@@ -115,3 +115,14 @@ def test_a_store_refuses_padded_windows_for_the_npz_itself(tmp_path):
     path = write_npz(tmp_path / "w.npz", **arrays)
     line = build_refused(path, tmp_path / "store")
     assert "padded at their end with NaN" in line and "--dataset npz" in line
+
+
+def test_a_resumed_run_reads_its_padded_windows_as_the_first_did(tmp_path):
+    arrays, _ = padded_arrays()
+    path = write_npz(tmp_path / "w.npz", **arrays)
+    flags = ("--head-fit", "adamw", "--no-figures", "--epochs", "2")
+    assert train_npz(path, tmp_path / "run", *flags, "--stop-after-epochs", "1")[0] == 0
+    code, out, err = train_npz(path, tmp_path / "run", *flags)
+    assert code == 0, err
+    assert "fixed parts from the checkpoint" in out and "float32" in out  # the flag came back with the weights
+    assert bool(torch.load(tmp_path / "run" / "last.pt", weights_only=True)["model"]["nan_padding"])
