@@ -285,6 +285,10 @@ def plan(source, options):
             raise DataError(f"{source} holds windows of {windows.lengths[0]} to {windows.lengths[1]} steps, padded at "
                             "their end with NaN, and a store holds windows of one length: train on the .npz itself "
                             f"(main.py --dataset npz --data-dir {source}), which reads each over its own steps")
+        if windows.split is not None and np.any(windows.split == "val"):
+            raise DataError(f"{source} marks validation windows ('val'), and a store holds its test subjects only: "
+                            "drop the 'val' marks (main.py --dataset store then holds out validation as "
+                            f"--val-fraction says), or train on the .npz itself (--dataset npz --data-dir {source})")
         if windows.split is not None:
             test = np.unique(windows.subjects[windows.split == "test"])
         else:

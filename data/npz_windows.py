@@ -3,7 +3,7 @@
 Arrays: signals float [N, C, T] (windows shorter than T padded at their end with NaN, on every
 channel: the default model reads each over its own steps), labels [N] (integers or unicode names;
 data/labels.py), subjects int [N]; optional class_names [K] and channel_names [C] (unicode
-strings), sample_rate_hz (a number), split [N] ('train' / 'test') and preprocessing ('raw': the
+strings), sample_rate_hz (a number), split [N] ('train' / 'val' / 'test') and preprocessing ('raw': the
 signals as recorded, resampled only, any channel names; 'uci-har'; 'unknown'; default: what the
 channel names imply). Loaded with allow_pickle=False: nothing in the file can run code.
 """
@@ -19,7 +19,7 @@ from data.preprocess import PREPROCESSINGS, preprocessing_of
 
 REQUIRED = ("signals", "labels", "subjects")
 OPTIONAL = ("class_names", "channel_names", "sample_rate_hz", "split", "preprocessing")
-SPLIT_NAMES = ("train", "test")
+SPLIT_NAMES = ("train", "val", "test")  # 'val': validation windows chosen by the file
 MIN_WINDOW_STEPS = 8  # two stride-2 or pooling stages in every model still leave two steps
 
 
@@ -159,7 +159,7 @@ def _described(path, arrays, signals, subjects, channel_names, description, leng
     kept = labels >= 0
     split = _split(path, arrays, count)
     left = set(split[kept].tolist()) if split is not None else {"train", "test"}
-    if not kept.any() or left != {"train", "test"}:
+    if not kept.any() or not {"train", "test"} <= left:
         side = f"every {({'train', 'test'} - left).pop()} window's" if kept.any() else "every window's"
         raise DataError(f"{path}: {side} label means no class ({description.where}'s 'unlabelled'); label some of "
                         "them with a class")
@@ -241,7 +241,7 @@ def _split(path, arrays, count):
                         f"{list(split.shape)}")
     odd = sorted(set(split.tolist()) - set(SPLIT_NAMES))
     if odd:
-        raise DataError(f"{path}: split holds {odd[0]!r}; use 'train' or 'test'")
+        raise DataError(f"{path}: split holds {odd[0]!r}; use 'train', 'val' or 'test'")
     if not np.any(split == "test") or not np.any(split == "train"):
         raise DataError(f"{path}: split needs both 'train' and 'test' windows")
     return split

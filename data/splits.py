@@ -130,7 +130,8 @@ def _load_source(dataset, data_dir, synthetic_seed, windows_per_subject):
 
 
 def _load_npz(data_dir, mode, val_fraction, split_seed, val_subjects, val_split, description=None):
-    """Windows brought in an .npz: its own `split`, else whole subjects held out for test."""
+    """Windows brought in an .npz: its own `split` (its 'val' windows validate), else whole subjects held
+    out for test."""
     _check_window_source("npz", data_dir, mode, "an .npz file of windows")
     described = read_description(description) if isinstance(description, str | Path) else description
     windows = load_npz_windows(data_dir, described)
@@ -144,14 +145,18 @@ def _load_npz(data_dir, mode, val_fraction, split_seed, val_subjects, val_split,
         is_test = np.isin(whole.subjects, test_subjects)
         how = f"test subjects {sorted(int(s) for s in test_subjects)} held out"
     train_all, test = _take(whole, ~is_test), _take(whole, is_test)
-    train, val, val_subjects = _hold_out(train_all, val_fraction, split_seed, val_subjects, val_split)
+    if windows.split is not None and np.any(windows.split == "val"):
+        train, val, words = _marked_validation(data_dir, train_all, windows.split[~is_test], val_subjects, val_split)
+    else:
+        train, val, val_subjects = _hold_out(train_all, val_fraction, split_seed, val_subjects, val_split)
+        words = _validation_words(train_all, val_subjects, val_split)
     described_as = f", described by {described.where}" if described else ""
     unlabelled = f", {windows.unlabelled_windows:,} unlabelled windows left out" if windows.unlabelled_windows else ""
     lengths = f" (unequal: {windows.lengths[0]} to {windows.lengths[1]}, padded at their end with NaN)" \
         if windows.lengths else ""
     description = (f"data: npz ({data_dir}{described_as}, {how}{unlabelled}): {whole.signals.shape[1]} channels x "
-                   f"{whole.signals.shape[2]} steps{lengths}; train {len(train)} windows, val {len(val)} / "
-                   f"{_validation_words(train_all, val_subjects, val_split)}, test {len(test)}")
+                   f"{whole.signals.shape[2]} steps{lengths}; train {len(train)} windows, val {len(val)} / {words}, "
+                   f"test {len(test)}")
     return HarData(train, val, test, windows.class_names, windows.channel_names, "npz", description,
                    sample_rate_hz=windows.sample_rate_hz, preprocessing=windows.preprocessing,
                    identity=array_identity(np.array([file_sha256(data_dir), *_described_identity(described)])),
@@ -257,6 +262,17 @@ def _hold_out(train_all, val_fraction, seed, val_subjects, val_split="subjects")
         val_subjects = np.array(sorted(set(val_subjects)), dtype=np.int64)
     is_val = np.isin(train_all.subjects, val_subjects)
     return _take(train_all, ~is_val), _take(train_all, is_val), val_subjects
+
+
+def _marked_validation(path, train_all, marks, val_subjects, val_split):
+    """(train, val, how validation was chosen) where the file's split array marks 'val' windows: those
+    validate, whatever --val-fraction says; a flag that would choose them otherwise is refused."""
+    if val_subjects is not None or val_split != "subjects":
+        flag = "--val-subjects" if val_subjects is not None else f"--val-split {val_split}"
+        raise DataError(f"{path}: its split array marks the validation windows ('val'), and {flag} would choose "
+                        "others; drop the flag, or the 'val' marks")
+    is_val = marks == "val"
+    return _take(train_all, ~is_val), _take(train_all, is_val), "its split array's 'val' windows"
 
 
 def _validates_in_time(train_all, val_fraction, val_subjects, val_split):

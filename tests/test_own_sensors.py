@@ -1,4 +1,6 @@
 """Data that is not UCI HAR's: other rates and time stamps, label schemes, channel sets, one person."""
+import json
+
 import numpy as np
 import pytest
 
@@ -324,3 +326,21 @@ def test_transitions_refuse_classes_they_cannot_learn_over(tmp_path, flags, says
     assert_refused(run_command(transitions_command, "--recordings", tmp_path / "study.npz", "--subjects", "1",
                                *flags, "--out", tmp_path / "t.json"), says)
     assert not (tmp_path / "t.json").exists()
+
+
+def test_validation_windows_the_file_marks_validate(tmp_path):
+    arrays = windows(subjects=3, per_subject=20)
+    split = np.array((["train"] * 14 + ["val"] * 3 + ["test"] * 3) * 3)  # each person's last windows
+    path = write_npz(tmp_path / "w.npz", **arrays, split=split)
+    data = load_har_data("npz", path)
+    np.testing.assert_array_equal(data.val.signals, arrays["signals"][split == "val"])
+    np.testing.assert_array_equal(data.train.signals, arrays["signals"][split == "train"])
+    np.testing.assert_array_equal(data.test.signals, arrays["signals"][split == "test"])
+    assert "val 9 / its split array's 'val' windows" in data.description
+    code, _, err = train_npz(path, tmp_path / "run", "--no-figures")
+    assert code == 0, err
+    assert json.loads((tmp_path / "run" / "val_report.json").read_text())["num_samples"] == 9
+    assert_refused(train_npz(path, tmp_path / "other", "--val-subjects", "1"), "marks the validation windows",
+                   "--val-subjects")
+    assert_refused(train_npz(path, tmp_path / "other", "--val-split", "time"), "--val-split time")
+    build_refused(path, tmp_path / "store")
