@@ -46,25 +46,31 @@ def _log_probabilities(probabilities):
     return torch.log(torch.as_tensor(np.asarray(probabilities), dtype=torch.float64).clamp_min(1e-300))
 
 
-def fit_temperature(probabilities, labels, steps=100):
-    """The T in TEMPERATURE_RANGE minimising the mean NLL under softmax(log p / T): L-BFGS on log T,
-    then clamped to the range, which is the range's best T since the NLL is convex in 1 / T."""
+def fit_temperature(probabilities, labels):
+    """The T in TEMPERATURE_RANGE minimising the mean NLL under softmax(log p / T). The NLL is convex in
+    b = 1 / T: its slope, the mean over windows of (log p's mean under softmax(b log p)) - log p of the
+    label, rises with b. Its zero is found by bisection on log b to float precision, or it lies beyond
+    the range and the nearer end is the range's best. (A torch.optim optimizer would import
+    torch._dynamo when built, about a second of a small run's start.)"""
     if len(labels) == 0:
         return 1.0
     log_p = _log_probabilities(probabilities)
-    targets = torch.as_tensor(np.asarray(labels), dtype=torch.int64)
-    log_temperature = torch.zeros((), dtype=torch.float64, requires_grad=True)
-    optimizer = torch.optim.LBFGS([log_temperature], lr=0.5, max_iter=steps, line_search_fn="strong_wolfe")
+    labelled = log_p.gather(1, torch.as_tensor(np.asarray(labels), dtype=torch.int64)[:, None]).mean()
 
-    def closure():
-        optimizer.zero_grad()
-        loss = torch.nn.functional.cross_entropy(log_p / log_temperature.exp(), targets)
-        loss.backward()
-        return loss
+    def slope(log_b):
+        weights = torch.softmax(log_p * np.exp(log_b), dim=1)
+        return float((weights * log_p).sum(dim=1).mean() - labelled)
 
-    optimizer.step(closure)
     low, high = TEMPERATURE_RANGE
-    return min(max(float(log_temperature.detach().exp()), low), high)
+    below, above = np.log(1 / high), np.log(1 / low)  # log b at T = high, and at T = low
+    if slope(below) >= 0:
+        return high
+    if slope(above) <= 0:
+        return low
+    for _ in range(64):  # each halves the interval: 64 leave it below float precision
+        middle = (below + above) / 2
+        below, above = (middle, above) if slope(middle) < 0 else (below, middle)
+    return float(1 / np.exp((below + above) / 2))
 
 
 def scaled(probabilities, temperature):

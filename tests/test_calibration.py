@@ -5,7 +5,13 @@ import numpy as np
 import pytest
 import torch
 
-from evaluation.calibration import expected_calibration_error, fit_temperature, per_subject_calibration, scaled
+from evaluation.calibration import (
+    expected_calibration_error,
+    fit_temperature,
+    mean_nll,
+    per_subject_calibration,
+    scaled,
+)
 from inference.temperature import read_temperature, write_calibration
 from training.errors import UsageError
 
@@ -50,6 +56,17 @@ def test_temperature_recovers_a_known_scaling(logits, factor):
     np.testing.assert_allclose(rescaled, honest, atol=0.03)
     assert np.array_equal(rescaled.argmax(axis=1), distorted.argmax(axis=1))
     assert expected_calibration_error(rescaled, labels) < expected_calibration_error(distorted, labels)
+
+
+def test_the_fitted_temperature_has_the_least_nll_in_the_range_or_is_its_end(logits):
+    probabilities = torch.softmax(torch.as_tensor(logits) * 2.0, dim=1).numpy()
+    _, labels = draws(logits, seed=3)
+    fitted = fit_temperature(probabilities, labels)
+    grid = np.exp(np.linspace(np.log(0.01), np.log(100.0), 4001))
+    assert mean_nll(scaled(probabilities, fitted), labels) <= min(mean_nll(scaled(probabilities, t), labels)
+                                                                   for t in grid) + 1e-12
+    assert fit_temperature(np.array([[1.0, 0.0], [0.0, 1.0]]), [0, 1]) == 0.01  # always right: as sharp as allowed
+    assert fit_temperature(np.array([[0.9, 0.1], [0.1, 0.9]]), [1, 0]) == 100.0  # always wrong: as flat as allowed
 
 
 def test_temperature_one_gives_the_probabilities_back(logits):
