@@ -40,7 +40,7 @@ from training.loop.recipe import (
     feature_store_root,
     wants_feature_pool,
 )
-from training.loop.ridge_head import fit_head_by_ridge, resolve_head_fit
+from training.loop.ridge_head import NothingToStep, fit_head_by_ridge, resolve_head_fit
 from training.loop.step import (
     Precision,
     TrainStep,
@@ -178,7 +178,8 @@ class Trainer:
             log.warn(lr_warning)
         record_graph = records_step_graph(config.hardware.cuda_graphs, model, strategy, precision,
                                           config.optim.grad_accum_steps, config.hardware.compile, log.warn)
-        optimizer = build_adamw(model, peak_lr, optim.weight_decay, strategy.device, capturable=record_graph)
+        optimizer = NothingToStep() if head_fit == "ridge" else build_adamw(model, peak_lr, optim.weight_decay,
+                                                                            strategy.device, capturable=record_graph)
         grad_scaler = precision.make_grad_scaler()
         state, rng = TrainState(), RandomStreams(strategy)
         parts = {"model": strategy.module_state(model), "optimizer": strategy.optimizer_state(model, optimizer),
@@ -191,8 +192,8 @@ class Trainer:
                                    config.parallel.grad_compression, log)
         strategy.check_same_on_all_ranks(state.step, "the optimizer steps already taken")
 
-        scheduler = _position_schedule(optimizer, optim, len(loaders["train"]), state, global_batch, peak_lr,
-                                       strategy.data_parallel_size, log if head_fit == "adamw" else None)
+        scheduler = optimizer if head_fit == "ridge" else _position_schedule(
+            optimizer, optim, len(loaders["train"]), state, global_batch, peak_lr, strategy.data_parallel_size, log)
         smoothing = label_smoothing_of(config.model.name, config.recipe.label_smoothing)
         step = TrainStep(model=train_model, parameters=[p for p in model.parameters() if p.requires_grad],
                          strategy=strategy, precision=precision, optimizer=optimizer, scheduler=scheduler,
@@ -359,16 +360,14 @@ def _build_model(config, data, strategy, log, checkpoint=None):
 
 def _position_schedule(optimizer, optim, micro_batches_per_epoch, state, global_batch, peak_lr, replicas, log):
     """Warmup then cosine, a pure function of the step, positioned from the train state: a resumed run
-    that changed the global batch re-lays it in its own steps. Said in the `log` given (none for a
-    head solved by ridge, which takes no step)."""
+    that changed the global batch re-lays it in its own steps, said in the log."""
     steps_each_epoch = steps_per_epoch(micro_batches_per_epoch, optim.grad_accum_steps)
     total_steps = steps_each_epoch * optim.epochs
     warmup_steps = round(optim.planned_warmup_epochs * steps_each_epoch)
-    if log is not None:
-        log.info(f"lr: reference {optim.lr:.2e}, {optim.lr_scaling} scaling, global batch {global_batch} "
-                 f"({optim.batch_size} per GPU x {replicas} replicas x {optim.grad_accum_steps} accumulation) -> "
-                 f"peak {peak_lr:.2e}; warmup {warmup_steps} of {total_steps} steps ({steps_each_epoch} per "
-                 "epoch), then cosine to 0")
+    log.info(f"lr: reference {optim.lr:.2e}, {optim.lr_scaling} scaling, global batch {global_batch} "
+             f"({optim.batch_size} per GPU x {replicas} replicas x {optim.grad_accum_steps} accumulation) -> "
+             f"peak {peak_lr:.2e}; warmup {warmup_steps} of {total_steps} steps ({steps_each_epoch} per "
+             "epoch), then cosine to 0")
     return build_scheduler(optimizer, warmup_steps, total_steps, state.schedule_step(steps_each_epoch, global_batch))
 
 

@@ -106,6 +106,20 @@ def _hat(rows_of_vectors, shrink, count):
     return 1.0 / count + (rows_of_vectors * shrink) @ rows_of_vectors.T
 
 
+class NothingToStep:
+    """The optimizer and the LR schedule of a run whose head is solved by ridge regression, which takes
+    no step: building torch's AdamW imports torch._dynamo (0.9 s on the 2-core development machine,
+    most of a small set's set-up). Its checkpoints hold them empty; a state an earlier run saved is
+    one of an optimizer that never stepped, and is passed over."""
+    state = {}  # no moments (what a run's model-state line counts)
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+
 def left_out_groups(subjects, blocks=10):
     """What the alpha's error leaves out at a time: each person where there are several, else
     `blocks` stretches of consecutive windows (one person's recording, cut in time)."""
