@@ -119,6 +119,7 @@ def test_a_small_set_is_solved_on_its_training_windows_and_the_run_resumes_as_do
     torch.testing.assert_close(model.head[-1].weight, weight)
     torch.testing.assert_close(model.head[-1].bias, bias)
     torch.testing.assert_close(checkpoint["ema"]["weights"]["head.1.weight"], weight)  # the average is the solve
+    assert checkpoint["optimizer"] == {} and checkpoint["scheduler"] == {}  # no step: no optimizer was built
     code, out, err = train_npz(path, tmp_path / "run", "--val-fraction", "0")  # the same command again
     assert code == 0, err
     assert "already solved" in out
