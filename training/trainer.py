@@ -186,10 +186,8 @@ class Trainer:
                  "scaler": grad_scaler, "ema": ema, "rng": rng}
         layout = {"world_size": strategy.world_size, "loader_batch": loader_batch,
                   "grad_accum_steps": optim.grad_accum_steps}
-        exact_resume = False
-        if checkpoint is not None:
-            exact_resume = _resume(checkpoint, resume_from, state, parts, layout, global_batch, len(data.train),
-                                   config.parallel.grad_compression, log)
+        exact_resume = checkpoint is not None and _resume(checkpoint, resume_from, state, parts, layout, global_batch,
+                                                          len(data.train), config.parallel.grad_compression, log)
         strategy.check_same_on_all_ranks(state.step, "the optimizer steps already taken")
 
         scheduler = optimizer if head_fit == "ridge" else _position_schedule(
