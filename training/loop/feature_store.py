@@ -32,7 +32,10 @@ def pool_identity(model, splits, views, augment, seed, dtype, chunk):
     """{what: digest or value} of everything that decides the pool: the model's fixed parts, each
     split's windows (a store's manifest and the windows chosen) and normalisation, the views, the seed,
     the augmentation's settings and statistics, the counts' type and the chunking of random draws."""
-    fixed = {name: tensor for name, tensor in model.state_dict().items() if not name.startswith("head.")}
+    # MiniRocket's padding flag shows in the type (a padded pool holds float features, not counts): left
+    # out, so that pools written before the flag existed keep their identity.
+    fixed = {name: tensor for name, tensor in model.state_dict().items()
+             if not name.startswith("head.") and name != "nan_padding"}
     identity = {"format": FORMAT, "model": _digest(*fixed.values(), repr(model.dilations), repr(model.paddings)),
                 "views": views, "seed": seed, "dtype": str(dtype), "chunk": chunk,
                 "augmentation": _digest(repr(augment.config), augment.mean, augment.std) if augment else None}
