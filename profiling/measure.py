@@ -16,6 +16,7 @@ from profiling.run_time import measure_run_parts
 from profiling.timing import HostCpuMeter, LapTimer, StepClock, barrier, gather_per_rank, reduce_over_ranks
 from profiling.workload import build_workload, optimizer_step
 from training.distributed.strategy import make_strategy
+from training.loop.epochs import threads_for_the_step
 from training.reporting.logger import GIB, read_memory, reset_peaks
 
 
@@ -38,22 +39,23 @@ class PerformanceProfiler:
             # The strategy's start (a process group) belongs to the set-up, as in main.py's time line.
             work.set_up_s = time.perf_counter() - started - work.inputs_s
             self.output_dir = default_output_dir(args, strategy.world_size, work.precision)
-            reset_peaks(strategy.device)
-            for _ in range(args.warmup_steps):
-                # Both variants warm up, so neither pays first-call costs (compilation, DDP set-up).
-                optimizer_step(work, sync_gradients=True)
-                if strategy.world_size > 1:
-                    optimizer_step(work, sync_gradients=False)
-            meter = HostCpuMeter()
-            runs = [measured_run(work, args.steps) for _ in range(args.repeats)]
-            host_load = meter.stop(strategy)
-            memory = peak_memory(work)  # before the host-effects pass copies the model
-            lone_samples_s = [value for run in runs for value in run.pop("step_samples_s")]
-            # After the headline runs, so neighbours never disturb them.
-            host_effects = measure_host_effects(work, args, timed_steps, lone_samples_s) \
-                if strategy.world_size == 1 else None
-            phases = phase_breakdown(work, args.phase_steps) if args.phase_steps else None
-            run_parts = measure_run_parts(work, statistics.fmean(run["step_time_s"] for run in runs), loaded)
+            with threads_for_the_step(work.trainer):  # the step as main.py's epochs take it
+                reset_peaks(strategy.device)
+                for _ in range(args.warmup_steps):
+                    # Both variants warm up, so neither pays first-call costs (compilation, DDP set-up).
+                    optimizer_step(work, sync_gradients=True)
+                    if strategy.world_size > 1:
+                        optimizer_step(work, sync_gradients=False)
+                meter = HostCpuMeter()
+                runs = [measured_run(work, args.steps) for _ in range(args.repeats)]
+                host_load = meter.stop(strategy)
+                memory = peak_memory(work)  # before the host-effects pass copies the model
+                lone_samples_s = [value for run in runs for value in run.pop("step_samples_s")]
+                # After the headline runs, so neighbours never disturb them.
+                host_effects = measure_host_effects(work, args, timed_steps, lone_samples_s) \
+                    if strategy.world_size == 1 else None
+                phases = phase_breakdown(work, args.phase_steps) if args.phase_steps else None
+                run_parts = measure_run_parts(work, statistics.fmean(run["step_time_s"] for run in runs), loaded)
             gradient_elements = work.gradient_bytes // 4  # all-reduced as fp32, like DDP's gradients
             compute_s = statistics.fmean(run["compute_step_time_s"] for run in runs)
             benchmark = benchmark_allreduce(strategy, gradient_elements, args.allreduce_iters,

@@ -1,6 +1,7 @@
 """The epoch loop: fit() trains a built Trainer epoch by epoch, train_epoch() makes one pass over the
 training split, and between optimizer steps the step hook logs, saves mid-epoch and checks in with
 the other ranks (stop_protocol.py); at the epoch's end the run validates and saves."""
+import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -27,7 +28,33 @@ def fit(trainer):
         log.info(f"this run already stopped early ({state.epochs_since_best} epochs without a better "
                  "validation macro-F1); evaluating the test split")
         return "complete"
-    trainer.first_epoch = first_epoch = state.epoch
+    trainer.first_epoch = state.epoch
+    with threads_for_the_step(trainer):
+        return _train_epochs(trainer)
+
+
+@contextlib.contextmanager
+def threads_for_the_step(trainer):
+    """One intra-op thread on a CPU for a head trained over a feature pool, as many as before after it.
+    Its step is some tens of operations on [batch, features] tensors, each too small to share out:
+    spread over threads, every one waited for the slowest to wake (and for a store's reader thread
+    to leave a core), and the head trained at about half the samples/s on the 2-core development
+    machine (docs/performance.md). One thread also sums in the same order whatever a machine's cores."""
+    if trainer.strategy.device.type != "cpu" or trainer.pool_figures is None:
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train_epochs(trainer):
+    """fit()'s epochs from trainer.first_epoch on; the same returns."""
+    optim, log, state = trainer.config.optim, trainer.log, trainer.state
+    first_epoch = trainer.first_epoch
     stop_after = trainer.config.output.stop_after_epochs
     for epoch in range(first_epoch, optim.epochs):
         epoch_start = time.perf_counter()
