@@ -321,8 +321,8 @@ def untrained_classes_warning(data):
 def fit_normalization(train_signals, padded=False):
     """Per-channel mean and std over the training split only, as float32 arrays of [channels];
     `padded`: over the steps before each window's NaN padding."""
-    mean, std = (np.nanmean, np.nanstd) if padded else (np.mean, np.std)
-    mean, std = (statistic(train_signals, axis=(0, 2), dtype=np.float64) for statistic in (mean, std))
+    statistics = (np.nanmean, np.nanstd) if padded else (np.mean, np.std)
+    mean, std = (statistic(train_signals, axis=(0, 2), dtype=np.float64) for statistic in statistics)
     return mean.astype(np.float32), np.maximum(std, 1e-6).astype(np.float32)
 
 

@@ -91,7 +91,7 @@ def check_model_reads(config, data):
         readers = ", ".join(model for model, kind in MODELS.items() if kind.READS_NAN_PADDING)
         raise UsageError(f"--model {name} reads windows of one length, and these are of {shortest} to {longest} steps, "
                          f"padded at their end with NaN: use --model {readers}, which reads each over its own steps, "
-                         f"or cut every window to {shortest} steps")
+                         "or cut every window to one length")
 
 
 def check_class_flags(recipe, data):
