@@ -99,6 +99,9 @@ class MiniRocket(HARModel):
         # Each feature's T' over a window: what every training step on a feature pool divides its counts
         # by, kept beside them on the device rather than built from a list (a host copy) each step.
         self.register_buffer("window_positions", self.positions(window_steps, "cpu"), persistent=False)
+        # What each dilation adds to a padded window's own length to give its T', beside the lengths on
+        # the device for the same reason.
+        self.register_buffer("reaches", torch.tensor(self._reaches(), device="cpu"), persistent=False)
         # Whether the windows end in NaN padding: a buffer, so that checkpoints carry it, mirrored on the
         # host (`padded`: set by fit and by loading) rather than read at every batch, where a GPU would wait.
         self.register_buffer("nan_padding", torch.zeros((), dtype=torch.bool, device="cpu"))
@@ -140,7 +143,7 @@ class MiniRocket(HARModel):
     def own_positions(self, lengths):
         """[B, F]: each feature's T' over each window of its own length `lengths` [B]; NaN where the
         kernel reaches beyond the window (no outputs, so no proportion)."""
-        per_dilation = (lengths[:, None] + torch.tensor(self._reaches(), device=lengths.device)).float()
+        per_dilation = (lengths[:, None] + self.reaches).float()
         positions = per_dilation.repeat_interleave(len(KERNEL_TWOS) * self.biases_per_kernel, dim=1)
         return positions.where(positions > 0, float("nan"))
 
