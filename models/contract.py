@@ -12,6 +12,9 @@ class HARModel(nn.Module):
     FIXED_FEATURES = False  # True: forward also takes features(windows), which do not learn, so a pool can hold them
     FEATURE_VIEWS = 0  # when --feature-views is not given: views of the training windows pooled once (FIXED_FEATURES)
     FITS_TO_DATA = False  # True: fit(signals) sets parts from the training windows before training
+    # True: its buffers are all set before training (fit) and never change in it, so the weight average
+    # takes them once with its copy instead of folding them in at every step.
+    FIXED_BUFFERS = False
     # True: it takes windows of unequal lengths, each padded at its end with NaN (fit(..., padded=True)),
     # and reads each over its own steps; other models are refused such data.
     READS_NAN_PADDING = False

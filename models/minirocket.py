@@ -54,6 +54,7 @@ class MiniRocket(HARModel):
     FEATURE_VIEWS = 4  # chosen on the nested subject-wise estimate (docs/training.md)
     FITS_TO_DATA = True  # fit(signals): the biases and the feature statistics
     READS_NAN_PADDING = True  # each window over its own length
+    FIXED_BUFFERS = True  # kernels, biases, the feature statistics and the padding flag: fit's, then fixed
     LINEAR_HEAD = True  # head = Dropout, Linear over from_counts(pool counts): --head-fit ridge solves it
     STEP_RECORDS = True  # shown for the head's step on the feature pool, the default
 

@@ -183,7 +183,7 @@ def _twin(work, wrapper):
         strategy.clip_grad_norm_ = clip_sharded_grad_norm_
     optimizer = build_adamw(model, float(step.optimizer.defaults["lr"]), step.optimizer.param_groups[0]["weight_decay"],
                             device)
-    average = WeightAverage(copy.deepcopy(work.model), step.ema.decay) if step.ema else None
+    average = WeightAverage(copy.deepcopy(work.model), step.ema.decay, step.ema.fixed_buffers) if step.ema else None
     if average is not None:
         average.source = model
         if wrapper == "fsdp":

@@ -9,6 +9,7 @@ from data.augment import AugmentConfig, BatchAugmenter, parse_kinds, random_rota
 from data.description import named_triples
 from data.splits import channel_names
 from data.uci_har import CLASS_NAMES
+from models import build_model
 from training.checkpoint.train_state import seed_epoch
 from training.loop.recipe import WeightAverage
 
@@ -248,3 +249,20 @@ def test_weight_average_follows_the_warmed_up_decay_exactly():
     assert restored.updates == 29
     assert all(torch.equal(a, b) for a, b in zip(restored.module.state_dict().values(),
                                                  average.module.state_dict().values(), strict=True))
+
+
+def test_the_average_of_a_model_with_fixed_buffers_averages_its_weights_and_leaves_its_buffers():
+    torch.manual_seed(0)
+    model = build_model("minirocket", 3, 4, width=840)
+    model.fit(torch.randn(20, 3, 128).cumsum(dim=2) * 0.1)
+    assert model.FIXED_BUFFERS
+    average = WeightAverage(model, decay=0.9, fixed_buffers=model.FIXED_BUFFERS)
+    start = model.head[-1].weight.detach().clone()
+    fitted_std = model.feature_std.clone()
+    with torch.no_grad():
+        model.head[-1].weight.add_(1.0)
+        model.feature_std.mul_(2.0)  # never in training; here it shows the average leaves buffers alone
+    average.update()
+    weight = 1.0 - min(0.9, 2 / 11)
+    torch.testing.assert_close(average.module.head[-1].weight, start + weight)
+    assert torch.equal(average.module.feature_std, fitted_std)

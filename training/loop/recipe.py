@@ -81,7 +81,7 @@ def _missing_class(names, class_names, flag, is_default):
 
 def build_weight_average(recipe, model):
     """The moving average of `model`'s weights the settings ask for, or None."""
-    return WeightAverage(model, recipe.ema_decay) if recipe.ema_decay > 0 else None
+    return WeightAverage(model, recipe.ema_decay, model.FIXED_BUFFERS) if recipe.ema_decay > 0 else None
 
 
 class WeightAverage:
@@ -89,10 +89,11 @@ class WeightAverage:
     follows `model` (the bare module the optimizer updates) with a copy of its own.
 
     torch.optim.swa_utils.AveragedModel keeps its update count on the device, so a decay that
-    warms up with the count would need a host sync every step; here the count is a Python int."""
+    warms up with the count would need a host sync every step; here the count is a Python int.
+    `fixed_buffers`: the model's buffers never change in training, so the copy's stay as they are."""
 
-    def __init__(self, model, decay):
-        self.source, self.decay = model, decay
+    def __init__(self, model, decay, fixed_buffers=False):
+        self.source, self.decay, self.fixed_buffers = model, decay, fixed_buffers
         self.updates = 0
         self.module = copy.deepcopy(model).eval()
         for parameter in self.module.parameters():
@@ -148,7 +149,7 @@ class WeightAverage:
         """(average's, model's) tensor lists: parameters, float buffers, other buffers. Parameters and
         buffers stay apart, since under FSDP the parameters are sharded DTensors and buffers are not."""
         if self._pairs is None:  # the same tensors every step: look them up once
-            buffers = list(zip(self.module.buffers(), self.source.buffers(), strict=True))
+            buffers = [] if self.fixed_buffers else list(zip(self.module.buffers(), self.source.buffers(), strict=True))
             self._pairs = [_lists(zip(self.module.parameters(), self.source.parameters(), strict=True)),
                            _lists((a, b) for a, b in buffers if a.is_floating_point()),
                            _lists((a, b) for a, b in buffers if not a.is_floating_point())]
