@@ -281,9 +281,10 @@ def plan(source, options):
                              uci_har.WINDOW_STEPS // 2, "uci-har", test, f"UCI HAR layout {root}")
     if source.is_file() and source.suffix.lower() == ".npz":
         windows = load_npz_windows(source, options.described)
-        if windows.lengths is not None:
-            raise DataError(f"{source} holds windows of {windows.lengths[0]} to {windows.lengths[1]} steps, padded at "
-                            "their end with NaN, and a store holds windows of one length: train on the .npz itself "
+        if windows.own_lengths is not None:
+            shortest, longest = windows.own_lengths
+            raise DataError(f"{source} holds windows of {shortest} to {longest} steps, padded at their end with NaN, "
+                            "and a store holds windows of one length: train on the .npz itself "
                             f"(main.py --dataset npz --data-dir {source}), which reads each over its own steps")
         if windows.split is not None and np.any(windows.split == "val"):
             raise DataError(f"{source} marks validation windows ('val'), and a store holds its test subjects only: "

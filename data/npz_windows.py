@@ -34,7 +34,7 @@ class NpzWindows:
     split: np.ndarray  # str [N] of 'train' / 'test', or None: the caller holds out subjects
     preprocessing: str  # data/preprocess.py's PREPROCESSINGS: as the file says, else as its channel names imply
     unlabelled_windows: int = 0  # windows left out: their label is a value the description says means no class
-    lengths: tuple = None  # (shortest, longest) steps of windows padded at their end with NaN; None: no padding
+    own_lengths: tuple = None  # (shortest, longest) steps of windows padded at their end with NaN; None: no padding
 
 
 def load_npz_windows(path, description=None):
@@ -107,7 +107,7 @@ def _validate(path, arrays, description=None):
     return NpzWindows(as_float32, labels, subjects, class_names,
                       channel_names or tuple(f"channel_{i}" for i in range(channels)),
                       _sample_rate(path, arrays), _split(path, arrays, count),
-                      _preprocessing(path, arrays, channel_names or ()), lengths=lengths)
+                      _preprocessing(path, arrays, channel_names or ()), own_lengths=lengths)
 
 
 def _padded_lengths(path, signals, as_float32):

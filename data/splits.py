@@ -152,15 +152,15 @@ def _load_npz(data_dir, mode, val_fraction, split_seed, val_subjects, val_split,
         words = _validation_words(train_all, val_subjects, val_split)
     described_as = f", described by {described.where}" if described else ""
     unlabelled = f", {windows.unlabelled_windows:,} unlabelled windows left out" if windows.unlabelled_windows else ""
-    lengths = f" (unequal: {windows.lengths[0]} to {windows.lengths[1]}, padded at their end with NaN)" \
-        if windows.lengths else ""
+    lengths = f" (unequal: {windows.own_lengths[0]} to {windows.own_lengths[1]}, padded at their end with NaN)" \
+        if windows.own_lengths else ""
     description = (f"data: npz ({data_dir}{described_as}, {how}{unlabelled}): {whole.signals.shape[1]} channels x "
                    f"{whole.signals.shape[2]} steps{lengths}; train {len(train)} windows, val {len(val)} / {words}, "
                    f"test {len(test)}")
     return HarData(train, val, test, windows.class_names, windows.channel_names, "npz", description,
                    sample_rate_hz=windows.sample_rate_hz, preprocessing=windows.preprocessing,
                    identity=array_identity(np.array([file_sha256(data_dir), *_described_identity(described)])),
-                   described=described, own_lengths=windows.lengths)
+                   described=described, own_lengths=windows.own_lengths)
 
 
 def _load_store(data_dir, mode, val_fraction, split_seed, val_subjects, val_split):
