@@ -34,6 +34,7 @@ class Layout:
     stride_s: float = 1.28
     sensors: tuple = ("acc", "gyro")
     device_names: bool = False  # channels named as another device would (no x/y/z triples)
+    described: bool = False  # a description file (--description) gives each channel's sensor and axis
     three_classes: bool = False  # integer labels 0..2 of THREE_CLASSES, without class names
     # ONE_PERSON alone, split in time within each "recording", or within each "activity" of a recording
     # (its stretches of one activity taken together); None: every person, TEST_SUBJECTS test
@@ -62,6 +63,8 @@ LAYOUTS = {
     "labels-0": Layout("acc + gyro, 50 Hz, integer labels 0 walking, 1 sitting/standing, 2 lying, no class names",
                        three_classes=True),
     "device-names": Layout(f"acc + gyro, 50 Hz, channels {', '.join(DEVICE_NAMES)}", device_names=True),
+    "device-names-described": Layout("device-names with a description file naming each channel's sensor and axis",
+                                     device_names=True, described=True),
     "one-person": Layout(f"person {ONE_PERSON} alone: the first {ONE_PERSON_TRAIN_SHARE:.0%} of each recording's "
                          "windows train, the rest test", time_split_by="recording"),
     # The recordings follow one protocol, the stairs last: the first 70% of a recording holds none of
@@ -85,6 +88,17 @@ class LayoutWindows:
     @property
     def class_names(self):
         return None if self.layout.three_classes else CLASS_NAMES
+
+    def description(self):
+        """The --description file's contents (docs/using_a_model.md): each channel's name, sensor and axis
+        (its SENSOR_AXES position), the rate, the windows and the classes with their labels."""
+        layout = self.layout
+        sensors = [(sensor, axis[-1]) for sensor in layout.sensors for axis in SENSOR_AXES[sensor]]
+        return {"sample_rate_hz": layout.rate_hz, "window_steps": layout.window_steps,
+                "stride_steps": layout.stride_steps,
+                "channels": [{"name": name, "sensor": sensor, "axis": axis}
+                             for name, (sensor, axis) in zip(layout.channel_names, sensors, strict=True)],
+                "classes": [{"name": name, "label": label} for label, name in enumerate(self.class_names)]}
 
     def save(self, path):
         """The .npz of --dataset npz: only the arrays data/npz_windows.py knows."""

@@ -2,7 +2,8 @@
 
 Every layout of studies/layout_windows.py is cut from the development recordings and written as an
 .npz of windows. Then, in turn (A B, then B A the next round), two processes on the same cores:
-`main.py --dataset npz --data-dir L.npz` with no other flag than --save-dir, and
+`main.py --dataset npz --data-dir L.npz` with no other flag than --save-dir (and --description L.json
+for a layout that comes with a description file, as a user would write one), and
 `studies.minirocket_baseline --dataset npz` (aeon, --threads jobs: give the core count, since main.py
 takes every core). Each one's wall clock, test accuracy and worst person. Then the last round's
 best.pt goes end to end: one test person's whole recording, written in the layout's channels and
@@ -81,6 +82,10 @@ def study_layout(name, recordings, files, scratch, opts):
     windows = cut_layout(recordings, layout)
     data, recording_file = files / f"{name}.npz", files / f"{name}-recording.npz"
     windows.save(data)
+    description = None
+    if layout.described:
+        description = files / f"{name}.json"
+        description.write_text(json.dumps(windows.description(), indent=1))
     subject = int(windows.subjects[windows.split == "test"][0])
     recording_name = min(key for key in recordings if int(key[1:3]) == subject)
     write_recording(recordings[recording_name], layout, recording_file)
@@ -91,7 +96,7 @@ def study_layout(name, recordings, files, scratch, opts):
            "classes": len(set(windows.labels.tolist())),
            "test_classes": len(set(windows.labels[split == "test"].tolist())),
            "recording": f"{recording_name} (person {subject})"}
-    return compared(row, data, recording_file, scratch, opts)
+    return compared(row, data, recording_file, scratch, opts, description)
 
 
 def study_public_set(name, files, scratch, opts):
@@ -106,12 +111,14 @@ def study_public_set(name, files, scratch, opts):
     return compared(row, data, None, scratch, opts)
 
 
-def compared(row, data, recording_file, scratch, opts):
-    """`row` with both sides' rounds on the windows file `data`, in turn, and the last round's model
-    end to end (through predict.py too where there is a `recording_file`)."""
+def compared(row, data, recording_file, scratch, opts, description=None):
+    """`row` with both sides' rounds on the windows file `data` (main.py given its `description` file
+    where there is one), in turn, and the last round's model end to end (through predict.py too where
+    there is a `recording_file`)."""
     print(f"\n{row['layout']}: {row['about']}; {row['train_windows']} / {row['test_windows']} windows", flush=True)
     scratch.mkdir(parents=True)
-    runs = per_side(interleave({side: side_runner(side, data, scratch, opts.threads) for side in SIDES}, opts.rounds))
+    runners = {side: side_runner(side, data, scratch, opts.threads, description) for side in SIDES}
+    runs = per_side(interleave(runners, opts.rounds))
     row.update(runs)
     best = scratch / f"ours-{opts.rounds - 1}" / "best.pt"
     row["end_to_end"] = end_to_end(best, recording_file, scratch) if best.is_file() else \
@@ -119,13 +126,13 @@ def compared(row, data, recording_file, scratch, opts):
     return row
 
 
-def side_runner(side, data, scratch, threads):
+def side_runner(side, data, scratch, threads, description=None):
     """run(round) -> that round's figures of one side, each side a fresh process."""
     def one_round(round_index):
         if side == "ours":
             folder = scratch / f"ours-{round_index}"
             command = [sys.executable, "main.py", "--dataset", "npz", "--data-dir", str(data), "--save-dir",
-                       str(folder)]
+                       str(folder), *(["--description", str(description)] if description else [])]
             report = folder / "test_report.json"
         else:
             report = scratch / f"aeon-{round_index}.json"

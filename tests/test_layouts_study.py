@@ -6,6 +6,7 @@ import sys
 import numpy as np
 import pytest
 
+from data.description import read_description
 from data.npz_windows import load_npz_windows
 from data.recordings import read_recording
 from data.uci_har import CLASS_NAMES
@@ -62,6 +63,17 @@ def test_each_layout_is_an_npz_the_trainer_reads(recordings, name, tmp_path):
     else:
         assert set(read.subjects.tolist()) == set(SUBJECTS)
         assert np.array_equal(read.split == "test", read.subjects == 3)
+
+
+def test_the_described_layout_gives_its_channels_sensors_and_axes_for_rotation(recordings, tmp_path):
+    windows = cut_layout(recordings, LAYOUTS["device-names-described"])
+    path = tmp_path / "description.json"
+    path.write_text(json.dumps(windows.description()))
+    description = read_description(path)
+    assert description.sensor_triples() == [[0, 1, 2], [3, 4, 5]]  # acc, then gyro: what rotate and flip turn
+    windows.save(tmp_path / "windows.npz")
+    read = load_npz_windows(tmp_path / "windows.npz", description)  # the file and its description agree
+    assert read.channel_names == LAYOUTS["device-names"].channel_names and np.array_equal(read.labels, windows.labels)
 
 
 def test_layout_sizes():
