@@ -1,5 +1,7 @@
 """--model minirocket: fixed random dilated kernels, PPV features, a trained linear head."""
+import contextlib
 import json
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -7,7 +9,7 @@ import torch
 
 from conftest import TINY_DATA, load_checkpoint, run_in_process
 from models import build_model, count_parameters
-from models.minirocket import KERNEL_LENGTH, QUANTILE_SEED, TRANSFORM_CHUNK, row_quantiles
+from models.minirocket import KERNEL_LENGTH, QUANTILE_SEED, TRANSFORM_CHUNK, row_quantiles, triton_installed
 
 
 @pytest.fixture
@@ -220,6 +222,25 @@ def test_a_padded_window_is_read_over_its_own_steps_as_if_transformed_alone():
     pooled = model.pool_features(windows[:20])
     assert pooled.dtype == torch.float32 and torch.equal(pooled, standardised)
     assert torch.equal(model(pooled), model(windows[:20]))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_padded_windows_take_the_torch_path_and_read_as_on_the_host():
+    lengths = [128, 100, 64, 20, 9, *range(30, 128, 7)] * 4
+    windows = padded_windows(lengths)
+    model = build_model("minirocket", 3, 6, width=840).eval()
+    model.fit(windows, padded=True)
+    host = model.features(windows)
+    gpu = build_model("minirocket", 3, 6, width=840).eval()
+    gpu.load_state_dict(model.state_dict())  # the flag travels with the weights
+    gpu = gpu.cuda()
+    # Whole numbers and whole weights: every output is exact, in whatever order a GPU sums (and in TF32).
+    spy = mock.patch("models.minirocket_fused.fused_counts") if triton_installed() else contextlib.nullcontext()
+    with spy as kernel:
+        found = gpu.features(windows.cuda()).cpu()
+    assert gpu.padded and not (kernel and kernel.called)  # the fused kernel does not read padding
+    assert torch.equal(found, host)
 
 
 def test_training_windows_too_short_for_a_dilation_leave_its_features_at_the_mean():

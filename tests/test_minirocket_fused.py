@@ -90,15 +90,16 @@ def test_the_kernel_compiles_for_an_h100_without_one():
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from models.minirocket_fused import OUTPUTS_PER_PROGRAM, _ppv_kernel
+    from models.minirocket_fused import FP_FUSION, OUTPUTS_PER_PROGRAM, _ppv_kernel
     pointers = {"x_ptr": "*fp32", "weights_ptr": "*fp32", "used_ptr": "*i32", "biases_ptr": "*fp32", "out_ptr": "*fp32"}
     integers = ("windows", "channels", "padded_steps", "outputs_steps", "features", "first_feature",
                 "biases_per_kernel", "dilation", "offset")
     constants = {"BLOCK_WINDOWS": OUTPUTS_PER_PROGRAM // 128, "BLOCK_STEPS": 128, "KERNEL_LENGTH": 9}
     signature = {**pointers, **dict.fromkeys(integers, "i32"), **dict.fromkeys(constants, "constexpr")}
     compiled = triton.compile(ASTSource(fn=_ppv_kernel, signature=signature, constexprs=constants),
-                              target=GPUTarget("cuda", 90, 32))
+                              target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": FP_FUSION})
     assert compiled.asm["cubin"] and ".visible .entry _ppv_kernel" in compiled.asm["ptx"]
+    assert "fma.rn.f32" in compiled.asm["ptx"]  # each tap a fused multiply-add, whatever Triton's default
 
 
 @pytest.mark.cuda
