@@ -14,6 +14,7 @@ their end to end is the export.
 
   python -m studies.layouts --json layouts.json
   python -m studies.layouts --layouts 20hz,one-person --rounds 2 --keep ../layouts-npz
+  python -m studies.layouts --layouts device-names,device-names-described --public none --seed 1
 """
 import csv
 import json
@@ -52,6 +53,8 @@ def main(argv=None):
     parser.add_argument("--rounds", type=at_least(1), default=1, help="A B, then B A, ...")
     parser.add_argument("--threads", type=at_least(1), default=len(os.sched_getaffinity(0)),
                         help="aeon's jobs: the cores main.py takes")
+    parser.add_argument("--seed", type=at_least(0), default=None,
+                        help="main.py's --seed and aeon's kernel seed (default: each one's own, 42 and 0)")
     parser.add_argument("--keep", help="write the layouts' files into this new or empty folder and keep them")
     parser.add_argument("--json", type=json_file, help="write the figures here")
     opts = parser.parse_args(argv)
@@ -72,7 +75,7 @@ def main(argv=None):
             rows.append(study_public_set(name, files, Path(scratch) / name, opts))
     print(format_table(rows))
     write_json(opts.json, {"recordings": opts.recordings, "rounds": opts.rounds, "threads": opts.threads,
-                           "layouts": rows})
+                           "seed": opts.seed, "layouts": rows})
     return 0
 
 
@@ -117,7 +120,7 @@ def compared(row, data, recording_file, scratch, opts, description=None):
     there is a `recording_file`)."""
     print(f"\n{row['layout']}: {row['about']}; {row['train_windows']} / {row['test_windows']} windows", flush=True)
     scratch.mkdir(parents=True)
-    runners = {side: side_runner(side, data, scratch, opts.threads, description) for side in SIDES}
+    runners = {side: side_runner(side, data, scratch, opts, description) for side in SIDES}
     runs = per_side(interleave(runners, opts.rounds))
     row.update(runs)
     best = scratch / f"ours-{opts.rounds - 1}" / "best.pt"
@@ -126,18 +129,22 @@ def compared(row, data, recording_file, scratch, opts, description=None):
     return row
 
 
-def side_runner(side, data, scratch, threads, description=None):
+def side_runner(side, data, scratch, opts, description=None):
     """run(round) -> that round's figures of one side, each side a fresh process."""
+    seeded = opts.seed is not None
+
     def one_round(round_index):
         if side == "ours":
             folder = scratch / f"ours-{round_index}"
             command = [sys.executable, "main.py", "--dataset", "npz", "--data-dir", str(data), "--save-dir",
-                       str(folder), *(["--description", str(description)] if description else [])]
+                       str(folder), *(["--description", str(description)] if description else []),
+                       *(["--seed", str(opts.seed)] if seeded else [])]
             report = folder / "test_report.json"
         else:
             report = scratch / f"aeon-{round_index}.json"
             command = [sys.executable, "-m", "studies.minirocket_baseline", "--dataset", "npz", "--data-dir",
-                       str(data), "--threads", str(threads), "--json", str(report)]
+                       str(data), "--threads", str(opts.threads), "--json", str(report),
+                       *(["--kernel-seeds", str(opts.seed)] if seeded else [])]
         result = run_step(command)
         if result["ok"]:
             figures = json.loads(report.read_text())

@@ -1,5 +1,6 @@
 """The layouts study's windows, recordings and baseline path, on a few synthetic recordings of the
 development archive's keys (no real data needed)."""
+import argparse
 import json
 import sys
 
@@ -10,6 +11,7 @@ from data.description import read_description
 from data.npz_windows import load_npz_windows
 from data.recordings import read_recording
 from data.uci_har import CLASS_NAMES
+from studies import layouts
 from studies.layout_windows import LAYOUTS, ONE_PERSON, THREE_CLASSES, cut_layout, read_recordings, write_recording
 from studies.layouts import format_table, run_step
 from studies.public_sets import write_public_set
@@ -189,6 +191,20 @@ def test_a_failed_step_keeps_its_error_line_and_the_table_says_so():
     assert "| one-person | 10/5 | 6 | 128 (50) | 6 (2) | - / failed / " in table
     assert "0.9000 / 0.800 (3) / 10.0 | - | - | no: trained |" in table
     assert "FAILED one-person, ours: python -c" in table and "error: no way" in table
+
+
+@pytest.mark.parametrize("seed", [None, 3])
+def test_each_side_runs_its_own_command_with_the_seed_and_description_given(monkeypatch, tmp_path, seed):
+    commands = []
+    stopped = {"ok": False, "wall_s": 1.0, "error": "stopped", "other_cores": 0.0}
+    monkeypatch.setattr(layouts, "run_step", lambda command: commands.append(command) or stopped)
+    opts = argparse.Namespace(seed=seed, threads=2)
+    for side in layouts.SIDES:
+        layouts.side_runner(side, tmp_path / "l.npz", tmp_path, opts, tmp_path / "l.json")(0)
+    ours, aeon = (" ".join(map(str, command[1:])) for command in commands)
+    assert ours.startswith("main.py --dataset npz") and f"--description {tmp_path / 'l.json'}" in ours
+    assert "studies.minirocket_baseline" in aeon and "--description" not in aeon and "--threads 2" in aeon
+    assert ("--seed 3" in ours and "--kernel-seeds 3" in aeon) if seed else ("--seed" not in ours + aeon)
 
 
 def test_a_public_set_keeps_its_split_and_pads_each_series_with_its_last_value(tmp_path):
