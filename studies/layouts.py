@@ -3,7 +3,7 @@
 Every layout of studies/layout_windows.py is cut from the development recordings and written as an
 .npz of windows. Then, in turn (A B, then B A the next round), two processes on the same cores:
 `main.py --dataset npz --data-dir L.npz` with no other flag than --save-dir (and --description L.json
-for a layout that comes with a description file, as a user would write one), and
+for a layout that comes with a description file, as a user would write one; --seed S when given), and
 `studies.minirocket_baseline --dataset npz` (aeon, --threads jobs: give the core count, since main.py
 takes every core). Each one's wall clock, test accuracy and worst person. Then the last round's
 best.pt goes end to end: one test person's whole recording, written in the layout's channels and
