@@ -109,14 +109,16 @@ class MiniRocket(HARModel):
         self._padded = False
         self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(num_features, num_classes))
 
-    def transform(self, x, one_bias_at_a_time=True, fused=True):
+    def transform(self, x, one_bias_at_a_time=True, fused=True, shared_sums=False):
         """[B, C, T] -> PPV features [B, D x 84 x biases] (no gradient flows into them): each feature's
         count of positive positions over its T' positions, the exact proportion that a mean over them
         gives. one_bias_at_a_time: compare a kernel's output with its biases in turn, through a scratch
         tensor that stays in a CPU's caches; False compares with all of them at once, in fewer and
         larger operations (the same features; benchmarks.gpu_check.minirocket times both).
         fused: on a CUDA GPU with triton, one kernel that counts in registers (models.minirocket_fused;
-        its counts differ only where an output lies within float rounding of its bias)."""
+        its counts differ only where an output lies within float rounding of its bias); shared_sums: its
+        variant that reads three taps a kernel and channel beside nine-tap sums computed once (timed
+        against it by the same benchmark)."""
         if self.padded:
             lengths = own_lengths(x)
             counts = self._float_counts(torch.nan_to_num(x, nan=0.0), one_bias_at_a_time, fused=False, lengths=lengths)
@@ -124,7 +126,7 @@ class MiniRocket(HARModel):
         # The buffer at the model's own window length: a tensor made from a list is a host copy, which
         # a step recorded as a CUDA graph cannot hold.
         steps = self.window_positions if x.shape[2] == self.window_steps else self.positions(x.shape[2], x.device)
-        return self._float_counts(x, one_bias_at_a_time, fused) / steps
+        return self._float_counts(x, one_bias_at_a_time, fused, shared_sums=shared_sums) / steps
 
     def positions(self, window_steps, device):
         """Each feature's T': the positions its kernel's output has over a window of `window_steps`."""
@@ -174,7 +176,7 @@ class MiniRocket(HARModel):
         with torch.no_grad(), torch.autocast(x.device.type, enabled=False):
             return self._float_counts(x.float()).to(self.count_dtype)
 
-    def _float_counts(self, x, one_bias_at_a_time=True, fused=True, lengths=None):
+    def _float_counts(self, x, one_bias_at_a_time=True, fused=True, lengths=None, shared_sums=False):
         """Counts [B, F] as floats; with `lengths` [B], each window's over its own outputs only."""
         if torch.jit.is_tracing() or torch.compiler.is_compiling():
             # A graph being recorded (export, compile): one pass over the batch, whose size the
@@ -182,7 +184,7 @@ class MiniRocket(HARModel):
             return self._counts(x, None, lengths)
         if fused and x.device.type == "cuda" and triton_installed():
             from models.minirocket_fused import fused_counts  # triton's import is paid only where it runs
-            return fused_counts(x, self.weights, self.biases, self.dilations, self.paddings)
+            return fused_counts(x, self.weights, self.biases, self.dilations, self.paddings, shared_sums=shared_sums)
         if not len(x):
             return self._counts(x, None, lengths)
         chunk = self._chunk_counts if one_bias_at_a_time else self._all_biases_counts

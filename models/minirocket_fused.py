@@ -51,11 +51,44 @@ def _ppv_kernel(x_ptr, weights_ptr, used_ptr, biases_ptr, out_ptr, windows, chan
         tl.store(out_ptr + rows * features + feature, counts.to(tl.float32), mask=row_ok)
 
 
-def fused_counts(x, weights, biases, dilations, paddings, outputs_per_program=OUTPUTS_PER_PROGRAM, warps=WARPS):
+# MiniRocket's kernels weigh six taps -1 and three taps 2, so an output over a channel is three times
+# its three taps less the sum of all nine, and that sum is the same for all 84 kernels of a dilation.
+@triton.jit(do_not_specialize=["windows", "padded_steps", "outputs_steps", "first_feature", "dilation", "offset"])
+def _ppv_shared_sums_kernel(x_ptr, sums_ptr, twos_ptr, used_ptr, biases_ptr, out_ptr, windows, channels, padded_steps,
+                            outputs_steps, features, first_feature, biases_per_kernel, dilation, offset,
+                            BLOCK_WINDOWS: tl.constexpr, BLOCK_STEPS: tl.constexpr):
+    kernel = tl.program_id(0)
+    rows = tl.program_id(1) * BLOCK_WINDOWS + tl.arange(0, BLOCK_WINDOWS)
+    row_ok = rows < windows
+    rows_read = tl.minimum(rows, windows - 1)
+    starts = tl.arange(0, BLOCK_STEPS)
+    start_ok = starts < outputs_steps
+    # The kernel's three taps that weigh 2, as offsets along the padded window.
+    first = tl.load(twos_ptr + kernel * 3) * dilation
+    second = tl.load(twos_ptr + kernel * 3 + 1) * dilation
+    third = tl.load(twos_ptr + kernel * 3 + 2) * dilation
+    output = tl.zeros((BLOCK_WINDOWS, BLOCK_STEPS), dtype=tl.float32)
+    for channel in range(channels):
+        if tl.load(used_ptr + kernel * channels + channel) != 0:
+            row = (rows_read[:, None] * channels + channel) * padded_steps + offset + starts[None, :]
+            twos = tl.load(x_ptr + row + first) + tl.load(x_ptr + row + second) + tl.load(x_ptr + row + third)
+            output += 3.0 * twos - tl.load(sums_ptr + row)
+    for bias_index in range(biases_per_kernel):
+        bias = tl.load(biases_ptr + kernel * biases_per_kernel + bias_index)
+        positive = (output > -bias) & start_ok[None, :]
+        counts = tl.sum(positive.to(tl.int32), axis=1)
+        feature = first_feature + kernel * biases_per_kernel + bias_index
+        tl.store(out_ptr + rows * features + feature, counts.to(tl.float32), mask=row_ok)
+
+
+def fused_counts(x, weights, biases, dilations, paddings, outputs_per_program=OUTPUTS_PER_PROGRAM, warps=WARPS,
+                 shared_sums=False):
     """[B, C, T] fp32 windows -> [B, D x 84 x biases] counts of positive positions (as float32), ordered
     as MiniRocket.transform's features, which are these over each feature's T'.
     weights [D, 84, C, 9], biases [D, 84, biases]: the model's buffers. One launch per dilation, whose
-    outputs are T + 2 x padding - 8 x dilation steps long."""
+    outputs are T + 2 x padding - 8 x dilation steps long. shared_sums: each dilation's nine-tap sums
+    computed once for its 84 kernels, which then read three taps a channel instead of nine
+    (benchmarks.gpu_check.minirocket times both ways)."""
     windows, channels, steps = x.shape
     kernels, per = weights.shape[1], biases.shape[2]
     features = torch.empty(windows, len(dilations) * kernels * per, device=x.device, dtype=torch.float32)
@@ -70,14 +103,57 @@ def fused_counts(x, weights, biases, dilations, paddings, outputs_per_program=OU
     # [D, 84, C]: the channels each kernel sums; int32 so that every dilation's slice starts 16-byte
     # aligned, as Triton also compiles a variant per pointer alignment.
     used = weights.ne(0).any(dim=3).int()
+    if shared_sums:
+        sums = torch.empty_like(padded)  # each dilation's nine-tap sums in turn
+        twos = twos_taps(weights)
     for d, (dilation, padding) in enumerate(zip(dilations, paddings, strict=True)):
         outputs_steps = steps + 2 * padding - (kernel_length - 1) * dilation
         block_steps = triton.next_power_of_2(outputs_steps)
         block_windows = max(1, outputs_per_program // block_steps)
         grid = (kernels, triton.cdiv(windows, block_windows))
+        if shared_sums:
+            nine_tap_sums(padded, dilation, kernel_length, sums)
+            _ppv_shared_sums_kernel[grid](padded, sums, twos[d], used[d].contiguous(), biases[d].contiguous(),
+                                          features, windows, channels, padded.shape[2], outputs_steps,
+                                          features.shape[1], d * kernels * per, per, dilation, left - padding,
+                                          BLOCK_WINDOWS=block_windows, BLOCK_STEPS=block_steps, num_warps=warps,
+                                          enable_fp_fusion=FP_FUSION)
+            continue
         _ppv_kernel[grid](padded, weights[d].contiguous(), used[d].contiguous(), biases[d].contiguous(), features,
                           windows, channels, padded.shape[2], outputs_steps, features.shape[1], d * kernels * per,
                           per, dilation, left - padding,
                           BLOCK_WINDOWS=block_windows, BLOCK_STEPS=block_steps, KERNEL_LENGTH=kernel_length,
                           num_warps=warps, enable_fp_fusion=FP_FUSION)
     return features
+
+
+@triton.jit(do_not_specialize=["padded_steps", "starts", "dilation"])
+def _nine_tap_sums_kernel(x_ptr, sums_ptr, padded_steps, starts, dilation, BLOCK_STEPS: tl.constexpr,
+                          KERNEL_LENGTH: tl.constexpr):
+    row = tl.program_id(0)  # one channel of one window
+    columns = tl.program_id(1) * BLOCK_STEPS + tl.arange(0, BLOCK_STEPS)
+    inside = columns < starts
+    first_tap = x_ptr + row * padded_steps + columns
+    total = tl.zeros((BLOCK_STEPS,), dtype=tl.float32)
+    for tap in tl.static_range(KERNEL_LENGTH):  # in tap order: the same sums wherever they run
+        total += tl.load(first_tap + tap * dilation, mask=inside, other=0.0)
+    tl.store(sums_ptr + row * padded_steps + columns, total, mask=inside)
+
+
+def nine_tap_sums(padded, dilation, kernel_length, out):
+    """`out` [B, C, L] (padded's shape) holding each padded window's sum of `kernel_length` taps
+    `dilation` apart from every start whose taps all lie inside it; the later columns are left as
+    they were (no output reads them)."""
+    starts = padded.shape[2] - (kernel_length - 1) * dilation
+    block = min(1024, triton.next_power_of_2(starts))
+    grid = (padded.shape[0] * padded.shape[1], triton.cdiv(starts, block))
+    _nine_tap_sums_kernel[grid](padded, out, padded.shape[2], starts, dilation, BLOCK_STEPS=block,
+                                KERNEL_LENGTH=kernel_length)
+    return out
+
+
+def twos_taps(weights):
+    """[D, 84, 3] int32: for weights [D, 84, C, 9], the three taps of each kernel that weigh 2. Sorted
+    rather than found by nonzero, whose result's size would make the host wait for the device."""
+    twos = (weights == 2).any(dim=2).int()
+    return twos.argsort(dim=2, descending=True, stable=True)[:, :, :3].int().contiguous()

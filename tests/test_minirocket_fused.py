@@ -24,17 +24,21 @@ def fitted_model(device):
     return model, signals
 
 
-def counts_allowed(model, windows):
+def counts_allowed(model, windows, shared_sums=False):
     """Per feature, the fewest and most positive outputs a correct fp32 transform can count. Each
     output is a sum of C x 9 products, and any order of summing them in fp32 lands within
-    n x 2^-24 x sum |w x| of the exact sum (n terms): an output that close to its bias may fall either side."""
+    n x 2^-24 x sum |w x| of the exact sum (n terms): an output that close to its bias may fall either side.
+    With shared_sums an output over a channel is 3 x (its three taps weighing 2) less the sum of all nine:
+    12 terms a channel, of magnitude sum |x| + 3 x sum over those three |x|."""
     lowest, highest = [], []
-    terms = CHANNELS * model.weights.shape[3]
+    terms = CHANNELS * (12 if shared_sums else model.weights.shape[3])
     for d, (dilation, padding) in enumerate(zip(model.dilations, model.paddings, strict=True)):
         outputs = torch.nn.functional.conv1d(windows.double(), model.weights[d].double(), padding=padding,
                                              dilation=dilation)
         exact = outputs[:, :, None, :] + model.biases[d].double()[None, :, :, None]
-        magnitude = torch.nn.functional.conv1d(windows.double().abs(), model.weights[d].double().abs(),
+        weights = model.weights[d].double()
+        scale = weights.ne(0) * (1 + 3 * weights.eq(2)) if shared_sums else weights.abs()
+        magnitude = torch.nn.functional.conv1d(windows.double().abs(), scale.double(),
                                                padding=padding, dilation=dilation)[:, :, None, :]
         rounding = terms * 2.0 ** -24 * magnitude
         lowest.append((exact > rounding).sum(dim=3).flatten(1))
@@ -48,6 +52,26 @@ def output_steps(model, windows):
 
 
 def check_against_the_reference(device):
+    for shared_sums in (False, True):
+        check_one_kernel(device, shared_sums)
+    check_nine_tap_sums(device)
+
+
+def check_nine_tap_sums(device):
+    """The shared-sums kernel's nine-tap sums equal the taps added in order, bit for bit."""
+    from models.minirocket_fused import nine_tap_sums
+    padded = torch.randn(5, CHANNELS, 80, device=device)
+    for dilation in (1, 3, 9):
+        sums = nine_tap_sums(padded, dilation, 9, torch.full_like(padded, float("nan")))
+        starts = 80 - 8 * dilation
+        expected = padded[:, :, :starts].clone()
+        for tap in range(1, 9):
+            expected += padded[:, :, tap * dilation:tap * dilation + starts]
+        assert torch.equal(sums[:, :, :starts], expected)
+        assert sums[:, :, starts:].isnan().all()  # the later columns are left as they were
+
+
+def check_one_kernel(device, shared_sums):
     from models.minirocket_fused import fused_counts
     model, signals = fitted_model(device)
     # Windows the biases were drawn from (outputs equal to a bias: ties) and fresh ones, 20 in all: at
@@ -59,14 +83,14 @@ def check_against_the_reference(device):
     tied = torch.nn.functional.conv1d(windows[:1], model.weights[0], padding=model.paddings[0])[0, :, 5]
     model.biases[0, :, 0] = -tied
     counted = fused_counts(windows, model.weights, model.biases, model.dilations, model.paddings,
-                           outputs_per_program=256).long().cpu()
+                           outputs_per_program=256, shared_sums=shared_sums).long().cpu()
     # The default blocks (every window in one block here) count the same.
-    assert torch.equal(fused_counts(windows, model.weights, model.biases, model.dilations, model.paddings).cpu(),
-                       counted.float())
+    assert torch.equal(fused_counts(windows, model.weights, model.biases, model.dilations, model.paddings,
+                                    shared_sums=shared_sums).cpu(), counted.float())
     reference = model.transform(windows, fused=False)
     steps = output_steps(model, windows).to(device)
     reference_counts = torch.round(reference * steps).long().cpu()
-    lowest, highest = (bound.cpu() for bound in counts_allowed(model, windows))
+    lowest, highest = (bound.cpu() for bound in counts_allowed(model, windows, shared_sums))
     # Every count of the kernel is one a correct transform may give...
     assert ((lowest <= counted) & (counted <= highest)).all()
     # ...so a window's features may differ from the reference's only where one of its outputs lies
@@ -75,7 +99,8 @@ def check_against_the_reference(device):
     differs = (counted != reference_counts).any(dim=1)
     assert not (differs & ~ambiguous).any() and differs.sum() <= ambiguous.sum() < len(windows) // 2
     assert torch.equal(counted[~ambiguous], reference_counts[~ambiguous])
-    assert fused_counts(windows[:0], model.weights, model.biases, model.dilations, model.paddings).shape == (0, 504)
+    assert fused_counts(windows[:0], model.weights, model.biases, model.dilations, model.paddings,
+                        shared_sums=shared_sums).shape == (0, 504)
 
 
 def test_the_fused_kernel_counts_what_the_reference_counts_but_for_rounding():
@@ -83,23 +108,42 @@ def test_the_fused_kernel_counts_what_the_reference_counts_but_for_rounding():
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-def test_the_kernel_compiles_for_an_h100_without_one():
-    """Triton's own ptxas turns the kernel into an sm_90 binary (H100, H200) here, so a kernel that the
+def test_the_kernels_compile_for_an_h100_without_one():
+    """Triton's own ptxas turns each kernel into an sm_90 binary (H100, H200) here, so a kernel that the
     interpreter runs but the compiler refuses fails before a GPU is lent."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from models.minirocket_fused import FP_FUSION, OUTPUTS_PER_PROGRAM, _ppv_kernel
-    pointers = {"x_ptr": "*fp32", "weights_ptr": "*fp32", "used_ptr": "*i32", "biases_ptr": "*fp32", "out_ptr": "*fp32"}
-    integers = ("windows", "channels", "padded_steps", "outputs_steps", "features", "first_feature",
-                "biases_per_kernel", "dilation", "offset")
-    constants = {"BLOCK_WINDOWS": OUTPUTS_PER_PROGRAM // 128, "BLOCK_STEPS": 128, "KERNEL_LENGTH": 9}
-    signature = {**pointers, **dict.fromkeys(integers, "i32"), **dict.fromkeys(constants, "constexpr")}
-    compiled = triton.compile(ASTSource(fn=_ppv_kernel, signature=signature, constexprs=constants),
-                              target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": FP_FUSION})
-    assert compiled.asm["cubin"] and ".visible .entry _ppv_kernel" in compiled.asm["ptx"]
-    assert "fma.rn.f32" in compiled.asm["ptx"]  # each tap a fused multiply-add, whatever Triton's default
+    from models.minirocket_fused import (
+        FP_FUSION,
+        OUTPUTS_PER_PROGRAM,
+        _nine_tap_sums_kernel,
+        _ppv_kernel,
+        _ppv_shared_sums_kernel,
+    )
+
+    def ptx(kernel, pointers, integers, constants):
+        signature = {**pointers, **dict.fromkeys(integers, "i32"),
+                     **dict.fromkeys(constants, "constexpr")}
+        compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constants),
+                                  target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": FP_FUSION})
+        assert compiled.asm["cubin"] and f".visible .entry {kernel.__name__}" in compiled.asm["ptx"]
+        return compiled.asm["ptx"]
+
+    counts = ("windows", "channels", "padded_steps", "outputs_steps", "features", "first_feature",
+              "biases_per_kernel", "dilation", "offset")
+    blocks = {"BLOCK_WINDOWS": OUTPUTS_PER_PROGRAM // 128, "BLOCK_STEPS": 128}
+    taps = ptx(_ppv_kernel, {"x_ptr": "*fp32", "weights_ptr": "*fp32", "used_ptr": "*i32", "biases_ptr": "*fp32",
+                             "out_ptr": "*fp32"}, counts, {**blocks, "KERNEL_LENGTH": 9})
+    assert "fma.rn.f32" in taps  # each tap a fused multiply-add, whatever Triton's default
+    shared = ptx(_ppv_shared_sums_kernel, {"x_ptr": "*fp32", "sums_ptr": "*fp32", "twos_ptr": "*i32",
+                                           "used_ptr": "*i32", "biases_ptr": "*fp32", "out_ptr": "*fp32"},
+                 counts, blocks)
+    # Three taps and a sum a channel, not nine taps: fewer loads of the window (static counts).
+    assert shared.count("ld.global") < taps.count("ld.global") / 2
+    ptx(_nine_tap_sums_kernel, {"x_ptr": "*fp32", "sums_ptr": "*fp32"}, ("padded_steps", "starts", "dilation"),
+        {"BLOCK_STEPS": 256, "KERNEL_LENGTH": 9})
 
 
 @pytest.mark.cuda

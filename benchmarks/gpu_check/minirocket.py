@@ -23,7 +23,10 @@ from training.config.settings import check_at_least
 from training.entry_point import run_entry_point
 
 FUSED = "fused kernel"
-WAYS = {FUSED: {"fused": True}, "one bias at a time": {"fused": False},
+FUSED_SHARED_SUMS = "fused kernel, shared sums"
+FUSED_WAYS = (FUSED, FUSED_SHARED_SUMS)  # on a CUDA GPU with triton only
+WAYS = {FUSED: {"fused": True}, FUSED_SHARED_SUMS: {"fused": True, "shared_sums": True},
+        "one bias at a time": {"fused": False},
         "all biases at once": {"fused": False, "one_bias_at_a_time": False}}  # the transform's keywords
 
 
@@ -47,10 +50,10 @@ def main(argv=None):
     fit_s = [timed(device, model.fit, windows) for _ in range(3)]
     print(f"fit: {statistics.median(fit_s):.3f} s (median of 3)")
     rates, fused_runs = {}, device.type == "cuda" and triton_installed()
-    ways = {way: keywords for way, keywords in WAYS.items() if way != FUSED or fused_runs}
-    agreement = fused_agreement(model, windows[:1024]) if fused_runs else None
-    if agreement:
-        print(f"fused kernel against the reference: {agreement['windows_equal_share']:.2%} of windows with every "
+    ways = {way: keywords for way, keywords in WAYS.items() if way not in FUSED_WAYS or fused_runs}
+    agreements = {way: fused_agreement(model, windows[:1024], WAYS[way]) for way in FUSED_WAYS} if fused_runs else {}
+    for way, agreement in agreements.items():
+        print(f"{way} against the reference: {agreement['windows_equal_share']:.2%} of windows with every "
               f"feature equal, {agreement['features_differing_share']:.4%} of features differing", flush=True)
     for batch in opts.batch_sizes:
         for way, keywords in ways.items():
@@ -61,15 +64,17 @@ def main(argv=None):
             print(f"batch {batch}, {way}: {len(windows) / seconds:,.0f} windows/s", flush=True)
     write_json(opts.json, {"device": str(device), "torch": torch.__version__, "windows": opts.windows,
                            "features": model.feature_mean.numel(), "fit_s": fit_s, "windows_per_s": rates,
-                           "fused_agreement": agreement})
+                           "fused_agreement": agreements.get(FUSED),
+                           "shared_sums_agreement": agreements.get(FUSED_SHARED_SUMS)})
     return 0
 
 
 @torch.no_grad()
-def fused_agreement(model, windows):
-    """The share of windows whose features all equal the reference's, and of features that differ
-    (where an output lies within float rounding of its bias, tests/test_minirocket_fused.py)."""
-    fused, reference = model.transform(windows, fused=True), model.transform(windows, fused=False)
+def fused_agreement(model, windows, keywords):
+    """The share of windows whose features, transformed with `keywords`, all equal the reference's, and
+    of features that differ (where an output lies within float rounding of its bias,
+    tests/test_minirocket_fused.py)."""
+    fused, reference = model.transform(windows, **keywords), model.transform(windows, fused=False)
     return {"windows_equal_share": (fused == reference).all(dim=1).float().mean().item(),
             "features_differing_share": (fused != reference).float().mean().item()}
 

@@ -97,9 +97,11 @@ def minirocket_rows(steps):
 def minirocket_notes(steps):
     return [f"Fit: {step['figures']['fit_s']:.2f} s (median of 3) for {step['figures']['features']:,} features."
             for step in steps if (step.get("figures") or {}).get("fit_s") is not None] + [
-        f"Fused kernel against the reference on 1,024 windows: {agreement['windows_equal_share']:.2%} of windows with "
+        f"{way} against the reference on 1,024 windows: {agreement['windows_equal_share']:.2%} of windows with "
         f"every feature equal, {agreement['features_differing_share']:.4%} of features differing."
-        for agreement in ((step.get("figures") or {}).get("fused_agreement") for step in steps) if agreement] + [""]
+        for step in steps for way, key in (("Fused kernel", "fused_agreement"),
+                                           ("Fused kernel, shared sums", "shared_sums_agreement"))
+        if (agreement := (step.get("figures") or {}).get(key))] + [""]
 
 
 def epoch_notes(steps):

@@ -1,6 +1,6 @@
 """The GPU issue's targets, each beside the figure of the check that measures it: printed at the end
 of a check and at the top of its page. A target without its figure says why (not run, failed)."""
-from benchmarks.gpu_check.minirocket import FUSED
+from benchmarks.gpu_check.minirocket import FUSED, FUSED_WAYS
 
 FUSED_WINDOWS_PER_S = 1_000_000  # at batch >= 1,024
 STEP_SAMPLES_PER_S = {"cnn1d": 100_000, "minirocket": 150_000}  # at batch 32: cnn1d, the default's head
@@ -40,14 +40,16 @@ def fused_transform(steps):
     what = "MiniRocket transform, fused kernel, batch >= 1,024 (windows/s)"
     rates = [(way, rate) for figures in figures_of(steps) for batch, ways in
              (figures.get("windows_per_s") or {}).items() if int(batch) >= 1024 for way, rate in ways.items()]
-    fused = max((rate for way, rate in rates if way == FUSED), default=None)
+    fused = max(((rate, way) for way, rate in rates if way in FUSED_WAYS), default=None)
     if fused is None:
         return row(what, None, FUSED_WINDOWS_PER_S, ",.0f", note=f"no fused figure ({status_of(steps)})")
-    reference = max(rate for way, rate in rates if way != FUSED)
-    agreement = next((f["fused_agreement"] for f in figures_of(steps) if f.get("fused_agreement")), {})
-    note = (f"reference {reference:,.0f}; {agreement.get('windows_equal_share', float('nan')):.2%} of windows "
-            "with features equal to the reference's")
-    return row(what, fused, FUSED_WINDOWS_PER_S, ",.0f", note=note)
+    rate, way = fused
+    reference = max(rate for way, rate in rates if way not in FUSED_WAYS)
+    key = "fused_agreement" if way == FUSED else "shared_sums_agreement"
+    agreement = next((f[key] for f in figures_of(steps) if f.get(key)), {})
+    note = (f"{way}; reference {reference:,.0f}; {agreement.get('windows_equal_share', float('nan')):.2%} of "
+            "windows with features equal to the reference's")
+    return row(what, rate, FUSED_WINDOWS_PER_S, ",.0f", note=note)
 
 
 def step_rate(model, target, matrix_steps, overhead_steps):
