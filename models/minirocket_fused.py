@@ -19,6 +19,28 @@ WARPS = 4
 FP_FUSION = True
 
 
+@triton.jit
+def _block(windows, outputs_steps, BLOCK_WINDOWS: tl.constexpr, BLOCK_STEPS: tl.constexpr):
+    """This program's windows and output starts, each with where it is real."""
+    rows = tl.program_id(1) * BLOCK_WINDOWS + tl.arange(0, BLOCK_WINDOWS)
+    starts = tl.arange(0, BLOCK_STEPS)
+    # A block's last rows beyond the batch read its last window (every read in bounds, no mask to
+    # build per tap) and store nothing.
+    return rows, rows < windows, tl.minimum(rows, windows - 1), starts, starts < outputs_steps
+
+
+@triton.jit
+def _store_counts(output, kernel, rows, row_ok, start_ok, biases_ptr, out_ptr, features, first_feature,
+                  biases_per_kernel):
+    """A kernel's outputs [windows, starts] compared with each of its biases, the positive ones counted."""
+    for bias_index in range(biases_per_kernel):
+        bias = tl.load(biases_ptr + kernel * biases_per_kernel + bias_index)
+        positive = (output > -bias) & start_ok[None, :]
+        counts = tl.sum(positive.to(tl.int32), axis=1)
+        feature = first_feature + kernel * biases_per_kernel + bias_index
+        tl.store(out_ptr + rows * features + feature, counts.to(tl.float32), mask=row_ok)
+
+
 # One compilation for every dilation and batch: Triton would otherwise compile a variant for each
 # integer argument that is 1 or a multiple of 16 (a first run's start-up pays for each).
 @triton.jit(do_not_specialize=["windows", "padded_steps", "outputs_steps", "first_feature", "dilation", "offset"])
@@ -26,13 +48,7 @@ def _ppv_kernel(x_ptr, weights_ptr, used_ptr, biases_ptr, out_ptr, windows, chan
                 features, first_feature, biases_per_kernel, dilation, offset,
                 BLOCK_WINDOWS: tl.constexpr, BLOCK_STEPS: tl.constexpr, KERNEL_LENGTH: tl.constexpr):
     kernel = tl.program_id(0)
-    rows = tl.program_id(1) * BLOCK_WINDOWS + tl.arange(0, BLOCK_WINDOWS)
-    row_ok = rows < windows
-    # A block's last rows beyond the batch read its last window (every read in bounds, no mask to
-    # build per tap) and store nothing.
-    rows_read = tl.minimum(rows, windows - 1)
-    starts = tl.arange(0, BLOCK_STEPS)
-    start_ok = starts < outputs_steps
+    rows, row_ok, rows_read, starts, start_ok = _block(windows, outputs_steps, BLOCK_WINDOWS, BLOCK_STEPS)
     output = tl.zeros((BLOCK_WINDOWS, BLOCK_STEPS), dtype=tl.float32)
     for channel in range(channels):
         # A kernel sums a few of the channels (its weights are zero on the others): skip the rest.
@@ -43,12 +59,8 @@ def _ppv_kernel(x_ptr, weights_ptr, used_ptr, biases_ptr, out_ptr, windows, chan
             for tap in tl.static_range(KERNEL_LENGTH):
                 weight = tl.load(weights_ptr + (kernel * channels + channel) * KERNEL_LENGTH + tap)
                 output += weight * tl.load(first_tap + tap * dilation)
-    for bias_index in range(biases_per_kernel):
-        bias = tl.load(biases_ptr + kernel * biases_per_kernel + bias_index)
-        positive = (output > -bias) & start_ok[None, :]
-        counts = tl.sum(positive.to(tl.int32), axis=1)
-        feature = first_feature + kernel * biases_per_kernel + bias_index
-        tl.store(out_ptr + rows * features + feature, counts.to(tl.float32), mask=row_ok)
+    _store_counts(output, kernel, rows, row_ok, start_ok, biases_ptr, out_ptr, features, first_feature,
+                  biases_per_kernel)
 
 
 # MiniRocket's kernels weigh six taps -1 and three taps 2, so an output over a channel is three times
@@ -58,11 +70,7 @@ def _ppv_shared_sums_kernel(x_ptr, sums_ptr, twos_ptr, used_ptr, biases_ptr, out
                             outputs_steps, features, first_feature, biases_per_kernel, dilation, offset,
                             BLOCK_WINDOWS: tl.constexpr, BLOCK_STEPS: tl.constexpr):
     kernel = tl.program_id(0)
-    rows = tl.program_id(1) * BLOCK_WINDOWS + tl.arange(0, BLOCK_WINDOWS)
-    row_ok = rows < windows
-    rows_read = tl.minimum(rows, windows - 1)
-    starts = tl.arange(0, BLOCK_STEPS)
-    start_ok = starts < outputs_steps
+    rows, row_ok, rows_read, starts, start_ok = _block(windows, outputs_steps, BLOCK_WINDOWS, BLOCK_STEPS)
     # The kernel's three taps that weigh 2, as offsets along the padded window.
     first = tl.load(twos_ptr + kernel * 3) * dilation
     second = tl.load(twos_ptr + kernel * 3 + 1) * dilation
@@ -73,12 +81,8 @@ def _ppv_shared_sums_kernel(x_ptr, sums_ptr, twos_ptr, used_ptr, biases_ptr, out
             row = (rows_read[:, None] * channels + channel) * padded_steps + offset + starts[None, :]
             twos = tl.load(x_ptr + row + first) + tl.load(x_ptr + row + second) + tl.load(x_ptr + row + third)
             output += 3.0 * twos - tl.load(sums_ptr + row)
-    for bias_index in range(biases_per_kernel):
-        bias = tl.load(biases_ptr + kernel * biases_per_kernel + bias_index)
-        positive = (output > -bias) & start_ok[None, :]
-        counts = tl.sum(positive.to(tl.int32), axis=1)
-        feature = first_feature + kernel * biases_per_kernel + bias_index
-        tl.store(out_ptr + rows * features + feature, counts.to(tl.float32), mask=row_ok)
+    _store_counts(output, kernel, rows, row_ok, start_ok, biases_ptr, out_ptr, features, first_feature,
+                  biases_per_kernel)
 
 
 def fused_counts(x, weights, biases, dilations, paddings, outputs_per_program=OUTPUTS_PER_PROGRAM, warps=WARPS,
