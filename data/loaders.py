@@ -244,12 +244,13 @@ def make_loader(split, batch_size, sampler, num_workers=0, pin_memory=False):
 
 
 def split_loaders(splits, train_batch, eval_batch, device, world_size, rank, seed, data_path="auto", num_workers=0,
-                  train_views=1):
+                  train_views=1, whole_training_batches=False):
     """This rank's batches of each split (name -> split): cut on the device when --data-path keeps
     the splits there, else from a DataLoader (a window store's, streamed from disk, always).
     Training shuffles and pads so ranks step together; evaluation does neither. `train_views`: the
-    training split holds that many views of its windows, one per epoch in turn. Returns (loaders,
-    a line saying which path the batches take)."""
+    training split holds that many views of its windows, one per epoch in turn.
+    `whole_training_batches`: every rank draws the whole training order, as one process would (a
+    replicated model). Returns (loaders, a line saying which path the batches take)."""
     streaming = any(not isinstance(split.signals, np.ndarray) for split in splits.values())  # read from disk
     on_device = not streaming and keep_on_device(data_path, num_workers, device, split_bytes(*splits.values()))
     loaders = {}
@@ -257,7 +258,8 @@ def split_loaders(splits, train_batch, eval_batch, device, world_size, rank, see
         training = name == "train"
         kind = BlockShuffledSampler if streaming and training else ShardedSampler
         views = train_views if training else 1
-        sampler = kind(len(split) // views, world_size, rank, shuffle=training, seed=seed, pad=training, views=views)
+        ranks = (1, 0) if training and whole_training_batches else (world_size, rank)
+        sampler = kind(len(split) // views, *ranks, shuffle=training, seed=seed, pad=training, views=views)
         batch = train_batch if training else eval_batch
         loaders[name] = (DeviceResidentLoader(split, batch, sampler, device) if on_device else
                          make_loader(split, batch, sampler, num_workers, pin_memory=device.type == "cuda"))

@@ -1,6 +1,7 @@
 """MiniRocket's features computed once (training.loop.recipe): what the pool holds, which view each
 epoch trains on, and runs through main.py that prove it against transforming every batch."""
 import errno
+import json
 import signal
 import sys
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import TINY_DATA, load_checkpoint, run_in_process, run_subprocess
+from conftest import TINY_DATA, load_checkpoint, read_metrics, run_in_process, run_subprocess
 from data.augment import AugmentConfig, BatchAugmenter
 from data.loaders import ShardedSampler, epoch_order
 from data.splits import Split
@@ -172,6 +173,68 @@ def test_one_view_without_augmentation_trains_the_weights_that_transforming_ever
         assert torch.equal(tensor, runs[1]["model"][name]), name
     for name, tensor in runs[0]["ema"]["weights"].items():
         assert torch.equal(tensor, runs[1]["ema"]["weights"][name]), name
+
+
+def test_ddp_ranks_step_replicas_of_the_head_that_equal_one_process_with_the_global_batch(tmp_path):
+    """--pool-head replicated (the default): 2 ranks x 8 take the steps one process takes with 16,
+    bit for bit, with no gradient exchange; the epoch's loss figures count each window once."""
+    same_lr = ["--lr-scaling", "none", "--epochs", "2", "--no-resume"]
+    ddp = run_subprocess([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          "main_multi_gpu.py", "--multi-gpu", "ddp", "--device", "cpu", *MINIROCKET, *same_lr,
+                          "--batch-size", "8", "--save-dir", tmp_path / "ddp"])
+    assert ddp.returncode == 0, ddp.stderr
+    assert "the model replicated: each rank steps the whole global batch" in ddp.stdout
+    runs = {"ddp": load_checkpoint(tmp_path / "ddp" / "last.pt")}
+    for name, batch in (("one", "16"), ("half", "8")):
+        code, _, err = run_in_process("main.py", [*MINIROCKET, *same_lr, "--batch-size", batch,
+                                                  "--save-dir", tmp_path / name])
+        assert code == 0, err
+        runs[name] = load_checkpoint(tmp_path / name / "last.pt")
+    assert runs["ddp"]["step"] == runs["one"]["step"] > 0
+    for part in ("model", "optimizer", "ema"):
+        assert_same_tensors(runs["ddp"][part], runs["one"][part], part)
+    assert not torch.equal(runs["half"]["model"]["head.1.weight"], runs["one"]["model"]["head.1.weight"])
+    ddp_epochs, one_epochs = (read_metrics(tmp_path / name) for name in ("ddp", "one"))
+    for ddp_epoch, one_epoch in zip(ddp_epochs, one_epochs, strict=True):
+        assert ddp_epoch["train_samples"] == one_epoch["train_samples"]
+        assert ddp_epoch["train_loss"] == one_epoch["train_loss"]
+    # Rank 1 killed in the second epoch (9 steps an epoch); torchrun restarts the ranks, which resume
+    # from the step saved before and end where one process does.
+    killed = run_subprocess([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             "--max-restarts=1", "main_multi_gpu.py", "--multi-gpu", "ddp", "--device", "cpu",
+                             *MINIROCKET, *same_lr[:-1], "--batch-size", "8", "--save-every-steps", "1",
+                             "--save-dir", tmp_path / "killed"], env={"HAR_FAULT": "kill@11:rank=1"}, timeout=300)
+    assert killed.returncode == 0, killed.stderr[-3000:]
+    assert "RESUMING" in killed.stdout and "epoch 2, sample 32 of 136" in killed.stdout
+    resumed = load_checkpoint(tmp_path / "killed" / "last.pt")
+    for part in ("model", "optimizer", "ema"):
+        assert_same_tensors(resumed[part], runs["one"][part], part)
+
+
+def test_replicas_that_drift_apart_are_made_rank_0s_again(tmp_path):
+    out = tmp_path / "aligned.json"
+    result = run_subprocess([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                             "tests/scripts/align_replicas.py", out, tmp_path, *MINIROCKET, "--device", "cpu"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    aligned = json.loads(out.read_text())
+    assert aligned["replicated"]
+    tensors = {part: row["tensors"] for part, row in aligned["parts"].items()}
+    assert tensors == {"weights": 2, "moments": 4, "average": 2}  # the head's weight and bias in each
+    assert all(row["same"] for row in aligned["parts"].values()), aligned
+
+
+def assert_same_tensors(first, second, where):
+    """Every tensor of two nested state dicts equal, bit for bit."""
+    if torch.is_tensor(first):
+        assert torch.equal(first, second), where
+    elif isinstance(first, dict):
+        assert first.keys() == second.keys(), where
+        for key in first:
+            assert_same_tensors(first[key], second[key], f"{where}.{key}")
+    elif isinstance(first, list | tuple):
+        assert len(first) == len(second), where
+        for index, (a, b) in enumerate(zip(first, second, strict=True)):
+            assert_same_tensors(a, b, f"{where}[{index}]")
 
 
 def test_a_run_killed_while_training_on_the_pool_resumes_bit_for_bit(tmp_path):

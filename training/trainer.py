@@ -139,6 +139,9 @@ class Trainer:
     loaders: dict  # split name -> this rank's batches
     loader_batch: int  # samples per micro-batch drawn by each process
     global_batch: int  # samples per optimizer step, all replicas and micro-batches together
+    # The ranks a training batch is dealt over: the world size, or 1 when every rank steps the whole
+    # batch (a replicated head, DistributedStrategy.replicate_model).
+    batch_ranks: int
     step: TrainStep
     state: TrainState
     rng: RandomStreams
@@ -165,12 +168,12 @@ class Trainer:
             log.warn(warning)
         data, normalization = _normalize_data(data, checkpoint, log)
         head_fit, augment = _head_fit_and_augmenter(config, data, normalization, strategy, log)
+        replicated = _replicates_the_head(config, strategy, head_fit, log)
         model, train_model, precision, ema = _build_model(config, data, strategy, log, checkpoint)
         global_batch = global_batch_size(optim.batch_size, strategy.data_parallel_size, optim.grad_accum_steps)
-        # DataParallel splits one loader batch over its GPUs; DDP ranks each load their own.
-        loader_batch = optim.batch_size * strategy.data_parallel_size // strategy.world_size
+        batch_ranks, loader_batch = _training_batches(optim.batch_size, strategy, replicated)
         loaders, augment, pool_figures, pool = _build_loaders(config, data, model, augment, loader_batch, strategy,
-                                                              log)
+                                                              log, replicated)
 
         peak_lr = scaled_lr(optim.lr, optim.lr_scaling, global_batch, optim.batch_size)
         lr_warning = scaling_warning(optim.lr, optim.lr_scaling, global_batch, optim.batch_size, DEFAULT_LR)
@@ -181,10 +184,10 @@ class Trainer:
         optimizer = NothingToStep() if head_fit == "ridge" else build_adamw(model, peak_lr, optim.weight_decay,
                                                                             strategy.device, capturable=record_graph)
         grad_scaler = precision.make_grad_scaler()
-        state, rng = TrainState(), RandomStreams(strategy)
+        state, rng = TrainState(), RandomStreams(strategy, replicas=replicated)
         parts = {"model": strategy.module_state(model), "optimizer": strategy.optimizer_state(model, optimizer),
                  "scaler": grad_scaler, "ema": ema, "rng": rng}
-        layout = {"world_size": strategy.world_size, "loader_batch": loader_batch,
+        layout = {"world_size": batch_ranks, "loader_batch": loader_batch,
                   "grad_accum_steps": optim.grad_accum_steps}
         exact_resume = checkpoint is not None and _resume(checkpoint, resume_from, state, parts, layout, global_batch,
                                                           len(data.train), config.parallel.grad_compression, log)
@@ -208,7 +211,7 @@ class Trainer:
         return cls(config=config, strategy=strategy, log=log, data=data, model=model, precision=precision,
                    loaders=loaders, loader_batch=loader_batch, global_batch=global_batch, step=step, state=state,
                    rng=rng, checkpoints=checkpoints, stop_signals=stop_signals or StopSignals(),
-                   exact_resume=exact_resume, pool_figures=pool_figures,
+                   batch_ranks=batch_ranks, exact_resume=exact_resume, pool_figures=pool_figures,
                    head_pool=pool["train"] if head_fit == "ridge" else None, epochs=epochs)
 
     def evaluate(self, split, model=None):
@@ -226,6 +229,22 @@ class Trainer:
     def validation_model(self):
         """The weights validation, best.pt's choice and the test judge: the average when kept."""
         return self.step.ema.module if self.step.ema else self.strategy.eval_model(self.model)
+
+    @property
+    def replicated(self):
+        """Whether every rank steps the whole global batch on a replica of its own."""
+        return self.batch_ranks < self.strategy.world_size
+
+    def align_replicas(self):
+        """A replicated head's weights, optimizer moments and average made rank 0's on every rank: the
+        same steps on the same batches keep replicas equal on one kind of hardware, and this keeps
+        them one model on mixed nodes too (once an epoch, a few small broadcasts)."""
+        if not self.replicated:
+            return
+        moments = [value for state in self.step.optimizer.state.values() for value in state.values()
+                   if torch.is_tensor(value)]
+        average = list(self.step.ema.module.parameters()) if self.step.ema else []
+        self.strategy.align_with_rank0([*self.model.parameters(), *moments, *average])
 
     def save(self, is_best):
         """A checkpoint of where the run stands; every rank takes part (buffers and random streams)."""
@@ -287,10 +306,39 @@ def _head_fit_and_augmenter(config, data, normalization, strategy, log):
                                      strategy.device, log.warn, data.sensor_triples(), data.padded)
 
 
-def _build_loaders(config, data, model, augment, loader_batch, strategy, log):
+def replicates_the_head(config, head_fit):
+    """Whether DDP's ranks would train replicas of this run's model, each stepping the whole global
+    batch (--pool-head replicated): a head trained by steps over a feature pool, which every rank
+    holds whole."""
+    model_class, views = MODELS[config.model.name], feature_views_of(config.model.name, config.recipe.feature_views)
+    return (config.parallel.pool_head == "replicated" and head_fit == "adamw" and model_class.FIXED_FEATURES
+            and views > 0)
+
+
+def _replicates_the_head(config, strategy, head_fit, log):
+    """replicates_the_head under DDP on 2+ ranks; tells the strategy before it wraps the model."""
+    if not (strategy.name == "ddp" and strategy.world_size > 1 and replicates_the_head(config, head_fit)):
+        return False
+    strategy.replicate_model()
+    if config.parallel.grad_compression != "none":
+        log.warn(f"--grad-compression {config.parallel.grad_compression} compresses nothing here: the head's "
+                 "replicas exchange no gradients (--pool-head ddp all-reduces them)")
+    return True
+
+
+def _training_batches(batch_size, strategy, replicated):
+    """(the ranks a training batch is dealt over, the samples each process loads per micro-batch).
+    DataParallel splits one loader batch over its GPUs; DDP ranks each load their own share of the
+    global batch, or all of it when each steps it (a replicated head)."""
+    batch_ranks = 1 if replicated else strategy.world_size
+    return batch_ranks, batch_size * strategy.data_parallel_size // batch_ranks
+
+
+def _build_loaders(config, data, model, augment, loader_batch, strategy, log, replicated=False):
     """The splits' loaders, over a feature pool where the model's features are fixed, the augmenter
     the step applies (None when the pool's views carry the augmentation), the pool's build figures
-    (None without a pool), and the splits the loaders read (the pool's, or the windows)."""
+    (None without a pool), and the splits the loaders read (the pool's, or the windows).
+    `replicated`: every rank draws the whole training batches (a replicated head)."""
     optim = config.optim
     splits, train_views, figures = {"train": data.train, "val": data.val, "test": data.test}, 1, None
     views = feature_views_of(config.model.name, config.recipe.feature_views)
@@ -304,7 +352,7 @@ def _build_loaders(config, data, model, augment, loader_batch, strategy, log):
         augment = None
     loaders, data_path = split_loaders(splits, loader_batch, max(EVAL_BATCH_MIN, loader_batch), strategy.device,
                                        strategy.world_size, strategy.rank, optim.seed, config.hardware.data_path,
-                                       config.hardware.num_workers, train_views)
+                                       config.hardware.num_workers, train_views, whole_training_batches=replicated)
     log.info(f"data path: {data_path}")
     return loaders, augment, figures, splits
 

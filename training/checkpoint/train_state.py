@@ -88,9 +88,11 @@ class RandomStreams:
     """Every rank's random streams as one stateful part: the state gathers them (a collective, so
     every rank saves together), loading keeps them for the epoch that resumes mid-way."""
 
-    def __init__(self, strategy):
+    def __init__(self, strategy, replicas=False):
         self.strategy = strategy
         self.saved = None  # one state per rank of the run that saved them
+        # Replicas of one model (a replicated head) draw as rank 0 does, so that they stay the same.
+        self.seed_rank = 0 if replicas else strategy.rank
 
     def state_dict(self):
         return self.strategy.gather_objects(capture_random_streams(self.strategy.device, self.strategy.other_gpus))
@@ -106,5 +108,5 @@ class RandomStreams:
         if resume_exactly:
             restore_random_streams(self.saved[self.strategy.rank], self.strategy.device)
         else:
-            seed_epoch(seed, epoch, self.strategy.rank)
+            seed_epoch(seed, epoch, self.seed_rank)
         self.saved = None

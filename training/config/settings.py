@@ -84,6 +84,11 @@ class Parallel:
     grad_compression: str = setting("none", "ddp: send gradients as fp16 or bf16 (half the bytes; bf16 where the "
                                     "backend can sum it) or PowerSGD's rank-1 approximation, through DDP's "
                                     "communication hooks", choices=("none", "fp16", "bf16", "powersgd"))
+    pool_head: str = setting("replicated", "ddp, a head trained over a feature pool (the default model): "
+                             "replicated: every rank steps the whole global batch from its whole pool, so no "
+                             "gradient crosses between ranks (the head's all-reduce takes longer than its step); "
+                             "ddp: each rank steps its share and DDP all-reduces the gradients",
+                             choices=("replicated", "ddp"))
     reshard_after_forward: bool = setting(True, "fsdp: free gathered parameters after each block's forward and "
                                           "gather them again for its backward (less memory); "
                                           "--no-reshard-after-forward keeps them (fewer all-gathers)")

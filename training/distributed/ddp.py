@@ -1,5 +1,6 @@
 """--multi-gpu ddp: DistributedDataParallel, one process per device, and the DDP pieces the benchmarks and
 the profiler reuse (the wrapped module, gradient compression hooks). FSDP (fsdp.py) builds on this strategy."""
+import contextlib
 import datetime
 import gc
 import inspect
@@ -46,6 +47,7 @@ class DistributedStrategy(SingleDevice):
         self.is_main = rank == 0
         self.sync_bn, self.grad_compression = sync_bn, grad_compression
         self._ddp = None
+        self.replicated = False  # replicate_model(): every rank steps the whole batch, no gradient exchange
         join_process_group(backend, rank, world_size, datetime.timedelta(seconds=timeout_s), "har",
                            device_id=device if backend == "nccl" else None)
         # Control messages (stop requests, RNG states) are tiny CPU values: a gloo group carries
@@ -57,11 +59,22 @@ class DistributedStrategy(SingleDevice):
         return self.world_size
 
     def describe(self):
-        compression = f", gradients sent as {self.grad_compression}" if self.grad_compression != "none" else ""
+        if self.replicated:
+            exchange = ", the model replicated: each rank steps the whole global batch"
+        else:
+            exchange = f", gradients sent as {self.grad_compression}" if self.grad_compression != "none" else ""
         return (f"{self.name} with {self.world_size} processes ({dist.get_backend()}), rank {self.rank} on "
-                f"{self.device}{compression}")
+                f"{self.device}{exchange}")
+
+    def replicate_model(self):
+        """Before wrap(): train the model as identical replicas, each stepping the whole global batch,
+        so that no gradient crosses between ranks (a head over a feature pool, whose all-reduce takes
+        longer than its step). Evaluation stays shared out."""
+        self.replicated = True
 
     def wrap(self, model, precision):
+        if self.replicated:
+            return model
         if self.sync_bn:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         self._ddp = ddp_module(model, self.device)
@@ -77,7 +90,7 @@ class DistributedStrategy(SingleDevice):
         return model
 
     def no_sync(self):
-        return self._ddp.no_sync()
+        return contextlib.nullcontext() if self.replicated else self._ddp.no_sync()
 
     def register_comm_hook(self, state, hook):
         """Have DDP exchange each gradient bucket through `hook` (torch's DDP communication hooks);
@@ -131,6 +144,12 @@ class DistributedStrategy(SingleDevice):
     def sync_buffers(self, module):
         for buffer in module.buffers():
             dist.broadcast(buffer, src=0)
+
+    def align_with_rank0(self, tensors):
+        """Give every rank rank 0's values of these tensors (those on this rank's device)."""
+        for tensor in tensors:
+            if tensor.device == self.device:
+                dist.broadcast(tensor.detach(), src=0)
 
     def memory_report(self):
         """Every rank's figures, gathered so rank 0 can log them all."""

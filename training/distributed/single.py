@@ -100,6 +100,10 @@ class SingleDevice:
     def sync_buffers(self, module):
         """Make every rank hold rank 0's buffers, e.g. BatchNorm statistics (nothing to do in one process)."""
 
+    def align_with_rank0(self, tensors):
+        """Give every rank rank 0's values of these tensors: replicas that step alone (DDP's
+        replicate_model) stay one model whatever their hardware rounds (nothing to do in one process)."""
+
     def memory_report(self):
         return [describe(str(self.device), memory_fields(self.device), read_memory(self.device))]
 

@@ -107,7 +107,7 @@ def train_epoch(trainer, epoch):
     hook.log(hook.readout.flush())
     bar.close()
     loss_sum, loss_samples = (0.0, 0) if stopped else checked_totals(trainer, tally)
-    trained = (plan.batches_in_epoch - plan.first_batch) * trainer.loader_batch * strategy.world_size
+    trained = (plan.batches_in_epoch - plan.first_batch) * trainer.loader_batch * trainer.batch_ranks
     slowest_s = float(strategy.max_over_ranks(torch.tensor(train_time_s, dtype=torch.float64,
                                                            device=strategy.device)))
     state.step = plan.first_step + steps
@@ -118,14 +118,14 @@ def train_epoch(trainer, epoch):
 def _plan_epoch(trainer, epoch, loader):
     """Position the epoch's order and random streams from the train state; a mid-epoch resume in
     the same layout continues bit for bit, in another layout at the same sample with new streams."""
-    state, strategy = trainer.state, trainer.strategy
+    state = trainer.state
     loader.sampler.set_epoch(epoch, start=0)
     batches_in_epoch = len(loader)
     loader.sampler.set_epoch(epoch, start=state.epoch_position)
     exact, trainer.exact_resume = trainer.exact_resume, False  # once: only the resumed epoch continues bit for bit
     trainer.rng.start_epoch(trainer.config.optim.seed, epoch, resume_exactly=exact)
     if exact:
-        first_batch = state.epoch_position // (trainer.loader_batch * strategy.world_size)
+        first_batch = state.epoch_position // (trainer.loader_batch * trainer.batch_ranks)
         return EpochPlan(first_batch, batches_in_epoch, state.step)
     # In another layout the remaining samples make a shorter epoch of their own (from 0: the whole epoch).
     return EpochPlan(0, len(loader), state.step)
@@ -133,6 +133,7 @@ def _plan_epoch(trainer, epoch, loader):
 
 def end_epoch(trainer, epoch, result, epoch_start):
     """Validate, update the train state, checkpoint and log the epoch's record."""
+    trainer.align_replicas()
     if trainer.has_validation:
         labels, logits, val_loss = trainer.evaluate("val")
         metrics = summary_metrics(labels, logits.argmax(axis=1), len(trainer.data.class_names))
@@ -215,7 +216,7 @@ class _StepHook:
 
     def _save_mid_epoch(self, step, batches_done):
         trainer = self.trainer
-        trained = (batches_done - self.plan.first_batch) * trainer.loader_batch * trainer.strategy.world_size
+        trained = (batches_done - self.plan.first_batch) * trainer.loader_batch * trainer.batch_ranks
         state = trainer.state
         state.step = step
         state.epoch_position = min(len(trainer.data.train), self.start_position + trained)

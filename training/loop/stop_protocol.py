@@ -40,8 +40,11 @@ def checked_totals(trainer, tally):
     that stops the run before anything is saved."""
     strategy = trainer.strategy
     _raise_if_diverged(trainer, *strategy.max_ints(_health(trainer, tally)))
-    totals = strategy.sum_over_ranks(torch.stack([tally.loss_sum(), torch.tensor(
-        float(tally.samples), dtype=torch.float64, device=strategy.device)]))
+    own = torch.stack([tally.loss_sum(), torch.tensor(float(tally.samples), dtype=torch.float64,
+                                                        device=strategy.device)])
+    if trainer.replicated and not strategy.is_main:
+        own = torch.zeros_like(own)  # replicas all counted the same batches: rank 0's figures alone
+    totals = strategy.sum_over_ranks(own)
     loss_sum, samples = totals.tolist()
     return loss_sum, int(samples)
 
