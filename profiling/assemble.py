@@ -71,7 +71,7 @@ def assemble_profile(args, work, runs, phases, memory, benchmark, trace_files, h
         "host_load": host_load,
         "trace_files": trace_files,
         "feature_pool": pool_entry(work.pool, strategy.rank),
-        "run_time": run_time_entry(run_parts, work, predictions, link) if run_parts else None,
+        "run_time": run_time_entry(run_parts, work, predictions, link, host_effects) if run_parts else None,
         "notes": _notes(strategy, work, host_load),
     }
 

@@ -132,7 +132,8 @@ def rank_step_s(compute_s, world_size, host_effects=None, strategy="ddp"):
     # A profile written before the slowdown was measured (it has "shared" only) predicts without it.
     slowdown = _by_count(host_effects.get("slowdown", {}), world_size, 1.0)
     straggler_s = _by_count(host_effects["straggler_s"], world_size, 0.0)
-    own_s = (host_effects.get("wrapper_step_s") or {}).get(strategy, host_effects["ddp_step_s"])
+    own_s = 0.0 if strategy == "replicated" else (  # a replica steps the bare model: no wrapper
+        (host_effects.get("wrapper_step_s") or {}).get(strategy, host_effects["ddp_step_s"]))
     return (compute_s + own_s) * slowdown + straggler_s
 
 

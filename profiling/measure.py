@@ -18,6 +18,7 @@ from profiling.workload import build_workload, optimizer_step
 from training.distributed.strategy import make_strategy
 from training.loop.epochs import threads_for_the_step
 from training.reporting.logger import GIB, read_memory, reset_peaks
+from training.trainer import replicates_the_head
 
 
 class PerformanceProfiler:
@@ -55,7 +56,8 @@ class PerformanceProfiler:
                 host_effects = measure_host_effects(work, args, timed_steps, lone_samples_s) \
                     if strategy.world_size == 1 else None
                 phases = phase_breakdown(work, args.phase_steps) if args.phase_steps else None
-                run_parts = measure_run_parts(work, statistics.fmean(run["step_time_s"] for run in runs), loaded)
+                run_parts = measure_run_parts(work, statistics.fmean(run["step_time_s"] for run in runs), loaded,
+                                              replica_steps_s(work, args.predict_gpus, args.steps))
             gradient_elements = work.gradient_bytes // 4  # all-reduced as fp32, like DDP's gradients
             compute_s = statistics.fmean(run["compute_step_time_s"] for run in runs)
             benchmark = benchmark_allreduce(strategy, gradient_elements, args.allreduce_iters,
@@ -90,6 +92,31 @@ def measured_run(work, steps):
     compute_s = compute_only_step_s(with_comm, compute)
     comm_s, ratio = comm_split(with_comm["step_time_s"], compute_s)
     return {**with_comm, "compute_step_time_s": compute_s, "comm_time_s": comm_s, "compute_to_comm_ratio": ratio}
+
+
+def replica_steps_s(work, world_sizes, steps):
+    """{N: seconds of one optimizer step on N batches at once} for each N > 1 of world_sizes, where a
+    DDP run of these flags would train replicas of its head, each rank stepping the whole global
+    batch (training.trainer.replicates_the_head); None elsewhere, or when the profile has 2+ ranks
+    (its step is already theirs)."""
+    if work.strategy.world_size > 1 or work.pool is None or not replicates_the_head(work.trainer.config, "adamw"):
+        return None
+    lone_batches, seconds = work.batches, {}
+    try:
+        for world_size in sorted({n for n in world_sizes if n > 1}):
+            work.batches = _joined_batches(lone_batches, world_size)
+            optimizer_step(work, sync_gradients=True)  # a new batch shape's first-call costs, untimed
+            seconds[world_size] = timed_steps(work, steps, sync_gradients=True)["step_time_s"]
+    finally:
+        work.batches = lone_batches
+    return seconds
+
+
+def _joined_batches(batches, count):
+    """Endless (signals, labels) of `count` consecutive batches joined: the global batch of `count` ranks."""
+    while True:
+        parts = [next(batches) for _ in range(count)]
+        yield torch.cat([signals for signals, _ in parts]), torch.cat([labels for _, labels in parts])
 
 
 def compute_only_step_s(with_comm, without_comm):

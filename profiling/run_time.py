@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from profiling.comm_model import ring_allreduce_time_s
+from profiling.comm_model import rank_step_s, ring_allreduce_time_s
 from profiling.entry_points import REPO
 from training.loop.epochs import train_epoch
 from training.loop.step import steps_per_epoch
@@ -37,6 +37,9 @@ class RunParts:
     train_windows: int  # what one epoch trains on: the training split (one view of the pool)
     batch_size: int  # per rank
     grad_accum_steps: int
+    # {N: seconds of a step on N ranks' batches at once}, where N ranks would each step the whole
+    # global batch on a replica of the head (profiling.measure.replica_steps_s); None elsewhere.
+    replica_step_s: dict = None
 
 
 def epoch_steps(train_windows, world_size, batch_size, grad_accum_steps):
@@ -65,10 +68,13 @@ def gather_pool_s(pool_bytes, world_size, link):
 def predict_run(parts, world_size, step_s, build_s):
     """{part: seconds} of the run on `world_size` ranks whose optimizer step takes step_s and whose
     feature build takes build_s (the lone process's parts.build_s, or a share's). Start-up, inputs and
-    the rest of the set-up are each rank's own, as long as on one; the evaluation passes split the
-    windows over the ranks; each epoch saves one checkpoint."""
+    the rest of the set-up are each rank's own, as long as on one; 2+ ranks start after their
+    launcher (torchrun's agent, an interpreter that imports torch first), about one start-up more;
+    the evaluation passes split the windows over the ranks; each epoch saves one checkpoint."""
     steps = epoch_steps(parts.train_windows, world_size, parts.batch_size, parts.grad_accum_steps)
-    fixed_s = parts.start_up_s + parts.imports_s + parts.inputs_s + parts.set_up_s - parts.build_s + parts.exit_s
+    launcher_s = parts.start_up_s if world_size > 1 else 0.0
+    fixed_s = (launcher_s + parts.start_up_s + parts.imports_s + parts.inputs_s + parts.set_up_s - parts.build_s
+               + parts.exit_s)
     stepping_s = parts.epochs * steps * (step_s + parts.loop_s)
     training_s = stepping_s + parts.epochs * (parts.validation_s / world_size + parts.save_s)
     evaluation_s = parts.final_eval_s / world_size
@@ -140,7 +146,7 @@ def loop_s_per_step(trainer, step_s, steps):
     return max(result.train_time_s / max(result.steps, 1) - step_s, 0.0)
 
 
-def measure_run_parts(work, step_s, loaded_before_set_up=()):
+def measure_run_parts(work, step_s, loaded_before_set_up=(), replica_step_s=None):
     """RunParts of the profiled run, whose optimizer step took step_s: its set-up as build_workload
     timed it, and what main.py does besides (an epoch pass's loop, a validation pass and a checkpoint
     after each epoch, the final report) timed now on the profiled run's own trainer, in its scratch
@@ -161,12 +167,13 @@ def measure_run_parts(work, step_s, loaded_before_set_up=()):
                     set_up_s=work.set_up_s,
                     build_s=pool.get("seconds", 0.0), loop_s=loop_s, validation_s=validation_s, save_s=save_s,
                     final_eval_s=report_s, epochs=config.optim.epochs, train_windows=work.train_windows,
-                    batch_size=work.batch_size, grad_accum_steps=work.grad_accum_steps)
+                    batch_size=work.batch_size, grad_accum_steps=work.grad_accum_steps, replica_step_s=replica_step_s)
 
 
-def run_time_entry(parts, work, predictions, link):
+def run_time_entry(parts, work, predictions, link, host_effects=None):
     """profile.json's "run_time": the parts, and the whole run predicted for each N the advisor
-    predicts, its DDP step as the advisor predicts it."""
+    predicts, its DDP step as the advisor predicts it, or where the ranks would step replicas of the
+    head, the step on N batches at once, slowed as neighbours on the host slow a rank's step."""
     device, lone = work.strategy.device.type, work.strategy.world_size == 1
     threads, cores = torch.get_num_threads(), os.cpu_count() or 1
     pool_bytes = (work.pool or {}).get("bytes", 0)
@@ -177,14 +184,19 @@ def run_time_entry(parts, work, predictions, link):
         if lone and n > 1:
             build_s = share_build_s(build_s, n, device, threads, cores) + \
                 (gather_pool_s(pool_bytes, n, link) if pool_bytes else 0.0)
-        runs.append(predict_run(parts, n, prediction["step_s"], build_s))
+        step_s = prediction["step_s"]
+        if parts.replica_step_s and n in parts.replica_step_s:
+            step_s = rank_step_s(parts.replica_step_s[n], n, host_effects, strategy="replicated")
+        runs.append(predict_run(parts, n, step_s, build_s))
     return {"parts": asdict(parts), "predictions": runs,
             "what": "total = start-up, the imports main.py's run adds, and exit (of a fresh interpreter "
-                    "importing main.py) + inputs + set-up "
+                    "importing main.py; with N ranks, one start-up more for the launcher) + inputs + set-up "
                     "besides the feature pool + the pool's build + epochs x (steps per epoch x (step time + the "
                     "epoch loop's own cost per step) + a validation pass + a checkpoint) + the final report "
                     "(best.pt judged on the validation and test splits); figures are not counted. For N ranks: "
-                    "the advisor's DDP step, the evaluation passes split N ways, and the pool built in 1/N "
+                    "the advisor's DDP step (or, where the ranks would step replicas of the head, the step "
+                    "on N batches at once with no all-reduce), the evaluation passes split N ways, and the "
+                    "pool built in 1/N "
                     f"shares (on CPU at most {cores} cores / {threads} thread(s) faster, the host's cores "
                     "being shared) and then gathered over the link; a profile of N ranks takes its own "
                     "build for every N"}

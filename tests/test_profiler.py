@@ -26,6 +26,7 @@ from profiling.comm_model import (
     fit_ring_link,
     predict_strategy,
     predict_world,
+    rank_step_s,
     ring_allreduce_time_s,
     speedup,
 )
@@ -267,7 +268,7 @@ def test_the_whole_run_is_its_set_up_the_pool_the_epochs_and_the_evaluation():
     # The evaluation passes split their windows over the ranks; every rank saves as long as one.
     assert two["training_s"] == pytest.approx(20 * (2 * 0.0035 + 0.02 + 0.01))
     assert two["evaluation_s"] == pytest.approx(0.06)
-    assert two["total_s"] == pytest.approx(3.0 + 3.5 + two["training_s"] + 0.06)
+    assert two["total_s"] == pytest.approx(3.0 + 1.0 + 3.5 + two["training_s"] + 0.06)  # the launcher's start too
     # Without a pool the set-up is all fixed.
     bare = predict_run(run_parts(build_s=0.0), 1, 0.002, 0.0)
     assert bare["fixed_s"] == pytest.approx(9.0) and bare["build_share"] == 0.0
@@ -366,7 +367,11 @@ def test_a_pool_models_profile_times_the_build_and_predicts_the_whole_run(tmp_pa
     assert 0 < run["parts"]["build_s"] == pool["seconds"] < run["parts"]["set_up_s"]
     one, two = run["predictions"]
     assert one["build_s"] == pool["seconds"] and one["steps_per_epoch"] == profile["config"]["steps_per_epoch"]
-    assert two["step_s"] == pytest.approx(profile["predictions"][1]["step_s"])  # the advisor's DDP step
+    # Two ranks would each step the whole global batch on a replica of the head (--pool-head
+    # replicated): the step on two batches at once, measured, slowed as a neighbour slows a rank.
+    replica_s = run["parts"]["replica_step_s"]["2"]
+    assert replica_s > 0 and two["step_s"] != pytest.approx(profile["predictions"][1]["step_s"])
+    assert two["step_s"] == pytest.approx(rank_step_s(replica_s, 2, profile["host_effects"], "replicated"))
     assert two["build_s"] > 0 and two["steps_per_epoch"] == math.ceil(math.ceil(train / 2) / 16)
     assert one["total_s"] == pytest.approx(one["fixed_s"] + one["build_s"] + one["training_s"] + one["evaluation_s"])
 
