@@ -216,6 +216,26 @@ def test_ddp_two_ranks_on_cuda_equal_one_process(tmp_path, one_process_fp32, bac
     assert max_abs_difference(checkpoint["model"], one_process_fp32["model"]) < CUDA_WEIGHT_TOLERANCE
 
 
+def test_replicas_of_the_head_record_their_steps_on_a_gpu_and_equal_one_process(tmp_path):
+    """The default's head under 2-rank DDP (--pool-head replicated, gloo sharing GPU 0): each rank
+    records its step as a CUDA graph of the whole global batch, and the run ends with the weights,
+    moments and average of one process stepping that batch."""
+    run = [*TINY_DATA, *CUDA, "--model", "minirocket", "--width", "840", "--head-fit", "adamw", "--no-amp",
+           "--lr-scaling", "none", "--epochs", "2", "--deterministic", "--cuda-graphs", "--no-resume"]
+    ddp = run_subprocess([*torchrun(), "--standalone", "--nproc_per_node=2", "main_multi_gpu.py", "--multi-gpu",
+                          "ddp", "--backend", "gloo", "--gpu-ids", "0", *run, "--batch-size", "16",
+                          "--save-dir", tmp_path / "ddp"], env=FP32_ENV)
+    one = run_subprocess([sys.executable, "main.py", *run, "--batch-size", "32", "--save-dir", tmp_path / "one"],
+                         env=FP32_ENV)
+    for done in (ddp, one):
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "runs eagerly" not in done.stderr and "recording the step failed" not in done.stderr
+    assert "the model replicated: each rank steps the whole global batch" in ddp.stdout
+    runs = {name: load_checkpoint(tmp_path / name / "last.pt") for name in ("ddp", "one")}
+    assert runs["ddp"]["step"] == runs["one"]["step"] > 0
+    assert largest_difference(runs["ddp"], runs["one"]) < CUDA_WEIGHT_TOLERANCE
+
+
 def test_ddp_one_nccl_rank_through_the_launcher_equals_one_process(tmp_path, one_process_fp32):
     """NCCL for the gradients, the gloo side group for stop requests and RNG states, on one GPU."""
     result = run_subprocess([sys.executable, "main_multi_gpu.py", "--multi-gpu", "ddp", "--nproc-per-node", "1",

@@ -27,8 +27,9 @@ def test_cuda_graphs_are_refused_in_one_line_where_they_cannot_record(tmp_path, 
     assert not (tmp_path / "run").exists()
 
 
-def strategy(name="single", world_size=1, data_parallel_size=1, device=CUDA_DEVICE):
-    return SimpleNamespace(name=name, world_size=world_size, data_parallel_size=data_parallel_size, device=device)
+def strategy(name="single", world_size=1, data_parallel_size=1, device=CUDA_DEVICE, replicated=False):
+    return SimpleNamespace(name=name, world_size=world_size, data_parallel_size=data_parallel_size, device=device,
+                           replicated=replicated)
 
 
 NO_SCALER = SimpleNamespace(needs_grad_scaler=False)  # bf16 or fp32
@@ -37,11 +38,13 @@ FP16 = SimpleNamespace(needs_grad_scaler=True)
 
 def test_one_process_on_one_gpu_without_a_grad_scaler_records_its_step():
     assert graph_fallback(strategy(), NO_SCALER, 1) is None
+    # Each DDP rank of a replicated head steps alone, with no collective inside the step.
+    assert graph_fallback(strategy("ddp", world_size=2, data_parallel_size=2, replicated=True), NO_SCALER, 1) is None
 
 
 def test_runs_whose_step_cannot_be_one_graph_say_why_and_run_eagerly():
     cases = [(strategy(device=torch.device("cpu")), NO_SCALER, 1, "runs eagerly on cpu"),
-             (strategy("ddp", world_size=2), NO_SCALER, 1, "runs eagerly under ddp"),
+             (strategy("ddp", world_size=2, data_parallel_size=2), NO_SCALER, 1, "runs eagerly under ddp"),
              (strategy("dp", data_parallel_size=2), NO_SCALER, 1, "runs eagerly under dp"),
              (strategy(), FP16, 1, "use --amp-dtype bf16 to record it"),
              (strategy(), NO_SCALER, 2, "with --grad-accum-steps 2")]
@@ -181,6 +184,7 @@ def test_by_default_only_models_shown_to_record_record_and_none_warns():
                                   warnings.append)
     assert decide(None, MiniRocket) and decide(True, MiniRocket) and decide(True, CNNLSTM)
     assert not decide(None, CNNLSTM) and not decide(False, MiniRocket)
-    assert not decide(None, MiniRocket, strategy("ddp", world_size=2)) and not decide(None, MiniRocket, compiled=True)
+    assert not decide(None, MiniRocket, strategy("ddp", world_size=2, data_parallel_size=2))
+    assert not decide(None, MiniRocket, compiled=True)
     assert not decide(None, MiniRocket, precision=FP16) and warnings == []  # the default falls back quietly
     assert not decide(True, MiniRocket, precision=FP16) and len(warnings) == 1

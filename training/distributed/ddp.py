@@ -47,7 +47,6 @@ class DistributedStrategy(SingleDevice):
         self.is_main = rank == 0
         self.sync_bn, self.grad_compression = sync_bn, grad_compression
         self._ddp = None
-        self.replicated = False  # replicate_model(): every rank steps the whole batch, no gradient exchange
         join_process_group(backend, rank, world_size, datetime.timedelta(seconds=timeout_s), "har",
                            device_id=device if backend == "nccl" else None)
         # Control messages (stop requests, RNG states) are tiny CPU values: a gloo group carries

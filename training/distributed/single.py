@@ -17,6 +17,7 @@ class SingleDevice:
         self.name = label
         self.rank, self.local_rank, self.world_size = 0, 0, 1
         self.is_main = True
+        self.replicated = False  # DDP's replicate_model(): every rank steps the whole batch, no exchange
 
     @property
     def data_parallel_size(self):

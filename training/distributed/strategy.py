@@ -30,6 +30,7 @@ class Strategy(Protocol):
     world_size: int
     is_main: bool  # the one process that writes files and logs
     data_parallel_size: int  # model replicas one step's batch is split over
+    replicated: bool  # every rank steps the whole global batch on a replica of its own (ddp's replicate_model)
     other_gpus: list  # GPUs besides `device` this process draws random numbers on
 
     # The model: wrapped for training, laid out like it, seen whole for evaluation and checkpoints.

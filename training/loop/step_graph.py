@@ -35,9 +35,10 @@ def graph_fallback(strategy, precision, grad_accum_steps, compiled=False):
         return "--cuda-graphs: the step runs eagerly under --compile (torch.compile records its own graphs)"
     if strategy.device.type != "cuda":
         return f"--cuda-graphs: the step runs eagerly on {strategy.device.type} (CUDA graphs need a GPU)"
-    if strategy.world_size > 1 or strategy.data_parallel_size > 1:
+    if strategy.data_parallel_size > 1 and not strategy.replicated:  # replicas step alone: nothing to exchange
         return (f"--cuda-graphs: the step runs eagerly under {strategy.name} (a recorded step cannot hold the "
-                "ranks' collectives or DataParallel's threads); one process on one GPU records it")
+                "ranks' collectives or DataParallel's threads); one process on one GPU, or each rank of a "
+                "replicated head, records it")
     if precision.needs_grad_scaler:
         return ("--cuda-graphs: the step runs eagerly under fp16 (its GradScaler decides on the host whether a "
                 "step happens); use --amp-dtype bf16 to record it")
