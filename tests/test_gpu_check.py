@@ -87,7 +87,7 @@ def test_the_plan_runs_every_group_in_budget_order_with_the_documented_commands(
     assert matrix.partial and not matrix.cuda_only
     (minirocket,) = by_group["minirocket"]
     assert minirocket.command[1:3] == ["-m", "benchmarks.gpu_check.minirocket"]
-    assert flag(minirocket.command, "--json") == str(minirocket.output)
+    assert flag(minirocket.command, "--json") == str(minirocket.output) and "--block-shapes" in minirocket.command
     (trace,) = by_group["trace"]
     assert trace.command[1] == "profiler.py" and "--trace" in trace.command
     assert (flag(trace.command, "--model"), flag(trace.command, "--batch-size")) == ("cnn1d", "32")
@@ -155,7 +155,21 @@ def test_the_minirocket_and_trace_steps_leave_their_figures_and_the_trace_is_kep
     assert "| batch | fused kernel | fused kernel, shared sums | one bias at a time | all biases at once |" in page
     # The fused kernel runs on CUDA only: on a CPU its column says so, and nothing is compared.
     assert "| 1024 | not run |" in page and minirocket["fused_agreement"] is None
+    assert minirocket["block_shapes"] == [] and "by block shape" not in page
     assert f"| {trace['step_ms']:.2f} | 0.00 | 0 |" in page
+
+
+def test_the_page_lists_each_fused_kernels_block_shapes_fastest_first():
+    shapes = [{"way": FUSED, "outputs_per_program": 2048, "warps": 4, "windows_per_s": 600_000.0, "same_counts": True},
+              {"way": FUSED, "outputs_per_program": 4096, "warps": 8, "windows_per_s": 650_000.0, "same_counts": False},
+              {"way": FUSED_SHARED_SUMS, "outputs_per_program": 1024, "warps": 4, "windows_per_s": 900_000.0,
+               "same_counts": True}]
+    step = record("minirocket transform", "minirocket", figures={
+        "windows_per_s": {"8192": {FUSED: 614_000.0}}, "fit_s": 0.2, "features": 9996, "block_shapes": shapes})
+    page = markdown_report({**sample_result(), "steps": [step]})
+    assert (f"{FUSED} alone, by block shape (outputs a program x warps): 4096 x 8: 650,000 (counts differ), "
+            "2048 x 4: 600,000.") in page
+    assert f"{FUSED_SHARED_SUMS} alone, by block shape (outputs a program x warps): 1024 x 4: 900,000." in page
 
 
 def test_trace_figures_count_device_work_and_runtime_calls_per_step(tmp_path):

@@ -101,7 +101,19 @@ def minirocket_notes(steps):
         f"every feature equal, {agreement['features_differing_share']:.4%} of features differing."
         for step in steps for way, key in (("Fused kernel", "fused_agreement"),
                                            ("Fused kernel, shared sums", "shared_sums_agreement"))
-        if (agreement := (step.get("figures") or {}).get(key))] + [""]
+        if (agreement := (step.get("figures") or {}).get(key))] + block_shape_notes(steps) + [""]
+
+
+def block_shape_notes(steps):
+    """A line per fused kernel: its windows/s alone in each block shape --block-shapes tried, fastest first."""
+    rows = [row for step in steps for row in (step.get("figures") or {}).get("block_shapes") or []]
+    lines = []
+    for way in dict.fromkeys(row["way"] for row in rows):
+        tried = sorted((row for row in rows if row["way"] == way), key=lambda row: -row["windows_per_s"])
+        lines.append(f"{way} alone, by block shape (outputs a program x warps): " + ", ".join(
+            f"{row['outputs_per_program']} x {row['warps']}: {row['windows_per_s']:,.0f}"
+            f"{'' if row['same_counts'] else ' (counts differ)'}" for row in tried) + ".")
+    return lines
 
 
 def epoch_notes(steps):

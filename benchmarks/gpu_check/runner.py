@@ -185,10 +185,13 @@ def parse_profile(text):
 
 
 def parse_minirocket(text):
-    """benchmarks.gpu_check.minirocket --json: windows/s per batch size and way, the fit's median seconds."""
+    """benchmarks.gpu_check.minirocket --json: windows/s per batch size and way, the fit's median seconds,
+    each fused kernel's agreement with the reference, and the block shapes timed (--block-shapes)."""
     figures = json.loads(text)
     return {"windows_per_s": figures["windows_per_s"], "fit_s": statistics.median(figures["fit_s"]),
-            "features": figures["features"], "fused_agreement": figures.get("fused_agreement")}
+            "features": figures["features"], "fused_agreement": figures.get("fused_agreement"),
+            "shared_sums_agreement": figures.get("shared_sums_agreement"),
+            "block_shapes": figures.get("block_shapes") or []}
 
 
 # Where a device's time goes in a torch.profiler trace: its kernels and copies, and the host's calls

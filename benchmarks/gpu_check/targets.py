@@ -44,11 +44,12 @@ def fused_transform(steps):
     if fused is None:
         return row(what, None, FUSED_WINDOWS_PER_S, ",.0f", note=f"no fused figure ({status_of(steps)})")
     rate, way = fused
-    reference = max(rate for way, rate in rates if way not in FUSED_WAYS)
+    reference = max((rate for way, rate in rates if way not in FUSED_WAYS), default=None)
     key = "fused_agreement" if way == FUSED else "shared_sums_agreement"
     agreement = next((f[key] for f in figures_of(steps) if f.get(key)), {})
-    note = (f"{way}; reference {reference:,.0f}; {agreement.get('windows_equal_share', float('nan')):.2%} of "
-            "windows with features equal to the reference's")
+    note = (f"{way}; reference {'not run' if reference is None else format(reference, ',.0f')}; "
+            f"{agreement.get('windows_equal_share', float('nan')):.2%} of windows with features equal to the "
+            "reference's")
     return row(what, rate, FUSED_WINDOWS_PER_S, ",.0f", note=note)
 
 
