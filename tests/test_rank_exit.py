@@ -47,3 +47,23 @@ def test_torchrun_worker_leaves_without_teardown_while_gloo_threads_are_busy(tmp
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
     assert "rank 0 leaving" in result.stdout and "terminate called" not in output
+
+
+LAUNCHER = """
+import atexit, sys
+from training.entry_point import exit_process
+
+atexit.register(lambda: open(sys.argv[1], "w").close())  # stands for the interpreter's teardown
+print("workers ended")
+exit_process(3, at_once=sys.argv[2] == "at-once")
+"""
+
+
+def test_a_launcher_whose_workers_ended_leaves_at_once_with_their_exit_code(tmp_path):
+    script = tmp_path / "launcher.py"
+    script.write_text(LAUNCHER)
+    for how, tears_down in (("at-once", False), ("plainly", True)):
+        marker = tmp_path / f"torn-down-{how}"
+        result = run_subprocess([sys.executable, script, marker, how], env={"PYTHONPATH": str(REPO)})
+        assert result.returncode == 3 and result.stdout == "workers ended\n", result.stderr
+        assert marker.exists() == tears_down, how

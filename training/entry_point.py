@@ -45,15 +45,16 @@ def launched_by_torchrun():
     return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def exit_process(code):
+def exit_process(code, at_once=False):
     """sys.exit(code); a torchrun worker instead leaves at once, its output flushed, without the
     interpreter's teardown. In torch 2.13 the process group outlives destroy_process_group once DDP
     or FSDP has used it (torch._dynamo, first imported by DDP's constructor, keeps references to the
     groups that exist then; DTensor's sharding caches keep FSDP's mesh), and gloo's worker threads
     with it; one that frees a finished collective's tensor while the interpreter tears down aborts
     the process ("terminate called without an active exception", SIGABRT) after a run that
-    succeeded. By the time main returns, the run has closed its files and its process group."""
-    if not launched_by_torchrun():
+    succeeded. By the time main returns, the run has closed its files and its process group.
+    at_once: leave at once outside torchrun too (a launcher whose workers have ended)."""
+    if not (at_once or launched_by_torchrun()):
         sys.exit(code)
     sys.stdout.flush()
     sys.stderr.flush()

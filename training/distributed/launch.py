@@ -42,16 +42,28 @@ def launch_under_torchrun(config, script, argv):
     return run_torchrun(torchrun_arguments(script, argv, nproc))
 
 
+_workers_ended = False  # set once torchrun, run in this process, has seen its workers end
+
+
+def workers_ended():
+    """Whether this process launched torchrun's workers here and they have all ended."""
+    return _workers_ended
+
+
 def run_torchrun(launcher_args):
     """torch.distributed.run in this process, printed first; the first failed worker's exit code,
     or EXIT_PREEMPTED when a stop signal reached the launcher."""
+    global _workers_ended
     print("launching: " + " ".join(shlex.quote(part) for part in
                                    [sys.executable, "-m", "torch.distributed.run", *launcher_args]), flush=True)
     try:
         # torchrun keeps its workers' error files under --log-dir; left to itself it makes a
         # torchelastic_* folder in the temp directory on every launch and never removes it.
         with tempfile.TemporaryDirectory(prefix="har-torchrun-") as log_dir:
-            run(get_args_parser().parse_args(["--log-dir", log_dir, *launcher_args]))
+            try:
+                run(get_args_parser().parse_args(["--log-dir", log_dir, *launcher_args]))
+            finally:
+                _workers_ended = True
     except ChildFailedError as failure:
         # The worker already printed its own message; torchrun's report would only repeat it.
         first = min(failure.failures.items())[1]
