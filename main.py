@@ -1,9 +1,8 @@
 """Train a HAR model on one device (CUDA if present, else CPU). See README.md."""
-import sys
 
 from training.config.cli import parse_config
 from training.distributed.strategy import distributed_env
-from training.entry_point import run_entry_point
+from training.entry_point import exit_process, run_entry_point
 from training.errors import UsageError
 
 
@@ -19,4 +18,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(run_entry_point(main))
+    # The run has closed its files by the time main returns; the teardown of an interpreter holding
+    # torch took 0.8 s after a 12 s run on the 2-core development machine, so it is skipped, as each
+    # torchrun worker skips it.
+    exit_process(run_entry_point(main), at_once=True)

@@ -94,9 +94,11 @@ def timed_s(call, times=2):
 
 
 # A fresh interpreter that starts as `python main.py` does (its age once main.py is imported), then
-# imports the modules named on its stdin (the seconds that takes), then exits (the rest of its wall time).
+# imports the modules named on its stdin (the seconds that takes), then exits as main.py does, at
+# once (the rest of its wall time).
 FRESH_MAIN = """import importlib, sys, time
 import main
+from training.entry_point import exit_process
 from training.reporting.logger import process_age_s
 age, started = process_age_s(), time.perf_counter()
 for name in sys.stdin.read().split():
@@ -105,6 +107,7 @@ for name in sys.stdin.read().split():
     except Exception:
         pass
 print(age, time.perf_counter() - started)
+exit_process(0, at_once=True)
 """
 # Imported by main.py's run but never by the profiler's quiet one: TensorBoard's writer.
 RUN_ONLY_MODULES = ("torch.utils.tensorboard",)
