@@ -19,6 +19,6 @@ def main(argv):
 
 if __name__ == "__main__":
     # The run has closed its files by the time main returns; the teardown of an interpreter holding
-    # torch took 0.8 s after a 12 s run on the 2-core development machine, so it is skipped, as each
-    # torchrun worker skips it.
+    # torch took 0.8 s after a 12 s run on the 2-core development machine, so it is skipped (unless a
+    # profiler or coverage tool waits for it), as each torchrun worker skips it.
     exit_process(run_entry_point(main), at_once=True)

@@ -45,6 +45,15 @@ def launched_by_torchrun():
     return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+def exit_is_watched():
+    """Whether a profiler, tracer or coverage tool (python -m cProfile, coverage run, a debugger)
+    watches this interpreter, through sys.settrace / sys.setprofile or Python 3.12's sys.monitoring."""
+    if sys.gettrace() is not None or sys.getprofile() is not None:
+        return True
+    monitoring = getattr(sys, "monitoring", None)
+    return monitoring is not None and any(monitoring.get_tool(tool) is not None for tool in range(6))
+
+
 def exit_process(code, at_once=False):
     """sys.exit(code); a torchrun worker instead leaves at once, its output flushed, without the
     interpreter's teardown. In torch 2.13 the process group outlives destroy_process_group once DDP
@@ -53,8 +62,10 @@ def exit_process(code, at_once=False):
     with it; one that frees a finished collective's tensor while the interpreter tears down aborts
     the process ("terminate called without an active exception", SIGABRT) after a run that
     succeeded. By the time main returns, the run has closed its files and its process group.
-    at_once: leave at once outside torchrun too (a launcher whose workers have ended)."""
-    if not (at_once or launched_by_torchrun()):
+    at_once: leave at once outside torchrun too (a run that has ended, a launcher whose workers
+    have), unless a profiler, tracer or coverage tool watches this interpreter: those write what
+    they found while it tears down."""
+    if not (launched_by_torchrun() or (at_once and not exit_is_watched())):
         sys.exit(code)
     sys.stdout.flush()
     sys.stderr.flush()
