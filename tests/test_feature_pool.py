@@ -211,7 +211,7 @@ def test_ddp_ranks_step_replicas_of_the_head_that_equal_one_process_with_the_glo
         assert_same_tensors(resumed[part], runs["one"][part], part)
 
 
-def test_replicas_that_drift_apart_are_made_rank_0s_again(tmp_path):
+def test_replicas_start_from_rank_0s_state_and_are_made_rank_0s_again_after_drifting(tmp_path):
     out = tmp_path / "aligned.json"
     result = run_subprocess([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                              "tests/scripts/align_replicas.py", out, tmp_path, *MINIROCKET, "--device", "cpu"])
@@ -221,6 +221,7 @@ def test_replicas_that_drift_apart_are_made_rank_0s_again(tmp_path):
     tensors = {part: row["tensors"] for part, row in aligned["parts"].items()}
     assert tensors == {"weights": 2, "moments": 4, "average": 2}  # the head's weight and bias in each
     assert all(row["same"] for row in aligned["parts"].values()), aligned
+    assert aligned["wrapped_same"]  # a replica starts from rank 0's weights and buffers
 
 
 def assert_same_tensors(first, second, where):

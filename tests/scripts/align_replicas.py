@@ -1,6 +1,7 @@
 """Under torchrun: a replicated head (DDP's --pool-head replicated) trained one epoch, every rank but
 rank 0 then moved off its replica, and Trainer.align_replicas run. Rank 0 writes, for each of the
-weights, the optimizer's moments and the weight average, whether every rank holds its values.
+weights, the optimizer's moments and the weight average, whether every rank holds its values, and
+whether a module that differs between ranks is rank 0's on every rank once the strategy wraps it.
 
 Usage: torchrun --nproc-per-node=2 tests/scripts/align_replicas.py OUT.json SAVE_DIR <training flags>
 """
@@ -41,8 +42,17 @@ def main(out, save_dir, flags):
         flat = torch.cat([tensor.detach().flatten() for tensor in tensors])
         gathered = strategy.gather_objects(flat)
         agreed[part] = {"tensors": len(tensors), "same": all(torch.equal(flat, other) for other in gathered)}
+    # Wrapping a replica starts it from rank 0's weights and buffers, as DDP's constructor does.
+    module = torch.nn.BatchNorm1d(3)
+    with torch.no_grad():
+        module.weight.add_(strategy.rank)
+        module.running_mean.add_(strategy.rank)
+    strategy.wrap(module, trainer.precision)
+    flat = torch.cat([tensor.flatten().float() for tensor in module.state_dict().values()])
+    wrapped_same = all(torch.equal(flat, other) for other in strategy.gather_objects(flat))
     if strategy.is_main:
-        Path(out).write_text(json.dumps({"replicated": trainer.replicated, "parts": agreed}))
+        Path(out).write_text(json.dumps({"replicated": trainer.replicated, "parts": agreed,
+                                         "wrapped_same": wrapped_same}))
     strategy.close()
 
 

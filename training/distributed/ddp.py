@@ -73,6 +73,9 @@ class DistributedStrategy(SingleDevice):
 
     def wrap(self, model, precision):
         if self.replicated:
+            # As DDP's constructor does: every rank starts from rank 0's weights and buffers (the
+            # fitted kernels the feature pool's shares are computed with), whatever its hardware rounds.
+            self.broadcast_module(model)
             return model
         if self.sync_bn:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
