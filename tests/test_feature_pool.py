@@ -14,6 +14,7 @@ from data.augment import AugmentConfig, BatchAugmenter
 from data.loaders import ShardedSampler, epoch_order
 from data.splits import Split
 from models import build_model
+from test_resume import assert_same_state
 from training.distributed.single import SingleDevice
 from training.errors import UsageError
 from training.loop.recipe import POOL_SHARE_UNIT, VIEW_SEED_STRIDE, build_feature_pool, pool_shares
@@ -22,6 +23,8 @@ from training.loop.recipe import POOL_SHARE_UNIT, VIEW_SEED_STRIDE, build_featur
 MINIROCKET = [*TINY_DATA, "--model", "minirocket", "--width", "840", "--synthetic-windows-per-subject", "8",
               "--batch-size", "16", "--head-fit", "adamw"]
 CPU = SingleDevice(torch.device("cpu"))
+# The running interpreter's torchrun, two ranks on this machine.
+TWO_RANKS = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
 
 
 class QuietLog:
@@ -121,7 +124,7 @@ def test_the_ranks_shares_cover_the_pool_once_in_order_and_evenly():
 
 def test_two_ranks_build_the_pool_in_shares_bit_for_bit_as_one_process(tmp_path):
     out = tmp_path / "pools.npz"
-    result = run_subprocess([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+    result = run_subprocess([*TWO_RANKS,
                              "-m", "tests.scripts.pool_shares", out])
     assert result.returncode == 0, result.stderr
     pools = np.load(out)
@@ -179,7 +182,7 @@ def test_ddp_ranks_step_replicas_of_the_head_that_equal_one_process_with_the_glo
     """--pool-head replicated (the default): 2 ranks x 8 take the steps one process takes with 16,
     bit for bit, with no gradient exchange; the epoch's loss figures count each window once."""
     same_lr = ["--lr-scaling", "none", "--epochs", "2", "--no-resume"]
-    ddp = run_subprocess([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+    ddp = run_subprocess([*TWO_RANKS,
                           "main_multi_gpu.py", "--multi-gpu", "ddp", "--device", "cpu", *MINIROCKET, *same_lr,
                           "--batch-size", "8", "--save-dir", tmp_path / "ddp"])
     assert ddp.returncode == 0, ddp.stderr
@@ -191,8 +194,7 @@ def test_ddp_ranks_step_replicas_of_the_head_that_equal_one_process_with_the_glo
         assert code == 0, err
         runs[name] = load_checkpoint(tmp_path / name / "last.pt")
     assert runs["ddp"]["step"] == runs["one"]["step"] > 0
-    for part in ("model", "optimizer", "ema"):
-        assert_same_tensors(runs["ddp"][part], runs["one"][part], part)
+    assert_same_state(runs["one"], runs["ddp"])
     assert not torch.equal(runs["half"]["model"]["head.1.weight"], runs["one"]["model"]["head.1.weight"])
     ddp_epochs, one_epochs = (read_metrics(tmp_path / name) for name in ("ddp", "one"))
     for ddp_epoch, one_epoch in zip(ddp_epochs, one_epochs, strict=True):
@@ -200,20 +202,19 @@ def test_ddp_ranks_step_replicas_of_the_head_that_equal_one_process_with_the_glo
         assert ddp_epoch["train_loss"] == one_epoch["train_loss"]
     # Rank 1 killed in the second epoch (9 steps an epoch); torchrun restarts the ranks, which resume
     # from the step saved before and end where one process does.
-    killed = run_subprocess([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+    killed = run_subprocess([*TWO_RANKS,
                              "--max-restarts=1", "main_multi_gpu.py", "--multi-gpu", "ddp", "--device", "cpu",
                              *MINIROCKET, *same_lr[:-1], "--batch-size", "8", "--save-every-steps", "1",
                              "--save-dir", tmp_path / "killed"], env={"HAR_FAULT": "kill@11:rank=1"}, timeout=300)
     assert killed.returncode == 0, killed.stderr[-3000:]
     assert "RESUMING" in killed.stdout and "epoch 2, sample 32 of 136" in killed.stdout
     resumed = load_checkpoint(tmp_path / "killed" / "last.pt")
-    for part in ("model", "optimizer", "ema"):
-        assert_same_tensors(resumed[part], runs["one"][part], part)
+    assert_same_state(runs["one"], resumed)
 
 
 def test_replicas_start_from_rank_0s_state_and_are_made_rank_0s_again_after_drifting(tmp_path):
     out = tmp_path / "aligned.json"
-    result = run_subprocess([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+    result = run_subprocess([*TWO_RANKS,
                              "tests/scripts/align_replicas.py", out, tmp_path, *MINIROCKET, "--device", "cpu"])
     assert result.returncode == 0, result.stderr[-3000:]
     aligned = json.loads(out.read_text())
@@ -222,20 +223,6 @@ def test_replicas_start_from_rank_0s_state_and_are_made_rank_0s_again_after_drif
     assert tensors == {"weights": 2, "moments": 4, "average": 2}  # the head's weight and bias in each
     assert all(row["same"] for row in aligned["parts"].values()), aligned
     assert aligned["wrapped_same"]  # a replica starts from rank 0's weights and buffers
-
-
-def assert_same_tensors(first, second, where):
-    """Every tensor of two nested state dicts equal, bit for bit."""
-    if torch.is_tensor(first):
-        assert torch.equal(first, second), where
-    elif isinstance(first, dict):
-        assert first.keys() == second.keys(), where
-        for key in first:
-            assert_same_tensors(first[key], second[key], f"{where}.{key}")
-    elif isinstance(first, list | tuple):
-        assert len(first) == len(second), where
-        for index, (a, b) in enumerate(zip(first, second, strict=True)):
-            assert_same_tensors(a, b, f"{where}[{index}]")
 
 
 def test_a_run_killed_while_training_on_the_pool_resumes_bit_for_bit(tmp_path):
