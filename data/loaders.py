@@ -204,10 +204,11 @@ LIBC = _libc()
 
 def release_freed_memory():
     """Hand the pages of freed heap blocks back to the system (glibc's malloc_trim; elsewhere nothing).
-    Batches made by the reader thread and freed by the step are megabytes each; glibc then raises its
-    mmap threshold above them and keeps them in its arenas, so a validation pass over a feature pool on
-    disk grew the process by 0.9 GiB (28,812 windows, batches of 256) where the batches in flight are a
-    few MB. Trimming every TRIM_EVERY batches holds that growth down."""
+    Batches made by the reader thread and freed by the step are megabytes each, and glibc keeps freed
+    blocks in its arenas: a validation pass over a feature pool on disk grew the process by 0.9 GiB
+    (28,812 windows, batches of 256) where the batches in flight are a few MB. Most of that growth was
+    the pass's own (its kept pieces pinned the space each batch freed: training/loop/evaluation.py);
+    trimming every TRIM_EVERY batches bounds what the arenas keep whatever the consumer does."""
     trim = getattr(LIBC, "malloc_trim", None)
     if trim is not None:
         trim(0)
