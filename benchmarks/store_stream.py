@@ -4,6 +4,7 @@ time to the first step, and the converter's speed.
   python -m benchmarks.store_stream make --out DIR --gigabytes 48   # a synthetic store of that size
   python -m benchmarks.store_stream measure --store DIR --rounds 3  # store vs in-memory, A B, B A
   python -m benchmarks.store_stream convert --src RECORDINGS        # build_store with 1 and 2 processes
+  python -m benchmarks.store_stream rerun --store DIR --pairs 2     # the default's first run and re-run
 
 `measure` runs each side in a process of its own: the run the trainer builds from the flags, its
 TrainStep over the run's own loader for --steps steps (the first --warmup-steps uncounted). Peak memory
@@ -14,6 +15,7 @@ end of its first optimizer step.
 """
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -31,7 +33,10 @@ from data import synthetic, uci_har  # noqa: E402
 from data.build_store import assemble_manifest, job_inputs, run_job  # noqa: E402
 from data.store import SHARD_DIR, finish_store  # noqa: E402
 from profiling.interleave import interleave, per_side  # noqa: E402
+from training.config.cli import REPO  # noqa: E402
 from training.entry_point import run_entry_point  # noqa: E402
+from training.errors import UsageError  # noqa: E402
+from training.reporting.logger import SET_UP_LAP, read_time_line  # noqa: E402
 
 GIB = 2 ** 30
 WINDOW_BYTES_FLOAT16 = len(uci_har.SIGNAL_NAMES) * uci_har.WINDOW_STEPS * 2
@@ -56,11 +61,16 @@ def main(argv=None):
     side.add_argument("flags", nargs="*")
     convert = commands.add_parser("convert")
     convert.add_argument("--src", required=True)
-    for command in (make, measure, side, convert):
+    rerun = commands.add_parser("rerun")
+    rerun.add_argument("--store", required=True)
+    rerun.add_argument("--pairs", type=at_least(1), default=2)
+    rerun.add_argument("--json", type=json_file, default=None)
+    rerun.add_argument("flags", nargs="*", help="more main.py flags, after --")
+    for command in (make, measure, side, convert, rerun):
         command.error = parser.error  # one line, as the top parser's
     options = parser.parse_args(argv)
-    return {"make": make_store, "measure": measure_sides, "side": run_side, "convert": convert_speed}[
-        options.command](options)
+    return {"make": make_store, "measure": measure_sides, "side": run_side, "convert": convert_speed,
+            "rerun": rerun_share}[options.command](options)
 
 
 def make_store(options):
@@ -128,6 +138,50 @@ def measure_sides(options):
           f"{float(np.median(ratios)):.3f}; peak memory (PSS) of the store runs {peak_gib:.2f} GiB")
     write_json(options.json, {"results": results, "ratios": ratios})
     return 0
+
+
+def rerun_share(options):
+    """`python main.py --dataset store` into a new folder (the default's feature pool built there), then
+    the same command again with --no-resume (a fresh training on the pool it reuses): each run's wall
+    time from outside, its laps, peak resident set and test accuracy, and the re-run's share of the
+    first run's time. Pairs one after the other, each in a scratch folder of its own."""
+    pairs = []
+    for number in range(options.pairs):
+        with tempfile.TemporaryDirectory(prefix="har-rerun-") as scratch:
+            save_dir = Path(scratch) / "run"
+            command = [sys.executable, "main.py", "--dataset", "store", "--data-dir", options.store,
+                       "--save-dir", str(save_dir), "--no-resume", *options.flags]
+            pair = {side: _watched_run(command, save_dir, Path(scratch) / f"{side}.log") for side in ("first", "again")}
+        pair["share"] = pair["again"]["wall_s"] / pair["first"]["wall_s"]
+        pairs.append(pair)
+        for side in ("first", "again"):
+            run = pair[side]
+            laps, pool = run["laps"], "reused" if run["pool_reused"] else "built"
+            print(f"pair {number + 1} {side:>5}: {run['wall_s']:.1f} s (set-up {laps.get(SET_UP_LAP, 0):.1f} s, "
+                  f"training {laps.get('training', 0):.1f} s; pool {pool}), peak RSS {run['peak_rss_gib']:.2f} GiB, "
+                  f"test accuracy {run['accuracy']:.4f}", flush=True)
+        print(f"pair {number + 1}: the re-run took {pair['share']:.3f}x the first run's time", flush=True)
+    shares = ", ".join(f"{pair['share']:.3f}" for pair in pairs)
+    print(f"re-run / first run, per pair: {shares}")
+    write_json(options.json, {"pairs": pairs})
+    return 0
+
+
+def _watched_run(command, save_dir, log):
+    """{wall_s, laps, peak_rss_gib, accuracy, pool_reused} of one run of `command`, its output kept in
+    `log`. The peak is this child's own (wait4), not the largest of every child so far (RUSAGE_CHILDREN)."""
+    started = time.perf_counter()
+    with open(log, "w") as output:
+        child = subprocess.Popen(command, cwd=REPO, stdout=output, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(child.pid, 0)
+    wall_s = time.perf_counter() - started
+    child.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
+    text = Path(log).read_text()
+    if child.returncode != 0:
+        raise UsageError(f"{' '.join(map(str, command))} failed:\n" + "\n".join(text.splitlines()[-5:]))
+    return {"wall_s": wall_s, "laps": read_time_line(text), "peak_rss_gib": usage.ru_maxrss * 1024 / GIB,
+            "accuracy": json.loads((save_dir / "test_report.json").read_text())["accuracy"],
+            "pool_reused": "reused whole" in text}
 
 
 def run_side(options):
