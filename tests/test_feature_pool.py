@@ -4,6 +4,7 @@ import errno
 import json
 import signal
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from test_resume import assert_same_state
 from training.distributed.single import SingleDevice
 from training.errors import UsageError
 from training.loop.recipe import POOL_SHARE_UNIT, VIEW_SEED_STRIDE, build_feature_pool, pool_shares
+from training.trainer import Trainer
 
 # The head trained by epochs over the pool (a split this small would otherwise be solved by ridge).
 MINIROCKET = [*TINY_DATA, "--model", "minirocket", "--width", "840", "--synthetic-windows-per-subject", "8",
@@ -223,6 +225,17 @@ def test_replicas_start_from_rank_0s_state_and_are_made_rank_0s_again_after_drif
     assert tensors == {"weights": 2, "moments": 4, "average": 2}  # the head's weight and bias in each
     assert all(row["same"] for row in aligned["parts"].values()), aligned
     assert aligned["wrapped_same"]  # a replica starts from rank 0's weights and buffers
+
+
+def test_buffers_no_step_changes_are_not_sent_again_before_evaluation_or_a_save():
+    sent = []
+    strategy = SimpleNamespace(sync_buffers=sent.append)
+    fixed, learned = fitted_model(), build_model("cnn1d", 3, 4, window_steps=64)  # BatchNorm's statistics move
+    average = SimpleNamespace(module="the average")
+    for model, expected in ((fixed, []), (learned, [learned, "the average"])):
+        sent.clear()
+        Trainer._sync_buffers(SimpleNamespace(model=model, strategy=strategy, step=SimpleNamespace(ema=average)))
+        assert sent == expected
 
 
 def test_a_run_killed_while_training_on_the_pool_resumes_bit_for_bit(tmp_path):

@@ -253,7 +253,12 @@ class Trainer:
 
     def _sync_buffers(self):
         """Give every rank rank 0's buffers (DDP does not broadcast them each step), in the model and
-        in its average, before anything reads them: evaluation, or a checkpoint every rank resumes from."""
+        in its average, before anything reads them: evaluation, or a checkpoint every rank resumes from.
+        Buffers no step changes (FIXED_BUFFERS: MiniRocket's fitted kernels and statistics) are rank 0's
+        since the model was wrapped, so nothing is sent (for MiniRocket 28 broadcasts an epoch: 7 buffers,
+        model and average, before validation and before the save)."""
+        if self.model.FIXED_BUFFERS:
+            return
         self.strategy.sync_buffers(self.model)
         if self.step.ema is not None:
             self.strategy.sync_buffers(self.step.ema.module)
