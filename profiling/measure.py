@@ -57,7 +57,8 @@ class PerformanceProfiler:
                     if strategy.world_size == 1 else None
                 phases = phase_breakdown(work, args.phase_steps) if args.phase_steps else None
                 run_parts = measure_run_parts(work, statistics.fmean(run["step_time_s"] for run in runs), loaded,
-                                              replica_steps_s(work, args.predict_gpus, args.steps))
+                                              replica_steps_s(work, args.predict_gpus, args.steps),
+                                              predicts_ranks=any(n > 1 for n in args.predict_gpus))
             gradient_elements = work.gradient_bytes // 4  # all-reduced as fp32, like DDP's gradients
             compute_s = statistics.fmean(run["compute_step_time_s"] for run in runs)
             benchmark = benchmark_allreduce(strategy, gradient_elements, args.allreduce_iters,

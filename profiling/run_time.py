@@ -7,13 +7,15 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 
 from profiling.comm_model import rank_step_s, ring_allreduce_time_s
-from profiling.entry_points import REPO
+from profiling.entry_points import REPO, env_without_torchrun
 from training.loop.epochs import train_epoch
 from training.loop.step import steps_per_epoch
 from training.reporting.final_report import report_best_weights
@@ -40,6 +42,9 @@ class RunParts:
     # {N: seconds of a step on N ranks' batches at once}, where N ranks would each step the whole
     # global batch on a replica of the head (profiling.measure.replica_steps_s); None elsewhere.
     replica_step_s: dict = None
+    # What main_multi_gpu.py's launcher adds to a run of 2+ ranks on this host (launcher_s); None where
+    # not measured, and one more start-up stands for it.
+    launcher_s: float = None
 
 
 def epoch_steps(train_windows, world_size, batch_size, grad_accum_steps):
@@ -69,10 +74,11 @@ def predict_run(parts, world_size, step_s, build_s):
     """{part: seconds} of the run on `world_size` ranks whose optimizer step takes step_s and whose
     feature build takes build_s (the lone process's parts.build_s, or a share's). Start-up, inputs and
     the rest of the set-up are each rank's own, as long as on one; 2+ ranks start after their
-    launcher (torchrun's agent, an interpreter that imports torch first), about one start-up more;
+    launcher (torchrun's agent, an interpreter that imports torch first), which also waits for their
+    end: parts.launcher_s where measured, else about one start-up more;
     the evaluation passes split the windows over the ranks; each epoch saves one checkpoint."""
     steps = epoch_steps(parts.train_windows, world_size, parts.batch_size, parts.grad_accum_steps)
-    launcher_s = parts.start_up_s if world_size > 1 else 0.0
+    launcher_s = 0.0 if world_size <= 1 else parts.start_up_s if parts.launcher_s is None else parts.launcher_s
     fixed_s = (launcher_s + parts.start_up_s + parts.imports_s + parts.inputs_s + parts.set_up_s - parts.build_s
                + parts.exit_s)
     stepping_s = parts.epochs * steps * (step_s + parts.loop_s)
@@ -115,6 +121,35 @@ PROFILER_ONLY = ("profiler", "profiling", "benchmarks", "tests", "conftest", "py
                  "__mp_main__")
 
 
+# main_multi_gpu.py's launcher in a fresh interpreter: torch.distributed.run in this process over the
+# workers named (a script that does nothing, and how many), then left at once as main_multi_gpu.py leaves.
+FRESH_LAUNCHER = """import sys
+from training.distributed.launch import run_torchrun, torchrun_arguments
+from training.entry_point import exit_process
+exit_process(run_torchrun(torchrun_arguments(sys.argv[1], [], int(sys.argv[2]))), at_once=True)
+"""
+
+
+def launcher_s(world_size=2):
+    """Seconds main_multi_gpu.py's launcher adds to a run of `world_size` ranks on this host: a fresh
+    launcher over that many workers that do nothing, from its start to its end, less one bare
+    interpreter's start and exit (each worker's, which the ranks' own start-up and exit count). Its
+    own start (torch imported), the rendezvous, and the wait for the workers' end are the rest.
+    None where the launch fails."""
+    def run(command):
+        return subprocess.run(command, cwd=REPO, env=env_without_torchrun(), capture_output=True, check=True)
+
+    with tempfile.TemporaryDirectory(prefix="har-launch-") as scratch:
+        worker = Path(scratch) / "worker.py"
+        worker.write_text("")
+        try:
+            bare_s = timed_s(lambda: run([sys.executable, str(worker)]))
+            job_s = timed_s(lambda: run([sys.executable, "-c", FRESH_LAUNCHER, str(worker), str(world_size)]), times=1)
+        except (OSError, subprocess.CalledProcessError):
+            return None
+    return max(job_s - bare_s, 0.0)
+
+
 def main_start_and_exit_s(loaded_before_set_up):
     """(seconds before main.py's run begins, seconds of imports its run adds that the profiler's
     timed set-up did not pay, seconds its interpreter takes to exit), from a fresh interpreter. The
@@ -149,13 +184,14 @@ def loop_s_per_step(trainer, step_s, steps):
     return max(result.train_time_s / max(result.steps, 1) - step_s, 0.0)
 
 
-def measure_run_parts(work, step_s, loaded_before_set_up=(), replica_step_s=None):
+def measure_run_parts(work, step_s, loaded_before_set_up=(), replica_step_s=None, predicts_ranks=False):
     """RunParts of the profiled run, whose optimizer step took step_s: its set-up as build_workload
     timed it, and what main.py does besides (an epoch pass's loop, a validation pass and a checkpoint
     after each epoch, the final report) timed now on the profiled run's own trainer, in its scratch
     folder. Call it after the step's measurements: it trains an epoch, and the report reloads
     best.pt, the weights the checkpoint has just saved. loaded_before_set_up: the names in
-    sys.modules when the profiler began its set-up (main_start_and_exit_s)."""
+    sys.modules when the profiler began its set-up (main_start_and_exit_s). predicts_ranks: runs of
+    2+ ranks are predicted, so one process measures their launcher (launcher_s)."""
     trainer, config = work.trainer, work.trainer.config
     loop_s = loop_s_per_step(trainer, step_s, work.steps_per_epoch)
     validation_s = timed_s(lambda: trainer.evaluate("val")) if trainer.has_validation else 0.0
@@ -170,7 +206,8 @@ def measure_run_parts(work, step_s, loaded_before_set_up=(), replica_step_s=None
                     set_up_s=work.set_up_s,
                     build_s=pool.get("seconds", 0.0), loop_s=loop_s, validation_s=validation_s, save_s=save_s,
                     final_eval_s=report_s, epochs=config.optim.epochs, train_windows=work.train_windows,
-                    batch_size=work.batch_size, grad_accum_steps=work.grad_accum_steps, replica_step_s=replica_step_s)
+                    batch_size=work.batch_size, grad_accum_steps=work.grad_accum_steps, replica_step_s=replica_step_s,
+                    launcher_s=launcher_s() if predicts_ranks and work.strategy.world_size == 1 else None)
 
 
 def run_time_entry(parts, work, predictions, link, host_effects=None):
@@ -193,7 +230,8 @@ def run_time_entry(parts, work, predictions, link, host_effects=None):
         runs.append(predict_run(parts, n, step_s, build_s))
     return {"parts": asdict(parts), "predictions": runs,
             "what": "total = start-up, the imports main.py's run adds, and exit (of a fresh interpreter "
-                    "importing main.py; with N ranks, one start-up more for the launcher) + inputs + set-up "
+                    "importing main.py; with N ranks, main_multi_gpu.py's launcher as a fresh one over 2 "
+                    "workers that do nothing took on this host, else one start-up more) + inputs + set-up "
                     "besides the feature pool + the pool's build + epochs x (steps per epoch x (step time + the "
                     "epoch loop's own cost per step) + a validation pass + a checkpoint) + the final report "
                     "(best.pt judged on the validation and test splits); figures are not counted. For N ranks: "

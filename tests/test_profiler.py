@@ -274,6 +274,13 @@ def test_the_whole_run_is_its_set_up_the_pool_the_epochs_and_the_evaluation():
     assert bare["fixed_s"] == pytest.approx(9.0) and bare["build_share"] == 0.0
 
 
+def test_a_measured_launcher_replaces_the_start_up_that_stands_for_it_with_2_ranks_or_more():
+    measured, assumed = run_parts(launcher_s=1.7), run_parts()
+    assert predict_run(measured, 2, 0.003, 3.5)["total_s"] - predict_run(assumed, 2, 0.003, 3.5)["total_s"] == \
+        pytest.approx(1.7 - 1.0)
+    assert predict_run(measured, 1, 0.002, 6.0) == predict_run(assumed, 1, 0.002, 6.0)  # one process: no launcher
+
+
 def test_the_pool_is_built_in_shares_that_the_hosts_cores_bound_on_cpu():
     assert share_build_s(6.0, 1, "cpu", 2, 2) == 6.0
     assert share_build_s(6.0, 4, "cuda", 8, 16) == pytest.approx(1.5)  # a device per rank
@@ -340,6 +347,7 @@ def test_profiler_py_writes_sane_json_and_csv(tiny_profile):
     assert run["parts"]["start_up_s"] > 0 and run["parts"]["loop_s"] >= 0 and run["parts"]["final_eval_s"] > 0
     # A fresh interpreter imported main.py, then TensorBoard at least, then exited.
     assert run["parts"]["imports_s"] > 0 and run["parts"]["exit_s"] > 0
+    assert run["parts"]["launcher_s"] > 0  # a fresh launcher over 2 workers that did nothing, timed
     assert [p["world_size"] for p in run["predictions"]] == [1, 2, 4, 8]
     assert run["predictions"][0]["step_s"] == pytest.approx(timing["step_time_s"]["mean"])
     with open(out / "profile_summary.csv") as handle:
