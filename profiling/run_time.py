@@ -130,6 +130,9 @@ exit_process(run_torchrun(torchrun_arguments(sys.argv[1], [], int(sys.argv[2])))
 """
 
 
+LAUNCH_TIMEOUT_S = 120  # a launch that takes longer is not measured: a start-up stands for it
+
+
 def launcher_s(world_size=2):
     """Seconds main_multi_gpu.py's launcher adds to a run of `world_size` ranks on this host: a fresh
     launcher over that many workers that do nothing, from its start to its end, less one bare
@@ -137,7 +140,8 @@ def launcher_s(world_size=2):
     own start (torch imported), the rendezvous, and the wait for the workers' end are the rest.
     None where the launch fails."""
     def run(command):
-        return subprocess.run(command, cwd=REPO, env=env_without_torchrun(), capture_output=True, check=True)
+        return subprocess.run(command, cwd=REPO, env=env_without_torchrun(), capture_output=True, check=True,
+                              timeout=LAUNCH_TIMEOUT_S)
 
     with tempfile.TemporaryDirectory(prefix="har-launch-") as scratch:
         worker = Path(scratch) / "worker.py"
@@ -145,7 +149,7 @@ def launcher_s(world_size=2):
         try:
             bare_s = timed_s(lambda: run([sys.executable, str(worker)]))
             job_s = timed_s(lambda: run([sys.executable, "-c", FRESH_LAUNCHER, str(worker), str(world_size)]), times=1)
-        except (OSError, subprocess.CalledProcessError):
+        except (OSError, subprocess.SubprocessError):  # failed or timed out
             return None
     return max(job_s - bare_s, 0.0)
 
