@@ -69,8 +69,17 @@ def main(argv=None):
     for command in (make, measure, side, convert, rerun):
         command.error = parser.error  # one line, as the top parser's
     options = parser.parse_args(argv)
+    _refuse_figures_inside_the_store(options)
     return {"make": make_store, "measure": measure_sides, "side": run_side, "convert": convert_speed,
             "rerun": rerun_share}[options.command](options)
+
+
+def _refuse_figures_inside_the_store(options):
+    """--json never goes into the store a command reads: a figures file named like one of its files
+    (manifest.json) would replace it."""
+    store, figures = getattr(options, "store", None), getattr(options, "json", None)
+    if store and figures and Path(store).resolve() in Path(figures).resolve().parents:
+        raise UsageError(f"--json {figures} is inside the store {store}, which this command reads; write it elsewhere")
 
 
 def make_store(options):

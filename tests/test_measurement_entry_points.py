@@ -14,6 +14,7 @@ CASES = [
     ("benchmarks.profiler_agreement", ["--epochs", "1"], "--epochs: must be at least 2, got 1"),
     ("benchmarks.store_stream", ["measure", "--store", "x", "--rounds", "0"], "--rounds: must be at least 1"),
     ("benchmarks.store_stream", ["rerun", "--store", "x", "--pairs", "0"], "--pairs: must be at least 1"),
+    ("benchmarks.store_stream", ["rerun", "--store", "tests", "--json", "tests/manifest.json"], "inside the store"),
     ("benchmarks.pool_shares", ["--nproc", "1"], "--nproc: must be at least 2, got 1"),
     # --json is checked before the measurement, not refused with a traceback after it
     ("benchmarks.minirocket_speed", ["--json", "tests"], "--json: tests is a folder"),
