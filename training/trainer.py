@@ -231,6 +231,11 @@ class Trainer:
         return self.step.ema.module if self.step.ema else self.strategy.eval_model(self.model)
 
     @property
+    def micro_batch_samples(self):
+        """Samples of the epoch one micro-batch covers: each process's loader batch, over the ranks it is dealt to."""
+        return self.loader_batch * self.batch_ranks
+
+    @property
     def replicated(self):
         """Whether every rank steps the whole global batch on a replica of its own."""
         return self.batch_ranks < self.strategy.world_size

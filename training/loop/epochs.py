@@ -107,7 +107,7 @@ def train_epoch(trainer, epoch):
     hook.log(hook.readout.flush())
     bar.close()
     loss_sum, loss_samples = (0.0, 0) if stopped else checked_totals(trainer, tally)
-    trained = (plan.batches_in_epoch - plan.first_batch) * trainer.loader_batch * trainer.batch_ranks
+    trained = (plan.batches_in_epoch - plan.first_batch) * trainer.micro_batch_samples
     slowest_s = float(strategy.max_over_ranks(torch.tensor(train_time_s, dtype=torch.float64,
                                                            device=strategy.device)))
     state.step = plan.first_step + steps
@@ -125,7 +125,7 @@ def _plan_epoch(trainer, epoch, loader):
     exact, trainer.exact_resume = trainer.exact_resume, False  # once: only the resumed epoch continues bit for bit
     trainer.rng.start_epoch(trainer.config.optim.seed, epoch, resume_exactly=exact)
     if exact:
-        first_batch = state.epoch_position // (trainer.loader_batch * trainer.batch_ranks)
+        first_batch = state.epoch_position // trainer.micro_batch_samples
         return EpochPlan(first_batch, batches_in_epoch, state.step)
     # In another layout the remaining samples make a shorter epoch of their own (from 0: the whole epoch).
     return EpochPlan(0, len(loader), state.step)
@@ -216,7 +216,7 @@ class _StepHook:
 
     def _save_mid_epoch(self, step, batches_done):
         trainer = self.trainer
-        trained = (batches_done - self.plan.first_batch) * trainer.loader_batch * trainer.batch_ranks
+        trained = (batches_done - self.plan.first_batch) * trainer.micro_batch_samples
         state = trainer.state
         state.step = step
         state.epoch_position = min(len(trainer.data.train), self.start_position + trained)
