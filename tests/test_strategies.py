@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from conftest import TINY_DATA, load_checkpoint, max_abs_difference, read_metrics, run_in_process, run_subprocess
+from conftest import REPO, TINY_DATA, load_checkpoint, max_abs_difference, read_metrics, run_in_process, run_subprocess
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
 # The transformer, so that each encoder block is a sharded unit of its own; GroupNorm, no dropout and
@@ -148,3 +148,43 @@ def test_every_strategy_offers_what_the_protocol_lists():
     for kind in (SingleDevice, DataParallelStrategy, DistributedStrategy, FullyShardedStrategy):
         for name in [*methods, "data_parallel_size", "other_gpus"]:
             assert callable(getattr(kind, name, None)) or isinstance(getattr(kind, name, None), property), (kind, name)
+
+
+CLOSE_SCRIPT = """
+import gc, json
+from models import build_model
+from training.distributed.ddp import DistributedStrategy
+from training.distributed.fsdp import FullyShardedStrategy
+from training.distributed.strategy import distributed_env
+collections = []
+collect = gc.collect
+gc.collect = lambda *args: collections.append(1) or collect(*args)
+precision = type("FullPrecision", (), {"enabled": False})()
+counts = {}
+for name, make, replicate in [
+        ("replicated", lambda: DistributedStrategy(device_type="cpu", backend="gloo", gpu_ids=None, sync_bn=False,
+                                                    timeout_s=60, ranks=distributed_env()), True),
+        ("ddp", lambda: DistributedStrategy(device_type="cpu", backend="gloo", gpu_ids=None, sync_bn=False,
+                                             timeout_s=60, ranks=distributed_env()), False),
+        ("fsdp", lambda: FullyShardedStrategy(device_type="cpu", backend="gloo", gpu_ids=None, timeout_s=60,
+                                              reshard_after_forward=True, ranks=distributed_env()), False)]:
+    strategy = make()
+    if replicate:
+        strategy.replicate_model()
+    strategy.wrap(build_model("cnn1d", in_channels=3, num_classes=2), precision)
+    collections.clear()
+    strategy.close()
+    counts[name] = len(collections)
+print(json.dumps(counts))
+"""
+
+
+def test_closing_collects_garbage_only_where_a_wrapped_model_must_go_before_its_group(tmp_path):
+    """A DDP or FSDP module is freed while its process group still exists (a full collection); a
+    replicated head has none, and skips the collection, a sizeable pause once torch._dynamo is loaded."""
+    script = tmp_path / "close.py"
+    script.write_text(CLOSE_SCRIPT)
+    result = run_subprocess([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
+                             script], timeout=120, env={"PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"replicated": 0, "ddp": 1, "fsdp": 1}

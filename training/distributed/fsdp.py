@@ -55,9 +55,9 @@ class FullyShardedStrategy(DistributedStrategy):
     def eval_model(self, model):
         return model
 
-    def close(self):
-        self._sharded = None
-        super().close()
+    def _drop_wrapped_model(self):
+        sharded, self._sharded = self._sharded is not None, None
+        return super()._drop_wrapped_model() or sharded
 
     @contextlib.contextmanager
     def no_sync(self):
