@@ -25,14 +25,19 @@ def _health(trainer, tally):
 
 
 def _raise_if_diverged(trainer, negative_earliest, longest_skip_run):
-    where = f"(epoch {trainer.state.epoch + 1}); {trainer.checkpoints.kept()}"
     if -negative_earliest != NO_NONFINITE_STEP:
-        raise TrainingDiverged(f"the training loss became NaN/inf at step {-negative_earliest} {where}. Lower "
-                               "--lr, keep --max-grad-norm on, or check the data for extreme values")
+        raise TrainingDiverged(f"the training loss became NaN/inf at step {-negative_earliest} {_where(trainer)}. "
+                               "Lower --lr, keep --max-grad-norm on, or check the data for extreme values")
     if longest_skip_run >= MAX_SKIPPED_STEPS:
         raise TrainingDiverged(f"the fp16 GradScaler skipped {longest_skip_run} optimizer steps in a row, their "
-                               f"gradients overflowing at every loss scale {where}. The loss or the weights are "
-                               "not finite: lower --lr, keep --max-grad-norm on, or try --amp-dtype bf16")
+                               f"gradients overflowing at every loss scale {_where(trainer)}. The loss or the weights "
+                               "are not finite: lower --lr, keep --max-grad-norm on, or try --amp-dtype bf16")
+
+
+def _where(trainer):
+    """The epoch and the checkpoints kept, for a message: built only when one is raised, since the
+    checks run at every check-in and the checkpoints' names come from the disk."""
+    return f"(epoch {trainer.state.epoch + 1}); {trainer.checkpoints.kept()}"
 
 
 def checked_totals(trainer, tally):
