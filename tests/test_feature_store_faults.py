@@ -1,16 +1,25 @@
 """Faults of the feature pool on disk (training.loop.feature_store): a shard changed in place, cut
 short, of another type or shape, or left without its checksum is rebuilt with one line naming it and
-why, never trained on; a build killed while writing a shard loses that shard alone."""
+why, never trained on; so are shards under this identity's name that another pool wrote, and a pool
+whose augmentation would read other labels; a build killed while writing a shard loses that shard
+alone; a folder that cannot be written stops the run in one line."""
+import errno
+import json
+import shutil
 import signal
 import sys
 
 import numpy as np
 import pytest
+import torch
 
 from conftest import run_subprocess
+from data.augment import AugmentConfig, BatchAugmenter
 from data.errors import DataError
+from data.splits import Split
 from test_feature_pool import CPU, QuietLog, fitted_model, split
 from test_store import store  # noqa: F401 (a fixture: the window store the runs read)
+from training.errors import UsageError
 from training.loop.recipe import build_feature_pool
 
 
@@ -158,3 +167,75 @@ def test_a_store_run_killed_while_writing_its_pool_loses_that_shard_alone(store,
     for name, path in expected.items():
         assert after[name].parent.name == path.parent.name  # the same identity
         assert after[name].read_bytes() == path.read_bytes(), name  # bit for bit
+
+
+def build(splits, root, augment=None, seed=5, views=1):
+    """(the pool read back whole, its closing line and warnings) of a build in `root`."""
+    log = QuietLog()
+    pool, _ = build_feature_pool(fitted_model(), splits, views, augment, seed, CPU, log, store_root=root)
+    return {name: part.signals[np.arange(len(part.signals))] for name, part in pool.items()}, log.line + "".join(log.warnings)
+
+
+def built_in_memory(splits, augment=None, seed=5, views=1):
+    pool, _ = build_feature_pool(fitted_model(), splits, views, augment, seed, CPU, QuietLog())
+    return {name: part.signals for name, part in pool.items()}
+
+
+def test_a_relabelled_training_split_gets_views_of_its_own_where_the_augmentation_reads_labels(tmp_path):
+    # flip turns only class "a"'s windows: the same windows under other labels give other views.
+    augment = BatchAugmenter(AugmentConfig(kinds=("flip",), flip_classes=("a",)), torch.zeros(3), torch.ones(3),
+                             ("acc_x", "acc_y", "acc_z"), ("a", "b", "c", "d"))
+    train = split(300, 1)
+    splits = {"train": train, "val": split(7, 2)}
+    build(splits, tmp_path, augment, views=2)
+    relabelled = {**splits, "train": Split(train.signals, (train.labels + 1) % 4, train.subjects)}
+    pool, line = build(relabelled, tmp_path, augment, views=2)
+    assert "built: the pool in" in line and "other augmentation" in line, line
+    expected = built_in_memory(relabelled, augment, views=2)
+    assert_same_pool(pool, expected)
+    assert not np.array_equal(expected["train"], built_in_memory(splits, augment, views=2)["train"])
+
+
+def test_shards_of_another_pool_under_this_identitys_name_are_rebuilt_with_one_line(model_and_splits, tmp_path):
+    _, splits = model_and_splits
+    build(splits, tmp_path / "mine")
+    build(splits, tmp_path / "other", seed=6)
+    [mine], [other] = (tmp_path / "mine").iterdir(), (tmp_path / "other").iterdir()
+    shutil.rmtree(mine)
+    shutil.copytree(other, mine)  # seed 6's pool moved by hand under seed 5's name
+    pool, line = build(splits, tmp_path / "mine")
+    assert "built: its shards in" in line and "were of other seed (their identity.json)" in line, line
+    assert_same_pool(pool, in_memory(model_and_splits))
+    assert json.loads((mine / "identity.json").read_text())["seed"] == 5
+    assert "reused whole" in build(splits, tmp_path / "mine")[1]
+    (mine / "identity.json").write_text("[1, 2]")  # valid JSON, not an identity
+    pool, line = build(splits, tmp_path / "mine")
+    assert "have no readable identity.json" in line, line
+    assert_same_pool(pool, in_memory(model_and_splits))
+
+
+def test_a_stray_identity_file_beside_the_pool_is_left_alone(model_and_splits, tmp_path):
+    _, splits = model_and_splits
+    stray = tmp_path / "0000000000000000"
+    stray.mkdir()
+    (stray / "identity.json").write_text("[1]")
+    pool, line = build(splits, tmp_path)
+    assert "built: the pool in 0000000000000000 was of other" in line, line  # every field counts as changed
+    assert_same_pool(pool, in_memory(model_and_splits))
+    assert stray.is_dir() and "reused whole" in build(splits, tmp_path)[1]
+
+
+def test_a_folder_the_pool_cannot_be_written_in_stops_the_run_in_one_line(model_and_splits, tmp_path, monkeypatch):
+    _, splits = model_and_splits
+    features = tmp_path / "features"
+    features.write_text("a file where the pool's folder goes")
+    with pytest.raises(UsageError, match=r"make .*features a writable folder") as refused:
+        build(splits, features)
+    assert "\n" not in str(refused.value) and features.read_text().startswith("a file")
+
+    def full(path, write):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("training.loop.feature_store.write_atomic", full)
+    with pytest.raises(UsageError, match=r"\(No space left on device\); free space there"):
+        build(splits, tmp_path / "elsewhere")

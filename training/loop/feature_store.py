@@ -10,6 +10,7 @@ the shard is written and compared before the shard is reused: a shard changed in
 type and shape, so only its bytes can tell. At UCI HAR's size (4 views: 27,783 windows of 8,820 uint8
 counts, 234 MiB) checking every shard took 0.14 to 0.19 s on two busy CPU cores, where building the
 pool takes about 18 s (docs/distributed.md), so every byte is hashed rather than a sample."""
+import errno
 import hashlib
 import json
 import shutil
@@ -31,14 +32,17 @@ MISSING = "missing"  # a shard not written yet: built without a word, unlike a d
 def pool_identity(model, splits, views, augment, seed, dtype, chunk):
     """{what: digest or value} of everything that decides the pool: the model's fixed parts, each
     split's windows (a store's manifest and the windows chosen) and normalisation, the views, the seed,
-    the augmentation's settings and statistics, the counts' type and the chunking of random draws."""
+    the augmentation's settings, statistics and the training labels it reads (the classes rotate turns
+    wide, the classes flip may turn: a store relabelled keeps its manifest), the counts' type and the
+    chunking of random draws."""
     # MiniRocket's padding flag shows in the type (a padded pool holds float features, not counts): left
     # out, so that pools written before the flag existed keep their identity.
     fixed = {name: tensor for name, tensor in model.state_dict().items()
              if not name.startswith("head.") and name != "nan_padding"}
     identity = {"format": FORMAT, "model": _digest(*fixed.values(), repr(model.dilations), repr(model.paddings)),
                 "views": views, "seed": seed, "dtype": str(dtype), "chunk": chunk,
-                "augmentation": _digest(repr(augment.config), augment.mean, augment.std) if augment else None}
+                "augmentation": _digest(repr(augment.config), augment.mean, augment.std,
+                                        np.ascontiguousarray(splits["train"].labels)) if augment else None}
     for name, split in splits.items():
         signals = split.signals
         if isinstance(split, StoreSplit):
@@ -72,15 +76,35 @@ class FeatureStore:
         others = [path for path in others if path.parent != self.folder]
         if not others:
             return "no earlier pool in this folder"
-        earlier = read_json(others[-1]) or {}  # unreadable: every field counts as changed
-        changed = sorted(key for key in {**earlier, **self.identity} if earlier.get(key) != self.identity.get(key))
-        return f"the pool in {others[-1].parent.name} was of other {', '.join(changed)}"
+        return f"the pool in {others[-1].parent.name} was of other {self._changed_from(others[-1])}"
+
+    def foreign(self):
+        """Why the shards in this identity's folder are another pool's (None where they are this one's,
+        or there are none): its identity file, written before any shard, names another identity or
+        cannot be read (a folder moved or edited by hand). Read before start() records this identity."""
+        if not any(self.folder.glob("part*.npy")):
+            return None
+        recorded = self.folder / IDENTITY
+        if _identity_in(recorded) == self.identity:
+            return None
+        if not _identity_in(recorded):
+            return f"its shards in {self.folder.name} have no readable {IDENTITY}"
+        return f"its shards in {self.folder.name} were of other {self._changed_from(recorded)} (their {IDENTITY})"
+
+    def _changed_from(self, recorded):
+        """The fields in which the identity file `recorded` differs from this identity (every one where
+        it cannot be read)."""
+        earlier, now = _identity_in(recorded), self.identity
+        return ", ".join(sorted(key for key in {**earlier, **now} if earlier.get(key) != now.get(key)))
 
     def start(self):
         """Make the folder and record its identity (every rank may: the same bytes, one rename each)."""
-        self.folder.mkdir(parents=True, exist_ok=True)
         payload = json.dumps(self.identity, sort_keys=True, indent=1).encode()
-        write_atomic(self.folder / IDENTITY, lambda path: Path(path).write_bytes(payload))
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.folder / IDENTITY, lambda path: Path(path).write_bytes(payload))
+        except OSError as exc:  # a full disk, a read-only folder, a file where the folder should be
+            raise UsageError(_unwritable(self.folder / IDENTITY, exc)) from None
 
     def remove_others(self):
         """Once every rank has written its shards: delete the partial files a killed build left, and
@@ -89,7 +113,7 @@ class FeatureStore:
         for partial in self.folder.glob(".*.tmp.*"):  # a shard's or its checksum's
             partial.unlink(missing_ok=True)
         for path in self.root.glob(f"*/{IDENTITY}"):
-            if path.parent != self.folder and (read_json(path) or {}).get("format") == FORMAT:
+            if path.parent != self.folder and _identity_in(path).get("format") == FORMAT:
                 shutil.rmtree(path.parent)
 
     def shard_path(self, part, first):
@@ -140,14 +164,28 @@ class FeatureStore:
             write_atomic(path, save)
             write_atomic(checksum, lambda partial: Path(partial).write_text(f"{digest[0]}  {path.name}\n"))
         except OSError as exc:  # a full disk, above all: the shards written so far stay, and count
-            raise UsageError(f"could not write the feature pool's shard {path} ({exc.strerror or exc}); free "
-                             "space there and run the same command again (it reuses the shards written so far), "
-                             "or pass --feature-views 0 to transform every batch instead") from None
+            raise UsageError(_unwritable(path, exc)) from None
 
     def open(self, pieces, width, dtype):
         """The shards of `pieces` [(part, first, stop), ...] in order, as one array [n, width] on disk."""
         return ShardedRows([self.shard_path(part, first) for part, first, _ in pieces],
                            [stop - first for _, first, stop in pieces], width, dtype)
+
+
+def _identity_in(path):
+    """The identity an identity file records; {} where it cannot be read or holds no JSON object."""
+    recorded = read_json(path)
+    return recorded if isinstance(recorded, dict) else {}
+
+
+def _unwritable(path, exc):
+    """The one line for a feature pool file that could not be written: what to do depends on why."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = "free space there and run the same command again (it reuses the shards written so far)"
+    else:
+        fix = f"make {path.parent.parent} a writable folder (or pass another --save-dir) and run the same command again"
+    return (f"could not write the feature pool file {path} ({exc.strerror or exc}); {fix}, or pass --feature-views 0 "
+            "to transform every batch instead")
 
 
 class ShardedRows:

@@ -226,9 +226,12 @@ def build_feature_pool(model, splits, views, augment, seed, strategy, log, store
         by_part, where = _gathered_parts(np.concatenate([probe, *transformed]), parts, views, strategy), None
     else:
         store = FeatureStore(store_root, pool_identity(model, splits, views, augment, seed, probe.dtype, POOL_CHUNK))
-        why = store.describe_change()
+        # Every rank reads what the folder holds before any rank records this identity there (the
+        # gather is the barrier), and all act on rank 0's reading.
+        foreign = strategy.gather_objects(store.foreign())[0]
+        why = foreign or store.describe_change()
         store.start()
-        mine, damaged = _to_build(store, mine, probe)
+        mine, damaged = _to_build(store, mine, probe, every_piece=foreign is not None)
         for (part, first, _), counts in _transformed(model, parts, mine, strategy.device, log, spent):
             store.write(part, first, counts)
         # Also the barrier: every rank's shards are written before any rank opens them.
@@ -296,8 +299,11 @@ class AugmentTime:
         return self.cpu_s + sum(begin.elapsed_time(end) for begin, end in self.events) / 1e3
 
 
-def _to_build(store, pieces, probe):
-    """(the pieces whose shards must be built, one line for each shard there that is damaged)."""
+def _to_build(store, pieces, probe, every_piece=False):
+    """(the pieces whose shards must be built, one line for each shard there that is damaged);
+    every_piece: all of them, without a word (the shards there are another pool's)."""
+    if every_piece:
+        return list(pieces), []
     damage = {piece: store.damage(*piece, probe.shape[1], probe.dtype) for piece in pieces}
     lines = [f"feature pool: rebuilding {store.shard_path(part, first)}: it {why}"
              for (part, first, _), why in damage.items() if why not in (None, MISSING)]
