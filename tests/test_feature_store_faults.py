@@ -29,18 +29,32 @@ def model_and_splits():
     return fitted_model(), {"train": split(2500, 1), "val": split(7, 2)}
 
 
-def on_disk(model_and_splits, root):
+def build(splits, root, augment=None, seed=5, views=1, model=None):
     """(the pool read back whole, the log) of a build in `root`."""
-    model, splits = model_and_splits
-    log = QuietLog()
-    pool, _ = build_feature_pool(model, splits, 1, None, 5, CPU, log, store_root=root)
+    log, model = QuietLog(), fitted_model() if model is None else model
+    pool, _ = build_feature_pool(model, splits, views, augment, seed, CPU, log, store_root=root)
     return {name: part.signals[np.arange(len(part.signals))] for name, part in pool.items()}, log
+
+
+def built_in_memory(splits, augment=None, seed=5, views=1, model=None):
+    model = fitted_model() if model is None else model
+    pool, _ = build_feature_pool(model, splits, views, augment, seed, CPU, QuietLog())
+    return {name: part.signals for name, part in pool.items()}
+
+
+def on_disk(model_and_splits, root):
+    model, splits = model_and_splits
+    return build(splits, root, model=model)
 
 
 def in_memory(model_and_splits):
     model, splits = model_and_splits
-    pool, _ = build_feature_pool(model, splits, 1, None, 5, CPU, QuietLog())
-    return {name: part.signals for name, part in pool.items()}
+    return built_in_memory(splits, model=model)
+
+
+def said(log):
+    """The build's closing line and its warnings, as one text."""
+    return log.line + "".join(log.warnings)
 
 
 def assert_same_pool(pool, expected):
@@ -169,18 +183,6 @@ def test_a_store_run_killed_while_writing_its_pool_loses_that_shard_alone(store,
         assert after[name].read_bytes() == path.read_bytes(), name  # bit for bit
 
 
-def build(splits, root, augment=None, seed=5, views=1):
-    """(the pool read back whole, its closing line and warnings) of a build in `root`."""
-    log = QuietLog()
-    pool, _ = build_feature_pool(fitted_model(), splits, views, augment, seed, CPU, log, store_root=root)
-    return {name: part.signals[np.arange(len(part.signals))] for name, part in pool.items()}, log.line + "".join(log.warnings)
-
-
-def built_in_memory(splits, augment=None, seed=5, views=1):
-    pool, _ = build_feature_pool(fitted_model(), splits, views, augment, seed, CPU, QuietLog())
-    return {name: part.signals for name, part in pool.items()}
-
-
 def test_a_relabelled_training_split_gets_views_of_its_own_where_the_augmentation_reads_labels(tmp_path):
     # flip turns only class "a"'s windows: the same windows under other labels give other views.
     augment = BatchAugmenter(AugmentConfig(kinds=("flip",), flip_classes=("a",)), torch.zeros(3), torch.ones(3),
@@ -189,7 +191,8 @@ def test_a_relabelled_training_split_gets_views_of_its_own_where_the_augmentatio
     splits = {"train": train, "val": split(7, 2)}
     build(splits, tmp_path, augment, views=2)
     relabelled = {**splits, "train": Split(train.signals, (train.labels + 1) % 4, train.subjects)}
-    pool, line = build(relabelled, tmp_path, augment, views=2)
+    pool, log = build(relabelled, tmp_path, augment, views=2)
+    line = said(log)
     assert "built: the pool in" in line and "other augmentation" in line, line
     expected = built_in_memory(relabelled, augment, views=2)
     assert_same_pool(pool, expected)
@@ -203,14 +206,15 @@ def test_shards_of_another_pool_under_this_identitys_name_are_rebuilt_with_one_l
     [mine], [other] = (tmp_path / "mine").iterdir(), (tmp_path / "other").iterdir()
     shutil.rmtree(mine)
     shutil.copytree(other, mine)  # seed 6's pool moved by hand under seed 5's name
-    pool, line = build(splits, tmp_path / "mine")
+    pool, log = build(splits, tmp_path / "mine")
+    line = said(log)
     assert "built: its shards in" in line and "were of other seed (their identity.json)" in line, line
     assert_same_pool(pool, in_memory(model_and_splits))
     assert json.loads((mine / "identity.json").read_text())["seed"] == 5
-    assert "reused whole" in build(splits, tmp_path / "mine")[1]
+    assert "reused whole" in said(build(splits, tmp_path / "mine")[1])
     (mine / "identity.json").write_text("[1, 2]")  # valid JSON, not an identity
-    pool, line = build(splits, tmp_path / "mine")
-    assert "have no readable identity.json" in line, line
+    pool, log = build(splits, tmp_path / "mine")
+    assert "have no readable identity.json" in said(log), said(log)
     assert_same_pool(pool, in_memory(model_and_splits))
 
 
@@ -219,10 +223,10 @@ def test_a_stray_identity_file_beside_the_pool_is_left_alone(model_and_splits, t
     stray = tmp_path / "0000000000000000"
     stray.mkdir()
     (stray / "identity.json").write_text("[1]")
-    pool, line = build(splits, tmp_path)
-    assert "built: the pool in 0000000000000000 was of other" in line, line  # every field counts as changed
+    pool, log = build(splits, tmp_path)
+    assert "built: the pool in 0000000000000000 was of other" in said(log), said(log)  # every field counts as changed
     assert_same_pool(pool, in_memory(model_and_splits))
-    assert stray.is_dir() and "reused whole" in build(splits, tmp_path)[1]
+    assert stray.is_dir() and "reused whole" in said(build(splits, tmp_path)[1])
 
 
 def test_a_folder_the_pool_cannot_be_written_in_stops_the_run_in_one_line(model_and_splits, tmp_path, monkeypatch):
