@@ -127,6 +127,8 @@ FLAG_CASES = [
     ("main.py", ["--mode", "mean"], "--mode"),
     ("main.py", ["--augment", "rotate,flip", "--aug-flip-classes", "lying"], "--aug-flip-classes"),  # a class it lacks
     ("main.py", ["--aug-rotate-wide-classes", "jogging"], "--aug-rotate-wide-classes"),  # a class it lacks
+    # ... also where the head is solved by ridge (this small a split), which augments nothing
+    ("main.py", ["--model", "minirocket", "--augment", "flip", "--aug-flip-classes", "lying"], "--aug-flip-classes"),
     ("main.py", ["--aug-rotate-wide-deg", "200"], "--aug-rotate-wide-deg"),
     ("main.py", ["--gpu-ids", "a,b"], "--gpu-ids"),
     ("main.py", ["--gpu-ids", "0,0"], "--gpu-ids"),
@@ -194,6 +196,15 @@ def test_self_launch_checks_once_before_starting_any_worker(save_dir, flags, nam
 # ---------------------------------------------------------------------------
 # --save-dir
 # ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("flags, name", [(["--device", "cpu", "--amp", "--amp-dtype", "fp16"], "--amp-dtype fp16"),
+                                         (["--batch-size", "0"], "--batch-size")])
+def test_a_refused_run_leaves_no_new_folder_behind(tmp_path, flags, name):
+    # The first is refused once the folder is made (by the run's set-up), the second before.
+    save_dir = tmp_path / "new" / "run"
+    assert_refused(run_in_process("main.py", [*TINY_DATA, "--epochs", "1", "--save-dir", save_dir, *flags]), name)
+    assert list(tmp_path.iterdir()) == []
+
 
 def test_save_dir_that_is_a_file(tmp_path):
     path = tmp_path / "results.txt"

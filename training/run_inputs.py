@@ -59,6 +59,7 @@ def read_run_inputs(config, hold_lock=True, data=None):
     if data is None:
         data = load_har_data(**config.data_options())  # first: refused data leaves no new --save-dir behind
     check_model_reads(config, data)
+    check_class_flags(config.recipe, data)  # also where no augmentation runs (a head solved by ridge)
     inputs = _read_save_dir(config, data, hold_lock)
     inputs.warnings += untrained_classes_warning(data)
     return inputs
@@ -104,11 +105,11 @@ def check_class_flags(recipe, data):
 
 def _read_save_dir(config, data, hold_lock):
     save_dir = config.save_dir
-    ckpt.check_save_dir(save_dir)
+    created = ckpt.check_save_dir(save_dir)
     # DDP ranks share one folder and rank 0 holds it for all; any other run (a cross-validation
     # fold under torchrun included) has a folder of its own to hold.
     holder = hold_lock and (config.parallel.multi_gpu not in SHARDED_OR_DDP or distributed_env()[0] == 0)
-    lock = SaveDirLock(save_dir).acquire() if holder else NoLock()
+    lock = SaveDirLock(save_dir, created).acquire() if holder else NoLock()
     warnings = []
     try:
         resume_from, checkpoint = ckpt.load_resume_checkpoint(config.output.resume, save_dir, warnings.append)
@@ -127,10 +128,12 @@ LOCK_NAME = ".lock"
 
 
 class SaveDirLock:
-    """Held from acquire() to release() (or the end of the process)."""
+    """Held from acquire() to release() (or the end of the process). `created`: the outermost folder
+    check_save_dir made for this run, removed at release where the run left it empty."""
 
-    def __init__(self, save_dir):
+    def __init__(self, save_dir, created=None):
         self.path = Path(save_dir) / LOCK_NAME
+        self.created = created
         self._file = None
 
     def acquire(self):
@@ -171,6 +174,7 @@ class SaveDirLock:
         finally:
             self._file.close()
             self._file = None
+        ckpt.remove_empty_folders(self.path.parent, self.created)
 
     def __del__(self):
         self.release()

@@ -94,7 +94,11 @@ def train(config):
     inputs = read_run_inputs(config)  # before any process group, so bad input fails alike on every rank
     clock.lap(INPUTS_LAP)
     lock = inputs.lock
-    strategy = make_strategy(config, placement)
+    try:
+        strategy = make_strategy(config, placement)
+    except BaseException:
+        lock.release()  # a process group that cannot form leaves --save-dir as it found it
+        raise
     stop_signals = StopSignals().install()
     trainer = None
     try:

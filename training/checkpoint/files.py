@@ -87,9 +87,11 @@ def _fsync_folder(folder):
 
 
 def check_save_dir(save_dir):
-    """Create the output folder, or say in one line why it cannot be used."""
+    """Create the output folder, or say in one line why it cannot be used. Returns the outermost folder
+    this made (None where the folder was there): a run refused before it wrote anything removes it."""
     if save_dir.exists() and not save_dir.is_dir():
         raise UsageError(f"--save-dir {save_dir} is a file; point it at a folder")
+    created = next((path for path in [*reversed(save_dir.parents), save_dir] if not path.exists()), None)
     try:
         save_dir.mkdir(parents=True, exist_ok=True)
         probe = save_dir / f".write-test.{os.getpid()}"  # one per process: ranks probe side by side
@@ -97,6 +99,23 @@ def check_save_dir(save_dir):
         probe.unlink()
     except OSError as exc:
         raise UsageError(f"--save-dir {save_dir} is not writable ({exc.strerror}); choose another folder") from None
+    return created
+
+
+def remove_empty_folders(save_dir, created):
+    """Remove `save_dir` and its parents up to `created` (what check_save_dir made) while they are
+    empty: a run that stopped before writing anything leaves no folder behind."""
+    if created is None:
+        return
+    path = save_dir
+    while True:
+        try:
+            path.rmdir()  # only an empty folder
+        except OSError:
+            return
+        if path == created:
+            return
+        path = path.parent
 
 
 def remove_partial_saves(save_dir):
