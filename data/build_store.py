@@ -434,9 +434,11 @@ def _derived_stream(recording, path, sample_rate, preprocessing, channels):
     if preprocessing == "uci-har" and gyro is None:
         raise DataError(f"{path} has no gyroscope, which --preprocessing uci-har needs; use --preprocessing raw")
     made = stream_channels(preprocessing, acc, gyro, sample_rate)
-    if set(made) != set(channels):
-        raise DataError(f"{path} gives the channels {', '.join(made)}, but the store's are {', '.join(channels)} "
-                        "(from the first recording); convert recordings of other sensors into a store of their own")
+    missing = [name for name in channels if name not in made]
+    if missing:
+        raise DataError(f"{path} gives no channel {missing[0]} (it gives {', '.join(made)}), which the store holds "
+                        f"({', '.join(channels)}); convert recordings of other sensors into a store of their own")
+    # The store's channels alone: --channels may name some of those a recording gives (acc without gyro).
     return np.stack([made[name] for name in channels]), start_s, source_hz
 
 

@@ -131,6 +131,24 @@ def test_an_accelerometer_alone_makes_a_store_of_its_three_channels(tmp_path):
     assert load_har_data("store", tmp_path / "store").train.signals.shape[1] == 3
 
 
+def test_channels_named_take_some_of_what_the_recordings_give(tmp_path):
+    # Recordings with a gyroscope, a store of their accelerometer alone: the windows of the same
+    # recordings without their gyroscope.
+    source = labelled_recordings(tmp_path / "recordings", lambda time_s: 1 + (time_s // 5).astype(int) % 2)
+    (tmp_path / "acc").mkdir()
+    for path in source.iterdir():
+        arrays = dict(np.load(path))
+        del arrays["gyro"]
+        np.savez(tmp_path / "acc" / path.name, **arrays)
+    flags = ("--preprocessing", "raw", "--class-names", "rest,walk", "--test-subjects", "3")
+    build_here(source, tmp_path / "some", *flags, "--channels", "acc_x,acc_y,acc_z")
+    build_here(tmp_path / "acc", tmp_path / "all", *flags)
+    some, every = WindowStore(tmp_path / "some"), WindowStore(tmp_path / "all")
+    assert some.manifest["channels"] == every.manifest["channels"] == ["acc_x", "acc_y", "acc_z"]
+    assert len(some) == len(every) > 0
+    np.testing.assert_array_equal(some.read(np.arange(len(some))), every.read(np.arange(len(every))))
+
+
 def test_one_persons_windows_are_tested_and_validated_on_their_end_without_flags(tmp_path):
     arrays = windows(subjects=1, per_subject=50)
     path = write_npz(tmp_path / "one.npz", **arrays)
