@@ -141,6 +141,10 @@ def _notes(strategy, work, host_load):
                      "cost) x the slowdown measured with N-1 neighbour processes on this host (CPU, where they fit "
                      "on its cores; else 1) + the expected wait for the slowest of N ranks, then + the "
                      "collectives (see 'host_effects')")
+    if work.ridge_in_main:
+        notes.append(f"main.py with these flags solves the head by ridge regression (--head-fit auto, "
+                     f"{work.train_windows:,} training windows) and takes no optimizer step: the steps, epochs and "
+                     "whole run profiled here are those of --head-fit adamw")
     if strategy.device.type == "cpu":
         notes.append(f"CPU: {torch.get_num_threads()} thread(s) per process (torchrun sets OMP_NUM_THREADS=1 "
                      "for 2+ processes unless it is set); memory is process RSS, not a device figure")

@@ -145,7 +145,9 @@ def _run_lines(profile):
                      f"{pool['windows_per_s']:,.0f} windows/s in all ({', '.join(parts) or 'none transformed'})")
     if run:
         parts = run["parts"]
-        lines.append(f"  whole run       predicted for main.py with these flags ({parts['epochs']} epochs; start-up "
+        flags = ("these flags and --head-fit adamw (with auto it solves this head by ridge, in no step)"
+                 if run.get("ridge_in_main") else "these flags")
+        lines.append(f"  whole run       predicted for main.py with {flags} ({parts['epochs']} epochs; start-up "
                      f"{parts['start_up_s']:.2f} s, inputs {parts['inputs_s']:.2f} s, imports during the run "
                      f"{parts['imports_s']:.2f} s, a validation pass {_ms(parts['validation_s'])}, a checkpoint "
                      f"{_ms(parts['save_s'])}, the epoch loop {_ms(parts['loop_s'])} a step, exit "

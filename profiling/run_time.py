@@ -232,7 +232,7 @@ def run_time_entry(parts, work, predictions, link, host_effects=None):
         if parts.replica_step_s and n in parts.replica_step_s:
             step_s = rank_step_s(parts.replica_step_s[n], n, host_effects, strategy="replicated")
         runs.append(predict_run(parts, n, step_s, build_s))
-    return {"parts": asdict(parts), "predictions": runs,
+    return {"parts": asdict(parts), "predictions": runs, "ridge_in_main": work.ridge_in_main,
             "what": "total = start-up, the imports main.py's run adds, and exit (of a fresh interpreter "
                     "importing main.py; with N ranks, main_multi_gpu.py's launcher as a fresh one over 2 "
                     "workers that do nothing took on this host, else one start-up more) + inputs + set-up "

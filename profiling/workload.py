@@ -14,7 +14,7 @@ from training.errors import UsageError
 from training.loop.step import NO_TIMER
 from training.loop.tally import EpochTally
 from training.run_inputs import read_run_inputs
-from training.trainer import Trainer
+from training.trainer import Trainer, head_fit_of
 
 RECIPE_OFF = {"augment": "none", "ema_decay": 0.0, "label_smoothing": 0.0}
 
@@ -36,6 +36,9 @@ class Workload:
     inputs_s: float = 0.0  # reading the run's inputs, as main.py's time line counts them
     set_up_s: float = 0.0  # the strategy's start and Trainer.build (model, fit, pool), set by profiling.measure
     pool: dict = None  # the feature pool's build figures (training.loop.recipe.pool_figures), or None
+    # Where main.py with the profiler's flags would solve the head by ridge (auto, a small split): the
+    # profile is then of --head-fit adamw's steps, which that run never takes.
+    ridge_in_main: bool = False
 
     @property
     def grad_accum_steps(self):
@@ -79,13 +82,14 @@ def build_workload(args, strategy, data=None):
     started = time.perf_counter()
     inputs = read_run_inputs(config, hold_lock=False, data=data)
     read = time.perf_counter()
+    ridge_in_main = head_fit_of(args.run, len(inputs.data.train), strategy) == "ridge"
     trainer = Trainer.build(config, strategy, quiet=True, inputs=inputs)
     loader = trainer.loaders["train"]
     tally = None if args.bare_step else EpochTally(strategy.device)
     return Workload(strategy, trainer.model, trainer.step, trainer.precision,
                     _endless(loader, loader.sampler, trainer.loader_batch), tally, config.optim.batch_size,
                     len(trainer.data.train), trainer.data.source, scratch, trainer=trainer, inputs_s=read - started,
-                    pool=trainer.pool_figures)
+                    pool=trainer.pool_figures, ridge_in_main=ridge_in_main)
 
 
 def _endless(loader, sampler, batch_size):

@@ -348,6 +348,7 @@ def test_profiler_py_writes_sane_json_and_csv(tiny_profile):
     # A fresh interpreter imported main.py, then TensorBoard at least, then exited.
     assert run["parts"]["imports_s"] > 0 and run["parts"]["exit_s"] > 0
     assert run["parts"]["launcher_s"] > 0  # a fresh launcher over 2 workers that did nothing, timed
+    assert run["ridge_in_main"] is False  # cnn1d's head is trained by steps, as profiled
     assert [p["world_size"] for p in run["predictions"]] == [1, 2, 4, 8]
     assert run["predictions"][0]["step_s"] == pytest.approx(timing["step_time_s"]["mean"])
     with open(out / "profile_summary.csv") as handle:
@@ -367,6 +368,9 @@ def test_a_pool_models_profile_times_the_build_and_predicts_the_whole_run(tmp_pa
     assert "feature pool    3 view(s) of " in result.stdout and "whole run       predicted" in result.stdout
     profile = json.loads((tmp_path / "profile.json").read_text())
     pool, run = profile["feature_pool"], profile["run_time"]
+    # A split this small main.py solves by ridge: the profile says its steps are --head-fit adamw's.
+    assert run["ridge_in_main"] and "with these flags and --head-fit adamw (with auto it solves" in result.stdout
+    assert any("solves the head by ridge regression" in note for note in profile["notes"])
     train = profile["config"]["train_windows"]
     assert pool["views"] == 3 and pool["train_windows"] == train  # 3 epochs reach 3 of the 4 views
     assert pool["windows"] > 3 * train and pool["transformed"] == pool["windows"]

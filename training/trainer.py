@@ -308,12 +308,18 @@ def _normalize_data(data, checkpoint, log):
     return data, {"mean": torch.from_numpy(mean), "std": torch.from_numpy(std)}
 
 
+def head_fit_of(config, train_windows, strategy):
+    """How a run of `config` fits its head: 'ridge' or 'adamw', --head-fit resolved for a training split
+    of `train_windows` (the profiler asks too: it times steps, which a head solved by ridge never takes)."""
+    return resolve_head_fit(config.optim.head_fit, MODELS[config.model.name],
+                            feature_views_of(config.model.name, config.recipe.feature_views) > 0, train_windows,
+                            strategy)
+
+
 def _head_fit_and_augmenter(config, data, normalization, strategy, log):
     """How the head is fitted ('ridge' or 'adamw', --head-fit resolved for this data) and the batch
     augmenter: none for a head solved by ridge, which sees the windows as they are in one view."""
-    head_fit = resolve_head_fit(config.optim.head_fit, MODELS[config.model.name],
-                                feature_views_of(config.model.name, config.recipe.feature_views) > 0,
-                                len(data.train), strategy)
+    head_fit = head_fit_of(config, len(data.train), strategy)
     if head_fit == "ridge":
         return head_fit, None
     return head_fit, build_augmenter(config.recipe, normalization, data.channel_names, data.class_names,
