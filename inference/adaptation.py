@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import torch
 
-from inference.bundle import batches
+from inference.bundle import batches, check_finite_probabilities
 from training.errors import UsageError
 
 ADAPT_CHOICES = ("none", "recording")
@@ -86,7 +86,7 @@ def member_probabilities(members, features_per_member, adapt):
         head = member.cpu().model.head.to(features.device)
         standardised = (features - mean.to(features.device)) / std.to(features.device)
         total = total + torch.softmax(head(standardised).double(), dim=1)
-    return (total / len(members)).numpy()
+    return check_finite_probabilities((total / len(members)).numpy())
 
 
 def adapted_probabilities(bundle, windows, device, group="the recording"):

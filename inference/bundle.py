@@ -131,4 +131,17 @@ def probabilities(bundle, windows, device, batch_size=512):
     """Softmax class probabilities [N, classes] (float64) of the windows `batches` reads."""
     model = bundle.model.to(device)
     chunks = [torch.softmax(model(batch).double(), dim=1).cpu() for batch in batches(windows, device, batch_size)]
-    return torch.cat(chunks).numpy() if chunks else np.zeros((0, len(bundle.class_names)))
+    return check_finite_probabilities(torch.cat(chunks).numpy() if chunks else np.zeros((0, len(bundle.class_names))))
+
+
+def check_finite_probabilities(probs):
+    """`probs` [N, classes], refused in one line where a window's are not finite: its input lies far
+    beyond what the model was trained on (values near float32's limit), or the checkpoint's weights are
+    not sound. Written out, NaN would read as the first class."""
+    bad = ~np.isfinite(probs).all(axis=1)
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        raise UsageError(f"the model's outputs are NaN or infinite for {int(bad.sum())} of {len(probs)} window(s), the "
+                         f"first window {first}: the input lies far beyond the values the model was trained on "
+                         "(check the recording's units and values) or the checkpoint's weights are not sound")
+    return probs

@@ -247,6 +247,25 @@ def test_an_export_whose_logits_are_nan_is_refused_and_not_written(tmp_path):
     assert sorted(file.name for file in tmp_path.iterdir()) == ["huge.pt", "model.pt", "source.pt"]  # no temporary
 
 
+def test_outputs_that_are_not_finite_are_refused_not_written(synthetic_run, tmp_path):
+    # Finite weights so large that the logits overflow: NaN probabilities would read as the first class.
+    time_s, acc, gyro = synthetic_stream(30.0)
+    recording = write_csv(tmp_path / "walk.csv", time_s, acc, gyro)
+    huge = rewritten(make_checkpoint(tmp_path / "source.pt"), tmp_path / "huge.pt",
+                     lambda state: state["model"]["head.2.weight"].fill_(3e38))
+    assert_refused(predict(huge, recording, tmp_path / "timeline"), "NaN or infinite", "window 0")
+    assert not (tmp_path / "timeline").exists()
+    def huge_weights(state):
+        for weights in (state["model"], (state.get("ema") or {}).get("weights", {})):
+            for weight in weights.values():
+                if weight.is_floating_point() and weight.dim() >= 2:
+                    weight.mul_(1e15)
+
+    run_huge = rewritten(synthetic_run / "best.pt", tmp_path / "run_huge.pt", huge_weights)
+    assert_refused(evaluate(run_huge, tmp_path / "eval", "--dataset", "synthetic"), "NaN or infinite")
+    assert not (tmp_path / "eval").exists()
+
+
 class TracedForTwo(torch.nn.Module):
     """A model whose traced graph keeps the branch of the batch it was traced with: its export differs."""
 
