@@ -46,13 +46,20 @@ def evaluate_checkpoint(args):
                        temperature, adapt)
     out = prepare_out_dir(args.out, outputs, args.overwrite)
     write_report_files(report, bundle.class_names, out, f"{args.split} split", report_name=outputs[0])
+    written = list(outputs[:2])
     if fitted is not None:
         write_calibration(out / CALIBRATION_FILE, temperature, {**fitted, "checkpoint": str(bundle.path),
                                                                 "features_per_subject": adapt})
+        written.append(CALIBRATION_FILE)
+    # An earlier evaluation's temperature (--overwrite) would sit beside a report made at another.
+    stale = (out / CALIBRATION_FILE).exists() and fitted is None
+    if stale:
+        (out / CALIBRATION_FILE).unlink()
     print(f"{bundle.describe()}\n{data.description}\n{args.split} split:\n{format_report(report)}")
     print(format_people(report))
     print(format_calibration(report, fitted))
-    print(f"wrote {', '.join(str(out / name) for name in outputs if (out / name).exists())}")
+    print(f"wrote {', '.join(str(out / name) for name in written)}"
+          + (f"; removed the earlier {CALIBRATION_FILE}: this report's temperature was not fitted" if stale else ""))
     return 0
 
 

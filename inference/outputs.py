@@ -13,9 +13,10 @@ def check_out_dir(out, names, overwrite=False, reads=()):
     """Refuse, without creating anything, an `out` that is a file, lies under a file, cannot be written
     or created, would put one of `names` over a file the command `reads`, or (without overwrite)
     already holds one of `names`. Returns `out` as a Path."""
-    out = Path(out)
+    out = _named(out, "--out")
     for name in names:
         _refuse_an_input(out / name, reads, f"--out {out}: its {name}")
+        _refuse_other_than_a_file(out / name, f"--out {out}: its {name}")
     taken = [name for name in names if (out / name).exists()] if out.is_dir() else []
     if taken and not overwrite:
         raise UsageError(f"--out {out} already holds {', '.join(taken)}; choose another folder or pass --overwrite")
@@ -44,16 +45,32 @@ def write_csv(path, header, rows):
 def check_out_file(out, overwrite, reads=(), flag="--out"):
     """Refuse, before any work, an output file (`flag`) that is a folder, is one of the files the
     command `reads`, exists (without overwrite), or cannot be written. Returns `out` as a Path."""
-    out = Path(out)
+    out = _named(out, flag)
     if out.is_dir():
         raise UsageError(f"{flag} {out} is a folder; give the name of a file inside it")
     _refuse_an_input(out, reads, f"{flag} {out}")
+    _refuse_other_than_a_file(out, f"{flag} {out}")
     if out.exists() and not overwrite:
         raise UsageError(f"{flag} {out} exists; choose another name or pass --overwrite")
     if not out.parent.is_dir():
         raise UsageError(f"{flag} {out}: folder {out.parent} does not exist; create it or choose another")
     check_writable(out.parent, f"{flag} {out}: folder {out.parent} is not writable")
     return out
+
+
+def _named(out, flag):
+    """`out` as a Path; an empty name (which Path reads as the current folder) is refused."""
+    if not str(out).strip():
+        raise UsageError(f"{flag} is empty; name the output")
+    return Path(out)
+
+
+def _refuse_other_than_a_file(path, what):
+    """An output is put in place by a rename, which would replace whatever holds its name: only a
+    regular file may be replaced, never a folder, a device (/dev/null), a pipe or a socket."""
+    if path.exists() and not path.is_file():
+        kind = "a folder" if path.is_dir() else "not a regular file (a device, pipe or socket)"
+        raise UsageError(f"{what} is {kind}, which an output would replace; choose another name")
 
 
 def _refuse_an_input(path, reads, what):

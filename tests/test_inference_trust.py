@@ -3,8 +3,10 @@ data as the run generated it), checkpoints and ensembles are checked before a mo
 them, inputs are finite as float32, an export is kept only if it computes what the checkpoint does,
 --out is checked before any work, and a timeline with thousands of segments plots in a few artists."""
 import json
+import os
 import re
 import shlex
+import stat
 
 import numpy as np
 import pytest
@@ -264,6 +266,32 @@ def test_outputs_that_are_not_finite_are_refused_not_written(synthetic_run, tmp_
     run_huge = rewritten(synthetic_run / "best.pt", tmp_path / "run_huge.pt", huge_weights)
     assert_refused(evaluate(run_huge, tmp_path / "eval", "--dataset", "synthetic"), "NaN or infinite")
     assert not (tmp_path / "eval").exists()
+
+
+def test_an_output_name_held_by_other_than_a_file_is_refused_before_any_work(tmp_path, recording):
+    source = make_checkpoint(tmp_path / "source.pt")
+    pipe = tmp_path / "model.pt"
+    os.mkfifo(pipe)  # as /dev/null is a device: a rename over it would replace it with a file
+    assert_refused(run_script("export", ["--checkpoint", source, "--format", "torchscript", "--out", pipe,
+                                         "--overwrite"]), "not a regular file")
+    assert stat.S_ISFIFO(os.stat(pipe).st_mode)
+    out = tmp_path / "timeline"
+    (out / "timeline.png").mkdir(parents=True)
+    (out / "windows.csv").write_text("an earlier run's windows")
+    assert_refused(predict(source, recording, out, "--overwrite"), "timeline.png is a folder")
+    assert (out / "windows.csv").read_text() == "an earlier run's windows"
+    assert_refused(predict(source, recording, ""), "--out is empty")
+
+
+def test_an_evaluation_lists_what_it_wrote_and_leaves_no_earlier_temperature_beside_it(synthetic_run, tmp_path):
+    out, checkpoint = tmp_path / "eval", synthetic_run / "best.pt"
+    code, printed, err = evaluate(checkpoint, out, "--dataset", "synthetic")
+    assert code == 0 and "calibration.json" in printed.splitlines()[-1], err
+    code, printed, err = evaluate(checkpoint, out, "--dataset", "synthetic", "--temperature", "2.5", "--overwrite")
+    assert code == 0, err
+    assert "removed the earlier calibration.json" in printed.splitlines()[-1]
+    assert not (out / "calibration.json").exists()
+    assert json.loads((out / "test_report.json").read_text())["temperature"]["value"] == 2.5
 
 
 class TracedForTwo(torch.nn.Module):
