@@ -76,19 +76,24 @@ def _check_finite_as_model_input(path, axes, values):
 
 
 def _read_csv(path, extra=(), need_acc=True):
+    columns = f"({TIME_COLUMN}, {', '.join(ACC_AXES)}, {', '.join(GYRO_AXES)})"
     try:
         with open(path, newline="") as handle:
             header = next(csv.reader(handle), None)
     except (OSError, UnicodeDecodeError) as exc:
         raise DataError(f"{path} cannot be read ({type(exc).__name__}); expected a CSV file") from None
+    except csv.Error as exc:  # a quote left open, say: the "line" runs on through the file
+        raise DataError(f"{path}: its first line is not a row of column names ({exc}); expected a CSV whose first "
+                        f"line names the columns {columns}") from None
     header = [name.strip() for name in header or []]
     if not header:
-        raise DataError(f"{path} is empty; expected a CSV whose first line names the columns "
-                        f"({TIME_COLUMN}, {', '.join(ACC_AXES)}, {', '.join(GYRO_AXES)})")
+        empty = path.stat().st_size == 0
+        raise DataError(f"{path} {'is empty' if empty else 'starts with a blank line'}; expected a CSV whose first "
+                        f"line names the columns {columns}")
     known = (*COLUMNS, *extra) if need_acc else (TIME_COLUMN, *extra)
     unknown = [name for name in header if name not in known]
     if unknown or len(set(header)) != len(header):
-        problem = f"unknown column {unknown[0]!r}" if unknown else "a repeated column"
+        problem = f"unknown column {_shortened(unknown[0])!r}" if unknown else "a repeated column"
         raise DataError(f"{path}: {problem} in the header; expected {TIME_COLUMN} (optional), "
                         f"{', '.join(known[1:])}")
     try:
@@ -105,18 +110,31 @@ def _read_csv(path, extra=(), need_acc=True):
     return _group(path, table, lambda axes: f"column(s) {', '.join(axes)}", extra, need_acc)
 
 
+def _shortened(text, limit=40):
+    """A name as a message quotes it: a column name that ran on (a quote left open) cut short."""
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _read_npz(path, extra=(), need_acc=True):
     try:
-        with np.load(path, allow_pickle=False) as archive:
-            arrays = {name: archive[name] for name in archive.files}
+        loaded = np.load(path, allow_pickle=False)
+        single = not isinstance(loaded, np.lib.npyio.NpzFile)  # one array (an .npy file), not named arrays
+        if not single:
+            with loaded as archive:
+                arrays = {name: archive[name] for name in archive.files}
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
         raise DataError(f"{path} is not a readable .npz of numeric arrays ({type(exc).__name__})") from None
+    if single:
+        raise DataError(f"{path} holds a single array (.npy), not an .npz of named arrays; save it with "
+                        "numpy.savez(path, acc=..., gyro=..., time_s=...)")
     unknown = sorted(set(arrays) - {TIME_COLUMN, *extra, *(("acc", "gyro") if need_acc else ())})
     first = "acc" if need_acc else extra[0]
     if unknown or first not in arrays:
         problem = f"unknown array {unknown[0]!r}" if unknown else f"no array {first!r}"
         raise DataError(f"{path}: {problem}; expected " + ("acc [n, 3], optional gyro [n, 3], " if need_acc else "")
                         + f"{TIME_COLUMN} [n]" + "".join(f", {name} [n]" for name in extra))
+    if arrays[first].ndim == 0:
+        raise DataError(f"{path}: {first} holds a single number, not one value per sample")
     table = {}
     for name, array in arrays.items():
         shape = (len(arrays[first]),) if name in (TIME_COLUMN, *extra) else (len(arrays[first]), 3)

@@ -248,7 +248,13 @@ def test_bad_recording(case, names, checkpoint, out_dir, tmp_path):
     (b"time_s,acc_x,acc_y,acc_z\n0,1,0,abc\n", ["not a table of numbers"]),
     (b"time_s,acc_x,acc_y,acc_z\n0,1,0\n", ["rows have 3 values", "4 columns"]),
     (b"time_s,acc_x,acc_y,acc_z\n\xff\xfe\x00\x81\n", ["cannot be read"]),
-], ids=["empty", "text", "short-row", "binary"])
+    (b"\ntime_s,acc_x,acc_y,acc_z\n0,1,0,0\n", ["starts with a blank line"]),
+    # A quote left open runs the first "line" on through the file: cut short in the message, or past the
+    # csv module's field limit (128 KiB), refused as such.
+    (b'"time_s,acc_x,acc_y,acc_z\n' + b"0,1,0,0\n" * 100,
+     ["unknown column 'time_s,acc_x,acc_y,acc_z\\n0,1,0,0\\n0,1,0,0...'"]),
+    (b'"time_s,acc_x,acc_y,acc_z\n' + b"0,1,0,0\n" * 20_000, ["not a row of column names", "field limit"]),
+], ids=["empty", "text", "short-row", "binary", "blank-first-line", "open-quote", "open-quote-long"])
 def test_recording_that_is_not_a_table(content, names, checkpoint, out_dir, tmp_path):
     path = tmp_path / "odd.csv"
     path.write_bytes(content)
@@ -347,6 +353,19 @@ def test_an_evaluations_split_is_refused_with_a_recording(checkpoint, recording,
 def test_missing_checkpoint(recording, out_dir, tmp_path):
     refuse(["--checkpoint", tmp_path / "nope.pt", "--recording", recording, "--out", out_dir], out_dir,
            "nope.pt", "does not exist")
+
+
+@pytest.mark.parametrize("case, names", [("npy", ["a single array (.npy)", "numpy.savez"]),
+                                         ("scalar", ["acc holds a single number"])])
+def test_npz_recording_that_holds_no_samples_of_arrays(case, names, checkpoint, out_dir, tmp_path):
+    time_s, acc, gyro = synthetic_stream(10.0)
+    path = tmp_path / "odd.npz"
+    with open(path, "wb") as handle:  # np.save would add .npy to the name
+        if case == "npy":
+            np.save(handle, acc)
+        else:
+            np.savez(handle, acc=np.float64(1.0), gyro=gyro, time_s=time_s)
+    refuse(["--checkpoint", checkpoint, "--recording", path, "--out", out_dir], out_dir, "odd.npz", *names)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
