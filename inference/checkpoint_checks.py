@@ -1,6 +1,8 @@
 """What a checkpoint must hold before its model is trusted to predict: the shapes it declares, finite
 weights and normalisation, and in a fold ensemble members that are one model on the same windows.
 Each problem is refused in one line naming the file, before a model is built from it."""
+import math
+
 import torch
 
 from models import MODELS
@@ -23,6 +25,10 @@ def check_declared_shapes(checkpoint, path):
     if not _is_count(checkpoint["window_steps"]):
         raise UsageError(f"checkpoint {path}: window_steps must be a positive whole number, got "
                          f"{checkpoint['window_steps']!r}; {REWRITE}")
+    rate = checkpoint["sample_rate_hz"]
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate <= 0:
+        raise UsageError(f"checkpoint {path}: sample_rate_hz must be a positive number of samples a second, got "
+                         f"{rate!r}; {REWRITE}")
 
 
 def check_model_part(part, path, weights, member=None):
@@ -37,15 +43,17 @@ def check_model_part(part, path, weights, member=None):
     if not isinstance(weights, dict) or not weights:
         raise UsageError(f"checkpoint {path}: {what}weights are not a state dict of tensors; {fix}")
     for key, tensor in weights.items():
-        if not isinstance(tensor, torch.Tensor):
-            raise UsageError(f"checkpoint {path}: {what}weight {key!r} is not a tensor; {fix}")
+        if not isinstance(tensor, torch.Tensor) or tensor.is_complex():
+            raise UsageError(f"checkpoint {path}: {what}weight {key!r} is not a tensor of real numbers; {fix}")
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             raise UsageError(f"checkpoint {path}: {what}weight {key!r} holds NaN or infinity (a run that diverged, "
                              f"or a damaged file); {fix}")
     normalization, channels = part["normalization"], part["in_channels"]
     if not isinstance(normalization, dict) or not all(isinstance(normalization.get(key), torch.Tensor)
+                                                      and normalization[key].is_floating_point()
                                                       for key in ("mean", "std")):
-        raise UsageError(f"checkpoint {path}: {what}normalization must hold tensors mean and std; {fix}")
+        raise UsageError(f"checkpoint {path}: {what}normalization must hold tensors mean and std of real numbers; "
+                         f"{fix}")
     for key in ("mean", "std"):
         values = normalization[key]
         if tuple(values.shape) != (channels,):

@@ -174,6 +174,45 @@ def test_a_malformed_ensemble_is_refused_in_one_line(damage, ensemble, tmp_path)
     assert not (tmp_path / "m.pt").exists()
 
 
+MALFORMED = {
+    "ema-not-a-mapping": (lambda state: state.update(ema=[1, 2]), ["weights are not a state dict"]),
+    "ema-without-weights": (lambda state: state.update(ema={"decay": 0.9}), ["weights are not a state dict"]),
+    "rate-none": (lambda state: state.update(sample_rate_hz=None), ["sample_rate_hz", "None"]),
+    "rate-word": (lambda state: state.update(sample_rate_hz="fast"), ["sample_rate_hz", "'fast'"]),
+    "complex-weight": (lambda state: state["model"].update({"head.2.weight": state["model"]["head.2.weight"] * 1j}),
+                       ["'head.2.weight' is not a tensor of real numbers"]),
+    "complex-mean": (lambda state: state["normalization"].update(mean=state["normalization"]["mean"] * 1j),
+                     ["normalization must hold tensors mean and std of real numbers"]),
+}
+
+
+@pytest.mark.parametrize("damage", MALFORMED)
+def test_a_malformed_checkpoint_is_refused_in_one_line(damage, tmp_path, recwarn):
+    change, names = MALFORMED[damage]
+    path = rewritten(make_checkpoint(tmp_path / "source.pt"), tmp_path / "bad.pt", change)
+    recording = write_csv(tmp_path / "r.csv", *synthetic_stream(10.0))
+    assert_refused(predict(path, recording, tmp_path / "out"), "bad.pt", *names)
+    assert_refused(run_script("export", ["--checkpoint", path, "--format", "torchscript", "--out", tmp_path / "m.pt"]),
+                   "bad.pt", *names)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "m.pt").exists()
+    assert not [warning for warning in recwarn if "complex" in str(warning.message).lower()]
+
+
+@pytest.mark.parametrize("protocol", [2, 4])
+def test_a_plain_pickle_is_refused_in_one_line_and_never_run(protocol, tmp_path, recwarn):
+    import pickle
+
+    from test_bad_input import CreatesFile
+    marker, path = tmp_path / "code-ran", tmp_path / "plain.pt"
+    path.write_bytes(pickle.dumps({"config": CreatesFile(marker)}, protocol=protocol))
+    recording = write_csv(tmp_path / "r.csv", *synthetic_stream(10.0))
+    code, out, err = predict(path, recording, tmp_path / "out")
+    assert_refused((code, out, err), "plain.pt", "only load checkpoints this trainer wrote")
+    assert err.count("\n") == 1, err
+    assert not [warning for warning in recwarn if "pickle protocol" in str(warning.message)]  # torch's, silenced
+    assert not marker.exists()
+
+
 @pytest.mark.parametrize("where", ["model", "ema", "normalization", "batchnorm-statistics"])
 def test_a_checkpoint_with_nan_or_inf_weights_is_refused_naming_the_file(where, tmp_path):
     from models import build_model

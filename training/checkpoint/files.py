@@ -4,6 +4,7 @@ import pickle
 import re
 import shutil
 import struct
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -52,9 +53,12 @@ def save_run_checkpoint(state, save_dir, keep_last, is_best):
 
 
 def inference_weights(checkpoint):
-    """The weights to predict with: the moving average when the run kept one, else the trained ones."""
+    """The weights to predict with: the moving average when the run kept one, else the trained ones;
+    None for an average without weights (a damaged file), which the caller's checks refuse."""
     average = checkpoint.get("ema")
-    return average["weights"] if average else checkpoint["model"]
+    if not average:
+        return checkpoint["model"]
+    return average.get("weights") if isinstance(average, dict) else None
 
 
 def numbered_checkpoints(save_dir):
@@ -140,13 +144,19 @@ def load_checkpoint(path):
     if not path.is_file():
         raise UsageError(f"checkpoint {path} does not exist; check --resume, or use --no-resume")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch warns of a plain pickle's protocol before refusing it below
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         # torch reports both a forbidden object and a damaged file this way; only the first names a GLOBAL.
         forbidden = [line.strip() for line in str(exc).splitlines() if "GLOBAL" in line]
         if forbidden:
             raise UsageError(f"checkpoint {path} holds objects other than tensors and plain data and was "
                              f"not loaded ({forbidden[0]}); only load checkpoints this trainer wrote") from None
+        if "Unsupported operand" in str(exc):  # random bytes, or a pickle of a protocol torch.save does not write
+            raise UnreadableCheckpoint(f"checkpoint {path} is unreadable or truncated, or a pickle torch.save did "
+                                       "not write (not a checkpoint file); only load checkpoints this trainer "
+                                       "wrote") from None
         raise UnreadableCheckpoint(f"checkpoint {path} is unreadable or truncated (not a complete "
                                    "checkpoint file)") from None
     except (KeyError, IndexError, struct.error):
