@@ -37,6 +37,7 @@ from training.distributed.ddp import join_process_group
 from training.distributed.strategy import distributed_env, resolve_device_type
 from training.errors import SAME_ON_EVERY_RANK, UsageError
 from training.loop.recipe import fit_augment_to_data
+from training.run_inputs import SaveDirLock
 from training.trainer import train
 
 REPORT = "cv_report.json"
@@ -105,7 +106,7 @@ def cross_validate(config):
             if verdict is not None:
                 print(f"{label}: {verdict.describe()} (damaged since it finished?); training it again from the "
                       "start", flush=True)
-            shutil.rmtree(run_dir, ignore_errors=True)
+            _empty_unless_in_use(run_dir)
         (run_dir / IDENTITY).unlink(missing_ok=True)  # counts as finished again only once it is
         print(f"\n=== {label}: {about} -> {job_config.output.save_dir}", flush=True)
         try:
@@ -238,6 +239,22 @@ def _job(config, save_dir, folds, job, local_rank):
     return (f"fold {job + 1}/{len(folds)}", f"validating on subjects {folds[job]}",
             _fold_config(config, save_dir, job, folds[job], local_rank),
             lambda fold_config: _fold_finished(fold_config.output.save_dir, folds[job]))
+
+
+def _empty_unless_in_use(run_dir):
+    """Remove a job's folder to train it again, holding its lock while it goes: a run training there
+    now (another command on the same --save-dir) is refused in one line, and its folder kept."""
+    if not run_dir.is_dir():
+        return
+    try:
+        lock = SaveDirLock(run_dir).acquire()
+    except UsageError as exc:
+        exc.this_rank_only = True  # under torchrun each rank empties its own jobs' folders
+        raise
+    try:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    finally:
+        lock.release()
 
 
 def _refit_finished(refit_config):

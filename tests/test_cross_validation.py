@@ -165,6 +165,23 @@ def test_a_fresh_start_with_a_class_the_data_lacks_leaves_the_finished_folds(uni
     assert run_files(copy) == before
 
 
+def test_a_fresh_start_leaves_a_fold_another_run_is_training(uninterrupted, tmp_path):
+    # --no-resume clears a fold only once it holds the fold's lock: a run training there keeps it.
+    import shutil
+
+    from test_bad_input import assert_refused
+    from training.run_inputs import SaveDirLock
+    copy = tmp_path / "cv"
+    shutil.copytree(uninterrupted[0], copy)
+    busy = SaveDirLock(copy / "fold-0").acquire()  # as the run training fold 1 holds it
+    try:
+        before = run_files(copy / "fold-0")
+        assert_refused(run_in_process("main.py", [*CV, "--no-resume", "--save-dir", copy]), "fold-0", "in use")
+        assert run_files(copy / "fold-0") == before
+    finally:
+        busy.release()
+
+
 def test_a_damaged_finished_fold_is_trained_again_alone_and_equals_the_undamaged_fold(uninterrupted, tmp_path):
     import shutil
     expected_dir, _ = uninterrupted
