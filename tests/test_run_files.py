@@ -291,6 +291,25 @@ def test_lock_of_a_killed_run_does_not_stick(tmp_path):
     SaveDirLock(tmp_path).acquire().release()
 
 
+def test_a_killed_runs_lock_does_not_live_on_in_its_forked_children(tmp_path):
+    # DataLoader workers are forked children: one still alive when its run is killed must not keep the
+    # folder locked (it would for the seconds an orphaned worker takes to notice).
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import os, signal, sys, time; sys.path.insert(0, '.');"
+        "from training.run_inputs import SaveDirLock;"
+        f"lock = SaveDirLock({str(tmp_path)!r}).acquire();"
+        "child = os.fork();"
+        "time.sleep(60) if child == 0 else (print(child, flush=True), os.kill(os.getpid(), signal.SIGKILL))")],
+        cwd=REPO, stdout=subprocess.PIPE, text=True)
+    child = int(holder.stdout.readline())
+    try:
+        assert holder.wait(timeout=60) == -signal.SIGKILL
+        os.kill(child, 0)  # the child lives on
+        SaveDirLock(tmp_path).acquire().release()
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
 def test_a_fresh_run_in_a_used_folder_starts_its_own_metrics(tmp_path):
     run = [*TINY_DATA, "--epochs", "1", "--synthetic-windows-per-subject", "8", "--save-dir", tmp_path]
     for flags in ([], ["--no-resume"]):

@@ -155,6 +155,9 @@ class SaveDirLock:
             # A holder that just released unlinks the file: a lock on that old file guards nothing.
             if _same_file(handle, self.path):
                 self._file = handle
+                # A forked child (a DataLoader worker) shares the open file and with it the lock, which
+                # would outlive this process by the seconds an orphaned worker takes to notice: it lets go.
+                os.register_at_fork(after_in_child=self._let_go_in_child)
             else:
                 handle.close()
         self._file.seek(0)
@@ -164,6 +167,12 @@ class SaveDirLock:
                          + " ".join([os.path.basename(sys.argv[0]), *sys.argv[1:]]) + "\n")
         self._file.flush()
         return self
+
+    def _let_go_in_child(self):
+        """In a forked child: close its copy of the lock's file, the lock staying with this process."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
     def release(self):
         """Remove the file while still holding it, so nobody locks a name another run then recreates."""
