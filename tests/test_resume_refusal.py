@@ -79,15 +79,18 @@ def test_a_finished_run_rerun_as_it_was_reports_again_without_training(finished_
 
 
 def test_an_unfinished_run_is_refused_with_other_flags_and_resumes_with_its_own(tmp_path):
+    # Started with --no-resume, which its config.yaml records: the advice given must still continue it.
     flags = [*SMALL, "--epochs", "2", "--save-dir", tmp_path]
-    code, _, err = run_in_process("main.py", [*flags, "--stop-after-epochs", "1"])
+    code, out, err = run_in_process("main.py", [*flags, "--no-resume", "--stop-after-epochs", "1"])
     assert code == 0, err
+    assert f"run the same command without --no-resume (it then resumes from {tmp_path})" in out
     code, _, err = run_in_process("main.py", [*flags, "--epochs", "3"])
     lines = error_lines(err)
     assert code == EXIT_USAGE and len(lines) == 1, err
     assert "holds an unfinished run (1 of 2 epochs done)" in lines[0] and "--epochs 2 (this run: 3)" in lines[0]
-    assert f"--config {tmp_path / 'config.yaml'}" in lines[0]  # how to repeat its own flags
-    code, out, err = run_in_process("main.py", ["--config", tmp_path / "config.yaml"])
+    advice = f"--config {tmp_path / 'config.yaml'} --resume auto"  # how to repeat its own flags
+    assert advice in lines[0]
+    code, out, err = run_in_process("main.py", advice.split())
     assert code == 0, err
     assert "RESUMING" in out and [r["epoch"] for r in read_metrics(tmp_path)] == [1, 2]
 

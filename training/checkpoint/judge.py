@@ -63,7 +63,7 @@ def _another_run(checkpoint, config, differ):
         run, go_on = f"a finished run ({done} of {saved_epochs} epochs)", ""
     else:
         run = f"an unfinished run ({done} of {saved_epochs} epochs done)"
-        go_on = f"repeat its own flags to continue it (--config {save_dir / 'config.yaml'}), "
+        go_on = f"repeat its own flags to continue it (--config {save_dir / 'config.yaml'} --resume auto), "
     return (f"--save-dir {save_dir} holds {run} with other settings: {', '.join(differ)}; {go_on}"
             "pass --no-resume to start afresh there, or use another --save-dir")
 

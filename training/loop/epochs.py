@@ -63,17 +63,27 @@ def _train_epochs(trainer):
             end_epoch(trainer, epoch, result, epoch_start)
         if result.stopped_early or stop_requested(trainer):
             log.info(f"received {trainer.stop_signals.received or 'a stop signal on another rank'}: stopped after "
-                     f"step {state.step} (epoch {state.epoch + 1}) and saved {trainer.checkpoints.last_path}; run "
-                     "the same command again to resume")
+                     f"step {state.step} (epoch {state.epoch + 1}) and saved {trainer.checkpoints.last_path}; "
+                     f"{how_to_continue(trainer.config)} to resume")
             return "preempted"
         if _patience_exhausted(trainer):
             log.info(f"early stopping: no better validation macro-F1 for {state.epochs_since_best} epochs")
             return "complete"
         if epoch + 1 - first_epoch == stop_after and epoch + 1 < optim.epochs:
-            log.info(f"stopping after {stop_after} epoch(s) as asked; run the same command again "
+            log.info(f"stopping after {stop_after} epoch(s) as asked; {how_to_continue(trainer.config)} "
                      f"to continue from epoch {epoch + 2}")
             return "paused"
     return "complete"
+
+
+def how_to_continue(config):
+    """How a stopped run goes on: the same command, whose --resume auto finds its checkpoint; a command
+    that named --no-resume or another checkpoint would start over or from that one again."""
+    resume = config.output.resume
+    if resume == "auto":
+        return "run the same command again"
+    flag = "--no-resume" if resume is None else f"--resume {resume}"
+    return f"run the same command without {flag} (it then resumes from {config.save_dir})"
 
 
 def train_epoch(trainer, epoch):
