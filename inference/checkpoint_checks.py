@@ -25,10 +25,10 @@ def check_declared_shapes(checkpoint, path):
     if not _is_count(checkpoint["window_steps"]):
         raise UsageError(f"checkpoint {path}: window_steps must be a positive whole number, got "
                          f"{checkpoint['window_steps']!r}; {REWRITE}")
-    rate = checkpoint["sample_rate_hz"]
-    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate <= 0:
-        raise UsageError(f"checkpoint {path}: sample_rate_hz must be a positive number of samples a second, got "
-                         f"{rate!r}; {REWRITE}")
+    rate = checkpoint["sample_rate_hz"]  # NaN: windows of no stated rate (an .npz without one)
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or math.isinf(rate) or rate <= 0:
+        raise UsageError(f"checkpoint {path}: sample_rate_hz must be a positive number of samples a second (NaN "
+                         f"where unknown), got {rate!r}; {REWRITE}")
 
 
 def check_model_part(part, path, weights, member=None):
