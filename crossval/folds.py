@@ -30,8 +30,8 @@ from evaluation.metrics import best_record, format_cv_table, format_people, form
 from inference.bundle import load_bundle
 from inference.ensemble import ENSEMBLE_FILE, write_ensemble
 from inference.evaluate import write_report
-from training.checkpoint.files import BEST
-from training.checkpoint.judge import differing_flags, meant_flags
+from training.checkpoint.files import BEST, LAST, load_checkpoint
+from training.checkpoint.judge import differing_flags, meant_flags, trained_to_the_end
 from training.config.settings import Hardware, Output, Parallel, RunConfig
 from training.distributed.ddp import join_process_group
 from training.distributed.strategy import distributed_env, resolve_device_type
@@ -258,15 +258,16 @@ def _empty_unless_in_use(run_dir):
 
 
 def _refit_finished(refit_config):
-    """Done once its last epoch is logged (the record says how many the run trains: one for a head
-    solved by ridge) and, unless --no-test, its test report written."""
+    """Done once its last checkpoint trained every epoch its run plans (one for a head solved by
+    ridge) or stopped early, and, unless --no-test, its test report is written. The checkpoint, not
+    metrics.jsonl's last line: a run killed between a save and that epoch's line keeps the one alone."""
     run_dir = Path(refit_config.output.save_dir)
     try:
-        last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
-    except (OSError, ValueError, IndexError):
+        checkpoint = load_checkpoint(run_dir / LAST)
+    except UsageError:  # none yet, or damaged: the refit goes on (and resumes where it can)
         return False
-    return last["epoch"] >= last.get("epochs", refit_config.optim.epochs) and (refit_config.data.no_test or
-                                                            (run_dir / "test_report.json").is_file())
+    return (isinstance(checkpoint, dict) and "config" in checkpoint and trained_to_the_end(checkpoint)
+            and (refit_config.data.no_test or (run_dir / "test_report.json").is_file()))
 
 
 def _fold_config(config, save_dir, fold, subjects, local_rank):

@@ -167,6 +167,16 @@ def test_cross_validation_with_a_refit_and_an_ensemble_finishes_on_solved_heads(
     assert code == 0, err
     assert out.count("head: ridge regression") == 3 and "not finished" not in out
     assert (tmp_path / "cv" / "ensemble.pt").is_file()
+    # A run killed between the refit's last save and its epoch's line loses that line alone (and
+    # leaves the refit unrecorded as finished): its checkpoint still says it is, and the run ends.
+    from crossval.folds import IDENTITY
+    (tmp_path / "cv" / "refit" / "metrics.jsonl").write_text("")
+    (tmp_path / "cv" / "refit" / IDENTITY).unlink()
+    (tmp_path / "cv" / "cv_report.json").unlink()
+    code, out, err = run_in_process("main.py", flags)
+    assert code == 0, err
+    assert "already solved by ridge regression" in out and "not finished" not in out, out
+    assert (tmp_path / "cv" / "cv_report.json").is_file()
 
 
 def test_a_solved_run_is_finished_for_the_resume_judge(tmp_path):

@@ -59,7 +59,7 @@ def _another_run(checkpoint, config, differ):
     save_dir = config.save_dir
     saved_epochs = _planned_epochs(checkpoint, config.optim.epochs)
     done = checkpoint.get("epoch", 0)
-    if _finished(checkpoint):
+    if trained_to_the_end(checkpoint):
         run, go_on = f"a finished run ({done} of {saved_epochs} epochs)", ""
     else:
         run = f"an unfinished run ({done} of {saved_epochs} epochs done)"
@@ -156,7 +156,7 @@ def _planned_epochs(checkpoint, default):
     return checkpoint.get("planned_epochs", checkpoint["config"].get("epochs", default))
 
 
-def _finished(checkpoint):
+def trained_to_the_end(checkpoint):
     """Trained for all its epochs, or stopped early by its own patience."""
     saved = checkpoint["config"]
     if checkpoint.get("epoch", 0) >= _planned_epochs(checkpoint, float("inf")):
