@@ -196,3 +196,19 @@ def test_a_resumed_run_reads_its_data_and_checkpoint_once(tmp_path, monkeypatch)
     assert code == 0, err
     assert "RESUMING from" in out
     assert reads == {"data": 1, "checkpoint": 1}
+
+
+def test_a_run_rewound_to_an_earlier_checkpoint_keeps_one_metrics_line_an_epoch(tmp_path):
+    flags = [*TINY_DATA, "--synthetic-windows-per-subject", "8", "--epochs", "3", "--save-dir", tmp_path]
+    code, _, err = run_in_process("main.py", flags)
+    assert code == 0, err
+    earlier = min(tmp_path.glob("step-*.pt"))  # the oldest kept: the end of an epoch before the last
+    epoch = load_checkpoint(earlier)["epoch"]
+    assert epoch < 3
+    finished = read_metrics(tmp_path)
+    code, out, err = run_in_process("main.py", [*flags, "--resume", earlier])
+    assert code == 0, err
+    assert "RESUMING" in out
+    again = read_metrics(tmp_path)
+    assert [record["epoch"] for record in again] == [1, 2, 3]  # the later epochs trained again, logged once
+    assert again[:epoch] == finished[:epoch]

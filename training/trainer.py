@@ -442,6 +442,7 @@ def _resume(checkpoint, path, state, parts, layout, global_batch, train_windows,
     mid-epoch resume can continue bit for bit (the same ranks and batch layout, and every rank's
     random streams saved)."""
     restore_parts(checkpoint, state, parts)
+    log.keep_epochs_up_to(state.epoch)  # an earlier checkpoint than the log's last line: one line an epoch
     where = (f"epoch {state.epoch + 1}, sample {state.epoch_position} of {train_windows}"
              if state.epoch_position else f"{state.epoch} epochs")
     log.info(f"\n*** RESUMING from {path}: {where} / {state.step} steps done, best val macro-F1 "

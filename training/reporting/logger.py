@@ -14,6 +14,17 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from data.store import write_atomic
+
+
+def _epoch_of(line):
+    """The epoch a metrics.jsonl line records; 0 for one that is not a record (kept)."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return 0
+    return record.get("epoch", 0) if isinstance(record, dict) and isinstance(record.get("epoch"), int) else 0
+
 
 class RunLogger:
     """Every write of a run goes through here, so `enabled=False` (ranks > 0) silences them all."""
@@ -40,6 +51,18 @@ class RunLogger:
         if self.enabled:
             self._tensorboard().add_scalar("train/loss_running", train_loss, global_step)
             self._tensorboard().add_scalar("train/lr", lr, global_step)
+
+    def keep_epochs_up_to(self, epoch):
+        """A resumed run goes on from its checkpoint's `epoch`: metrics.jsonl's lines of later epochs
+        (a fallback to an older checkpoint, or --resume of an earlier step) are dropped, so that each
+        epoch has one line. A line that is not JSON is kept as it is."""
+        path = self.save_dir / "metrics.jsonl"
+        if not self.enabled or not path.is_file():
+            return
+        lines = path.read_text().splitlines(keepends=True)
+        kept = [line for line in lines if _epoch_of(line) <= epoch]
+        if len(kept) != len(lines):
+            write_atomic(path, lambda partial: Path(partial).write_text("".join(kept)))
 
     def log_epoch(self, record, is_best):
         """Append one JSON line, write TensorBoard scalars and print the epoch summary."""
