@@ -212,6 +212,16 @@ def test_save_dir_that_is_a_file(tmp_path):
     refuse("main.py", [], path, "--save-dir", "results.txt", "is a file")
 
 
+@pytest.mark.parametrize("name", ["last.pt", "best.pt"])
+def test_a_checkpoints_name_held_by_a_folder_is_refused_before_training(save_dir, name):
+    # With step checkpoints beside it the run would resume from one, train, and fail at its first save.
+    shutil.move(save_dir / name, save_dir / f"{name}.moved")
+    (save_dir / name).mkdir()
+    (save_dir / name / "mine.txt").write_text("kept\n")
+    refuse("main.py", ["--epochs", "2"], save_dir, "--save-dir", f"folder named {name}")
+    assert (save_dir / name / "mine.txt").read_text() == "kept\n"
+
+
 def test_save_dir_inside_a_file(tmp_path):
     path = tmp_path / "results.txt"
     path.write_text("not a folder\n")

@@ -103,6 +103,10 @@ def check_save_dir(save_dir):
         probe.unlink()
     except OSError as exc:
         raise UsageError(f"--save-dir {save_dir} is not writable ({exc.strerror}); choose another folder") from None
+    for name in (LAST, BEST):  # a checkpoint goes in place by a rename, which cannot replace a folder
+        if (save_dir / name).is_dir():
+            raise UsageError(f"--save-dir {save_dir} holds a folder named {name}, where the run writes its "
+                             "checkpoint; move that folder away and run the same command again")
     return created
 
 
