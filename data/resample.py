@@ -95,7 +95,9 @@ def values_on_model_clock(values, recording, model_rate_hz, sample_rate_hz=None)
     """(values [m, k] at the model's rate, start_s, source_hz) of a recording's [n, k] values."""
     check_no_gap(recording.time_s, recording.path)
     rate_hz = source_rate_hz(recording.time_s, sample_rate_hz, recording.path)
-    if not MIN_RATE_RATIO * model_rate_hz <= rate_hz <= MAX_RATE_RATIO * model_rate_hz:
+    # Within float rounding of a bound is on it: stamps of exactly 1,000 Hz compute as 1000.0000000000001.
+    low, high = MIN_RATE_RATIO * model_rate_hz * (1 - 1e-9), MAX_RATE_RATIO * model_rate_hz * (1 + 1e-9)
+    if not low <= rate_hz <= high:
         where = "its time_s column (in seconds?)" if recording.time_s is not None else "--sample-rate"
         raise DataError(f"{recording.path} runs at {rate_hz:.4g} Hz by {where}, far from the model's "
                         f"{model_rate_hz:g} Hz (accepted: {MIN_RATE_RATIO * model_rate_hz:g} to "

@@ -355,6 +355,16 @@ def test_missing_checkpoint(recording, out_dir, tmp_path):
            "nope.pt", "does not exist")
 
 
+def test_a_recording_at_the_highest_rate_accepted_goes_through(checkpoint, tmp_path):
+    # 20 x the model's 50 Hz: stamps of exactly 1,000 Hz, written to the microsecond, compute a hair above.
+    time_s, acc, gyro = synthetic_stream(10.0, rate_hz=1000.0)
+    path = tmp_path / "fast.csv"  # stamps from 100 s on: (n - 1) / span computes as 1000.0000000000005
+    np.savetxt(path, np.column_stack([time_s + 100.0, acc, gyro]), delimiter=",", comments="", fmt="%.6f",
+               header="time_s,acc_x,acc_y,acc_z,gyro_x,gyro_y,gyro_z")
+    code, _, err = predict(checkpoint, path, tmp_path / "out")
+    assert code == 0, err
+
+
 @pytest.mark.parametrize("case, names", [("npy", ["a single array (.npy)", "numpy.savez"]),
                                          ("scalar", ["acc holds a single number"])])
 def test_npz_recording_that_holds_no_samples_of_arrays(case, names, checkpoint, out_dir, tmp_path):
