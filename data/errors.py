@@ -9,7 +9,10 @@ class DataError(ValueError):
 
 def not_a_file(path):
     """Why `path`, which should name a file, does not: for the one line that refuses it."""
-    return "is a folder" if Path(path).is_dir() else "does not exist"
+    path = Path(path)
+    if path.is_dir():
+        return "is a folder"
+    return "is not a regular file (a device, pipe or socket)" if path.exists() else "does not exist"
 
 
 def exit_from_command(main, interrupted="interrupted"):

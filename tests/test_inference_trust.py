@@ -322,6 +322,13 @@ def test_an_output_name_held_by_other_than_a_file_is_refused_before_any_work(tmp
     assert_refused(predict(source, recording, ""), "--out is empty")
 
 
+def test_a_pipe_given_to_read_is_named_as_such(tmp_path, recording):
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    assert_refused(predict(pipe, recording, tmp_path / "out"), "is not a regular file")
+    assert_refused(predict(make_checkpoint(tmp_path / "source.pt"), pipe, tmp_path / "out"), "is not a regular file")
+
+
 def test_an_evaluation_lists_what_it_wrote_and_leaves_no_earlier_temperature_beside_it(synthetic_run, tmp_path):
     out, checkpoint = tmp_path / "eval", synthetic_run / "best.pt"
     code, printed, err = evaluate(checkpoint, out, "--dataset", "synthetic")
