@@ -4,6 +4,7 @@ import csv
 import io
 from pathlib import Path
 
+from data.errors import not_a_file
 from data.store import write_atomic
 from training.errors import UsageError
 from training.output_folders import check_folder_can_be_made, check_writable
@@ -69,8 +70,7 @@ def _refuse_other_than_a_file(path, what):
     """An output is put in place by a rename, which would replace whatever holds its name: only a
     regular file may be replaced, never a folder, a device (/dev/null), a pipe or a socket."""
     if path.exists() and not path.is_file():
-        kind = "a folder" if path.is_dir() else "not a regular file (a device, pipe or socket)"
-        raise UsageError(f"{what} is {kind}, which an output would replace; choose another name")
+        raise UsageError(f"{what} {not_a_file(path)}, which an output would replace; choose another name")
 
 
 def _refuse_an_input(path, reads, what):

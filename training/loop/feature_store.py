@@ -76,7 +76,7 @@ class FeatureStore:
         others = [path for path in others if path.parent != self.folder]
         if not others:
             return "no earlier pool in this folder"
-        return f"the pool in {others[-1].parent.name} was of other {self._changed_from(others[-1])}"
+        return f"the pool in {others[-1].parent.name} was of other {self._changed_from(_identity_in(others[-1]))}"
 
     def foreign(self):
         """Why the shards in this identity's folder are another pool's (None where they are this one's,
@@ -84,17 +84,17 @@ class FeatureStore:
         cannot be read (a folder moved or edited by hand). Read before start() records this identity."""
         if not any(self.folder.glob("part*.npy")):
             return None
-        recorded = self.folder / IDENTITY
-        if _identity_in(recorded) == self.identity:
+        recorded = _identity_in(self.folder / IDENTITY)
+        if recorded == self.identity:
             return None
-        if not _identity_in(recorded):
+        if not recorded:
             return f"its shards in {self.folder.name} have no readable {IDENTITY}"
         return f"its shards in {self.folder.name} were of other {self._changed_from(recorded)} (their {IDENTITY})"
 
-    def _changed_from(self, recorded):
-        """The fields in which the identity file `recorded` differs from this identity (every one where
-        it cannot be read)."""
-        earlier, now = _identity_in(recorded), self.identity
+    def _changed_from(self, earlier):
+        """The fields in which the identity `earlier` differs from this one (every one of an unreadable
+        file's: {})."""
+        now = self.identity
         return ", ".join(sorted(key for key in {**earlier, **now} if earlier.get(key) != now.get(key)))
 
     def start(self):

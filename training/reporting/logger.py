@@ -16,6 +16,8 @@ from tqdm import tqdm
 
 from data.store import write_atomic
 
+METRICS = "metrics.jsonl"  # one JSON line an epoch, in the run's folder
+
 
 def _epoch_of(line):
     """The epoch a metrics.jsonl line records; 0 for one that is not a record (kept)."""
@@ -56,7 +58,7 @@ class RunLogger:
         """A resumed run goes on from its checkpoint's `epoch`: metrics.jsonl's lines of later epochs
         (a fallback to an older checkpoint, or --resume of an earlier step) are dropped, so that each
         epoch has one line. A line that is not JSON is kept as it is."""
-        path = self.save_dir / "metrics.jsonl"
+        path = self.save_dir / METRICS
         if not self.enabled or not path.is_file():
             return
         lines = path.read_text().splitlines(keepends=True)
@@ -69,7 +71,7 @@ class RunLogger:
         if not self.enabled:
             return
         # A resumed run goes on with its lines; a fresh one's folder has none (an earlier run's moved aside).
-        with open(self.save_dir / "metrics.jsonl", "a") as handle:
+        with open(self.save_dir / METRICS, "a") as handle:
             handle.write(json.dumps(record) + "\n")
         writer, epoch = self._tensorboard(), record["epoch"]
         for key in ("train_loss", "val_loss", "val_acc", "val_macro_f1", "lr", "samples_per_s", "epoch_time_s"):
