@@ -66,7 +66,8 @@ def share_build_s(build_s, world_size, device_type, threads, cores):
 
 
 def gather_pool_s(pool_bytes, world_size, link):
-    """Every rank gathering the whole pool from the others' shares: one ring pass (all-gather)."""
+    """Every rank receiving the others' shares of the pool (each share broadcast by its owner): the
+    bytes of one ring pass (an all-gather), (N - 1) / N of the pool into each rank."""
     return ring_allreduce_time_s(pool_bytes, world_size, link.bandwidth_bytes_per_s, link.latency_s, passes=1)
 
 
@@ -243,8 +244,8 @@ def run_time_entry(parts, work, predictions, link, host_effects=None):
                     "on N batches at once with no all-reduce), the evaluation passes split N ways, and the "
                     "pool built in 1/N "
                     f"shares (on CPU at most {cores} cores / {threads} thread(s) faster, the host's cores "
-                    "being shared) and then gathered over the link; a profile of N ranks takes its own "
-                    "build for every N"}
+                    "being shared) and then each share sent to the other ranks over the link; a profile of "
+                    "N ranks takes its own build for every N"}
 
 
 def pool_entry(pool, rank=0):

@@ -15,6 +15,9 @@ from training.distributed.single import SingleDevice, model_state_mb
 from training.errors import UsageError
 from training.reporting.logger import describe, memory_fields, read_memory
 
+# A feature pool is shared out in pieces of this size: the staging copy on a GPU stays small, and no
+# one message nears the 2 GiB that some backends count in a signed 32-bit integer.
+SHARE_PIECE_BYTES = 256 * 2**20
 
 def join_process_group(backend, rank, world_size, timeout, prefix, device_id=None):
     """init_process_group over the store torchrun's rendezvous gives, under keys of `prefix` and this
@@ -118,6 +121,22 @@ class DistributedStrategy(SingleDevice):
         values = [None] * self.world_size
         dist.all_gather_object(values, value, group=self._control)
         return values
+
+    def fill_from_owners(self, rows, bounds):
+        """Rows bounds[r]..bounds[r + 1] - 1 of the host array `rows`, written by rank r alone, copied
+        in place into every other rank's `rows`: no gathered copy beside the array. Sent on this rank's
+        device in pieces of at most SHARE_PIECE_BYTES (a GPU's through a staging copy)."""
+        flat = torch.from_numpy(rows).reshape(-1).view(torch.uint8)
+        row_bytes = rows.strides[0] if rows.ndim > 1 else rows.itemsize
+        for owner in range(self.world_size):
+            for first in range(bounds[owner] * row_bytes, bounds[owner + 1] * row_bytes, SHARE_PIECE_BYTES):
+                piece = flat[first:min(first + SHARE_PIECE_BYTES, bounds[owner + 1] * row_bytes)]
+                if self.device.type == "cpu":
+                    dist.broadcast(piece, src=owner)
+                    continue
+                on_device = piece.to(self.device)
+                dist.broadcast(on_device, src=owner)
+                piece.copy_(on_device)
 
     def gather_concat(self, tensor):
         """Concatenate every rank's 1-D tensor (lengths may differ) on every rank."""

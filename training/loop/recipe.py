@@ -170,10 +170,11 @@ def _lists(pairs):
 # Epoch e trains on view e mod V (data.loaders.ShardedSampler), so with 20 epochs and 4 views each
 # augmented view is seen 5 times where per-batch augmentation would have drawn 20 new ones; the
 # nested estimate in docs/training.md is what chose that trade. Validation and test windows are
-# transformed once too. Under torchrun each rank transforms a share of the pool's windows and the
-# ranks then gather it whole: every rank holds the pool, (V x training + validation + test windows)
-# x features x the features' bytes, in host memory; a window store's run keeps it on disk instead
-# (training.loop.feature_store), where a re-run with the same identity finds it.
+# transformed once too. Under torchrun each rank transforms a share of the pool's windows into its
+# rows of the pool and then receives the other ranks' rows: every rank holds the pool, (V x training
+# + validation + test windows) x features x the features' bytes, in host memory; a window store's
+# run keeps it on disk instead (training.loop.feature_store), where a re-run with the same identity
+# finds it.
 POOL_CHUNK = 2048  # windows per call of the model's features(): bounds the memory of one call
 # A rank's share starts and stops at multiples of this inside a chunk, so the model splits it into
 # the batches one process would (MiniRocket: 64 windows on a CPU, 1024 elsewhere) and computes
@@ -209,10 +210,11 @@ def pool_shares(lengths, world_size):
 
 def build_feature_pool(model, splits, views, augment, seed, strategy, log, store_root=None, figures=None):
     """(splits of features in place of windows, the number of training views), every rank building
-    its share. In memory the ranks then gather the pool whole; with `store_root` (a window store's run)
-    each piece is a shard on disk there, and every rank reads them all memory-mapped. Without an
-    augmenter every view would be the same, so there is one. A `figures` dict given is filled with
-    the build's figures (pool_figures), for a caller that reports them."""
+    its share. In memory each rank then receives the others' shares into its copy of the pool; with
+    `store_root` (a window store's run) each piece is a shard on disk there, and every rank reads them
+    all memory-mapped. Without an augmenter every view would be the same, so there is one. A
+    `figures` dict given is filled with the build's figures (pool_figures), for a caller that reports
+    them."""
     views = views if augment is not None else 1
     train, others = splits["train"], [name for name in splits if name != "train"]
     parts = [(train, augment if view else None, seed * VIEW_SEED_STRIDE + view) for view in range(views)]
@@ -221,9 +223,17 @@ def build_feature_pool(model, splits, views, augment, seed, strategy, log, store
     probe = model.pool_features(torch.from_numpy(_windows(train.signals, 0, 0)).to(strategy.device)).cpu().numpy()
     start, mine, spent = time.perf_counter(), shares[strategy.rank], AugmentTime()
     if store_root is None:
-        transformed = [counts for _, counts in _transformed(model, parts, mine, strategy.device, log, spent)]
+        # The whole pool is one array from the start: each rank writes its share in place and then
+        # receives the others' into theirs, with no list of pieces to join and no gathered copy.
+        bounds = np.cumsum([0, *map(_windows_in, shares)]).tolist()
+        features, row = np.empty((bounds[-1], *probe.shape[1:]), probe.dtype), bounds[strategy.rank]
+        for (_, first, stop), counts in _transformed(model, parts, mine, strategy.device, log, spent):
+            features[row:row + stop - first] = counts
+            row += stop - first
         per_rank = strategy.gather_objects((_windows_in(mine), time.perf_counter() - start))
-        by_part, where = _gathered_parts(np.concatenate([probe, *transformed]), parts, views, strategy), None
+        strategy.fill_from_owners(features, bounds)
+        by_part = np.split(features, np.cumsum([len(split) for split, _, _ in parts])[views - 1:-1])
+        where = None
     else:
         store = FeatureStore(store_root, pool_identity(model, splits, views, augment, seed, probe.dtype, POOL_CHUNK))
         # Every rank reads what the folder holds before any rank records this identity there (the
@@ -312,15 +322,6 @@ def _to_build(store, pieces, probe, every_piece=False):
 
 def _windows_in(pieces):
     return sum(stop - first for _, first, stop in pieces)
-
-
-def _gathered_parts(mine, parts, views, strategy):
-    """The training views' features [V x n, F], then each other split's, in memory: every rank's
-    `mine` (its pieces' features) gathered, in rank order, which is the pool's order."""
-    # Gathered as bytes, whatever the features' type.
-    gathered = strategy.gather_concat(torch.from_numpy(mine).reshape(-1).view(torch.uint8).to(strategy.device))
-    features = gathered.cpu().view(torch.from_numpy(mine).dtype).reshape(-1, mine.shape[1]).numpy()
-    return np.split(features, np.cumsum([len(split) for split, _, _ in parts])[views - 1:-1])
 
 
 def _where(store, why, per_rank, total):
