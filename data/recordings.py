@@ -101,13 +101,35 @@ def _read_csv(path, extra=(), need_acc=True):
             warnings.simplefilter("ignore", UserWarning)
             values = np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2, dtype=np.float64)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise DataError(f"{path}: not a table of numbers ({str(exc).splitlines()[0]})") from None
+        where = _first_row_not_numbers(path, header) if isinstance(exc, ValueError) else None
+        raise DataError(f"{path}: not a table of numbers ({where or str(exc).splitlines()[0]})") from None
     if values.size == 0:
         values = np.zeros((0, len(header)))
     if values.shape[1] != len(header):
         raise DataError(f"{path}: rows have {values.shape[1]} values but the header names {len(header)} columns")
     table = {name: values[:, i] for i, name in enumerate(header)}
     return _group(path, table, lambda axes: f"column(s) {', '.join(axes)}", extra, need_acc)
+
+
+def _first_row_not_numbers(path, header):
+    """Where a table numpy refused goes wrong, by the file's own line numbers and the header's column
+    names (numpy counts rows after the header, from 0 in one message and from 1 in another); None
+    where each row reads as numbers here (numpy's message then stands). As numpy does, blank lines
+    are skipped and a '#' starts a comment."""
+    with open(path, newline="") as handle:
+        for number, line in enumerate(handle, start=1):
+            text = line.split("#", 1)[0]
+            if number == 1 or not text.strip():
+                continue
+            values = next(csv.reader([text]))
+            if len(values) != len(header):
+                return f"line {number} has {len(values)} values where the header names {len(header)} columns"
+            for name, value in zip(header, values, strict=True):
+                try:
+                    float(value)
+                except ValueError:
+                    return f"line {number}, column {name}: {_shortened(value.strip())!r} is not a number"
+    return None
 
 
 def _shortened(text, limit=40):

@@ -245,7 +245,10 @@ def test_bad_recording(case, names, checkpoint, out_dir, tmp_path):
 
 @pytest.mark.parametrize("content, names", [
     (b"", ["is empty"]),
-    (b"time_s,acc_x,acc_y,acc_z\n0,1,0,abc\n", ["not a table of numbers"]),
+    # numpy's own message counts rows after the header (from 0 here): the line is the file's.
+    (b"time_s,acc_x,acc_y,acc_z\n0,1,0,0\n\n# a comment\n0.02,1,0,abc\n",
+     ["not a table of numbers", "line 5, column acc_z: 'abc' is not a number"]),
+    (b"time_s,acc_x,acc_y,acc_z\n0,1,0,0\n0.02,1,0\n", ["line 3 has 3 values where the header names 4 columns"]),
     (b"time_s,acc_x,acc_y,acc_z\n0,1,0\n", ["rows have 3 values", "4 columns"]),
     (b"time_s,acc_x,acc_y,acc_z\n\xff\xfe\x00\x81\n", ["cannot be read"]),
     (b"\ntime_s,acc_x,acc_y,acc_z\n0,1,0,0\n", ["starts with a blank line"]),
@@ -254,7 +257,7 @@ def test_bad_recording(case, names, checkpoint, out_dir, tmp_path):
     (b'"time_s,acc_x,acc_y,acc_z\n' + b"0,1,0,0\n" * 100,
      ["unknown column 'time_s,acc_x,acc_y,acc_z\\n0,1,0,0\\n0,1,0,0...'"]),
     (b'"time_s,acc_x,acc_y,acc_z\n' + b"0,1,0,0\n" * 20_000, ["not a row of column names", "field limit"]),
-], ids=["empty", "text", "short-row", "binary", "blank-first-line", "open-quote", "open-quote-long"])
+], ids=["empty", "text", "one-short-row", "short-row", "binary", "blank-first-line", "open-quote", "open-quote-long"])
 def test_recording_that_is_not_a_table(content, names, checkpoint, out_dir, tmp_path):
     path = tmp_path / "odd.csv"
     path.write_bytes(content)
