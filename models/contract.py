@@ -33,6 +33,10 @@ class HARModel(nn.Module):
         """Set the parts that depend on the data from training windows [N, C, T] (FITS_TO_DATA);
         `padded`: the data's windows end in NaN padding (READS_NAN_PADDING)."""
 
+    def prepare_pool(self, windows, say):
+        """Before a feature pool of `windows` windows is built on this model's device (FIXED_FEATURES):
+        a model may get ready for that many; `say` takes a line for the run's log."""
+
     def fsdp_blocks(self):
         """The submodules FSDP shards as units of their own; none: the whole model is the root's unit."""
         return []

@@ -343,6 +343,7 @@ def _windows(signals, first, stop):
 def _transformed(model, parts, pieces, device, log, spent):
     """(piece, its features [n, F]) of each of this rank's pieces, in order; `spent` adds up the
     augmentation's seconds and windows."""
+    model.prepare_pool(_windows_in(pieces), log.info)  # the windows this rank transforms now, not those reused
     bar = log.progress(_windows_in(pieces), "transforming windows once")
     for index, (split, augment, seed) in enumerate(parts):
         ranges = [(first, stop) for part, first, stop in pieces if part == index]

@@ -1,0 +1,79 @@
+"""The compiled compare-and-count (models.minirocket_compiled) that a large pool on a CPU takes: the
+same counts as the eager path, and the eager path kept, in one line, wherever it fails."""
+import numpy as np
+import pytest
+import torch
+
+import models.minirocket as minirocket
+from models import build_model
+from models.minirocket_compiled import positive_counts
+from test_feature_pool import CPU, QuietLog, split
+from training.loop.recipe import build_feature_pool
+
+
+def fitted(seed=0):
+    torch.manual_seed(seed)
+    model = build_model("minirocket", 3, 4, width=840, window_steps=64)
+    model.fit(torch.randn(40, 3, 64).cumsum(dim=2) * 0.1)
+    return model
+
+
+class Lines(QuietLog):
+    def __init__(self):
+        super().__init__()
+        self.lines = []
+
+    def info(self, line):
+        super().info(line)
+        self.lines.append(line)
+
+
+def test_a_large_pool_on_a_cpu_is_counted_by_the_compiled_loop_bit_for_bit(monkeypatch):
+    monkeypatch.setattr(minirocket, "COMPILED_COUNT_WINDOWS", 100)
+    splits = {"train": split(150, 1), "val": split(70, 2), "test": split(0, 3)}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # the chunks of 64 windows go one per thread, each calling the loop
+    try:
+        eager, _ = build_feature_pool(fitted(), splits, 1, None, 5, CPU, QuietLog())
+        compiled_model, log = fitted(), Lines()
+        compiled, _ = build_feature_pool(compiled_model, splits, 1, None, 5, CPU, log)
+    finally:
+        torch.set_num_threads(threads)
+    assert compiled_model._count is not None
+    assert log.lines[0].startswith("transform: comparisons counted by a compiled loop (220 windows; ready in ")
+    for name in ("train", "val"):
+        assert np.array_equal(compiled[name].signals, eager[name].signals)
+
+
+@pytest.mark.parametrize("loop, said", [
+    (lambda outputs, biases: (_ for _ in ()).throw(RuntimeError("no C++ compiler found\nmore")),
+     "counting eagerly, the compiled loop failed (RuntimeError: no C++ compiler found)"),
+    (lambda outputs, biases: positive_counts(outputs, biases) + 1,
+     "counting eagerly, the compiled loop's counts differed from the eager ones on a check"),
+], ids=["fails", "differs"])
+def test_a_compiled_loop_that_fails_or_differs_leaves_the_eager_counts_in_one_line(monkeypatch, loop, said):
+    monkeypatch.setattr(minirocket, "compiled_positive_counts", lambda: loop)
+    model, lines, windows = fitted(), [], torch.randn(70, 3, 64).cumsum(dim=2)
+    before = model.pool_features(windows)
+    model.prepare_pool(10**9, lines.append)
+    assert lines == [f"transform: {said}"]
+    assert model._count is None and torch.equal(model.pool_features(windows), before)
+
+
+def test_a_small_pool_or_padded_windows_keep_the_eager_counts_without_a_word(monkeypatch):
+    monkeypatch.setattr(minirocket, "compiled_positive_counts", lambda: pytest.fail("compiled for a small pool"))
+    lines = []
+    fitted().prepare_pool(minirocket.COMPILED_COUNT_WINDOWS - 1, lines.append)
+    padded = fitted()
+    padded.fit(torch.randn(40, 3, 64).cumsum(dim=2), padded=True)
+    padded.prepare_pool(10**9, lines.append)
+    assert lines == []
+
+
+def test_a_pool_reused_from_disk_prepares_for_no_window(tmp_path):
+    model, asked = fitted(), []
+    model.prepare_pool = lambda windows, say: asked.append(windows)
+    splits = {"train": split(150, 1), "val": split(70, 2)}
+    for _ in range(2):
+        build_feature_pool(model, splits, 1, None, 5, CPU, QuietLog(), store_root=tmp_path)
+    assert asked == [220, 0]  # built, then reused whole: nothing to compile for
