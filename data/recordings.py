@@ -2,6 +2,7 @@
 the named channels of another device, as they are."""
 import csv
 import math
+import re
 import warnings
 import zipfile
 from dataclasses import dataclass
@@ -12,6 +13,8 @@ import numpy as np
 from data.errors import DataError, not_a_file
 from data.preprocess import ACC_AXES, GYRO_AXES
 
+# A number as numpy's loadtxt reads one: ASCII digits, a sign, a point, an exponent, or nan / inf.
+NUMBER = re.compile(r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|nan|inf(?:inity)?)", re.IGNORECASE)
 TIME_COLUMN = "time_s"
 COLUMNS = (TIME_COLUMN, *ACC_AXES, *GYRO_AXES)
 STANDARD_GRAVITY_M_S2 = 9.80665
@@ -114,20 +117,20 @@ def _read_csv(path, extra=(), need_acc=True):
 def _first_row_not_numbers(path, header):
     """Where a table numpy refused goes wrong, by the file's own line numbers and the header's column
     names (numpy counts rows after the header, from 0 in one message and from 1 in another); None
-    where each row reads as numbers here (numpy's message then stands). As numpy does, blank lines
-    are skipped and a '#' starts a comment."""
-    with open(path, newline="") as handle:
+    where every row reads as numbers here (numpy's message then stands). Read as numpy reads it:
+    blank lines skipped, '#' starting a comment, fields split at each comma with no quoting, and a
+    number in ASCII digits (NUMBER)."""
+    with open(path, encoding="utf-8", errors="replace") as handle:  # numpy named an undecodable file
         for number, line in enumerate(handle, start=1):
             text = line.split("#", 1)[0]
             if number == 1 or not text.strip():
                 continue
-            values = next(csv.reader([text]))
+            values = text.split(",")
             if len(values) != len(header):
-                return f"line {number} has {len(values)} values where the header names {len(header)} columns"
+                return (f"line {number} has {len(values)} value{'' if len(values) == 1 else 's'} where the "
+                        f"header names {len(header)} columns")
             for name, value in zip(header, values, strict=True):
-                try:
-                    float(value)
-                except ValueError:
+                if not NUMBER.fullmatch(value.strip()):
                     return f"line {number}, column {name}: {_shortened(value.strip())!r} is not a number"
     return None
 

@@ -178,24 +178,34 @@ class MiniRocket(HARModel):
                 or windows < COMPILED_COUNT_WINDOWS):
             return
         started, channels = time.perf_counter(), self.weights.shape[2]
-        check = torch.randn(TRANSFORM_CHUNK["cpu"], channels, self.window_steps,
+        chunk = torch.randn(TRANSFORM_CHUNK["cpu"], channels, self.window_steps,
                             generator=torch.Generator().manual_seed(QUANTILE_SEED)).cumsum(dim=2)
+        # A chunk and a single window (a batch of one compiles apart), on one thread as the build's
+        # chunks run (one_chunk_per_core): the graphs compiled and checked here are the ones it calls.
+        checks, threads = (chunk, chunk[:1]), torch.get_num_threads()
+        torch.set_num_threads(1)
         try:
             with torch.no_grad():
-                eager = self._float_counts(check)
+                eager = [self._float_counts(check) for check in checks]
                 self._count = compiled_positive_counts()
-                compiled = self._float_counts(check)
+                compiled = [self._float_counts(check) for check in checks]
         except Exception as exc:  # noqa: BLE001 - a compiler missing or failing only costs the speed-up
             self._count = None
             say(f"transform: counting eagerly, the compiled loop failed ({type(exc).__name__}: "
                 f"{str(exc).strip().splitlines()[0] if str(exc).strip() else 'no message'})")
             return
-        if not torch.equal(compiled, eager):
+        finally:
+            torch.set_num_threads(threads)
+        if not all(map(torch.equal, compiled, eager)):
             self._count = None
             say("transform: counting eagerly, the compiled loop's counts differed from the eager ones on a check")
             return
         say(f"transform: comparisons counted by a compiled loop ({windows:,} windows; ready in "
             f"{time.perf_counter() - started:.1f} s, its counts checked against the eager ones)")
+
+    def __getstate__(self):
+        # The compiled loop is this process's and does not pickle: a pickled model counts eagerly.
+        return {**super().__getstate__(), "_count": None}
 
     @property
     def count_dtype(self):

@@ -20,5 +20,12 @@ def positive_counts(outputs, negative_biases):
 
 @functools.cache
 def compiled_positive_counts():
-    """positive_counts compiled once for the process, for every batch and T' (dynamic shapes)."""
-    return torch.compile(positive_counts, dynamic=True)
+    """positive_counts compiled once for the process, for every batch and T' (dynamic shapes). Called
+    without gradients wherever it runs: a thread's grad mode is its own (one_chunk_per_core's workers
+    have theirs on), and the compiled graphs are kept per grad mode, so each would compile again."""
+    compiled = torch.compile(positive_counts, dynamic=True)
+
+    def counts(outputs, negative_biases):
+        with torch.no_grad():
+            return compiled(outputs, negative_biases)
+    return counts

@@ -1,12 +1,14 @@
 """The compiled compare-and-count (models.minirocket_compiled) that a large pool on a CPU takes: the
 same counts as the eager path, and the eager path kept, in one line, wherever it fails."""
+import pickle
+
 import numpy as np
 import pytest
 import torch
 
 import models.minirocket as minirocket
 from models import build_model
-from models.minirocket_compiled import positive_counts
+from models.minirocket_compiled import compiled_positive_counts, positive_counts
 from test_feature_pool import CPU, QuietLog, split
 from training.loop.recipe import build_feature_pool
 
@@ -77,3 +79,42 @@ def test_a_pool_reused_from_disk_prepares_for_no_window(tmp_path):
     for _ in range(2):
         build_feature_pool(model, splits, 1, None, 5, CPU, QuietLog(), store_root=tmp_path)
     assert asked == [220, 0]  # built, then reused whole: nothing to compile for
+
+
+def test_the_chunks_of_a_build_call_only_the_graphs_the_check_compiled(monkeypatch):
+    """The build's chunks run on worker threads of one torch thread each, with their own grad mode;
+    a graph compiled for another state would count the pool unchecked."""
+    graphs, real_compile = [], torch.compile
+
+    def counting(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+    monkeypatch.setattr(torch, "compile", lambda function, **options: real_compile(function, backend=counting,
+                                                                                  **options))
+    torch.compiler.reset()
+    compiled_positive_counts.cache_clear()
+    monkeypatch.setattr(minirocket, "COMPILED_COUNT_WINDOWS", 100)
+    model, lines, threads = fitted(), [], torch.get_num_threads()
+    windows = torch.randn(129, 3, 64).cumsum(dim=2)  # chunks of 64, 64 and 1
+    try:
+        model.prepare_pool(200, lines.append)
+        checked = len(graphs)
+        torch.set_num_threads(2)
+        pooled = model.pool_features(windows)
+    finally:
+        torch.set_num_threads(threads)
+        compiled_positive_counts.cache_clear()
+        torch.compiler.reset()
+    assert checked > 0 and len(graphs) == checked, lines
+    assert torch.equal(pooled, fitted().pool_features(windows))
+
+
+def test_a_prepared_model_pickles_and_counts_eagerly_where_it_is_unpickled(monkeypatch):
+    monkeypatch.setattr(minirocket, "compiled_positive_counts", lambda: lambda outputs, biases: positive_counts(
+        outputs, biases))
+    model = fitted()
+    model.prepare_pool(10**9, [].append)
+    assert model._count is not None
+    copy = pickle.loads(pickle.dumps(model))
+    windows = torch.randn(5, 3, 64).cumsum(dim=2)
+    assert copy._count is None and torch.equal(copy.pool_features(windows), model.pool_features(windows))

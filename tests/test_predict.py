@@ -249,6 +249,11 @@ def test_bad_recording(case, names, checkpoint, out_dir, tmp_path):
     (b"time_s,acc_x,acc_y,acc_z\n0,1,0,0\n\n# a comment\n0.02,1,0,abc\n",
      ["not a table of numbers", "line 5, column acc_z: 'abc' is not a number"]),
     (b"time_s,acc_x,acc_y,acc_z\n0,1,0,0\n0.02,1,0\n", ["line 3 has 3 values where the header names 4 columns"]),
+    # Read as numpy reads: no quoting, ASCII digits only, no field limit, any bytes in a comment.
+    (b'time_s,acc_x,acc_y,acc_z\n0,1_0,0,0\n"0",1,0,0\n' + b'0,1,0,' + b"a" * 200_000 + b"\n",
+     ["line 2, column acc_x: '1_0' is not a number"]),
+    (b'time_s,acc_x,acc_y,acc_z\n' + b'0,0,0,0\n' * 2000 + b'"0",1,0,0\n' + b'1,0,0,0 # mesur\xe9\n',
+     ["line 2002, column time_s: '\"0\"' is not a number"]),
     (b"time_s,acc_x,acc_y,acc_z\n0,1,0\n", ["rows have 3 values", "4 columns"]),
     (b"time_s,acc_x,acc_y,acc_z\n\xff\xfe\x00\x81\n", ["cannot be read"]),
     (b"\ntime_s,acc_x,acc_y,acc_z\n0,1,0,0\n", ["starts with a blank line"]),
@@ -257,7 +262,8 @@ def test_bad_recording(case, names, checkpoint, out_dir, tmp_path):
     (b'"time_s,acc_x,acc_y,acc_z\n' + b"0,1,0,0\n" * 100,
      ["unknown column 'time_s,acc_x,acc_y,acc_z\\n0,1,0,0\\n0,1,0,0...'"]),
     (b'"time_s,acc_x,acc_y,acc_z\n' + b"0,1,0,0\n" * 20_000, ["not a row of column names", "field limit"]),
-], ids=["empty", "text", "one-short-row", "short-row", "binary", "blank-first-line", "open-quote", "open-quote-long"])
+], ids=["empty", "text", "one-short-row", "numpy-grammar", "latin-1-comment", "short-row", "binary",
+        "blank-first-line", "open-quote", "open-quote-long"])
 def test_recording_that_is_not_a_table(content, names, checkpoint, out_dir, tmp_path):
     path = tmp_path / "odd.csv"
     path.write_bytes(content)

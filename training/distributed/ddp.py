@@ -19,6 +19,7 @@ from training.reporting.logger import describe, memory_fields, read_memory
 # one message nears the 2 GiB that some backends count in a signed 32-bit integer.
 SHARE_PIECE_BYTES = 256 * 2**20
 
+
 def join_process_group(backend, rank, world_size, timeout, prefix, device_id=None):
     """init_process_group over the store torchrun's rendezvous gives, under keys of `prefix` and this
     restart attempt: torchrun keeps one store for every --max-restarts attempt, and without a key
@@ -134,9 +135,11 @@ class DistributedStrategy(SingleDevice):
                 if self.device.type == "cpu":
                     dist.broadcast(piece, src=owner)
                     continue
-                on_device = piece.to(self.device)
+                mine = owner == self.rank
+                on_device = piece.to(self.device) if mine else torch.empty_like(piece, device=self.device)
                 dist.broadcast(on_device, src=owner)
-                piece.copy_(on_device)
+                if not mine:
+                    piece.copy_(on_device)
 
     def gather_concat(self, tensor):
         """Concatenate every rank's 1-D tensor (lengths may differ) on every rank."""
