@@ -48,7 +48,7 @@ from data.provenance import array_identity, check, file_identity, make_record, r
 from data.recordings import read_recording
 from data.resample import on_model_clock, values_on_model_clock
 from data.splits import NPZ_TEST_FRACTION, NPZ_TEST_SEED, hold_out_subjects
-from data.store import MANIFEST, PARTS, SHARD_DIR, VERSION, finish_store, shard_paths, write_atomic
+from data.store import FORMAT, LABELS, MANIFEST, PARTS, SHARD_DIR, VERSION, finish_store, shard_paths, write_atomic
 
 # A window of 2^16 samples is 22 minutes at 50 Hz, far past any activity's; beyond, one window's
 # arrays would be sized without bound (1e20 failed inside numpy).
@@ -66,6 +66,7 @@ def main(argv=None):
     source = Path(options.src)
     out = check_store_folder(Path(options.out))
     jobs, layout = plan(source, options)
+    layout["source_path"] = str(source.resolve())
     check_same_store(out, {**layout, "dtype": options.dtype})
     (out / SHARD_DIR).mkdir(parents=True, exist_ok=True)
     done, redo = {}, []
@@ -115,7 +116,7 @@ def check_store_folder(out):
     folder of other things, such as a training run, which the store's files would be mixed into."""
     if out.exists() and not out.is_dir():
         raise DataError(f"--out {out} is a file; give a folder for the store")
-    if out.is_dir() and any(out.iterdir()) and not ((out / SHARD_DIR).is_dir() or (out / MANIFEST).is_file()):
+    if out.is_dir() and any(out.iterdir()) and not _holds_a_store(out):
         raise DataError(f"--out {out} holds other files and no store; give a new or empty folder")
     under = next((parent for parent in out.absolute().parents if parent.exists()), None)
     if under is not None and not under.is_dir():
@@ -123,11 +124,45 @@ def check_store_folder(out):
     return out
 
 
+def _holds_a_store(out):
+    """Whether a folder is a store's (finished: its manifest says so; unfinished: nothing but a shards/
+    folder of job records and shard files, the labels finish_store gathers, and what a write cut short
+    leaves), and not some other folder that has a manifest.json or a shards/ of its own."""
+    manifest = out / MANIFEST
+    if manifest.exists():
+        finished = read_json(manifest)
+        return isinstance(finished, dict) and finished.get("format") == FORMAT
+    shards = out / SHARD_DIR
+    if not shards.is_dir() or any(path.name not in (SHARD_DIR, LABELS) and not _partial(path.name)
+                                  for path in out.iterdir()):
+        return False
+    return all(_store_file(path) for path in shards.iterdir())
+
+
+def _store_file(path):
+    """A shard file, a job's record (a JSON object with its identity), or a write cut short."""
+    if not path.is_file() or _job_of(path.name) is None:
+        return path.is_file() and _partial(path.name)
+    record = read_json(path) if path.suffix == ".json" else {"identity": None}
+    return isinstance(record, dict) and "identity" in record
+
+
+def _partial(name):
+    """A file data.store.write_atomic was writing when it was stopped: '.<name>.<pid>.tmp<suffix>'."""
+    return name.startswith(".") and ".tmp" in name
+
+
 def check_same_store(out, asked):
     """A finished store is data a run may have trained on: a build asking for other windows of it (another
-    dtype, rate, window, stride, preprocessing or classes) is refused rather than converted over it. Only
-    its sources may change: a recording added or removed updates the same store."""
+    dtype, rate, window, stride, preprocessing or classes), or the windows of another source (another
+    folder or file), is refused rather than converted over it. Only the source's recordings may change:
+    one added or removed updates the same store."""
     finished = read_json(out / MANIFEST)
+    if isinstance(finished, dict) and finished.get("source_path", asked["source_path"]) != asked["source_path"]:
+        # Another source is another dataset, not this one with recordings added or removed.
+        raise DataError(f"--out {out} holds a finished store built from {finished['source_path']}, not "
+                        f"{asked['source_path']}; give another --out, or remove {out / MANIFEST} to convert this "
+                        "source there in its place")
     differ = [key for key in STORE_SETTINGS if isinstance(finished, dict) and finished.get(key) != asked.get(key)]
     if differ:
         key = differ[0]

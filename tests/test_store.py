@@ -446,6 +446,33 @@ def test_a_build_out_that_is_a_file_or_another_folder_is_refused_and_left_alone(
         with pytest.raises(DataError, match=says):
             build_store.main([str(source), "--out", str(out), "--workers", "1"])
     assert (tmp_path / "file").read_text() == "keep me" and sorted(p.name for p in run.iterdir()) == ["best.pt"]
+    # A folder whose manifest.json or shards/ is not a store's: a web page's manifest, settings beside notes.
+    site, notes = tmp_path / "site", tmp_path / "notes"
+    (site).mkdir()
+    (site / "manifest.json").write_text("CACHE MANIFEST\n")
+    (site / "index.html").write_text("<p>keep</p>")
+    (notes / "shards").mkdir(parents=True)
+    (notes / "notes.txt").write_text("keep")
+    (notes / "shards" / "settings.json").write_text('{"keep": true}')
+    for out in (site, notes):
+        with pytest.raises(DataError, match="holds other files and no store"):
+            build_store.main([str(source), "--out", str(out), "--workers", "1"])
+    assert (site / "manifest.json").read_text() == "CACHE MANIFEST\n" and (notes / "shards" / "settings.json").exists()
+
+
+def test_a_finished_store_of_another_source_is_refused_and_left_alone(tmp_path):
+    from data import build_store
+    from data.errors import DataError
+    first = synthetic_npz(tmp_path / "a.npz")
+    other = tmp_path / "b.npz"
+    other.write_bytes(first.read_bytes())
+    out = tmp_path / "store"
+    assert build_store.main([str(first), "--out", str(out), "--workers", "1"]) == 0
+    manifest = (out / "manifest.json").read_text()
+    with pytest.raises(DataError, match=f"holds a finished store built from {first.resolve()}, not {other.resolve()}"):
+        build_store.main([str(other), "--out", str(out), "--workers", "1"])
+    assert (out / "manifest.json").read_text() == manifest
+    assert build_store.main([str(first), "--out", str(out), "--workers", "1"]) == 0  # its own source: reused
 
 
 def test_a_store_run_solves_its_head_from_the_pool_on_disk_as_a_run_in_memory_does(store, tmp_path):
