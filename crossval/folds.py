@@ -204,6 +204,12 @@ def _claim_folder(save_dir, folds, fresh, writer):
     """Record the folds in <save-dir>/cv_folds.json, and refuse a folder whose folds differ: resuming a
     fold trained with other validation subjects would leak them into its training set."""
     record = save_dir / FOLDS_FILE
+    single = [name for name in (LAST, BEST, "metrics.jsonl") if (save_dir / name).exists()]
+    if single and not record.exists():
+        # Its report and figures would be written over by the ensemble's, which a single run's
+        # folder check (moving them aside) never sees.
+        raise UsageError(f"{save_dir} holds a single run ({single[0]}), not a cross-validation; give the "
+                         "cross-validation another --save-dir")
     if record.is_file() and not fresh and read_json(record) != folds:
         raise UsageError(f"{save_dir} holds a cross-validation with other folds ({record}); a different "
                          "--seed, --cv-folds or data changes them. Use another --save-dir, or --no-resume "

@@ -41,6 +41,16 @@ def test_a_folder_trained_with_other_folds_is_refused_unless_starting_over(tmp_p
     assert json.loads((tmp_path / FOLDS_FILE).read_text()) == [[1, 3], [2]]
 
 
+@pytest.mark.parametrize("fresh", [False, True])
+def test_a_folder_of_a_single_run_is_refused_and_its_files_kept(tmp_path, fresh):
+    """Its test_report.json would be the ensemble's afterwards, with no earlier copy kept."""
+    for name in ("best.pt", "test_report.json"):
+        (tmp_path / name).write_text(name)
+    with pytest.raises(UsageError, match=f"{tmp_path} holds a single run \\(best.pt\\), not a cross-validation"):
+        _claim_folder(tmp_path, [[1, 2], [3]], fresh=fresh, writer=True)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["best.pt", "test_report.json"]
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     save_dir = tmp_path_factory.mktemp("cv")
