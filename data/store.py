@@ -23,6 +23,7 @@ FORMAT = "har-window-store"
 VERSION = 1
 MANIFEST = "manifest.json"
 LABELS = "labels.npy"
+PARTIAL_STEM_BYTES = 200  # of a name write_atomic writes under: 255 less the dot, pid, .tmp and suffix
 SHARD_DIR = "shards"
 PARTS = ("signals", "labels")
 SHARD_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")  # a file name in shards/: no separator, no '..' escape
@@ -46,8 +47,10 @@ def write_atomic(path, write):
     """write(partial_path) fills a temporary file in the same folder that then replaces `path` in one
     rename: a reader sees the old file or the whole new one, never a part."""
     path = Path(path)
-    # The suffix stays last so that writers choosing a format by extension (matplotlib, np.save) still can.
-    partial = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    # The suffix stays last so that writers choosing a format by extension (matplotlib, np.save) still can;
+    # the stem is cut so that a name the file system takes still does with the marks around it.
+    stem = path.stem.encode(errors="surrogateescape")[:PARTIAL_STEM_BYTES].decode(errors="ignore")
+    partial = path.with_name(f".{stem}.{os.getpid()}.tmp{path.suffix}")
     try:
         write(partial)
         os.replace(partial, path)

@@ -9,6 +9,7 @@ from data.store import write_atomic
 from training.errors import UsageError
 from training.output_folders import check_folder_can_be_made, check_writable
 
+NAME_MAX = 255  # bytes of a file's name on Linux, macOS and Windows file systems
 
 def check_out_dir(out, names, overwrite=False, reads=()):
     """Refuse, without creating anything, an `out` that is a file, lies under a file, cannot be written
@@ -60,9 +61,14 @@ def check_out_file(out, overwrite, reads=(), flag="--out"):
 
 
 def _named(out, flag):
-    """`out` as a Path; an empty name (which Path reads as the current folder) is refused."""
+    """`out` as a Path; an empty name (which Path reads as the current folder), or a name longer than
+    file systems take, is refused."""
     if not str(out).strip():
         raise UsageError(f"{flag} is empty; name the output")
+    name_bytes = len(Path(out).name.encode(errors="surrogateescape"))
+    if name_bytes > NAME_MAX:
+        raise UsageError(f"{flag}: the file's name is {name_bytes} bytes long and file systems take at most "
+                         f"{NAME_MAX}; choose a shorter name")
     return Path(out)
 
 

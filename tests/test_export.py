@@ -95,3 +95,12 @@ def test_export_refuses_bad_input(tmp_path):
     assert_refused(run_script("export", ["--checkpoint", hostile, "--format", "torchscript",
                                          "--out", tmp_path / "m.pt"]), "holds objects other than tensors")
     assert not marker.exists() and not (tmp_path / "m.pt").exists()
+
+
+def test_a_long_output_name_is_written_and_one_too_long_refused(tmp_path):
+    checkpoint = make_checkpoint(tmp_path / "best.pt")
+    longest = tmp_path / ("a" * 252 + ".pt")  # 255 bytes: the temporary name beside it must still fit
+    code, _, err = run_script("export", ["--checkpoint", checkpoint, "--format", "torchscript", "--out", longest])
+    assert code == 0 and longest.is_file(), err
+    assert_refused(run_script("export", ["--checkpoint", checkpoint, "--format", "torchscript",
+                                         "--out", tmp_path / ("a" * 300 + ".pt")]), "303 bytes long", "at most 255")
