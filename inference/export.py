@@ -1,6 +1,7 @@
 """A checkpoint as one deployable file: raw-unit windows [B, C, T] in, logits out, with the
 normalisation inside, as TorchScript or ONNX (dynamic batch size). A fold ensemble is one graph too:
 its logits are the log of its members' mean probabilities."""
+import errno
 import logging
 import math
 import warnings
@@ -101,7 +102,11 @@ def export(bundle, fmt, path):
             with np.errstate(invalid="ignore"):  # infinity - infinity: NaN, which check_parity refuses
                 differences.append(float(np.max(np.abs(logits - reference))))
             check_parity(differences[0], reference, fmt, path)
-    write_atomic(path, write_checked)
+    try:
+        write_atomic(path, write_checked)
+    except OSError as exc:  # a full disk, a file the system keeps from being replaced: nothing was put in place
+        fix = "free space there" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "choose another --out"
+        raise UsageError(f"--out {path} could not be written ({exc.strerror or exc}); {fix} and export again") from None
     return differences[0] if differences else None
 
 

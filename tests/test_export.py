@@ -1,4 +1,7 @@
 """export.py: TorchScript and ONNX files that take raw-unit windows and match the PyTorch model."""
+import errno
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -104,3 +107,21 @@ def test_a_long_output_name_is_written_and_one_too_long_refused(tmp_path):
     assert code == 0 and longest.is_file(), err
     assert_refused(run_script("export", ["--checkpoint", checkpoint, "--format", "torchscript",
                                          "--out", tmp_path / ("a" * 300 + ".pt")]), "303 bytes long", "at most 255")
+
+
+@pytest.mark.parametrize("error, says", [(errno.ENOSPC, "free space there"), (errno.EPERM, "choose another --out")])
+def test_an_export_the_disk_refuses_stops_in_one_line_and_leaves_the_old_file(tmp_path, monkeypatch, error, says):
+    from data import store
+    from inference.bundle import load_bundle
+    from inference.export import export
+    from training.errors import UsageError
+    out = tmp_path / "m.pt"
+    out.write_bytes(b"the earlier export")
+
+    def refused(source, target):
+        raise OSError(error, os.strerror(error))
+    monkeypatch.setattr(store.os, "replace", refused)
+    with pytest.raises(UsageError, match=f"--out {out} could not be written .*; {says} and export again"):
+        export(load_bundle(make_checkpoint(tmp_path / "best.pt")), "torchscript", out)
+    assert out.read_bytes() == b"the earlier export"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["best.pt", "m.pt"]  # no temporary file left
