@@ -39,12 +39,16 @@ def raw_unit_model(part, weights, window_steps, path, member=None):
     """The network a checkpoint (or its ensemble's `member`-th part) describes, checked first, with
     its weights and its normalisation in front."""
     check_model_part(part, path, weights, member)
-    config = part["config"]
-    model = RunConfig.from_flags(config).model.build(part["in_channels"], part["num_classes"], window_steps)
+    config, where = part["config"], path if member is None else f"{path} (member {member})"
+    try:
+        model = RunConfig.from_flags(config).model.build(part["in_channels"], part["num_classes"], window_steps)
+    except (TypeError, ValueError, RuntimeError) as exc:  # settings edited by hand, or another tool's file
+        raise UsageError(f"checkpoint {where}: its settings do not build a {config['model']} model "
+                         f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); use a checkpoint "
+                         "written by training") from None
     try:
         model.load_state_dict(weights)
     except RuntimeError as exc:
-        where = path if member is None else f"{path} (member {member})"
         raise UsageError(f"checkpoint {where}: weights do not fit a {config['model']} model "
                          f"({str(exc).splitlines()[0]})") from None
     normalization = part["normalization"]

@@ -38,7 +38,7 @@ def check_model_part(part, path, weights, member=None):
     what, fix = ("", REWRITE) if member is None else (f"member {member}'s ", REWRITE_ENSEMBLE)
     config = part["config"]
     name = config.get("model") if isinstance(config, dict) else None
-    if name not in MODELS:
+    if not isinstance(name, str) or name not in MODELS:
         raise UsageError(f"checkpoint {path}: {what}model {name!r} is not one of {', '.join(MODELS)}; {fix}")
     if not isinstance(weights, dict) or not weights:
         raise UsageError(f"checkpoint {path}: {what}weights are not a state dict of tensors; {fix}")

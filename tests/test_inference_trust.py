@@ -183,6 +183,11 @@ MALFORMED = {
                        ["'head.2.weight' is not a tensor of real numbers"]),
     "complex-mean": (lambda state: state["normalization"].update(mean=state["normalization"]["mean"] * 1j),
                      ["normalization must hold tensors mean and std of real numbers"]),
+    "model-name-a-list": (lambda state: state["config"].update(model=["cnn1d"]), ["model ['cnn1d'] is not one of"]),
+    "norm-unknown": (lambda state: state["config"].update(norm="weird"),
+                     ["its settings do not build a cnn1d model", "weird"]),
+    "width-a-word": (lambda state: state["config"].update(width="abc"), ["its settings do not build a cnn1d model"]),
+    "dropout-a-word": (lambda state: state["config"].update(dropout="x"), ["its settings do not build a cnn1d model"]),
 }
 
 
