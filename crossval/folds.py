@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from data import uci_har
+from data.errors import not_a_file
 from data.provenance import check, file_identity, make_record, read_json, read_record, write_record
 from data.splits import load_har_data, resolved_dataset
 from data.store import LABELS, MANIFEST, write_atomic
@@ -204,6 +205,17 @@ def _claim_folder(save_dir, folds, fresh, writer):
     """Record the folds in <save-dir>/cv_folds.json, and refuse a folder whose folds differ: resuming a
     fold trained with other validation subjects would leak them into its training set."""
     record = save_dir / FOLDS_FILE
+    if save_dir.exists() and not save_dir.is_dir():
+        raise UsageError(f"--save-dir {save_dir} is a file; give the cross-validation a folder")
+    for name in (FOLDS_FILE, REPORT, ENSEMBLE_FILE, "test_report.json", "cv_confusion_matrix.png"):
+        if (save_dir / name).exists() and not (save_dir / name).is_file():
+            # Found only after every fold has trained, were it not looked for now.
+            raise UsageError(f"{save_dir / name} {not_a_file(save_dir / name)}, where the cross-validation "
+                             "writes a file; move it away or give another --save-dir")
+    for name in [f"fold-{fold}" for fold in range(len(folds))] + [REFIT_DIR]:
+        if (save_dir / name).exists() and not (save_dir / name).is_dir():
+            raise UsageError(f"{save_dir / name} is a file, where the cross-validation keeps a run's folder; "
+                             "move it away or give another --save-dir")
     single = [name for name in (LAST, BEST, "metrics.jsonl") if (save_dir / name).exists()]
     if single and not record.exists():
         # Its report and figures would be written over by the ensemble's, which a single run's

@@ -41,6 +41,31 @@ def test_a_folder_trained_with_other_folds_is_refused_unless_starting_over(tmp_p
     assert json.loads((tmp_path / FOLDS_FILE).read_text()) == [[1, 3], [2]]
 
 
+@pytest.mark.parametrize("obstacle, says", [
+    ("ensemble.pt/", "ensemble.pt is a folder, where the cross-validation writes a file"),
+    ("cv_report.json/", "cv_report.json is a folder"),
+    ("test_report.json/", "test_report.json is a folder"),
+    ("cv_folds.json/", "cv_folds.json is a folder"),
+    ("fold-1", "fold-1 is a file, where the cross-validation keeps a run's folder"),
+    ("refit", "refit is a file"),
+])
+def test_a_name_the_cross_validation_writes_held_by_something_else_is_refused_before_training(tmp_path, obstacle,
+                                                                                             says):
+    """Otherwise found by a traceback once every fold has trained."""
+    path = tmp_path / obstacle.rstrip("/")
+    path.mkdir() if obstacle.endswith("/") else path.write_text("keep")
+    with pytest.raises(UsageError, match=says):
+        _claim_folder(tmp_path, [[1, 2], [3]], fresh=False, writer=True)
+    assert sorted(item.name for item in tmp_path.iterdir()) == [path.name]
+
+
+def test_a_save_dir_that_is_a_file_is_refused_and_kept(tmp_path):
+    (tmp_path / "cv").write_text("keep")
+    with pytest.raises(UsageError, match="--save-dir .*cv is a file; give the cross-validation a folder"):
+        _claim_folder(tmp_path / "cv", [[1, 2], [3]], fresh=False, writer=True)
+    assert (tmp_path / "cv").read_text() == "keep"
+
+
 @pytest.mark.parametrize("fresh", [False, True])
 def test_a_folder_of_a_single_run_is_refused_and_its_files_kept(tmp_path, fresh):
     """Its test_report.json would be the ensemble's afterwards, with no earlier copy kept."""
