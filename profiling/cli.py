@@ -74,6 +74,8 @@ def parse_profiler_args(argv):
                          "separate (use --multi-gpu ddp)")
     if args.multi_gpu not in SHARDED_OR_DDP and distributed_env()[2] > 1:
         raise UsageError("under torchrun the profiler needs --multi-gpu ddp or fsdp")
+    if args.output_dir is not None and not args.output_dir.strip():  # Path('') would be this folder
+        raise UsageError("--output-dir is empty; name a folder, or leave the flag out for profiles/<run>")
     if args.output_dir:  # refused now rather than after the whole measurement
         check_folder_can_be_made(args.output_dir, "--output-dir")
     args.command_line = list(argv)  # what the host-sharing neighbours run

@@ -11,7 +11,7 @@ from profiling.allreduce_bench import benchmark_allreduce
 from profiling.assemble import assemble_profile
 from profiling.comm_model import collectives_per_step, comm_split
 from profiling.host_sharing import measure_host_effects
-from profiling.report import default_output_dir
+from profiling.report import check_profile_folder, default_output_dir
 from profiling.run_time import measure_run_parts
 from profiling.timing import HostCpuMeter, LapTimer, StepClock, barrier, gather_per_rank, reduce_over_ranks
 from profiling.workload import build_workload, optimizer_step
@@ -40,6 +40,7 @@ class PerformanceProfiler:
             # The strategy's start (a process group) belongs to the set-up, as in main.py's time line.
             work.set_up_s = time.perf_counter() - started - work.inputs_s
             self.output_dir = default_output_dir(args, strategy.world_size, work.precision)
+            check_profile_folder(self.output_dir, args.trace)
             with threads_for_the_step(work.trainer):  # the step as main.py's epochs take it
                 reset_peaks(strategy.device)
                 for _ in range(args.warmup_steps):

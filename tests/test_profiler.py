@@ -548,6 +548,27 @@ def test_an_output_dir_that_cannot_be_a_folder_is_refused_before_measuring(tmp_p
     assert (tmp_path / "file").read_text() == "keep me"
 
 
+def test_a_profile_folder_whose_files_are_held_by_other_things_is_refused_before_measuring(tmp_path):
+    from profiling.cli import parse_profiler_args
+    from profiling.report import check_profile_folder
+    from training.errors import UsageError
+    with pytest.raises(UsageError, match="--output-dir is empty"):
+        parse_profiler_args([*TINY_DATA, "--device", "cpu", "--output-dir", ""])
+    (tmp_path / "profile_runs.csv").mkdir()
+    (tmp_path / "trace").write_text("keep me")
+    with pytest.raises(UsageError, match="profile_runs.csv is a folder, where the profile writes a file"):
+        check_profile_folder(tmp_path, trace=False)
+    (tmp_path / "profile_runs.csv").rmdir()
+    check_profile_folder(tmp_path, trace=False)
+    with pytest.raises(UsageError, match="trace is a file, where --trace writes its folder"):
+        check_profile_folder(tmp_path, trace=True)
+    assert (tmp_path / "trace").read_text() == "keep me"
+    # The default folder, profiles/ in the working folder, is checked as a given one is.
+    (tmp_path / "profiles").write_text("keep me")
+    with pytest.raises(UsageError, match="profiles is a file"):
+        check_profile_folder(tmp_path / "profiles" / "cnn1d_bs32_1xcpu", trace=False)
+
+
 def test_a_batch_larger_than_the_data_is_one_line_not_an_endless_wait(tmp_path):
     # The profiler times full batches only; with none to draw it must say so instead of looping.
     result = run_subprocess([sys.executable, "profiler.py", *TINY_DATA, "--synthetic-windows-per-subject", "4",
