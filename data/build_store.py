@@ -30,6 +30,7 @@ and the files of recordings no longer there are removed. A finished store asked 
 place. The manifest, written last, makes the store usable: `python main.py --dataset store --data-dir DIR`.
 """
 import argparse
+import errno
 import math
 import os
 import re
@@ -40,7 +41,7 @@ import numpy as np
 
 from data import uci_har
 from data.description import read_description
-from data.errors import DataError, exit_from_command
+from data.errors import DataError, exit_from_command, not_a_file
 from data.labels import class_indexes, classes_from_flags, whole_numbers
 from data.npz_windows import load_npz_windows
 from data.preprocess import available_channels, cut_windows, own_channels, stream_channels, window_starts
@@ -68,7 +69,10 @@ def main(argv=None):
     jobs, layout = plan(source, options)
     layout["source_path"] = str(source.resolve())
     check_same_store(out, {**layout, "dtype": options.dtype})
-    (out / SHARD_DIR).mkdir(parents=True, exist_ok=True)
+    try:
+        (out / SHARD_DIR).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DataError(f"--out {out} cannot be created ({exc.strerror or exc}); give a folder you can write") from None
     done, redo = {}, []
     for job in jobs:
         job["inputs"] = job_inputs(job, options.dtype)
@@ -87,10 +91,16 @@ def main(argv=None):
     if removed:
         print(f"removed {removed} file(s) of jobs this source no longer has", flush=True)
     from tqdm import tqdm
-    with ProcessPoolExecutor(max_workers=options.workers) as pool, tqdm(total=len(todo), unit="job") as bar:
-        for record in pool.map(run_job, [(job, str(out), options.dtype) for job in todo]):
-            done[record["name"]] = record
-            bar.update(1)
+    try:
+        with ProcessPoolExecutor(max_workers=options.workers) as pool, tqdm(total=len(todo), unit="job") as bar:
+            for record in pool.map(run_job, [(job, str(out), options.dtype) for job in todo]):
+                done[record["name"]] = record
+                bar.update(1)
+    except OSError as exc:  # the store's folder: full, or taken away while writing
+        fix = "free space there" if exc.errno in (errno.ENOSPC, errno.EDQUOT) or exc.errno is None else \
+            "make it writable"
+        raise DataError(f"could not write the store in {out} ({exc.strerror or str(exc).splitlines()[0]}); {fix} "
+                        "and run the same command again: the jobs finished so far are kept") from None
     manifest = assemble_manifest([done[job["name"]] for job in jobs], layout, options)
     finish_store(out, manifest)
     windows = sum(shard["windows"] for shard in manifest["shards"])
@@ -196,7 +206,8 @@ def parse(argv):
     parser.add_argument("--dtype", choices=("float16", "float32"), default="float16",
                         help="how signals are stored (float16 halves the disk and the reads)")
     parser.add_argument("--test-subjects", default=None,
-                        help="recordings: comma-separated subjects for the test split (default: a fifth held out)")
+                        help="recordings, or an .npz without 'split': comma-separated subjects for the test split "
+                             "(default: a fifth held out)")
     parser.add_argument("--description", default=None,
                         help="a JSON file describing the data (data/description.py: channels, rate, window, classes "
                              "and their label values, values meaning no class) in place of the flags below; a flag "
@@ -325,8 +336,12 @@ def plan(source, options):
             raise DataError(f"{source} marks validation windows ('val'), and a store holds its test subjects only: "
                             "drop the 'val' marks (main.py --dataset store then holds out validation as "
                             f"--val-fraction says), or train on the .npz itself (--dataset npz --data-dir {source})")
+        if windows.split is not None and options.test_subjects:
+            raise DataError(f"{source} marks its test windows ('split'), and --test-subjects names others: drop one")
         if windows.split is not None:
             test = np.unique(windows.subjects[windows.split == "test"])
+        elif options.test_subjects:
+            test = np.array(sorted(options.test_subjects))
         else:
             test = hold_out_subjects(windows.subjects, NPZ_TEST_FRACTION, NPZ_TEST_SEED)
         rate = source_rate(windows.sample_rate_hz, options.sample_rate, source)
@@ -337,6 +352,9 @@ def plan(source, options):
         files = sorted(p for p in source.iterdir() if p.suffix.lower() in (".csv", ".npz"))
         if not files:
             raise DataError(f"{source} holds no .csv or .npz recordings (nor is it a UCI HAR layout)")
+        odd = next((path for path in files if not path.is_file()), None)  # a folder, or a link to nothing
+        if odd is not None:
+            raise DataError(f"{odd} {not_a_file(odd)}; a recordings folder holds .csv or .npz files: move it away")
         if options.described and not options.described.labels_are_numbers():
             raise DataError(f"{options.described.where}: 'classes' must give whole-number labels for recordings, "
                             "whose label column holds numbers")

@@ -1,6 +1,7 @@
 """The window store: built from windows and from raw recordings as predict.py cuts them, trained from
 without holding it in memory, resumed exactly, split over ranks without overlap, and refused in one
 line when it is damaged."""
+import errno
 import json
 import math
 import re
@@ -490,3 +491,34 @@ def test_a_store_run_solves_its_head_from_the_pool_on_disk_as_a_run_in_memory_do
     assert streamed["planned_epochs"] == memory["planned_epochs"] == 1
     accuracy = [json.loads((tmp_path / name / "test_report.json").read_text())["accuracy"] for name in runs]
     assert accuracy[0] > 0.5 and abs(accuracy[0] - accuracy[1]) < 0.1, accuracy
+
+
+def _disk_full(arguments):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_odd_recordings_a_full_disk_and_test_subjects_of_an_npz(tmp_path, monkeypatch):
+    from data import build_store
+    from data.errors import DataError
+    recordings = tmp_path / "recordings"
+    recordings.mkdir()
+    for subject in (1, 2, 3):
+        write_recording(recordings, f"s{subject}.npz", subject, seed=subject)
+    (recordings / "s4.csv").symlink_to(tmp_path / "nowhere.csv")
+    with pytest.raises(DataError, match="s4.csv does not exist; a recordings folder holds .csv or .npz files"):
+        build_store.main([str(recordings), "--out", str(tmp_path / "a"), "--workers", "1"])
+    (recordings / "s4.csv").unlink()
+    monkeypatch.setattr(build_store, "run_job", _disk_full)  # the workers are forked: they see it too
+    with pytest.raises(DataError, match=r"could not write the store in .*\(No space left on device\); free space "
+                                        "there and run the same command again"):
+        build_store.main([str(recordings), "--out", str(tmp_path / "a"), "--workers", "1"])
+    monkeypatch.undo()
+    arrays = dict(np.load(synthetic_npz(tmp_path / "windows.npz")))
+    with pytest.raises(DataError, match="marks its test windows .* and --test-subjects names others"):
+        build_store.main([str(tmp_path / "windows.npz"), "--out", str(tmp_path / "b"), "--workers", "1",
+                          "--test-subjects", "4"])
+    arrays.pop("split")
+    np.savez(tmp_path / "unsplit.npz", **arrays)
+    assert build_store.main([str(tmp_path / "unsplit.npz"), "--out", str(tmp_path / "c"), "--workers", "1",
+                             "--test-subjects", "4,7"]) == 0
+    assert json.loads((tmp_path / "c" / "manifest.json").read_text())["test_subjects"] == [4, 7]
