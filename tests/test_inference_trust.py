@@ -218,6 +218,17 @@ def test_a_plain_pickle_is_refused_in_one_line_and_never_run(protocol, tmp_path,
     assert not marker.exists()
 
 
+def test_an_exported_model_given_as_a_checkpoint_is_named_so_without_unsafe_advice(tmp_path):
+    checkpoint = make_checkpoint(tmp_path / "best.pt")
+    code, _, err = run_script("export", ["--checkpoint", checkpoint, "--format", "torchscript", "--out",
+                                         tmp_path / "m.pt"])
+    assert code == 0, err
+    recording = write_csv(tmp_path / "r.csv", *synthetic_stream(10.0))
+    err = assert_refused(predict(tmp_path / "m.pt", recording, tmp_path / "out"), "m.pt is a TorchScript model "
+                         "(export.py's), not a checkpoint; give the best.pt or last.pt that training wrote")
+    assert "weights_only" not in err
+
+
 @pytest.mark.parametrize("where", ["model", "ema", "normalization", "batchnorm-statistics"])
 def test_a_checkpoint_with_nan_or_inf_weights_is_refused_naming_the_file(where, tmp_path):
     from models import build_model

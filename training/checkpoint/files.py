@@ -167,6 +167,9 @@ def load_checkpoint(path):
         # A few bytes of text, read as a legacy pickle, fail inside the unpickler with these.
         raise UnreadableCheckpoint(f"checkpoint {path} is unreadable or truncated (not a checkpoint file)") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as exc:
+        if "TorchScript" in str(exc):  # torch's own line would advise loading it with weights_only=False
+            raise UnreadableCheckpoint(f"{path} is a TorchScript model (export.py's), not a checkpoint; give the "
+                                       "best.pt or last.pt that training wrote") from None
         raise UnreadableCheckpoint(f"checkpoint {path} is unreadable or truncated ({_first_line(exc)})") from None
 
 
