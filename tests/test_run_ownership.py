@@ -131,3 +131,17 @@ def test_a_resumed_minirocket_keeps_its_fitted_parts_instead_of_fitting_them_to_
     assert "took minirocket's fixed parts from the checkpoint" in out + err and "fitted minirocket" not in out + err
     first, resumed = (load_checkpoint(tmp_path / name / "last.pt")["model"]["biases"] for name in ("a", "b"))
     assert torch.equal(first, resumed)
+
+
+def test_a_best_pt_of_another_model_in_a_finished_run_is_refused_in_one_line_and_kept(tmp_path):
+    runs = {name: [*SMALL, "--epochs", "1", "--model", name, "--save-dir", tmp_path / name]
+            for name in ("cnn1d", "cnn_lstm")}
+    for flags in runs.values():
+        code, _, err = run_in_process("main.py", flags)
+        assert code == 0, err
+    foreign = (tmp_path / "cnn_lstm" / "best.pt").read_bytes()
+    (tmp_path / "cnn1d" / "best.pt").write_bytes(foreign)
+    code, _, err = run_in_process("main.py", runs["cnn1d"])  # finished: only its report runs again
+    assert code == EXIT_USAGE and err.count("\n") == 1 and "Traceback" not in err, err
+    assert "best.pt holds no weights of this run's model" in err
+    assert (tmp_path / "cnn1d" / "best.pt").read_bytes() == foreign

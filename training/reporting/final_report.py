@@ -9,6 +9,16 @@ from data.loaders import gathered_order
 from evaluation.calibration import CALIBRATION_FILE, calibration_fields, fit_temperature, format_calibration
 from evaluation.metrics import classification_report, format_people, format_report, per_subject_accuracy
 from training.checkpoint import files as ckpt
+from training.errors import UsageError
+
+NO_BEST, BEST_FITS, FOREIGN_BEST = 0, 1, 2  # what rank 0 found at best.pt
+
+
+def _fits(weights, model):
+    """Whether `weights` hold exactly the model's entries, each of its shape."""
+    expected = {name: tuple(value.shape) for name, value in model.state_dict().items()}
+    return isinstance(weights, dict) and {name: tuple(getattr(value, "shape", ())) for name, value in
+                                          weights.items()} == expected
 
 
 def report_best_weights(trainer):
@@ -16,14 +26,20 @@ def report_best_weights(trainer):
     split, seen here for the first time."""
     trainer.checkpoints.write_pending()  # still pending only where this invocation trained nothing
     best_path = trainer.checkpoints.best_path
-    best = None
+    best, found = None, NO_BEST
     if trainer.strategy.is_main:
         if best_path.is_file():
-            best = ckpt.inference_weights(ckpt.load_checkpoint(best_path))
+            checkpoint = ckpt.load_checkpoint(best_path)
+            best = ckpt.inference_weights(checkpoint) if isinstance(checkpoint, dict) else None
+            found = BEST_FITS if _fits(best, trainer.model) else FOREIGN_BEST
         else:
             trainer.log.warn(f"{best_path} not found; reporting with the current weights")
-    # Only rank 0 may see the file (other nodes); it tells every rank whether they load together.
-    if trainer.strategy.max_ints([int(best is not None)])[0]:
+    # Only rank 0 may see the file (other nodes); it tells every rank what it found, so they act together.
+    found = trainer.strategy.max_ints([found])[0]
+    if found == FOREIGN_BEST:
+        raise UsageError(f"{best_path} holds no weights of this run's model (another run's file, or one put "
+                         "there by hand); move it away and run the same command again")
+    if found == BEST_FITS:
         trainer.strategy.load_from_rank0(trainer.model, best)
     no_test = trainer.config.data.no_test
     splits = [split for split in ("val", "test") if (split != "val" or trainer.has_validation)
