@@ -86,6 +86,15 @@ def run_exported(path, fmt, windows):
     return session.run(None, {"signals": windows})[0]
 
 
+def check_suffix(path, fmt):
+    """Refuse a file named for the other format (an ONNX runtime refuses a TorchScript file named
+    .onnx only when it is opened, far from here); other names, or none, are the user's choice."""
+    named = {".onnx": "onnx", ".pt": "torchscript", ".pth": "torchscript"}.get(path.suffix.lower())
+    if named is not None and named != fmt:
+        raise UsageError(f"--out {path} is named as a{'n' if named == 'onnx' else ''} {named} file but --format "
+                         f"{fmt} writes a{'n' if fmt == 'onnx' else ''} {fmt} file; rename it or change --format")
+
+
 def export(bundle, fmt, path):
     """Write the file under a temporary name beside `path`, check it against the PyTorch model, and
     put it in place only if it passes; returns the largest |logit difference|, or None where it could

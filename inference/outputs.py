@@ -2,6 +2,7 @@
 files put in place whole (temp + rename)."""
 import csv
 import io
+import os
 from pathlib import Path
 
 from data.errors import not_a_file
@@ -52,7 +53,7 @@ def check_out_file(out, overwrite, reads=(), flag="--out"):
         raise UsageError(f"{flag} {out} is a folder; give the name of a file inside it")
     _refuse_an_input(out, reads, f"{flag} {out}")
     _refuse_other_than_a_file(out, f"{flag} {out}")
-    if out.exists() and not overwrite:
+    if (out.exists() or out.is_symlink()) and not overwrite:  # a link to nothing is still a name taken
         raise UsageError(f"{flag} {out} exists; choose another name or pass --overwrite")
     if not out.parent.is_dir():
         raise UsageError(f"{flag} {out}: folder {out.parent} does not exist; create it or choose another")
@@ -65,6 +66,8 @@ def _named(out, flag):
     file systems take, is refused."""
     if not str(out).strip():
         raise UsageError(f"{flag} is empty; name the output")
+    if str(out).endswith(("/", os.sep)):  # Path drops the slash, and the file would take the folder's name
+        raise UsageError(f"{flag} {out} names a folder; give the name of a file inside it")
     name_bytes = len(Path(out).name.encode(errors="surrogateescape"))
     if name_bytes > NAME_MAX:
         raise UsageError(f"{flag}: the file's name is {name_bytes} bytes long and file systems take at most "

@@ -39,6 +39,9 @@ def test_a_folder_trained_with_other_folds_is_refused_unless_starting_over(tmp_p
         _claim_folder(tmp_path, [[1, 3], [2]], fresh=False, writer=False)
     _claim_folder(tmp_path, [[1, 3], [2]], fresh=True, writer=True)  # --no-resume starts over
     assert json.loads((tmp_path / FOLDS_FILE).read_text()) == [[1, 3], [2]]
+    (tmp_path / FOLDS_FILE).write_text('[[1, 3], [')  # cut short: unknown folds, not other ones
+    with pytest.raises(UsageError, match="cannot be read \\(damaged\\?\\), so the folds .* are unknown"):
+        _claim_folder(tmp_path, [[1, 3], [2]], fresh=False, writer=True)
 
 
 @pytest.mark.parametrize("obstacle, says", [

@@ -125,3 +125,15 @@ def test_an_export_the_disk_refuses_stops_in_one_line_and_leaves_the_old_file(tm
         export(load_bundle(make_checkpoint(tmp_path / "best.pt")), "torchscript", out)
     assert out.read_bytes() == b"the earlier export"
     assert sorted(path.name for path in tmp_path.iterdir()) == ["best.pt", "m.pt"]  # no temporary file left
+
+
+def test_an_output_named_for_the_other_format_a_folder_or_a_dangling_link_is_refused(tmp_path):
+    checkpoint = make_checkpoint(tmp_path / "best.pt")
+    export = ["--checkpoint", checkpoint, "--format", "torchscript", "--out"]
+    assert_refused(run_script("export", [*export, tmp_path / "m.onnx"]),
+                   "is named as an onnx file but --format torchscript writes a torchscript file")
+    assert_refused(run_script("export", [*export, f"{tmp_path / 'newdir'}/"]), "names a folder")
+    link = tmp_path / "link.pt"
+    link.symlink_to(tmp_path / "nowhere.pt")
+    assert_refused(run_script("export", [*export, link]), "exists", "--overwrite")
+    assert link.is_symlink() and not (tmp_path / "newdir").exists() and not (tmp_path / "m.onnx").exists()
