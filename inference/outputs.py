@@ -12,6 +12,7 @@ from training.output_folders import check_folder_can_be_made, check_writable
 
 NAME_MAX = 255  # bytes of a file's name on Linux, macOS and Windows file systems
 
+
 def check_out_dir(out, names, overwrite=False, reads=()):
     """Refuse, without creating anything, an `out` that is a file, lies under a file, cannot be written
     or created, would put one of `names` over a file the command `reads`, or (without overwrite)
@@ -48,6 +49,8 @@ def write_csv(path, header, rows):
 def check_out_file(out, overwrite, reads=(), flag="--out"):
     """Refuse, before any work, an output file (`flag`) that is a folder, is one of the files the
     command `reads`, exists (without overwrite), or cannot be written. Returns `out` as a Path."""
+    if str(out).endswith(("/", os.sep)):  # Path drops the slash, and the file would take the folder's name
+        raise UsageError(f"{flag} {out} names a folder; give the name of a file inside it")
     out = _named(out, flag)
     if out.is_dir():
         raise UsageError(f"{flag} {out} is a folder; give the name of a file inside it")
@@ -66,8 +69,6 @@ def _named(out, flag):
     file systems take, is refused."""
     if not str(out).strip():
         raise UsageError(f"{flag} is empty; name the output")
-    if str(out).endswith(("/", os.sep)):  # Path drops the slash, and the file would take the folder's name
-        raise UsageError(f"{flag} {out} names a folder; give the name of a file inside it")
     name_bytes = len(Path(out).name.encode(errors="surrogateescape"))
     if name_bytes > NAME_MAX:
         raise UsageError(f"{flag}: the file's name is {name_bytes} bytes long and file systems take at most "

@@ -437,3 +437,11 @@ def test_a_timeline_of_thousands_of_segments_is_a_few_artists(tmp_path, monkeypa
     assert all(points <= 6 * CURVE_COLUMNS for points in drawn["points"])  # not one point per sample
     assert drawn["signal_top"] == pytest.approx(9.0)
     assert (tmp_path / "timeline.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_an_output_folder_may_be_named_with_a_trailing_slash_and_an_output_file_may_not(tmp_path):
+    from inference.outputs import check_out_dir, check_out_file
+    from training.errors import UsageError
+    assert check_out_dir(f"{tmp_path / 'out'}/", ["a.csv"]) == tmp_path / "out"
+    with pytest.raises(UsageError, match="names a folder; give the name of a file inside it"):
+        check_out_file(f"{tmp_path / 'out'}/", overwrite=False)
