@@ -222,10 +222,11 @@ def _claim_folder(save_dir, folds, fresh, writer):
         # folder check (moving them aside) never sees.
         raise UsageError(f"{save_dir} holds a single run ({single[0]}), not a cross-validation; give the "
                          "cross-validation another --save-dir")
-    if record.is_file() and not fresh and read_json(record) is None:
+    recorded = read_json(record) if record.is_file() and not fresh else folds
+    if recorded is None:
         raise UsageError(f"{record} cannot be read (damaged?), so the folds this folder was trained with are "
                          "unknown; restore it, or pass --no-resume to start every fold over")
-    if record.is_file() and not fresh and read_json(record) != folds:
+    if recorded != folds:
         raise UsageError(f"{save_dir} holds a cross-validation with other folds ({record}); a different "
                          "--seed, --cv-folds or data changes them. Use another --save-dir, or --no-resume "
                          "to start every fold over")

@@ -49,7 +49,18 @@ from data.provenance import array_identity, check, file_identity, make_record, r
 from data.recordings import read_recording
 from data.resample import on_model_clock, values_on_model_clock
 from data.splits import NPZ_TEST_FRACTION, NPZ_TEST_SEED, hold_out_subjects
-from data.store import FORMAT, LABELS, MANIFEST, PARTS, SHARD_DIR, VERSION, finish_store, shard_paths, write_atomic
+from data.store import (
+    FORMAT,
+    LABELS,
+    MANIFEST,
+    PARTS,
+    SHARD_DIR,
+    VERSION,
+    finish_store,
+    is_partial_write,
+    shard_paths,
+    write_atomic,
+)
 
 # A window of 2^16 samples is 22 minutes at 50 Hz, far past any activity's; beyond, one window's
 # arrays would be sized without bound (1e20 failed inside numpy).
@@ -143,7 +154,7 @@ def _holds_a_store(out):
         finished = read_json(manifest)
         return isinstance(finished, dict) and finished.get("format") == FORMAT
     shards = out / SHARD_DIR
-    if not shards.is_dir() or any(path.name not in (SHARD_DIR, LABELS) and not _partial(path.name)
+    if not shards.is_dir() or any(path.name not in (SHARD_DIR, LABELS) and not is_partial_write(path.name)
                                   for path in out.iterdir()):
         return False
     return all(_store_file(path) for path in shards.iterdir())
@@ -152,14 +163,9 @@ def _holds_a_store(out):
 def _store_file(path):
     """A shard file, a job's record (a JSON object with its identity), or a write cut short."""
     if not path.is_file() or _job_of(path.name) is None:
-        return path.is_file() and _partial(path.name)
+        return path.is_file() and is_partial_write(path.name)
     record = read_json(path) if path.suffix == ".json" else {"identity": None}
     return isinstance(record, dict) and "identity" in record
-
-
-def _partial(name):
-    """A file data.store.write_atomic was writing when it was stopped: '.<name>.<pid>.tmp<suffix>'."""
-    return name.startswith(".") and ".tmp" in name
 
 
 def check_same_store(out, asked):

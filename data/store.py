@@ -43,6 +43,11 @@ def finish_store(root, manifest):
     write_atomic(Path(root) / MANIFEST, lambda partial: Path(partial).write_bytes(payload.encode()))
 
 
+def is_partial_write(name):
+    """Whether a file name is one write_atomic was writing under when it was stopped: '.<name>.<pid>.tmp<suffix>'."""
+    return name.startswith(".") and ".tmp" in name
+
+
 def write_atomic(path, write):
     """write(partial_path) fills a temporary file in the same folder that then replaces `path` in one
     rename: a reader sees the old file or the whole new one, never a part."""
