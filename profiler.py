@@ -4,7 +4,7 @@ from profiling.cli import parse_profiler_args
 from profiling.measure import PerformanceProfiler
 from profiling.report import format_summary, write_profile
 from training.config.settings import SHARDED_OR_DDP
-from training.distributed.launch import processes_per_node, run_torchrun, torchrun_arguments
+from training.distributed.launch import launch_arguments, run_torchrun
 from training.entry_point import exit_process, launched_by_torchrun, run_entry_point
 from training.run_inputs import check_data
 
@@ -16,7 +16,7 @@ def main(argv):
     check_data(args.run)  # before any process group, so a data error fails alike on every rank
     if args.multi_gpu in SHARDED_OR_DDP and not launched_by_torchrun():
         # Re-run this command under torchrun on this machine; the first failed worker's exit code.
-        return run_torchrun(torchrun_arguments(__file__, argv, processes_per_node(args.run)))
+        return run_torchrun(launch_arguments(args.run, __file__, argv))
     profiler = PerformanceProfiler(args)
     profile = profiler.run()
     if profiler.is_main:

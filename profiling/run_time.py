@@ -75,8 +75,9 @@ def predict_run(parts, world_size, step_s, build_s):
     """{part: seconds} of the run on `world_size` ranks whose optimizer step takes step_s and whose
     feature build takes build_s (the lone process's parts.build_s, or a share's). Start-up, inputs and
     the rest of the set-up are each rank's own, as long as on one; 2+ ranks start after their
-    launcher (torchrun's agent, an interpreter that imports torch first), which also waits for their
-    end: parts.launcher_s where measured, else about one start-up more;
+    launcher (torchrun's agent, an interpreter that imports torch first; CPU ranks are forked from it,
+    and then a rank's start-up stands for the launcher's), which also waits for their end:
+    parts.launcher_s where measured, else about one start-up more;
     the evaluation passes split the windows over the ranks; each epoch saves one checkpoint."""
     steps = epoch_steps(parts.train_windows, world_size, parts.batch_size, parts.grad_accum_steps)
     launcher_s = 0.0 if world_size <= 1 else parts.start_up_s if parts.launcher_s is None else parts.launcher_s
@@ -123,23 +124,32 @@ PROFILER_ONLY = ("profiler", "profiling", "benchmarks", "tests", "conftest", "py
 
 
 # main_multi_gpu.py's launcher in a fresh interpreter: torch.distributed.run in this process over the
-# workers named (a script that does nothing, and how many), then left at once as main_multi_gpu.py leaves.
+# workers named (a script that does nothing, how many, and "fork" where they are forked from it), then
+# left at once as main_multi_gpu.py leaves.
 FRESH_LAUNCHER = """import sys
 from training.distributed.launch import run_torchrun, torchrun_arguments
 from training.entry_point import exit_process
-exit_process(run_torchrun(torchrun_arguments(sys.argv[1], [], int(sys.argv[2]))), at_once=True)
+exit_process(run_torchrun(torchrun_arguments(sys.argv[1], [], int(sys.argv[2]), fork=sys.argv[3] == "fork")),
+             at_once=True)
+"""
+# The launcher's own start and exit, without a launch.
+LAUNCHER_START = """from training.distributed.launch import run_torchrun
+from training.entry_point import exit_process
+exit_process(0, at_once=True)
 """
 
 
 LAUNCH_TIMEOUT_S = 120  # a launch that takes longer is not measured: a start-up stands for it
 
 
-def launcher_s(world_size=2):
+def launcher_s(world_size=2, fork=False):
     """Seconds main_multi_gpu.py's launcher adds to a run of `world_size` ranks on this host: a fresh
-    launcher over that many workers that do nothing, from its start to its end, less one bare
-    interpreter's start and exit (each worker's, which the ranks' own start-up and exit count). Its
-    own start (torch imported), the rendezvous, and the wait for the workers' end are the rest.
-    None where the launch fails."""
+    launcher over that many workers that do nothing, from its start to its end, less the start and
+    exit the ranks' own start-up and exit count. Workers in fresh interpreters (GPU ranks) each start
+    one: less one bare interpreter's. Workers forked from the launcher (CPU ranks, fork) start inside
+    it, torch imported: less the launcher's own start and exit, a rank's start-up standing for that.
+    The rendezvous, the workers' start and the wait for their end are the rest. None where the launch
+    fails."""
     def run(command):
         return subprocess.run(command, cwd=REPO, env=env_without_torchrun(), capture_output=True, check=True,
                               timeout=LAUNCH_TIMEOUT_S)
@@ -147,12 +157,14 @@ def launcher_s(world_size=2):
     with tempfile.TemporaryDirectory(prefix="har-launch-") as scratch:
         worker = Path(scratch) / "worker.py"
         worker.write_text("")
+        own_start = [sys.executable, "-c", LAUNCHER_START] if fork else [sys.executable, str(worker)]
         try:
-            bare_s = timed_s(lambda: run([sys.executable, str(worker)]))
-            job_s = timed_s(lambda: run([sys.executable, "-c", FRESH_LAUNCHER, str(worker), str(world_size)]), times=1)
+            start_s = timed_s(lambda: run(own_start))
+            job_s = timed_s(lambda: run([sys.executable, "-c", FRESH_LAUNCHER, str(worker), str(world_size),
+                                         "fork" if fork else "fresh"]), times=1)
         except (OSError, subprocess.SubprocessError):  # failed or timed out
             return None
-    return max(job_s - bare_s, 0.0)
+    return max(job_s - start_s, 0.0)
 
 
 def main_start_and_exit_s(loaded_before_set_up):
@@ -212,7 +224,8 @@ def measure_run_parts(work, step_s, loaded_before_set_up=(), replica_step_s=None
                     build_s=pool.get("seconds", 0.0), loop_s=loop_s, validation_s=validation_s, save_s=save_s,
                     final_eval_s=report_s, epochs=config.optim.epochs, train_windows=work.train_windows,
                     batch_size=work.batch_size, grad_accum_steps=work.grad_accum_steps, replica_step_s=replica_step_s,
-                    launcher_s=launcher_s() if predicts_ranks and work.strategy.world_size == 1 else None)
+                    launcher_s=launcher_s(fork=work.strategy.device.type == "cpu")
+                    if predicts_ranks and work.strategy.world_size == 1 else None)
 
 
 def run_time_entry(parts, work, predictions, link, host_effects=None):

@@ -20,6 +20,8 @@ def test_the_self_launcher_leaves_no_torchrun_log_folder(tmp_path, monkeypatch):
     temp = tmp_path / "temp"
     temp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temp))  # where this process's torchrun would write
+    # torchrun would set it in this process for its workers, and later tests' processes would inherit it
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     script = tmp_path / "worker.py"
     script.write_text("import os\nassert os.environ['WORLD_SIZE'] == '2'\n")
     assert run_torchrun(["--standalone", "--nproc-per-node=2", str(script)]) == 0

@@ -1,6 +1,7 @@
 """How every entry point ends: main(argv) run, a user-facing error (training/errors.py) turned into one
 `error: ...` line and its exit code, torchrun told why, and a torchrun worker's exit."""
 import json
+import multiprocessing
 import os
 import sys
 import time
@@ -18,6 +19,8 @@ def run_entry_point(main, argv=None):
     """
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv or os.environ.get("HAR_DEBUG") == "1"
+    if forked_by_torchrun():
+        take_torchruns_threads()
     try:
         return main(argv)
     except (UsageError, DataError, TrainingDiverged, RankLost) as exc:
@@ -45,6 +48,22 @@ def launched_by_torchrun():
     return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+def forked_by_torchrun():
+    """A worker torchrun forked from its own process and runs the script in (--run-path)."""
+    return launched_by_torchrun() and multiprocessing.parent_process() is not None
+
+
+def take_torchruns_threads():
+    """Set the intra-op threads torchrun gives its workers (OMP_NUM_THREADS, 1 where it starts
+    several and the user set none). A fresh worker's torch reads it as it loads; a forked worker's
+    torch was loaded in the launcher before torchrun set it, with a thread per core, and N workers
+    of that many threads would share the cores."""
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:
+        import torch  # loaded already: the launcher imported it before forking this worker
+        torch.set_num_threads(int(threads))
+
+
 def exit_is_watched():
     """Whether a profiler, tracer or coverage tool (python -m cProfile, coverage run, a debugger)
     watches this interpreter, through sys.settrace / sys.setprofile or Python 3.12's sys.monitoring."""
@@ -65,6 +84,10 @@ def exit_process(code, at_once=False):
     at_once: leave at once outside torchrun too (a run that has ended, a launcher whose workers
     have), unless a profiler, tracer or coverage tool watches this interpreter: those write what
     they found while it tears down."""
+    if forked_by_torchrun():
+        # torchrun takes a SystemExit from the script (0 as the run's result) and ends this
+        # process itself, without the interpreter's teardown.
+        sys.exit(code or 0)
     if not (launched_by_torchrun() or (at_once and not exit_is_watched())):
         sys.exit(code)
     sys.stdout.flush()

@@ -13,9 +13,10 @@ from training.errors import EXIT_PREEMPTED, UsageError
 from training.run_inputs import check_run_inputs
 
 
-def processes_per_node(config):
-    """--nproc-per-node, else one per GPU in use, else one CPU process."""
-    device_type, backend = check_parallel_args(config)
+def processes_per_node(config, placement=None):
+    """--nproc-per-node, else one per GPU in use, else one CPU process. placement: the (device type,
+    backend) check_parallel_args already gave for this config."""
+    device_type, backend = placement or check_parallel_args(config)
     hardware, nproc = config.hardware, config.parallel.nproc_per_node
     gpus = len(hardware.gpu_ids) if hardware.gpu_ids else (torch.cuda.device_count() if device_type == "cuda" else 0)
     if nproc is None:
@@ -28,18 +29,32 @@ def processes_per_node(config):
     return nproc
 
 
-def torchrun_arguments(script, argv, nproc):
-    """A single-node torchrun invocation; --standalone picks a free rendezvous port itself."""
-    return ["--standalone", f"--nproc-per-node={nproc}", script, *argv]
+def torchrun_arguments(script, argv, nproc, fork=False):
+    """A single-node torchrun invocation; --standalone picks a free rendezvous port itself.
+
+    fork: the workers are forks of this process, which runs the script in them (torchrun's
+    --run-path --start-method fork) instead of fresh interpreters, so no worker imports torch
+    again (about a second of a short run's wall time). For CPU ranks only: a process forked after
+    CUDA was set up cannot use CUDA, and this one asked CUDA how many GPUs there are."""
+    start = ["--start-method=fork", "--run-path"] if fork else []
+    return ["--standalone", f"--nproc-per-node={nproc}", *start, script, *argv]
+
+
+def launch_arguments(config, script, argv):
+    """torchrun's arguments for running `script argv` on this machine with config's ranks; checks
+    the parallel flags."""
+    placement = check_parallel_args(config)
+    nproc = processes_per_node(config, placement)
+    return torchrun_arguments(script, argv, nproc, fork=placement[0] == "cpu")
 
 
 def launch_under_torchrun(config, script, argv):
     """Run the same command under torchrun; returns the exit code of the first failed worker."""
-    nproc = processes_per_node(config)  # checks the parallel flags
+    launcher_args = launch_arguments(config, script, argv)
     check_run_inputs(config)  # the user errors every worker would hit, caught once before any starts
     if config.hardware.gpu_ids:
         print(f"  (local ranks map onto --gpu-ids {','.join(map(str, config.hardware.gpu_ids))} in order)", flush=True)
-    return run_torchrun(torchrun_arguments(script, argv, nproc))
+    return run_torchrun(launcher_args)
 
 
 _workers_ended = False  # set once torchrun, run in this process, has seen its workers end
@@ -54,6 +69,8 @@ def run_torchrun(launcher_args):
     """torch.distributed.run in this process, printed first; the first failed worker's exit code,
     or EXIT_PREEMPTED when a stop signal reached the launcher."""
     global _workers_ended
+    # Forked workers share this process's stdout; line by line, as `python -u` workers write.
+    sys.stdout.reconfigure(line_buffering=True)
     print("launching: " + " ".join(shlex.quote(part) for part in
                                    [sys.executable, "-m", "torch.distributed.run", *launcher_args]), flush=True)
     try:
