@@ -74,11 +74,12 @@ def test_a_run_that_has_ended_leaves_at_once_with_its_exit_code_unless_a_tool_wa
 # main_multi_gpu.py's launcher for CPU ranks: workers forked from a process that imported torch with
 # two intra-op threads (as on a host of two or more cores), before torchrun set OMP_NUM_THREADS.
 FORKING_LAUNCHER = """
-import os, sys
+import os, sys, time
 import torch
 os.environ.pop("OMP_NUM_THREADS", None)  # torchrun sets 1 for its two workers
 torch.set_num_threads(2)
 from training.distributed.launch import run_torchrun, torchrun_arguments
+time.sleep(1.0)  # the launcher's own start, which the workers' time line counts
 from training.entry_point import exit_process
 exit_process(run_torchrun(torchrun_arguments(sys.argv[1], sys.argv[2:], 2, fork=True)), at_once=True)
 """
@@ -86,18 +87,19 @@ FORKED_WORKER = """
 import multiprocessing, os, sys
 import torch
 from training.entry_point import exit_process, run_entry_point
+from training.reporting.logger import process_age_s
 
 def main(argv):
     rank = int(os.environ["RANK"])
     print(f"rank {rank}: forked {multiprocessing.parent_process() is not None}, "
-          f"{torch.get_num_threads()} thread(s)", flush=True)
+          f"{torch.get_num_threads()} thread(s), age counts the launcher's start {process_age_s() >= 1.0}", flush=True)
     return int(argv[rank])
 
 exit_process(run_entry_point(main))
 """
 
 
-def test_forked_workers_take_torchruns_threads_and_give_back_their_exit_codes(tmp_path):
+def test_forked_workers_take_torchruns_threads_count_from_the_launchers_start_and_give_back_their_exit_codes(tmp_path):
     launcher, worker = tmp_path / "launcher.py", tmp_path / "worker.py"
     launcher.write_text(FORKING_LAUNCHER)
     worker.write_text(FORKED_WORKER)
@@ -106,4 +108,5 @@ def test_forked_workers_take_torchruns_threads_and_give_back_their_exit_codes(tm
                                 env={"PYTHONPATH": str(REPO)})
         assert result.returncode == expected, result.stderr[-3000:]
         said = sorted(line for line in result.stdout.splitlines() if line.startswith("rank "))
-        assert said == [f"rank {rank}: forked True, 1 thread(s)" for rank in (0, 1)], result.stdout
+        assert said == [f"rank {rank}: forked True, 1 thread(s), age counts the launcher's start True"
+                        for rank in (0, 1)], result.stdout

@@ -4,6 +4,7 @@ its inputs (the data, a checkpoint to resume), the set-up (the device, the model
 features), training, evaluation, the figures, and how far into its process the run started (the
 interpreter, imports, checking the flags)."""
 import json
+import multiprocessing
 import os
 import re
 import resource
@@ -15,6 +16,7 @@ import torch
 from tqdm import tqdm
 
 from data.store import write_atomic
+from training.entry_point import forked_by_torchrun
 
 METRICS = "metrics.jsonl"  # one JSON line an epoch, in the run's folder
 
@@ -210,11 +212,13 @@ def read_time_line(output):
 def process_age_s():
     """Seconds since this process started, from Linux's /proc (the kernel's start time of the process
     against the time since boot, both in clock ticks' resolution); None where there is no /proc.
-    Time the machine spent suspended counts too."""
+    Time the machine spent suspended counts too. A worker torchrun forked counts from its launcher's
+    start, where the command's interpreter started and imported what the worker runs with."""
+    process = multiprocessing.parent_process().pid if forked_by_torchrun() else "self"
     try:
-        # Field 22 of /proc/self/stat, counted after the command name's closing parenthesis (the name
+        # Field 22 of /proc/<pid>/stat, counted after the command name's closing parenthesis (the name
         # may hold spaces): the 20th field from there.
-        started_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        started_ticks = int(Path(f"/proc/{process}/stat").read_text().rsplit(")", 1)[1].split()[19])
         uptime_s = float(Path("/proc/uptime").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None
