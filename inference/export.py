@@ -2,9 +2,11 @@
 normalisation inside, as TorchScript or ONNX (dynamic batch size). A fold ensemble is one graph too:
 its logits are the log of its members' mean probabilities."""
 import errno
+import io
 import logging
 import math
 import warnings
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -40,7 +42,11 @@ def export_torchscript(bundle, path):
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         traced = torch.jit.trace(model, example_windows(bundle, 2), check_trace=False)
-    torch.jit.save(traced, str(path))
+    # Saved in memory, then written by Python: torch.jit.save's own file writer aborts the process
+    # where the disk refuses a write (a full disk), where Python raises an OSError export() explains.
+    buffer = io.BytesIO()
+    torch.jit.save(traced, buffer)
+    Path(path).write_bytes(buffer.getvalue())
 
 
 def export_onnx(bundle, path):

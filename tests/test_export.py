@@ -1,6 +1,7 @@
 """export.py: TorchScript and ONNX files that take raw-unit windows and match the PyTorch model."""
 import errno
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -137,3 +138,27 @@ def test_an_output_named_for_the_other_format_a_folder_or_a_dangling_link_is_ref
     link.symlink_to(tmp_path / "nowhere.pt")
     assert_refused(run_script("export", [*export, link]), "exists", "--overwrite")
     assert link.is_symlink() and not (tmp_path / "newdir").exists() and not (tmp_path / "m.onnx").exists()
+
+
+LIMITED_EXPORT = """
+import resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG) instead of killing
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))  # as a disk that fills after 4 KiB
+sys.argv = ["export.py", *sys.argv[1:]]
+import runpy
+runpy.run_path("export.py", run_name="__main__")
+"""
+
+
+def test_a_torchscript_export_the_disk_cuts_short_stops_in_one_line_and_leaves_the_old_file(tmp_path):
+    from conftest import run_subprocess
+    checkpoint = make_checkpoint(tmp_path / "best.pt")
+    out = tmp_path / "m.pt"
+    out.write_bytes(b"the earlier export")
+    result = run_subprocess([sys.executable, "-c", LIMITED_EXPORT, "--checkpoint", checkpoint, "--format",
+                             "torchscript", "--out", out, "--overwrite"], env={"PYTHONDONTWRITEBYTECODE": "1"})
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.startswith(f"error: --out {out} could not be written (File too large)")
+    assert len(result.stderr.splitlines()) == 1, result.stderr[-2000:]
+    assert out.read_bytes() == b"the earlier export"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["best.pt", "m.pt"]  # no temporary file left
