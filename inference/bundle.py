@@ -10,7 +10,7 @@ from torch import nn
 
 from data.description import description_of
 from data.errors import not_a_file
-from inference.checkpoint_checks import check_declared_shapes, check_members, check_model_part
+from inference.checkpoint_checks import check_declared_shapes, check_members, checked_model
 from inference.ensemble import ENSEMBLE_KIND, MEMBER_KEYS, ProbabilityAverage
 from training.checkpoint.files import inference_weights, load_checkpoint
 from training.config.settings import RunConfig
@@ -38,19 +38,7 @@ class RawUnitModel(nn.Module):
 def raw_unit_model(part, weights, window_steps, path, member=None):
     """The network a checkpoint (or its ensemble's `member`-th part) describes, checked first, with
     its weights and its normalisation in front."""
-    check_model_part(part, path, weights, member)
-    config, where = part["config"], path if member is None else f"{path} (member {member})"
-    try:
-        model = RunConfig.from_flags(config).model.build(part["in_channels"], part["num_classes"], window_steps)
-    except (TypeError, ValueError, RuntimeError) as exc:  # settings edited by hand, or another tool's file
-        raise UsageError(f"checkpoint {where}: its settings do not build a {config['model']} model "
-                         f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); use a checkpoint "
-                         "written by training") from None
-    try:
-        model.load_state_dict(weights)
-    except RuntimeError as exc:
-        raise UsageError(f"checkpoint {where}: weights do not fit a {config['model']} model "
-                         f"({str(exc).splitlines()[0]})") from None
+    model = checked_model(part, weights, window_steps, path, member)
     normalization = part["normalization"]
     return RawUnitModel(model, normalization["mean"].float(), normalization["std"].float())
 

@@ -1,11 +1,13 @@
 """What a checkpoint must hold before its model is trusted to predict: the shapes it declares, finite
 weights and normalisation, and in a fold ensemble members that are one model on the same windows.
-Each problem is refused in one line naming the file, before a model is built from it."""
+Each problem is refused in one line naming the file, before a model is built from it, or where its
+settings do not build that model or its weights do not fit it."""
 import math
 
 import torch
 
 from models import MODELS
+from training.config.settings import RunConfig
 from training.errors import UsageError
 
 REWRITE = "train it again (python main.py), or point --checkpoint at another of the run's checkpoints"
@@ -63,6 +65,25 @@ def check_model_part(part, path, weights, member=None):
             raise UsageError(f"checkpoint {path}: {what}normalization {key} holds NaN or infinity; {fix}")
     if not bool((normalization["std"] > 0).all()):
         raise UsageError(f"checkpoint {path}: {what}normalization std holds a value that is not positive; {fix}")
+
+
+def checked_model(part, weights, window_steps, path, member=None):
+    """The network `part` describes (check_model_part first), its weights loaded; its settings must
+    build it and its weights fit it."""
+    check_model_part(part, path, weights, member)
+    config, where = part["config"], path if member is None else f"{path} (member {member})"
+    try:
+        model = RunConfig.from_flags(config).model.build(part["in_channels"], part["num_classes"], window_steps)
+    except (TypeError, ValueError, RuntimeError) as exc:  # settings edited by hand, or another tool's file
+        raise UsageError(f"checkpoint {where}: its settings do not build a {config['model']} model "
+                         f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); use a checkpoint "
+                         "written by training") from None
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as exc:
+        raise UsageError(f"checkpoint {where}: weights do not fit a {config['model']} model "
+                         f"({str(exc).splitlines()[0]})") from None
+    return model
 
 
 def check_members(checkpoint, path, member_keys):

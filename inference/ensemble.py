@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from inference.checkpoint_checks import check_declared_shapes, check_model_part, other_model
+from inference.checkpoint_checks import check_declared_shapes, checked_model, other_model
 from inference.outputs import check_out_file
 from training.checkpoint.files import inference_weights, load_checkpoint, save_checkpoint
 from training.config.cli import usage_error
@@ -72,7 +72,8 @@ def write_ensemble(member_paths, path, config=None):
 
 def check_member(checkpoint, path):
     """What predicting with a member needs, checked as predict.py checks a checkpoint: its keys, the
-    shapes it declares, finite weights and normalisation."""
+    shapes it declares, finite weights and normalisation, settings that build its model and weights
+    that fit it."""
     if not isinstance(checkpoint, dict):
         raise UsageError(f"{path} is not a checkpoint of this trainer; give runs' best.pt or last.pt")
     missing = [key for key in dict.fromkeys(("model", *SHARED_KEYS, *MEMBER_KEYS)) if key not in checkpoint]
@@ -80,7 +81,7 @@ def check_member(checkpoint, path):
         raise UsageError(f"{path} lacks {', '.join(missing)}: not a checkpoint of this trainer; give runs' best.pt "
                          "or last.pt")
     check_declared_shapes(checkpoint, path)
-    check_model_part(checkpoint, path, inference_weights(checkpoint))
+    checked_model(checkpoint, inference_weights(checkpoint), checkpoint["window_steps"], path)
 
 
 def main(argv=None):

@@ -199,7 +199,9 @@ def test_a_malformed_checkpoint_is_refused_in_one_line(damage, tmp_path, recwarn
     assert_refused(predict(path, recording, tmp_path / "out"), "bad.pt", *names)
     assert_refused(run_script("export", ["--checkpoint", path, "--format", "torchscript", "--out", tmp_path / "m.pt"]),
                    "bad.pt", *names)
-    assert not (tmp_path / "out").exists() and not (tmp_path / "m.pt").exists()
+    assert_refused(run_script("inference.ensemble", [tmp_path / "source.pt", path, "--out", tmp_path / "e.pt"]),
+                   "bad.pt", *names)  # refused as a member too: predict and export would refuse the ensemble
+    assert not (tmp_path / "out").exists() and not (tmp_path / "m.pt").exists() and not (tmp_path / "e.pt").exists()
     assert not [warning for warning in recwarn if "complex" in str(warning.message).lower()]
 
 
