@@ -13,7 +13,6 @@ writes cv_report.json, prints the table and draws the pooled confusion.
 import dataclasses
 import datetime
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from evaluation.metrics import best_record, format_cv_table, format_people, form
 from inference.bundle import load_bundle
 from inference.ensemble import ENSEMBLE_FILE, write_ensemble
 from inference.evaluate import write_report
+from training.checkpoint.earlier_run import earlier_run_files, move_aside
 from training.checkpoint.files import BEST, LAST, load_checkpoint
 from training.checkpoint.judge import differing_flags, meant_flags, trained_to_the_end
 from training.config.settings import Hardware, Output, Parallel, RunConfig
@@ -107,7 +107,7 @@ def cross_validate(config):
             if verdict is not None:
                 print(f"{label}: {verdict.describe()} (damaged since it finished?); training it again from the "
                       "start", flush=True)
-            _empty_unless_in_use(run_dir)
+            _start_over(run_dir)
         (run_dir / IDENTITY).unlink(missing_ok=True)  # counts as finished again only once it is
         print(f"\n=== {label}: {about} -> {job_config.output.save_dir}", flush=True)
         try:
@@ -263,18 +263,20 @@ def _job(config, save_dir, folds, job, local_rank):
             lambda fold_config: _fold_finished(fold_config.output.save_dir, folds[job]))
 
 
-def _empty_unless_in_use(run_dir):
-    """Remove a job's folder to train it again, holding its lock while it goes: a run training there
-    now (another command on the same --save-dir) is refused in one line, and its folder kept."""
+def _start_over(run_dir):
+    """Move a job's earlier outputs into its folder's previous-N/ to train it again, as a single run's
+    --no-resume does, holding its lock while they move: a run training there now (another command on
+    the same --save-dir) is refused in one line, and its folder kept. The user's own files stay, and
+    the feature pool stays for the new run to reuse if it still fits."""
     if not run_dir.is_dir():
         return
     try:
         lock = SaveDirLock(run_dir).acquire()
     except UsageError as exc:
-        exc.this_rank_only = True  # under torchrun each rank empties its own jobs' folders
+        exc.this_rank_only = True  # under torchrun each rank clears its own jobs' folders
         raise
     try:
-        shutil.rmtree(run_dir, ignore_errors=True)
+        move_aside(run_dir, earlier_run_files(run_dir), lambda line: print(line, flush=True))
     finally:
         lock.release()
 

@@ -226,11 +226,16 @@ def test_a_damaged_finished_fold_is_trained_again_alone_and_equals_the_undamaged
     copy = tmp_path / "cv"
     shutil.copytree(expected_dir, copy)
     best = copy / "fold-1" / "best.pt"
-    best.write_bytes(best.read_bytes()[:-100])  # truncated after the fold finished
+    truncated = best.read_bytes()[:-100]
+    best.write_bytes(truncated)  # truncated after the fold finished
+    (copy / "fold-1" / "notes.txt").write_text("the user's own")
     result = run_subprocess([sys.executable, "main.py", *CV, "--save-dir", copy], env=ONE_THREAD)
     assert result.returncode == 0, result.stderr
     assert "fold 1/2 already finished" in result.stdout and result.stdout.count("=== fold") == 1
     assert "fold 2/2: best.pt is not what was written" in result.stdout
+    # The damaged run's files moved aside, as a single run's --no-resume moves them; the user's file stays.
+    assert (copy / "fold-1" / "previous-1" / "best.pt").read_bytes() == truncated
+    assert (copy / "fold-1" / "notes.txt").read_text() == "the user's own"
     for name in ("best.pt", "last.pt"):
         expected, actual = (load_checkpoint(folder / "fold-1" / name) for folder in (expected_dir, copy))
         assert expected["step"] == actual["step"]
