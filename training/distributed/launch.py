@@ -69,8 +69,10 @@ def run_torchrun(launcher_args):
     """torch.distributed.run in this process, printed first; the first failed worker's exit code,
     or EXIT_PREEMPTED when a stop signal reached the launcher."""
     global _workers_ended
-    # Forked workers share this process's stdout; line by line, as `python -u` workers write.
-    sys.stdout.reconfigure(line_buffering=True)
+    # Forked workers share this process's stdout; line by line, as `python -u` workers write
+    # (a stream put in its place, as a test's capture, may not offer it).
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(line_buffering=True)
     print("launching: " + " ".join(shlex.quote(part) for part in
                                    [sys.executable, "-m", "torch.distributed.run", *launcher_args]), flush=True)
     try:
