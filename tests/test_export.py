@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import run_subprocess
 from inference_fixtures import make_checkpoint
 from test_bad_input import assert_refused, hostile_checkpoint
 from test_predict import run_script
@@ -151,7 +152,6 @@ runpy.run_path("export.py", run_name="__main__")
 
 
 def test_a_torchscript_export_the_disk_cuts_short_stops_in_one_line_and_leaves_the_old_file(tmp_path):
-    from conftest import run_subprocess
     checkpoint = make_checkpoint(tmp_path / "best.pt")
     out = tmp_path / "m.pt"
     out.write_bytes(b"the earlier export")
