@@ -4,6 +4,7 @@ import contextlib
 import copy
 import dataclasses
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -314,7 +315,11 @@ def _to_build(store, pieces, probe, every_piece=False):
     every_piece: all of them, without a word (the shards there are another pool's)."""
     if every_piece:
         return list(pieces), []
-    damage = {piece: store.damage(*piece, probe.shape[1], probe.dtype) for piece in pieces}
+    # Checking a shard reads and hashes its whole file, which releases the interpreter: as many at
+    # once as this process has threads (a re-run's set-up is mostly this check).
+    with ThreadPoolExecutor(max(1, torch.get_num_threads())) as checkers:
+        verdicts = list(checkers.map(lambda piece: store.damage(*piece, probe.shape[1], probe.dtype), pieces))
+    damage = dict(zip(pieces, verdicts, strict=True))
     lines = [f"feature pool: rebuilding {store.shard_path(part, first)}: it {why}"
              for (part, first, _), why in damage.items() if why not in (None, MISSING)]
     return [piece for piece, why in damage.items() if why is not None], lines
