@@ -84,29 +84,39 @@ from training.entry_point import exit_process
 exit_process(run_torchrun(torchrun_arguments(sys.argv[1], sys.argv[2:], 2, fork=True)), at_once=True)
 """
 FORKED_WORKER = """
-import multiprocessing, os, sys
+import multiprocessing, os, signal, sys
 import torch
 from training.entry_point import exit_process, run_entry_point
 from training.reporting.logger import process_age_s
 
 def main(argv):
     rank = int(os.environ["RANK"])
+    handlers = signal.getsignal(signal.SIGINT) is signal.default_int_handler and \
+        all(signal.getsignal(number) is signal.SIG_DFL for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT))
     print(f"rank {rank}: forked {multiprocessing.parent_process() is not None}, "
-          f"{torch.get_num_threads()} thread(s), age counts the launcher's start {process_age_s() >= 1.0}", flush=True)
+          f"{torch.get_num_threads()} thread(s), age counts the launcher's start {process_age_s() >= 1.0}, "
+          f"a fresh interpreter's signal handlers {handlers}", flush=True)
+    if argv[rank] == "boom":
+        raise RuntimeError(f"boom on rank {rank}")
     return int(argv[rank])
 
 exit_process(run_entry_point(main))
 """
 
 
-def test_forked_workers_take_torchruns_threads_count_from_the_launchers_start_and_give_back_their_exit_codes(tmp_path):
+def test_forked_workers_start_as_fresh_ones_would_and_give_back_their_exit_codes(tmp_path):
+    # As a fresh worker: torchrun's threads, its own handlers for signals (not the agent's, which the
+    # launcher had when it forked), a time line from the command's start, and a traceback of its own.
     launcher, worker = tmp_path / "launcher.py", tmp_path / "worker.py"
     launcher.write_text(FORKING_LAUNCHER)
     worker.write_text(FORKED_WORKER)
-    for codes, expected in ((("0", "0"), 0), (("0", "3"), 3)):
+    for codes, expected in ((("0", "0"), 0), (("0", "3"), 3), (("0", "boom"), 1)):
         result = run_subprocess([sys.executable, launcher, worker, *codes], timeout=120,
                                 env={"PYTHONPATH": str(REPO)})
         assert result.returncode == expected, result.stderr[-3000:]
         said = sorted(line for line in result.stdout.splitlines() if line.startswith("rank "))
-        assert said == [f"rank {rank}: forked True, 1 thread(s), age counts the launcher's start True"
-                        for rank in (0, 1)], result.stdout
+        assert said == [f"rank {rank}: forked True, 1 thread(s), age counts the launcher's start True, a fresh "
+                        "interpreter's signal handlers True" for rank in (0, 1)], result.stdout
+        # The worker's own traceback, once; torchrun's report of the failure, in one line without its own.
+        assert result.stderr.count("Traceback") == (expected == 1), result.stderr[-3000:]
+        assert ("RuntimeError: boom on rank 1" in result.stderr) == (expected == 1), result.stderr[-3000:]

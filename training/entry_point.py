@@ -3,8 +3,10 @@
 import json
 import multiprocessing
 import os
+import signal
 import sys
 import time
+import traceback
 
 from data.errors import DataError
 from training.errors import EXIT_INTERRUPTED, EXIT_USAGE, SAME_ON_EVERY_RANK, RankLost, TrainingDiverged, UsageError
@@ -19,8 +21,9 @@ def run_entry_point(main, argv=None):
     """
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv or os.environ.get("HAR_DEBUG") == "1"
-    if forked_by_torchrun():
-        take_torchruns_threads()
+    forked = forked_by_torchrun()
+    if forked:
+        start_as_a_fresh_worker()
     try:
         return main(argv)
     except (UsageError, DataError, TrainingDiverged, RankLost) as exc:
@@ -42,6 +45,13 @@ def run_entry_point(main, argv=None):
             raise
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Exception:
+        if not forked or debug:
+            raise
+        # torchrun keeps a forked worker's traceback in an error file nothing shows; a fresh
+        # worker's interpreter prints it.
+        traceback.print_exc()
+        return 1
 
 
 def launched_by_torchrun():
@@ -53,15 +63,23 @@ def forked_by_torchrun():
     return launched_by_torchrun() and multiprocessing.parent_process() is not None
 
 
-def take_torchruns_threads():
-    """Set the intra-op threads torchrun gives its workers (OMP_NUM_THREADS, 1 where it starts
-    several and the user set none). A fresh worker's torch reads it as it loads; a forked worker's
-    torch was loaded in the launcher before torchrun set it, with a thread per core, and N workers
-    of that many threads would share the cores."""
+def start_as_a_fresh_worker():
+    """What a worker forked by torchrun inherits from its launcher and a fresh one would not have.
+
+    The intra-op threads torchrun gives its workers (OMP_NUM_THREADS, 1 where it starts several and
+    the user set none): a fresh worker's torch reads it as it loads; a forked worker's torch was
+    loaded in the launcher before torchrun set it, with a thread per core, and N workers of that many
+    threads would share the cores. The signal handlers: torchrun's agent turns SIGINT, SIGTERM,
+    SIGHUP and SIGQUIT into its own exception in the launcher, which a worker (and its DataLoader
+    workers) must not raise: Ctrl-C is a KeyboardInterrupt again, the others end the process until
+    the run installs its own (training.trainer.StopSignals)."""
     threads = os.environ.get("OMP_NUM_THREADS", "")
     if threads.isdigit() and int(threads) > 0:
         import torch  # loaded already: the launcher imported it before forking this worker
         torch.set_num_threads(int(threads))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(number, signal.SIG_DFL)
 
 
 def exit_is_watched():

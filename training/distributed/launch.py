@@ -1,4 +1,5 @@
 """`--multi-gpu ddp` started without torchrun: check once, then run torch.distributed.run here."""
+import logging
 import shlex
 import sys
 import tempfile
@@ -58,6 +59,14 @@ def launch_under_torchrun(config, script, argv):
 
 
 _workers_ended = False  # set once torchrun, run in this process, has seen its workers end
+# Where torchrun says a worker failed; for a forked worker it adds the launcher's own traceback of
+# noticing it, which says nothing about the failure (the worker has printed its own message).
+TORCHRUN_WORKER_REPORTS = "torch.distributed.elastic.multiprocessing.api"
+
+
+def _without_traceback(record):
+    record.exc_info, record.exc_text = None, None
+    return True
 
 
 def workers_ended():
@@ -75,6 +84,8 @@ def run_torchrun(launcher_args):
         sys.stdout.reconfigure(line_buffering=True)
     print("launching: " + " ".join(shlex.quote(part) for part in
                                    [sys.executable, "-m", "torch.distributed.run", *launcher_args]), flush=True)
+    reports = logging.getLogger(TORCHRUN_WORKER_REPORTS)
+    reports.addFilter(_without_traceback)
     try:
         # torchrun keeps its workers' error files under --log-dir; left to itself it makes a
         # torchelastic_* folder in the temp directory on every launch and never removes it.
@@ -83,6 +94,7 @@ def run_torchrun(launcher_args):
                 run(get_args_parser().parse_args(["--log-dir", log_dir, *launcher_args]))
             finally:
                 _workers_ended = True
+                reports.removeFilter(_without_traceback)
     except ChildFailedError as failure:
         # The worker already printed its own message; torchrun's report would only repeat it.
         first = min(failure.failures.items())[1]
