@@ -14,10 +14,10 @@ from training.errors import EXIT_PREEMPTED, UsageError
 from training.run_inputs import check_run_inputs
 
 
-def processes_per_node(config, placement=None):
+def processes_per_node(config, placement):
     """--nproc-per-node, else one per GPU in use, else one CPU process. placement: the (device type,
-    backend) check_parallel_args already gave for this config."""
-    device_type, backend = placement or check_parallel_args(config)
+    backend) check_parallel_args gave for this config."""
+    device_type, backend = placement
     hardware, nproc = config.hardware, config.parallel.nproc_per_node
     gpus = len(hardware.gpu_ids) if hardware.gpu_ids else (torch.cuda.device_count() if device_type == "cuda" else 0)
     if nproc is None:
@@ -85,11 +85,11 @@ def run_torchrun(launcher_args):
     print("launching: " + " ".join(shlex.quote(part) for part in
                                    [sys.executable, "-m", "torch.distributed.run", *launcher_args]), flush=True)
     reports = logging.getLogger(TORCHRUN_WORKER_REPORTS)
-    reports.addFilter(_without_traceback)
     try:
         # torchrun keeps its workers' error files under --log-dir; left to itself it makes a
         # torchelastic_* folder in the temp directory on every launch and never removes it.
         with tempfile.TemporaryDirectory(prefix="har-torchrun-") as log_dir:
+            reports.addFilter(_without_traceback)
             try:
                 run(get_args_parser().parse_args(["--log-dir", log_dir, *launcher_args]))
             finally:
