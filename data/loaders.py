@@ -145,7 +145,11 @@ class StoreStreamLoader:
     """A window store's batches in the sampler's order, read ahead by one background thread of this
     process. Reads from disk release the interpreter, so the thread fills the next batches while
     the step runs; unlike DataLoader workers it needs no second process, no copy of each batch
-    between processes and no second share of the cores, which on a small machine the step needs."""
+    between processes and no second share of the cores, which on a small machine the step needs.
+
+    The thread hands over each read's batches together (8 batches of 32), not one at a time: every
+    hand-over wakes the thread, which then takes the interpreter lock from the step; once a batch,
+    that cost a feature pool's steps about a tenth of their time (docs/performance.md)."""
 
     def __init__(self, split, batch_size, sampler, pin_memory=False):
         self.split, self.signals = split, split.signals
@@ -156,37 +160,41 @@ class StoreStreamLoader:
 
     def __iter__(self):
         order = self.sampler.indices().numpy()
-        ready, stop = queue.Queue(maxsize=STORE_PREFETCH), threading.Event()
+        reads_ahead = math.ceil(STORE_PREFETCH / (self._per_read() // self.batch_size))
+        ready, stop = queue.Queue(maxsize=reads_ahead), threading.Event()
         reader = threading.Thread(target=self._read, args=(order, ready, stop), daemon=True)
         reader.start()
         try:
             while (item := ready.get()) is not None:
                 if isinstance(item, BaseException):
                     raise item
-                yield item
-        finally:  # also when the loop leaves the epoch early: the reader stops at its next batch
+                yield from item
+        finally:  # also when the loop leaves the epoch early: the reader stops at its next read
             stop.set()
             while reader.is_alive():
                 with contextlib.suppress(queue.Empty):
                     ready.get(timeout=0.1)
 
-    def _read(self, order, ready, stop):
+    def _per_read(self):
         # One read per block of the order rather than per batch: a block's windows lie in one or two
         # shard files, read once per STREAM_BLOCK windows, and the reads' own Python (which holds the
         # interpreter lock the step needs) runs once where it ran once a batch.
-        per_read = max(1, STREAM_BLOCK // self.batch_size) * self.batch_size
+        return max(1, STREAM_BLOCK // self.batch_size) * self.batch_size
+
+    def _read(self, order, ready, stop):
+        per_read = self._per_read()
         try:
             made = 0
             for first in range(0, len(order), per_read):
                 signals, labels = read_batch(self.split, order[first:first + per_read])
-                for batch in zip(signals.split(self.batch_size), labels.split(self.batch_size), strict=True):
-                    made += 1
-                    if made % TRIM_EVERY == 0:
-                        release_freed_memory()
-                    if self.pin_memory:
-                        batch = tuple(part.pin_memory() for part in batch)
-                    if not _put(ready, batch, stop):
-                        return
+                batches = list(zip(signals.split(self.batch_size), labels.split(self.batch_size), strict=True))
+                if self.pin_memory:
+                    batches = [tuple(part.pin_memory() for part in batch) for batch in batches]
+                if made // TRIM_EVERY != (made + len(batches)) // TRIM_EVERY:
+                    release_freed_memory()
+                made += len(batches)
+                if not _put(ready, batches, stop):
+                    return
             _put(ready, None, stop)
         except BaseException as exc:  # noqa: BLE001 - handed to the training loop, which raises it
             _put(ready, exc, stop)
