@@ -149,11 +149,14 @@ class StoreStreamLoader:
 
     The thread hands over each read's batches together (8 batches of 32), not one at a time: every
     hand-over wakes the thread, which then takes the interpreter lock from the step; once a batch,
-    that cost a feature pool's steps about a tenth of their time (docs/performance.md)."""
+    that cost a feature pool's steps about a tenth of their time (docs/performance.md).
 
-    def __init__(self, split, batch_size, sampler, pin_memory=False):
+    `convert`: a function the thread applies to each read's signals before it cuts them into batches
+    (a feature pool's counts made the features the model reads), work taken off the step."""
+
+    def __init__(self, split, batch_size, sampler, pin_memory=False, convert=None):
         self.split, self.signals = split, split.signals
-        self.batch_size, self.sampler, self.pin_memory = batch_size, sampler, pin_memory
+        self.batch_size, self.sampler, self.pin_memory, self.convert = batch_size, sampler, pin_memory, convert
 
     def __len__(self):
         return math.ceil(len(self.sampler) / self.batch_size)
@@ -187,6 +190,8 @@ class StoreStreamLoader:
             made = 0
             for first in range(0, len(order), per_read):
                 signals, labels = read_batch(self.split, order[first:first + per_read])
+                if self.convert is not None:
+                    signals = self.convert(signals)
                 batches = list(zip(signals.split(self.batch_size), labels.split(self.batch_size), strict=True))
                 if self.pin_memory:
                     batches = [tuple(part.pin_memory() for part in batch) for batch in batches]
@@ -237,13 +242,14 @@ def _whole_batch(batch):
     return batch  # WindowDataset.__getitems__ already returns stacked tensors
 
 
-def make_loader(split, batch_size, sampler, num_workers=0, pin_memory=False):
+def make_loader(split, batch_size, sampler, num_workers=0, pin_memory=False, convert=None):
     """The DataLoader path: host batches, copied to the device by the loop (non_blocking when pinned).
-    A window store's split is read by a background thread (StoreStreamLoader), or by DataLoader
-    workers when --num-workers asks for them."""
+    A window store's split is read by a background thread (StoreStreamLoader, which applies
+    `convert` to what it reads), or by DataLoader workers when --num-workers asks for them (which
+    apply nothing: the batches stay what the model reads either way)."""
     streaming = not isinstance(split.signals, np.ndarray)  # a window store's, or a feature pool's shards on disk
     if streaming and num_workers == 0:
-        return StoreStreamLoader(split, batch_size, sampler, pin_memory)
+        return StoreStreamLoader(split, batch_size, sampler, pin_memory, convert)
     workers = {"persistent_workers": True, "prefetch_factor": 4} if num_workers > 0 else {}
     # Its own generator: each new iterator draws a worker seed from it, and drawing from the
     # global one instead would shift the dropout masks of a run resumed mid-epoch.
@@ -253,13 +259,14 @@ def make_loader(split, batch_size, sampler, num_workers=0, pin_memory=False):
 
 
 def split_loaders(splits, train_batch, eval_batch, device, world_size, rank, seed, data_path="auto", num_workers=0,
-                  train_views=1, whole_training_batches=False):
+                  train_views=1, whole_training_batches=False, convert=None):
     """This rank's batches of each split (name -> split): cut on the device when --data-path keeps
     the splits there, else from a DataLoader (a window store's, streamed from disk, always).
     Training shuffles and pads so ranks step together; evaluation does neither. `train_views`: the
     training split holds that many views of its windows, one per epoch in turn.
     `whole_training_batches`: every rank draws the whole training order, as one process would (a
-    replicated model). Returns (loaders, a line saying which path the batches take)."""
+    replicated model). `convert`: what a store's reader thread applies to the signals it reads.
+    Returns (loaders, a line saying which path the batches take)."""
     streaming = any(not isinstance(split.signals, np.ndarray) for split in splits.values())  # read from disk
     on_device = not streaming and keep_on_device(data_path, num_workers, device, split_bytes(*splits.values()))
     loaders = {}
@@ -271,10 +278,13 @@ def split_loaders(splits, train_batch, eval_batch, device, world_size, rank, see
         sampler = kind(len(split) // views, *ranks, shuffle=training, seed=seed, pad=training, views=views)
         batch = train_batch if training else eval_batch
         loaders[name] = (DeviceResidentLoader(split, batch, sampler, device) if on_device else
-                         make_loader(split, batch, sampler, num_workers, pin_memory=device.type == "cuda"))
+                         make_loader(split, batch, sampler, num_workers, pin_memory=device.type == "cuda",
+                                     convert=convert))
     if streaming:
         reader = f"{num_workers} DataLoader worker(s)" if num_workers else "a reader thread"
-        return loaders, f"streamed from the store by {reader}, blocks of {STREAM_BLOCK} windows in a shuffled order"
+        converts = ", which turns the counts into features" if convert is not None and not num_workers else ""
+        return loaders, (f"streamed from the store by {reader}{converts}, blocks of {STREAM_BLOCK} windows in a "
+                         "shuffled order")
     if on_device:
         return loaders, "splits kept on the device, batches cut there"
     return loaders, f"DataLoader with {num_workers} worker(s)"

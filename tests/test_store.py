@@ -142,18 +142,39 @@ def test_ranks_take_disjoint_shares_of_a_block_shuffled_epoch():
     assert (blocks[1:] != blocks[:-1]).sum() == 10  # each block visited in one go: 11 blocks, 10 changes
 
 
+def _squared_plus_one(signals):
+    return signals * signals + 1.0
+
+
 @pytest.mark.parametrize("batch_size", [32, 24, 300])  # a block's 256 windows make 8 batches, 10 and a half, a part
-def test_the_reader_thread_hands_out_the_batches_the_order_makes(store, batch_size):
+@pytest.mark.parametrize("convert", [None, _squared_plus_one])
+def test_the_reader_thread_hands_out_the_batches_the_order_makes(store, batch_size, convert):
     opened = WindowStore(store)
     split = StoreSplit.of(opened, np.ones(len(opened), dtype=bool))
     sampler = BlockShuffledSampler(len(split), seed=3)
     sampler.set_epoch(1, start=7)  # a resumed epoch: the reads start inside a block
     order = sampler.indices().numpy()
-    batches = list(StoreStreamLoader(split, batch_size, sampler))
+    batches = list(StoreStreamLoader(split, batch_size, sampler, convert=convert))
     assert len(batches) == math.ceil(len(order) / batch_size)
     for number, (signals, labels) in enumerate(batches):
         expected = read_batch(split, order[number * batch_size:(number + 1) * batch_size])
-        assert torch.equal(signals, expected[0]) and torch.equal(labels, expected[1]), number
+        wanted = expected[0] if convert is None else convert(expected[0])
+        assert torch.equal(signals, wanted) and torch.equal(labels, expected[1]), number
+
+
+def test_the_reader_thread_turns_a_pools_counts_into_the_features_the_step_would(store, tmp_path):
+    # The same run twice from one pool on disk: the reader thread converting the counts it reads, and
+    # a DataLoader worker handing over the counts for the step to convert. The same weights, bit for bit.
+    flags = ["--dataset", "store", "--data-dir", store, "--model", "minirocket", "--width", "840", "--epochs", "2",
+             "--head-fit", "adamw", "--no-figures", "--no-resume", "--save-dir", tmp_path / "run"]
+    trained = {}
+    for name, more in {"thread": [], "worker": ["--num-workers", "1"]}.items():
+        code, out, err = run_in_process("main.py", [*flags, *more])
+        assert code == 0, err
+        assert ("which turns the counts into features" in out) == (name == "thread"), out
+        trained[name] = load_checkpoint(tmp_path / "run" / "last.pt")["model"]
+    assert all(torch.equal(tensor, trained["worker"][key]) for key, tensor in trained["thread"].items())
+    assert not torch.equal(trained["thread"]["head.1.weight"], torch.zeros_like(trained["thread"]["head.1.weight"]))
 
 
 def test_training_from_a_store_reaches_the_accuracy_of_the_same_windows_in_memory(store, tmp_path):

@@ -370,9 +370,14 @@ def _build_loaders(config, data, model, augment, loader_batch, strategy, log, re
         splits, train_views = build_feature_pool(model, splits, views, augment, optim.seed, strategy, log,
                                                  feature_store_root(config.save_dir, splits), figures)
         augment = None
+    # On a CPU a pool on disk reaches the step as features, turned from counts by the store's reader
+    # thread: the step's first operation, done beside it (about an eighth of a step, docs/performance.md).
+    # A GPU takes the counts, a quarter of the features' bytes, and turns them itself in microseconds.
+    convert = model.from_counts if figures is not None and strategy.device.type == "cpu" else None
     loaders, data_path = split_loaders(splits, loader_batch, max(EVAL_BATCH_MIN, loader_batch), strategy.device,
                                        strategy.world_size, strategy.rank, optim.seed, config.hardware.data_path,
-                                       config.hardware.num_workers, train_views, whole_training_batches=replicated)
+                                       config.hardware.num_workers, train_views, whole_training_batches=replicated,
+                                       convert=convert)
     log.info(f"data path: {data_path}")
     return loaders, augment, figures, splits
 
