@@ -165,16 +165,20 @@ def test_the_reader_thread_hands_out_the_batches_the_order_makes(store, batch_si
 def test_the_reader_thread_turns_a_pools_counts_into_the_features_the_step_would(store, tmp_path):
     # The same run twice from one pool on disk: the reader thread converting the counts it reads, and
     # a DataLoader worker handing over the counts for the step to convert. The same weights, bit for bit.
+    # The evaluation passes read converted batches too, the weight average's head applied to them.
     flags = ["--dataset", "store", "--data-dir", store, "--model", "minirocket", "--width", "840", "--epochs", "2",
              "--head-fit", "adamw", "--no-figures", "--no-resume", "--save-dir", tmp_path / "run"]
-    trained = {}
+    trained, tested = {}, {}
     for name, more in {"thread": [], "worker": ["--num-workers", "1"]}.items():
         code, out, err = run_in_process("main.py", [*flags, *more])
         assert code == 0, err
         assert ("which turns the counts into features" in out) == (name == "thread"), out
         trained[name] = load_checkpoint(tmp_path / "run" / "last.pt")["model"]
+        report = json.loads((tmp_path / "run" / "test_report.json").read_text())
+        tested[name] = {key: report[key] for key in ("loss", "confusion_matrix", "per_subject")}
     assert all(torch.equal(tensor, trained["worker"][key]) for key, tensor in trained["thread"].items())
     assert not torch.equal(trained["thread"]["head.1.weight"], torch.zeros_like(trained["thread"]["head.1.weight"]))
+    assert tested["thread"] == tested["worker"]
 
 
 def test_training_from_a_store_reaches_the_accuracy_of_the_same_windows_in_memory(store, tmp_path):
