@@ -12,7 +12,11 @@ TORCH_INDEX ?=
 ARGS ?=
 
 BIN := $(VENV)/bin
-HASH := $(shell cat requirements.txt requirements-without-torch.txt scripts/setup_venv.sh | cksum | cut -d' ' -f1)
+# The stamp names the requirements, the set-up and the interpreter it was made from: another python3
+# (a venv activated since) sets up again.
+PYTHON_PATH := $(shell command -v $(PYTHON) 2>/dev/null)
+HASH := $(shell (cat requirements.txt requirements-without-torch.txt scripts/setup_venv.py; echo "$(PYTHON_PATH)") \
+	| cksum | cut -d' ' -f1)
 STAMP := $(VENV)/.installed-$(HASH)-$(TORCH)
 
 .PHONY: train test test-fast lint setup clean-venv
@@ -32,7 +36,8 @@ lint: $(STAMP)
 setup: $(STAMP)
 
 $(STAMP):
-	sh scripts/setup_venv.sh "$(PYTHON)" "$(VENV)" "$(TORCH)" "$(TORCH_INDEX)"
+	@[ -n "$(PYTHON_PATH)" ] || { echo "error: no $(PYTHON) on PATH; pass PYTHON=/path/to/python3.10+" >&2; exit 2; }
+	$(PYTHON) scripts/setup_venv.py "$(VENV)" "$(TORCH)" "$(TORCH_INDEX)"
 	rm -f $(VENV)/.installed-*
 	touch $@
 
