@@ -8,7 +8,16 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO, TINY_DATA, load_checkpoint, max_abs_difference, read_metrics, run_in_process, run_subprocess
+from conftest import (
+    REPO,
+    TINY_DATA,
+    load_checkpoint,
+    max_abs_difference,
+    read_metrics,
+    requires_cuda,
+    run_in_process,
+    run_subprocess,
+)
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
 # The transformer, so that each encoder block is a sharded unit of its own; GroupNorm, no dropout and
@@ -88,6 +97,45 @@ def test_a_killed_fsdp_rank_restarts_and_the_run_ends_as_uninterrupted(runs, tmp
         assert torch.equal(tensor, resumed["ema"]["weights"][name]), ("ema", name)
     assert json.loads((tmp_path / "test_report.json").read_text())["accuracy"] == \
         json.loads((root / "fsdp" / "test_report.json").read_text())["accuracy"]
+
+
+# Clipping off: FSDP sums the gradient's norm shard by shard, in another order than one tensor's norm,
+# and AMP's bf16 forward turns that last bit into visible differences within a few steps. Without it,
+# both strategies reduce the same fp32 gradients and step the same AdamW: the weights come out equal.
+AMP_RUNS = [*TINY_DATA, "--synthetic-windows-per-subject", "16", "--batch-size", "16", "--dropout", "0",
+            "--augment", "none", "--label-smoothing", "0", "--epochs", "1", "--head-fit", "adamw",
+            "--pool-head", "ddp", "--max-grad-norm", "0", "--amp"]
+
+
+def fsdp_against_ddp(tmp_path, nproc, *flags):
+    out = tmp_path / "figures.json"
+    result = run_subprocess([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+                             "tests/scripts/fsdp_against_ddp.py", out, tmp_path, *AMP_RUNS, *flags], timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_fsdp_with_amp_trains_every_model_and_norm_as_ddp_with_amp_does(tmp_path):
+    figures = fsdp_against_ddp(tmp_path, 2, "--device", "cpu")
+    # fp16's GradScaler (CUDA only in training) over sharded gradients, run on CPU: an overflow in one
+    # rank's shard makes every rank skip its step and halve its scale.
+    assert figures.pop("overflow") == [{"stepped": False, "scale": 512.0}] * 2
+    assert {key.split("/")[0] for key in figures} == {"cnn1d", "cnn_lstm", "transformer", "minirocket"}
+    for configuration, figure in figures.items():
+        assert figure["precision"] == "precision: AMP bf16 autocast", configuration
+        assert figure["ddp_movement"] > 1e-3, configuration  # it trained
+        assert figure["max_abs_difference"] == 0.0, (configuration, figure)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_fsdp_with_amp_on_a_gpu_trains_as_ddp_with_amp_does(tmp_path, dtype):
+    figures = fsdp_against_ddp(tmp_path, 1, "--device", "cuda", "--amp-dtype", dtype)
+    figures.pop("overflow")
+    for configuration, figure in figures.items():
+        scaler = " with GradScaler" if dtype == "fp16" else ""
+        assert figure["precision"] == f"precision: AMP {dtype} autocast{scaler}", configuration
+        assert figure["max_abs_difference"] < 1e-6, (configuration, figure)
 
 
 @pytest.mark.parametrize("kind", ["fp16", "bf16"])

@@ -447,13 +447,10 @@ def check_compile(args):
 
 
 def check_parallel_modes(args):
-    """What --grad-compression, --amp-dtype and --sync-bn need of --multi-gpu."""
+    """What --grad-compression and --sync-bn need of --multi-gpu."""
     if args.grad_compression != "none" and args.multi_gpu != "ddp":
         raise UsageError(f"--grad-compression {args.grad_compression} compresses DDP's all-reduce; it needs "
                          f"--multi-gpu ddp (not {args.multi_gpu})")
-    if args.multi_gpu == "fsdp" and args.amp_dtype == "fp16":
-        raise UsageError("--multi-gpu fsdp with --amp-dtype fp16 is not supported (a GradScaler over sharded "
-                         "gradients must agree on overflows across ranks); use --amp-dtype bf16")
     if args.multi_gpu == "fsdp" and args.sync_bn:
         raise UsageError("--sync-bn applies to --multi-gpu ddp; under fsdp BatchNorm keeps each rank's "
                          "statistics and rank 0's are used for evaluation and checkpoints, as under ddp")

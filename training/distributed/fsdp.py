@@ -6,6 +6,14 @@ gradients reduce-scattered. The loop, sampler, checkpoints and stop signals are 
 differs is here: how the model is laid out, how gradients skip their exchange during
 accumulation, how clipping sees the whole gradient, and how checkpoints gather full tensors, so
 that the files in --save-dir are the same as a single device's and load without FSDP.
+
+Mixed precision (--amp) is autocast, as on one device and under DDP, over fp32 sharded parameters;
+not FSDP's param_dtype policy, which casts every parameter to the AMP dtype at its gather but
+leaves the float buffers as they are: a BatchNorm's running statistics (fp32) then meet bf16
+activations, and a norm layer's bf16 weight fp32 inputs, which CPU kernels refuse ("expected
+scalar type BFloat16 but found Float"). Autocast decides per operation, so every model that trains
+with AMP on one device trains so here, with the same numerics. The cost: the all-gathers move fp32
+parameters, twice bf16's bytes; gradients are reduced in fp32 either way.
 """
 import contextlib
 
@@ -17,7 +25,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from training.distributed.ddp import DistributedStrategy
@@ -32,25 +40,19 @@ class FullyShardedStrategy(DistributedStrategy):
                          label="fsdp", ranks=ranks)
         self.reshard_after_forward = reshard_after_forward
         self._sharded = None
-        self._policy = MixedPrecisionPolicy()
 
     def describe(self):
         kept = "resharded" if self.reshard_after_forward else "kept whole"
         return f"{super().describe()}, parameters {kept} between forward and backward"
 
     def wrap(self, model, precision):
-        if precision.enabled:
-            # AMP through FSDP's policy: blocks compute in the AMP dtype and gather parameters in it,
-            # gradients are reduced in fp32, and the logits come back in fp32 for the loss.
-            self._policy = MixedPrecisionPolicy(param_dtype=precision.dtype, reduce_dtype=torch.float32,
-                                                output_dtype=torch.float32)
-            precision.delegate_to_model()
-        self._sharded = shard_model(model, self.reshard_after_forward, self._policy)
+        # AMP, where on, is the step's autocast over these fp32 shards (the module docstring says why).
+        self._sharded = shard_model(model, self.reshard_after_forward)
         return model  # fully_shard turns the module itself into an FSDP module
 
     def shard_like(self, module):
         # The weight average only runs forward passes: resharding after each keeps its memory 1/N.
-        shard_model(module, reshard_after_forward=True, policy=self._policy)
+        shard_model(module, reshard_after_forward=True)
 
     def eval_model(self, model):
         return model
@@ -101,14 +103,13 @@ def clip_sharded_grad_norm_(parameters, max_norm):
     return total_norm
 
 
-def shard_model(module, reshard_after_forward=True, policy=None):
+def shard_model(module, reshard_after_forward=True):
     """fully_shard each block the model declares (fsdp_blocks(): the transformer's encoder blocks) as a
     unit of its own, gathered just before it runs, then the rest of the model (stem, head, or a whole
     convolutional model) as the root's unit."""
-    policy = policy or MixedPrecisionPolicy()
     for block in module.fsdp_blocks():
-        fully_shard(block, reshard_after_forward=reshard_after_forward, mp_policy=policy)
-    fully_shard(module, reshard_after_forward=reshard_after_forward, mp_policy=policy)
+        fully_shard(block, reshard_after_forward=reshard_after_forward)
+    fully_shard(module, reshard_after_forward=reshard_after_forward)
     return module
 
 

@@ -208,6 +208,8 @@ def check_parallel_args(config):
                          f"{device_type} use --compile-mode default")
     if hardware.cuda_graphs and device_type != "cuda":
         raise UsageError(f"--cuda-graphs records CUDA graphs, which need a GPU; on {device_type} drop it")
+    if config.optim.amp_dtype == "fp16" and device_type == "cpu":  # before a launcher starts ranks that would refuse it
+        raise UsageError("--amp-dtype fp16 needs CUDA; on CPU --amp uses bf16 (drop --amp-dtype)")
     if multi_gpu not in SHARDED_OR_DDP:
         if hardware.sync_bn:
             raise UsageError("--sync-bn only applies to --multi-gpu ddp")

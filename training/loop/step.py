@@ -261,17 +261,13 @@ class Precision:
             amp_dtype_flag = "bf16" if use_bf16 else "fp16"
         self.dtype_name = amp_dtype_flag if self.enabled else "fp32"
         self.dtype = DTYPES.get(amp_dtype_flag) if self.enabled else torch.float32
-        self.in_model = False  # the model casts itself (FSDP's mixed-precision policy): no autocast
-
-    def delegate_to_model(self):
-        self.in_model = True
 
     @property
     def needs_grad_scaler(self):
         return self.enabled and self.dtype == torch.float16
 
     def autocast(self, cache_enabled=True):
-        if not self.enabled or self.in_model:
+        if not self.enabled:
             return contextlib.nullcontext()
         return torch.autocast(self.device_type, dtype=self.dtype, cache_enabled=cache_enabled)
 
@@ -282,8 +278,7 @@ class Precision:
         if not self.enabled:
             return "precision: fp32 (AMP off)"
         scaler = " with GradScaler" if self.needs_grad_scaler else ""
-        how = "through FSDP's mixed-precision policy" if self.in_model else "autocast"
-        return f"precision: AMP {self.dtype_name} {how}{scaler}"
+        return f"precision: AMP {self.dtype_name} autocast{scaler}"
 
 
 # Consecutive optimizer steps an fp16 GradScaler may skip before the run counts as diverged. Each
