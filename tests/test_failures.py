@@ -81,7 +81,11 @@ def test_sigterm_to_the_launcher_reaches_every_rank(tmp_path):
     assert code == EXIT_PREEMPTED, out
     assert "received SIGTERM: stopped after step" in out
     assert "Traceback" not in out
-    assert load_checkpoint(tmp_path / "last.pt")["step"] >= 17
+    saved = load_checkpoint(tmp_path / "last.pt")
+    assert saved["step"] >= 17
+    # The launcher's own line says what is on disk, read from it.
+    said = f"launcher received SIGTERM: the workers saved a checkpoint ({tmp_path / 'last.pt'}: step {saved['step']}, "
+    assert said in out
 
 
 def test_torchrun_restarts_a_dead_rank_and_the_run_ends_as_uninterrupted(ddp_reference, tmp_path):

@@ -43,7 +43,8 @@ def run_entry_point(main, argv=None):
     except KeyboardInterrupt:
         if debug:
             raise
-        print("interrupted", file=sys.stderr)
+        if os.environ.get("LOCAL_RANK", "0") == "0":  # Ctrl-C reaches every rank: one line a node
+            print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception:
         if not forked or debug:

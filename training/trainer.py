@@ -48,6 +48,7 @@ from training.loop.step import (
     build_scheduler,
     compile_for_training,
     global_batch_size,
+    lr_line,
     scaled_lr,
     scaling_warning,
     skipped_steps,
@@ -179,8 +180,9 @@ class Trainer:
         loaders, augment, pool_figures, pool = _build_loaders(config, data, model, augment, loader_batch, strategy,
                                                               log, replicated)
 
-        peak_lr = scaled_lr(optim.lr, optim.lr_scaling, global_batch, optim.batch_size)
-        lr_warning = scaling_warning(optim.lr, optim.lr_scaling, global_batch, optim.batch_size, DEFAULT_LR)
+        reference_batch, per_gpu_rule = _lr_reference_batch(optim, checkpoint)
+        peak_lr = scaled_lr(optim.lr, optim.lr_scaling, global_batch, reference_batch)
+        lr_warning = scaling_warning(optim.lr, optim.lr_scaling, global_batch, reference_batch, DEFAULT_LR)
         if lr_warning:
             log.warn(lr_warning)
         record_graph = records_step_graph(config.hardware.cuda_graphs, model, strategy, precision,
@@ -197,8 +199,12 @@ class Trainer:
                                                           len(data.train), config.parallel.grad_compression, log)
         strategy.check_same_on_all_ranks(state.step, "the optimizer steps already taken")
 
+        if head_fit != "ridge":
+            log.info("lr: " + lr_line(optim.lr, optim.lr_scaling, reference_batch, peak_lr,
+                                      (optim.batch_size, strategy.data_parallel_size, optim.grad_accum_steps))
+                     + (PER_GPU_RULE_NOTE if per_gpu_rule else ""))
         scheduler = optimizer if head_fit == "ridge" else _position_schedule(
-            optimizer, optim, len(loaders["train"]), state, global_batch, peak_lr, strategy.data_parallel_size, log)
+            optimizer, optim, len(loaders["train"]), state, global_batch, log)
         smoothing = label_smoothing_of(config.model.name, config.recipe.label_smoothing)
         step = TrainStep(model=train_model, parameters=[p for p in model.parameters() if p.requires_grad],
                          strategy=strategy, precision=precision, optimizer=optimizer, scheduler=scheduler,
@@ -207,7 +213,8 @@ class Trainer:
                          skips=skipped_steps(model, precision, grad_scaler), record_graph=record_graph,
                          warn=log.warn)
         epochs = 1 if head_fit == "ridge" else optim.epochs  # a head solved by ridge: one 'epoch' of no step
-        metadata = _checkpoint_metadata(config, data, normalization, strategy, global_batch, layout, epochs)
+        metadata = {**_checkpoint_metadata(config, data, normalization, strategy, global_batch, layout, epochs),
+                    PER_GPU_RULE_KEY: per_gpu_rule}
         checkpoints = CheckpointManager(save_dir=save_dir, keep_last=config.output.keep_last, strategy=strategy,
                                         state=state, parts={**parts, "scheduler": scheduler}, metadata=metadata,
                                         resumed=resume_from is not None,
@@ -429,17 +436,30 @@ def _build_model(config, data, strategy, log, checkpoint=None):
     return model, train_model, precision, ema
 
 
-def _position_schedule(optimizer, optim, micro_batches_per_epoch, state, global_batch, peak_lr, replicas, log):
+def _position_schedule(optimizer, optim, micro_batches_per_epoch, state, global_batch, log):
     """Warmup then cosine, a pure function of the step, positioned from the train state: a resumed run
     that changed the global batch re-lays it in its own steps, said in the log."""
     steps_each_epoch = steps_per_epoch(micro_batches_per_epoch, optim.grad_accum_steps)
     total_steps = steps_each_epoch * optim.epochs
     warmup_steps = round(optim.planned_warmup_epochs * steps_each_epoch)
-    log.info(f"lr: reference {optim.lr:.2e}, {optim.lr_scaling} scaling, global batch {global_batch} "
-             f"({optim.batch_size} per GPU x {replicas} replicas x {optim.grad_accum_steps} accumulation) -> "
-             f"peak {peak_lr:.2e}; warmup {warmup_steps} of {total_steps} steps ({steps_each_epoch} per "
-             "epoch), then cosine to 0")
+    log.info(f"lr schedule: warmup {warmup_steps} of {total_steps} steps ({steps_each_epoch} per epoch), then "
+             "cosine to 0")
     return build_scheduler(optimizer, warmup_steps, total_steps, state.schedule_step(steps_each_epoch, global_batch))
+
+
+# A run begun before --lr-reference-batch existed scaled its LR by global batch / per-GPU batch; resumed,
+# it keeps that rule to its end (its checkpoints say so under this key), so no running schedule changes.
+PER_GPU_RULE_KEY = "lr_scales_by_per_gpu_batch"
+PER_GPU_RULE_NOTE = (" (this run began before --lr-reference-batch: its LR keeps scaling against its per-GPU batch, "
+                     "as it did then)")
+
+
+def _lr_reference_batch(optim, checkpoint):
+    """(the global batch --lr is meant for, whether that is the per-GPU batch of a run begun before the
+    reference batch existed)."""
+    per_gpu_rule = checkpoint is not None and ("lr_reference_batch" not in checkpoint["config"]
+                                               or bool(checkpoint.get(PER_GPU_RULE_KEY)))
+    return (optim.batch_size if per_gpu_rule else optim.lr_reference_batch), per_gpu_rule
 
 
 def _resume(checkpoint, path, state, parts, layout, global_batch, train_windows, grad_compression, log):

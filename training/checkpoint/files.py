@@ -252,5 +252,15 @@ def load_resume_checkpoint(resume, save_dir, warn):
     return found
 
 
+def saved_progress(path):
+    """(epoch, step, samples into the epoch) of the checkpoint at `path`, or None where there is none that
+    loads. Mapped, not read: a launcher asks this of a file it did not write."""
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return int(checkpoint["epoch"]), int(checkpoint["step"]), int(checkpoint.get("epoch_position", 0))
+    except Exception:  # absent, partial, foreign: the launcher then says nothing was saved
+        return None
+
+
 def _progress(checkpoint):
     return checkpoint.get("step", -1) if isinstance(checkpoint, dict) else -1

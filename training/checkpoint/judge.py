@@ -24,7 +24,8 @@ REQUIRED_KEYS = ("model", "optimizer", "scaler", "epoch", "step", "best_metric",
 DATA = ("dataset", "data_dir", "mode", "val_fraction", "val_subjects", "val_split", "synthetic_seed",
         "synthetic_windows_per_subject")
 MODEL = ("model", "norm", *SIZE_KNOBS)
-SCHEDULE = ("epochs", "batch_size", "grad_accum_steps", "lr", "lr_scaling", "warmup_epochs", "head_fit")
+SCHEDULE = ("epochs", "batch_size", "grad_accum_steps", "lr", "lr_reference_batch", "lr_scaling", "warmup_epochs",
+            "head_fit")
 DEFINES_THE_RUN = (*DATA, *MODEL, *SCHEDULE, "seed")  # the seed: validation subjects, first weights, order
 # Flags whose change on resume is the point of resuming, not a change of the run.
 NOT_COMPARED_ON_RESUME = ("resume", "save_dir", "config", "debug", "stop_after_epochs")

@@ -20,7 +20,8 @@ from models import MODELS, NORMS, build_model, has_fixed_features, resolve_size
 from training.errors import UsageError
 
 DEFAULT_WARMUP_EPOCHS = 2.0
-DEFAULT_LR = 1e-3  # the reference LR of one device at the default --batch-size
+DEFAULT_LR = 1e-3  # the LR for a global batch of DEFAULT_BATCH (one device at the default --batch-size)
+DEFAULT_BATCH = 32
 # The default recipe, chosen by nested subject-wise cross-validation on real recordings
 # (docs/training.md, "Models that work on new people").
 DEFAULT_MODEL = "minirocket"
@@ -236,10 +237,14 @@ class Recipe:
 class Optimisation:
     """Epochs, batch, learning rate and its schedule, precision, seed."""
     epochs: int = setting(20, "passes over the training windows")
-    batch_size: int = setting(32, "per GPU (per process on CPU)")
-    lr: float = setting(DEFAULT_LR, "reference learning rate for ONE device with no accumulation")
-    lr_scaling: str = setting("linear", "peak lr = lr x (global batch / batch size), its square root, or lr",
-                              choices=("linear", "sqrt", "none"))
+    batch_size: int = setting(DEFAULT_BATCH, "per GPU (per process on CPU)")
+    lr: float = setting(DEFAULT_LR, "the learning rate for a global batch of --lr-reference-batch samples")
+    lr_reference_batch: int = setting(
+        DEFAULT_BATCH, "the global batch --lr is meant for (default: the default --batch-size, so --lr is one device's "
+                       "at that batch); the peak lr scales with the global batch (--batch-size x GPUs x "
+                       "--grad-accum-steps) against it, however the batch is split")
+    lr_scaling: str = setting("linear", "peak lr = lr x (global batch / --lr-reference-batch), its square root, "
+                              "or lr", choices=("linear", "sqrt", "none"))
     warmup_epochs: float | None = setting(
         None, f"linear warmup, may be fractional (default: {DEFAULT_WARMUP_EPOCHS:g}, or a fifth of the run when that "
               "is shorter)")
@@ -364,8 +369,8 @@ def check_finite(args):
 
 def check_counts(args):
     """Epochs, batches, steps and processes: at least one."""
-    positive = {"--epochs": args.epochs, "--batch-size": args.batch_size,
-                "--grad-accum-steps": args.grad_accum_steps, "--log-interval": args.log_interval}
+    positive = {"--epochs": args.epochs, "--batch-size": args.batch_size, "--grad-accum-steps": args.grad_accum_steps,
+                "--lr-reference-batch": args.lr_reference_batch, "--log-interval": args.log_interval}
     if args.stop_after_epochs is not None:
         positive["--stop-after-epochs"] = args.stop_after_epochs
     if args.nproc_per_node is not None:

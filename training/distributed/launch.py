@@ -1,5 +1,6 @@
 """`--multi-gpu ddp` started without torchrun: check once, then run torch.distributed.run here."""
 import logging
+import os
 import shlex
 import sys
 import tempfile
@@ -9,24 +10,28 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import get_args_parser, run
 
+from training.checkpoint.files import LAST, saved_progress
 from training.distributed.strategy import check_parallel_args
-from training.errors import EXIT_PREEMPTED, UsageError
+from training.errors import EXIT_INTERRUPTED, EXIT_PREEMPTED, UsageError
 from training.run_inputs import check_run_inputs
 
 
 def processes_per_node(config, placement):
     """--nproc-per-node, else one per GPU in use, else one CPU process. placement: the (device type,
-    backend) check_parallel_args gave for this config."""
+    backend) check_parallel_args gave for this config. Where no GPU is visible and --device is auto,
+    the processes run on the CPU, as plain torchrun's would."""
     device_type, backend = placement
     hardware, nproc = config.hardware, config.parallel.nproc_per_node
     gpus = len(hardware.gpu_ids) if hardware.gpu_ids else (torch.cuda.device_count() if device_type == "cuda" else 0)
     if nproc is None:
         return max(1, gpus)
     sharing_gpus = device_type == "cuda" and gpus > 0 and backend == "gloo"  # gloo ranks may share a GPU
-    if hardware.device != "cpu" and nproc > gpus and not sharing_gpus:
+    if device_type == "cuda" and nproc > gpus and not sharing_gpus:
         raise UsageError(f"--nproc-per-node {nproc} is more than the {gpus} GPU(s) in use; "
                          "lower it, pass --backend gloo to share GPUs, or pass --device cpu to run that many "
                          "CPU processes")
+    if hardware.device == "auto" and device_type == "cpu":
+        print(f"no GPU is visible: {nproc} CPU processes (gloo)", flush=True)
     return nproc
 
 
@@ -55,7 +60,7 @@ def launch_under_torchrun(config, script, argv):
     check_run_inputs(config)  # the user errors every worker would hit, caught once before any starts
     if config.hardware.gpu_ids:
         print(f"  (local ranks map onto --gpu-ids {','.join(map(str, config.hardware.gpu_ids))} in order)", flush=True)
-    return run_torchrun(launcher_args)
+    return run_torchrun(launcher_args, save_dir=config.save_dir)
 
 
 _workers_ended = False  # set once torchrun, run in this process, has seen its workers end
@@ -74,17 +79,25 @@ def workers_ended():
     return _workers_ended
 
 
-def run_torchrun(launcher_args):
+# How this process starts the workers and nothing else: left out of the command it prints, which a
+# user would copy into a script (it runs the same without them, each worker a fresh interpreter).
+IN_PROCESS_FLAGS = ("--start-method=fork", "--run-path")
+
+
+def run_torchrun(launcher_args, save_dir=None):
     """torch.distributed.run in this process, printed first; the first failed worker's exit code,
-    or EXIT_PREEMPTED when a stop signal reached the launcher."""
+    EXIT_INTERRUPTED after Ctrl-C, or EXIT_PREEMPTED after another stop signal. `save_dir`: where the
+    run keeps last.pt, read after a stop to say what was saved."""
     global _workers_ended
     # Forked workers share this process's stdout; line by line, as `python -u` workers write
     # (a stream put in its place, as a test's capture, may not offer it).
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)
-    print("launching: " + " ".join(shlex.quote(part) for part in
-                                   [sys.executable, "-m", "torch.distributed.run", *launcher_args]), flush=True)
+    shown = [part for part in launcher_args if part not in IN_PROCESS_FLAGS]
+    print("launching: " + " ".join(shlex.quote(str(part)) for part in
+                                   [sys.executable, "-m", "torch.distributed.run", *shown]), flush=True)
     reports = logging.getLogger(TORCHRUN_WORKER_REPORTS)
+    last_before = _file_version(save_dir)
     try:
         # torchrun keeps its workers' error files under --log-dir; left to itself it makes a
         # torchelastic_* folder in the temp directory on every launch and never removes it.
@@ -100,9 +113,32 @@ def run_torchrun(launcher_args):
         first = min(failure.failures.items())[1]
         return first.exitcode if first.exitcode and first.exitcode > 0 else 1
     except SignalException as stop:
-        # torchrun passed the signal on as SIGTERM and waited for the workers, which finished
-        # their step and saved; say so in one line instead of torchrun's traceback.
-        print(f"launcher received {stop.sigval.name}: the workers saved a checkpoint; run the same command "
-              "again to resume", file=sys.stderr, flush=True)
-        return EXIT_PREEMPTED
+        # torchrun passed the signal on to the workers and waited for them; say in one line, instead
+        # of torchrun's traceback, what they left on disk.
+        print(f"launcher received {stop.sigval.name}: {saved_by_the_workers(save_dir, last_before)}",
+              file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED if stop.sigval.name == "SIGINT" else EXIT_PREEMPTED
     return 0
+
+
+def _file_version(save_dir):
+    """What tells one last.pt from the next (the file is replaced by a rename on every save)."""
+    try:
+        found = os.stat(save_dir / LAST)
+    except (OSError, TypeError):
+        return None
+    return found.st_ino, found.st_mtime_ns, found.st_size
+
+
+def saved_by_the_workers(save_dir, last_before):
+    """What the workers stopped by a signal saved, as read from --save-dir: a stop signal makes them finish
+    their step and save; Ctrl-C, or a signal during their set-up, stops them where they are."""
+    progress = saved_progress(save_dir / LAST) if save_dir is not None else None
+    if progress is None:
+        return f"nothing was saved: {save_dir} holds no checkpoint" if save_dir else "nothing was saved"
+    epoch, step, position = progress
+    if _file_version(save_dir) == last_before:
+        return f"nothing was saved since this command started ({save_dir / LAST} is the one from before, step {step})"
+    where = f"in epoch {epoch + 1}, {position} samples in" if position else f"at the end of epoch {epoch}"
+    return (f"the workers saved a checkpoint ({save_dir / LAST}: step {step}, {where}); run the same command "
+            "again to resume")

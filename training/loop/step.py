@@ -165,9 +165,11 @@ def global_batch_size(batch_size, data_parallel_size, grad_accum_steps):
     return batch_size * data_parallel_size * grad_accum_steps
 
 
-def scaled_lr(reference_lr, rule, global_batch, batch_size):
-    """The peak LR: the reference LR (one device, no accumulation) scaled by global/batch_size."""
-    ratio = global_batch / batch_size
+def scaled_lr(reference_lr, rule, global_batch, reference_batch):
+    """The peak LR: `reference_lr` is meant for a global batch of `reference_batch`, and scales with the
+    global batch against it (Goyal et al.'s linear rule, or its square root), however the batch is split
+    into GPUs and accumulated micro-batches."""
+    ratio = global_batch / reference_batch
     if rule == "linear":
         return reference_lr * ratio
     if rule == "sqrt":
@@ -178,23 +180,34 @@ def scaled_lr(reference_lr, rule, global_batch, batch_size):
 
 
 # A peak LR this many times the default's is far enough above what the models were tuned with
-# to say so: with linear scaling, more than 4 GPUs (or 4 accumulated micro-batches) at the default
-# --lr, or an --lr already multiplied for the layout and then scaled again.
+# to say so: with linear scaling, a global batch over 4 times the reference at the default --lr, or
+# an --lr already multiplied for the layout and then scaled again.
 FAR_ABOVE_DEFAULT = 4.0
 
 
-def scaling_warning(reference_lr, rule, global_batch, batch_size, default_lr):
-    """One line when scaling lifts the peak LR far above the default's (None otherwise): the
-    reference --lr is meant for one device, and a value already multiplied for several is
-    multiplied again unless scaling is off."""
-    peak_lr = scaled_lr(reference_lr, rule, global_batch, batch_size)
-    if rule == "none" or global_batch <= batch_size or peak_lr <= FAR_ABOVE_DEFAULT * default_lr:
+def scaling_warning(reference_lr, rule, global_batch, reference_batch, default_lr):
+    """One line when scaling lifts the peak LR far above the default's (None otherwise): --lr is
+    meant for the reference batch, and a value already multiplied for a larger global batch is
+    multiplied again unless the reference says so or scaling is off."""
+    peak_lr = scaled_lr(reference_lr, rule, global_batch, reference_batch)
+    if rule == "none" or global_batch <= reference_batch or peak_lr <= FAR_ABOVE_DEFAULT * default_lr:
         return None
     return (f"peak LR {peak_lr:.2e} is {peak_lr / default_lr:.0f}x the default's {default_lr:.0e}: --lr "
-            f"{reference_lr:.2e} is the LR of one device, and {rule} scaling multiplies it by "
-            f"{peak_lr / reference_lr:.3g} for a global batch of {global_batch} ({global_batch / batch_size:g}x "
-            f"--batch-size {batch_size}); "
-            "if --lr is already meant for this global batch, pass --lr-scaling none")
+            f"{reference_lr:.2e} is meant for a global batch of {reference_batch} (--lr-reference-batch), and "
+            f"{rule} scaling multiplies it by {peak_lr / reference_lr:.3g} for a global batch of {global_batch}; "
+            f"if --lr is already meant for this global batch, pass --lr-reference-batch {global_batch} "
+            "(or --lr-scaling none)")
+
+
+def lr_line(lr, rule, reference_batch, peak_lr, split):
+    """How the peak LR was reached, for the run's log; `split`: (per-GPU batch, replicas, accumulation)."""
+    batch_size, replicas, accumulation = split
+    global_batch = batch_size * replicas * accumulation
+    scaled = {"linear": f"x {global_batch}/{reference_batch}", "sqrt": f"x sqrt({global_batch}/{reference_batch})",
+              "none": "unscaled"}[rule]
+    return (f"--lr {lr:.2e} for a global batch of {reference_batch} (--lr-reference-batch), {rule} scaling: "
+            f"global batch {global_batch} ({batch_size} per GPU x {replicas} replicas x {accumulation} accumulation), "
+            f"{scaled} -> peak {peak_lr:.2e}")
 
 
 def steps_per_epoch(micro_batches_per_epoch, grad_accum_steps):

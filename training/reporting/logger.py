@@ -138,17 +138,29 @@ def describe(label, fields, values):
     return {"device": label, **{name: round(value, 4) for name, value in zip(fields, values, strict=True)}}
 
 
+# Up to this many devices the epoch line names each; beyond, it gives the largest and smallest (every
+# device's figures stay in metrics.jsonl): sixteen GPUs listed one by one made a 600-character line.
+LISTED_DEVICES = 4
+
+
 def format_memory(entries):
-    """One compact console fragment for all devices, e.g. 'cuda:0 0.10/0.31/0.50 GiB'."""
+    """One compact console fragment for all devices, e.g. 'cuda:0 0.10/0.31/0.50 GiB', or for many
+    the extremes of the peak, e.g. 'peak RSS max 0.41 GiB (rank3:cpu), min 0.38 GiB (rank0:cpu) of 16'."""
+    on_cuda = bool(entries) and "reserved_gib" in entries[0]
+    if len(entries) > LISTED_DEVICES:
+        peak = "peak_allocated_gib" if on_cuda else "peak_rss_gib"
+        high, low = max(entries, key=lambda e: e[peak]), min(entries, key=lambda e: e[peak])
+        name = "peak allocated" if on_cuda else "peak RSS"
+        return (f"mem {name} max {high[peak]:.2f} GiB ({high['device']}), min {low[peak]:.2f} GiB "
+                f"({low['device']}) of {len(entries)}")
     parts = []
     for entry in entries:
-        if "reserved_gib" in entry:
+        if on_cuda:
             parts.append(f"{entry['device']} {entry['allocated_gib']:.2f}/{entry['peak_allocated_gib']:.2f}/"
                          f"{entry['reserved_gib']:.2f} GiB")
         else:
             parts.append(f"{entry['device']} peak RSS {entry['peak_rss_gib']:.2f} GiB")
-    legend = " (alloc/peak/reserved)" if entries and "reserved_gib" in entries[0] else ""
-    return "mem " + ", ".join(parts) + legend
+    return "mem " + ", ".join(parts) + (" (alloc/peak/reserved)" if on_cuda else "")
 
 
 def _peak_rss_bytes():
