@@ -1,6 +1,7 @@
 """Train a HAR model on one device (CUDA if present, else CPU). See README.md."""
 
 from training.config.cli import parse_config
+from training.distributed.slurm import refuse_srun_tasks
 from training.distributed.strategy import distributed_env
 from training.entry_point import exit_process, run_entry_point
 from training.errors import UsageError
@@ -8,6 +9,7 @@ from training.errors import UsageError
 
 def main(argv):
     config = parse_config(argv, multi_gpu=False)
+    refuse_srun_tasks("main.py")
     if distributed_env()[2] > 1:
         raise UsageError("main.py is single-device; under torchrun use main_multi_gpu.py --multi-gpu ddp")
     if config.recipe.cv_folds:
