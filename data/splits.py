@@ -52,6 +52,9 @@ class HarData:
     # and subjects (of an .npz's bytes; of a store's manifest, which holds its shards' checksums,
     # and labels). A checkpoint keeps it, so a resume tells other data at the same path.
     identity: str | None = None
+    # What the same data was known as under earlier versions' rules (an .npz's file bytes), which a
+    # checkpoint written then recorded.
+    former_identities: tuple = ()
     described: object = None  # the data.description.Description the data was read with (a store's, or --description)
     # (shortest, longest) steps of windows of unequal lengths, padded at their end with NaN (an .npz's);
     # None: every window fills its steps.
@@ -60,6 +63,10 @@ class HarData:
     @property
     def padded(self):
         return self.own_lengths is not None
+
+    def known_as(self):
+        """The identities a checkpoint of this data may have recorded: today's, then earlier versions'."""
+        return (self.identity, *self.former_identities)
 
     def sensor_triples(self):
         """Channel indices of each sensor's x/y/z: where the description places them, else by the names'
@@ -159,7 +166,8 @@ def _load_npz(data_dir, mode, val_fraction, split_seed, val_subjects, val_split,
                    f"test {len(test)}")
     return HarData(train, val, test, windows.class_names, windows.channel_names, "npz", description,
                    sample_rate_hz=windows.sample_rate_hz, preprocessing=windows.preprocessing,
-                   identity=array_identity(np.array([file_sha256(data_dir), *_described_identity(described)])),
+                   identity=_windows_identity(windows, described),
+                   former_identities=(_file_identity(data_dir, described),),
                    described=described, own_lengths=windows.own_lengths)
 
 
@@ -192,6 +200,22 @@ def _store_description(manifest, store, data_dir):
     described = description_of(manifest["description"], f"store {data_dir}'s description")
     described.check("channels", store.channels, f"store {data_dir}")
     return described
+
+
+def _windows_identity(windows, described):
+    """An .npz's identity: the windows it gives (signals, labels, subjects, split) and what it says of them,
+    not the file's bytes, so the same windows saved with np.savez_compressed, or in another order of
+    arrays, are the same data."""
+    said = json.dumps({"classes": list(windows.class_names), "channels": list(windows.channel_names),
+                       "rate_hz": windows.sample_rate_hz, "preprocessing": windows.preprocessing,
+                       "described": _described_identity(described)}, sort_keys=True)
+    split = [] if windows.split is None else [np.asarray(windows.split, dtype=str)]
+    return "windows:" + array_identity(windows.signals, windows.labels, windows.subjects, *split, np.array([said]))
+
+
+def _file_identity(data_dir, described):
+    """An .npz's identity before it was its windows': the file's bytes (a checkpoint written then has it)."""
+    return array_identity(np.array([file_sha256(data_dir), *_described_identity(described)]))
 
 
 def _described_identity(described):
@@ -248,6 +272,12 @@ def _hold_out(train_all, val_fraction, seed, val_subjects, val_split="subjects")
     at least one to train on, else a random `val_fraction` of them; or the end of each one's windows."""
     if _validates_in_time(train_all, val_fraction, val_subjects, val_split):
         is_val = _last_part(train_all.subjects, val_fraction)
+        if val_fraction > 0 and not is_val.any():
+            why = "--val-split time" if val_split == "time" else f"fewer than {MIN_VALIDATION_SUBJECTS} subjects"
+            instead = "--val-split subjects, " if val_split == "time" else ""
+            raise DataError(f"validation would take the last part of each training subject's windows ({why}), "
+                            "and no subject has more than one: nothing is left to validate on; use "
+                            f"{instead}--val-subjects, or --val-fraction 0 to train without validation")
         return _take(train_all, ~is_val), _take(train_all, is_val), np.unique(train_all.subjects[is_val])
     if val_subjects is None:
         val_subjects = hold_out_subjects(train_all.subjects, val_fraction, seed)

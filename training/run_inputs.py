@@ -27,6 +27,7 @@ import numpy as np
 from data.splits import HarData, load_har_data, untrained_classes_warning
 from models import MODELS
 from training.checkpoint import files as ckpt
+from training.checkpoint.earlier_run import check_movable, continues_its_folder, earlier_run_files
 from training.checkpoint.judge import judge
 from training.config.settings import SHARDED_OR_DDP
 from training.distributed.strategy import distributed_env
@@ -118,6 +119,8 @@ def _read_save_dir(config, data, hold_lock):
             if judgement.refusal:
                 raise UsageError(judgement.refusal)
             warnings.extend(judgement.warnings)
+        if not continues_its_folder(resume_from, save_dir):  # its first save moves an earlier run aside
+            check_movable(save_dir, earlier_run_files(save_dir))
     except BaseException:
         lock.release()
         raise

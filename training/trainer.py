@@ -14,7 +14,6 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -23,7 +22,7 @@ from data.splits import HarData, Split, fit_normalization, normalize
 from evaluation.figures import write_run_figures
 from models import MODELS, count_parameters, feature_views_of, label_smoothing_of, resolve_size, training_bytes
 from training.checkpoint import files as ckpt
-from training.checkpoint.earlier_run import earlier_run_files, move_aside
+from training.checkpoint.earlier_run import continues_its_folder, earlier_run_files, move_aside
 from training.checkpoint.manager import CheckpointManager, restore_parts
 from training.checkpoint.train_state import RandomStreams, TrainState
 from training.config.cli import write_resolved_config
@@ -180,11 +179,7 @@ class Trainer:
         loaders, augment, pool_figures, pool = _build_loaders(config, data, model, augment, loader_batch, strategy,
                                                               log, replicated)
 
-        reference_batch, per_gpu_rule = _lr_reference_batch(optim, checkpoint)
-        peak_lr = scaled_lr(optim.lr, optim.lr_scaling, global_batch, reference_batch)
-        lr_warning = scaling_warning(optim.lr, optim.lr_scaling, global_batch, reference_batch, DEFAULT_LR)
-        if lr_warning:
-            log.warn(lr_warning)
+        peak_lr, per_gpu_rule = _peak_lr(optim, checkpoint, strategy.data_parallel_size, head_fit, log)
         record_graph = records_step_graph(config.hardware.cuda_graphs, model, strategy, precision,
                                           config.optim.grad_accum_steps, config.hardware.compile, log.warn)
         optimizer = NothingToStep() if head_fit == "ridge" else build_adamw(model, peak_lr, optim.weight_decay,
@@ -199,10 +194,6 @@ class Trainer:
                                                           len(data.train), config.parallel.grad_compression, log)
         strategy.check_same_on_all_ranks(state.step, "the optimizer steps already taken")
 
-        if head_fit != "ridge":
-            log.info("lr: " + lr_line(optim.lr, optim.lr_scaling, reference_batch, peak_lr,
-                                      (optim.batch_size, strategy.data_parallel_size, optim.grad_accum_steps))
-                     + (PER_GPU_RULE_NOTE if per_gpu_rule else ""))
         scheduler = optimizer if head_fit == "ridge" else _position_schedule(
             optimizer, optim, len(loaders["train"]), state, global_batch, log)
         smoothing = label_smoothing_of(config.model.name, config.recipe.label_smoothing)
@@ -290,7 +281,7 @@ def _first_save(config, strategy, resume_from, checkpoint, log):
     continues the folder's own checkpoint), then write config.yaml with the settings the weights were
     trained with: a run that trains nothing records its checkpoint's, not this command's."""
     save_dir = config.save_dir
-    continues = resume_from is not None and Path(resume_from).resolve().parent == save_dir.resolve()
+    continues = continues_its_folder(resume_from, save_dir)
     earlier = earlier_run_files(save_dir) if strategy.is_main and not continues else []
     saved_flags = checkpoint["config"] if checkpoint is not None else None
 
@@ -452,6 +443,22 @@ def _position_schedule(optimizer, optim, micro_batches_per_epoch, state, global_
 PER_GPU_RULE_KEY = "lr_scales_by_per_gpu_batch"
 PER_GPU_RULE_NOTE = (" (this run began before --lr-reference-batch: its LR keeps scaling against its per-GPU batch, "
                      "as it did then)")
+
+
+def _peak_lr(optim, checkpoint, replicas, head_fit, log):
+    """(the peak LR, whether it follows the per-GPU rule of a run begun before the reference batch), with
+    its arithmetic in the log (and a warning far above the default's); a head solved by ridge has none."""
+    reference_batch, per_gpu_rule = _lr_reference_batch(optim, checkpoint)
+    split = (optim.batch_size, replicas, optim.grad_accum_steps)
+    global_batch = global_batch_size(*split)
+    peak_lr = scaled_lr(optim.lr, optim.lr_scaling, global_batch, reference_batch)
+    lr_warning = scaling_warning(optim.lr, optim.lr_scaling, global_batch, reference_batch, DEFAULT_LR)
+    if lr_warning:
+        log.warn(lr_warning)
+    if head_fit != "ridge":
+        log.info("lr: " + lr_line(optim.lr, optim.lr_scaling, reference_batch, peak_lr, split)
+                 + (PER_GPU_RULE_NOTE if per_gpu_rule else ""))
+    return peak_lr, per_gpu_rule
 
 
 def _lr_reference_batch(optim, checkpoint):

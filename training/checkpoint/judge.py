@@ -47,11 +47,11 @@ def judge(checkpoint, path, config, data=None, on_purpose=False):
     if missing:
         return Judgement(f"{path} is not a checkpoint of this trainer (missing: {', '.join(missing)}); "
                          "point --resume at a last.pt or best.pt it wrote")
-    saved, identities = checkpoint["config"], (checkpoint.get("data_identity"), data.identity if data else None)
-    differ = [] if on_purpose else run_differences(saved, config, *identities)
+    saved, saved_data = checkpoint["config"], checkpoint.get("data_identity")
+    differ = [] if on_purpose else run_differences(saved, config, saved_data, data.known_as() if data else None)
     refusal = (_another_run(checkpoint, config, differ) if differ else _incompatibility(checkpoint, path, config, data))
     warnings = [f"resumed with a changed flag: {line}" for line in changed_flags(saved, config)]
-    if None not in identities and identities[0] != identities[1]:  # on purpose: else refused above
+    if None not in (saved_data, data) and saved_data not in data.known_as():  # on purpose: else refused above
         warnings.append(f"resumed on other data than {path} was trained on (other windows)")
     return Judgement(refusal, warnings)
 
@@ -83,11 +83,35 @@ def _incompatibility(checkpoint, path, config, data):
     if differ:
         return (f"checkpoint {path} was made with {', '.join(differ)}; match the flags, "
                 "or use --no-resume / another --save-dir")
+    windows = _window_difference(checkpoint, data)
+    if windows:
+        return (f"checkpoint {path} was trained on {windows[0]}; --data-dir {config.data.data_dir} gives {windows[1]}, "
+                "which its weights cannot read as they were trained to: use data cut as the checkpoint's was, or "
+                "--no-resume / another --save-dir")
     channels = checkpoint.get("channel_names")
     if data is not None and channels is not None and tuple(channels) != tuple(data.channel_names):
         return (f"checkpoint {path} was trained on channels {', '.join(channels)}; --data-dir "
                 f"{config.data.data_dir} gives {', '.join(data.channel_names)}: use data with the checkpoint's "
                 "channels, or --no-resume / another --save-dir")
+    return None
+
+
+def _window_difference(checkpoint, data):
+    """(what the checkpoint was trained on, what this data is) where the windows' length or their NaN padding
+    differ, else None. A model's layout may follow the window length (MiniRocket's dilations); a model
+    fitted to windows that fill their steps reads NaN padding as signal. Padding is MiniRocket's buffer
+    (other models refuse padded windows whatever the checkpoint); a key an older checkpoint lacks is not
+    compared."""
+    if data is None:
+        return None
+    steps, saved_steps = data.train.signals.shape[2], checkpoint.get("window_steps")
+    if saved_steps is not None and saved_steps != steps:
+        return f"windows of {saved_steps} steps", f"windows of {steps}"
+    saved_padding = checkpoint["model"].get("nan_padding") if isinstance(checkpoint["model"], dict) else None
+    if saved_padding is not None and bool(saved_padding) != data.padded:
+        padded = f"windows of unequal lengths, NaN-padded to {steps} steps"
+        whole = f"windows that fill their {steps} steps"
+        return (padded, whole) if bool(saved_padding) else (whole, padded)
     return None
 
 
@@ -104,7 +128,7 @@ def run_differences(saved_flags, config, saved_data=None, data=None):
     given_before, given_now = RunConfig.from_flags({**config.flags(), **saved_flags}).flags(), config.flags()
     differ = [f"--{flag.replace('_', '-')} {_shown(given_before[flag])} (this run: {_shown(given_now[flag])})"
               for flag in changed]
-    if None not in (saved_data, data) and saved_data != data and not set(changed) & set(DATA):
+    if None not in (saved_data, data) and saved_data not in data and not set(changed) & set(DATA):
         where = f" at --data-dir {given_now['data_dir']}" if given_now["data_dir"] else ""
         differ.append(f"the data{where} (other windows than the run was trained on)")
     return differ

@@ -7,6 +7,7 @@ import dataclasses
 import datetime
 import difflib
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import yaml
 
 from data.errors import not_a_file
 from data.store import write_atomic
+from training.checkpoint.files import BEST, LAST
 from training.config.settings import Parallel, RunConfig, flag_groups
 from training.errors import UsageError
 
@@ -118,11 +120,38 @@ def parse_with_config(parser, argv):
     args = parser.parse_args(argv)  # first alone: finds --config however it was spelt
     if args.config is None:
         return args
-    file_argv = config_to_argv(parser, load_config_file(args.config))
+    loaded = load_config_file(args.config)
+    if args.save_dir is None:
+        loaded = in_its_run_folder(loaded)
+    file_argv = config_to_argv(parser, loaded)
     parser.error = usage_error(parser.prog, where=f"--config {args.config}")
     parser.parse_args(file_argv)  # the file on its own, so its bad values are blamed on it
     parser.error = usage_error(parser.prog)
     return parser.parse_args([*file_argv, *argv])
+
+
+def in_its_run_folder(loaded):
+    """A run's own config.yaml records the --save-dir it was written in, which a moved or copied run
+    folder no longer is: taken from a folder that holds a run, it continues that folder (said in one
+    line); elsewhere its save_dir stands, also said where it is not the file's folder, so nobody
+    trains on at a path they did not see."""
+    path, values = Path(loaded["path"]), loaded["values"]
+    recorded = values.get("save_dir")
+    if path.name != CONFIG_NAME or not recorded or Path(recorded).resolve() == path.parent.resolve():
+        return loaded
+    if any((path.parent / name).is_file() for name in (LAST, BEST)):  # a folder a run has saved in
+        _say_once(f"--config {path}: continuing the run folder it sits in, {path.parent} (it was written in "
+                  f"{recorded}); pass --save-dir to choose another")
+        return {**loaded, "values": {**values, "save_dir": str(path.parent)}}
+    _say_once(f"--config {path}: its save_dir is {recorded}, where it was written; the run uses that folder "
+              "(pass --save-dir to choose another)")
+    return loaded
+
+
+def _say_once(line):
+    """A line for the user from the command line's reading: once, not once a rank."""
+    if os.environ.get("RANK", "0") == "0":
+        print(line, flush=True)
 
 
 def usage_error(prog, where=None):

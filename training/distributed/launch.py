@@ -1,6 +1,7 @@
 """`--multi-gpu ddp` started without torchrun: check once, then run torch.distributed.run here."""
 import logging
 import os
+import re
 import shlex
 import sys
 import tempfile
@@ -30,6 +31,10 @@ def processes_per_node(config, placement):
         raise UsageError(f"--nproc-per-node {nproc} is more than the {gpus} GPU(s) in use; "
                          "lower it, pass --backend gloo to share GPUs, or pass --device cpu to run that many "
                          "CPU processes")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if device_type == "cpu" and nproc > cores:
+        raise UsageError(f"--nproc-per-node {nproc} is more CPU processes than the {cores} core(s) this process may "
+                         f"use; each rank needs a core of its own: give at most {cores}")
     if hardware.device == "auto" and device_type == "cpu":
         print(f"no GPU is visible: {nproc} CPU processes (gloo)", flush=True)
     return nproc
@@ -69,9 +74,16 @@ _workers_ended = False  # set once torchrun, run in this process, has seen its w
 TORCHRUN_WORKER_REPORTS = "torch.distributed.elastic.multiprocessing.api"
 
 
+# A worker that ends with one of the trainer's own codes has said why in its own line (training/errors.py);
+# torchrun's line that it failed would only follow it with a pid.
+SAID_BY_THE_WORKER = re.compile(r"failed \(exitcode: (2|3|4|75|130)\)")
+
+
 def _without_traceback(record):
+    """torchrun's report of a failed worker: without the launcher's traceback of noticing it, and left out
+    where the worker's own line has said it all."""
     record.exc_info, record.exc_text = None, None
-    return True
+    return not SAID_BY_THE_WORKER.search(record.getMessage())
 
 
 def workers_ended():

@@ -106,15 +106,16 @@ class FeatureStore:
         except OSError as exc:  # a full disk, a read-only folder, a file where the folder should be
             raise UsageError(_unwritable(self.folder / IDENTITY, exc)) from None
 
-    def remove_others(self):
+    def remove_others(self, warn):
         """Once every rank has written its shards: delete the partial files a killed build left, and
         the other pools in `root` (each a folder with an identity file of this format), which a
-        finished pool replaces, so that a folder holds one pool, not one for every change."""
+        finished pool replaces, so that a folder holds one pool, not one for every change. One that
+        cannot go is warned of: the new pool is built, and the run goes on."""
         for partial in self.folder.glob(".*.tmp.*"):  # a shard's or its checksum's
             partial.unlink(missing_ok=True)
         for path in self.root.glob(f"*/{IDENTITY}"):
             if path.parent != self.folder and _identity_in(path).get("format") == FORMAT:
-                shutil.rmtree(path.parent)
+                _remove_pool(path.parent, warn)
 
     def shard_path(self, part, first):
         return self.folder / f"part{part}-{first:09d}.npy"
@@ -170,6 +171,19 @@ class FeatureStore:
         """The shards of `pieces` [(part, first, stop), ...] in order, as one array [n, width] on disk."""
         return ShardedRows([self.shard_path(part, first) for part, first, _ in pieces],
                            [stop - first for _, first, stop in pieces], width, dtype)
+
+
+def _remove_pool(folder, warn):
+    """An earlier pool's folder, or the link to one kept elsewhere: the link goes, what it points at stays
+    (it is not in this run's folder)."""
+    try:
+        if folder.is_symlink():
+            folder.unlink()
+        else:
+            shutil.rmtree(folder)
+    except OSError as exc:
+        warn(f"the earlier feature pool {folder} could not be removed ({exc.strerror}); the new one is built "
+             "beside it: remove the old one yourself")
 
 
 def _identity_in(path):

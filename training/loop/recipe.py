@@ -256,7 +256,7 @@ def build_feature_pool(model, splits, views, augment, seed, strategy, log, store
                    for group in groups]
         where = _where(store, why, per_rank, _windows_in(pieces))
         if strategy.is_main:
-            store.remove_others()
+            store.remove_others(log.warn)
     pool = {"train": Split(by_part[0], np.tile(train.labels, views), np.tile(train.subjects, views))}
     for name, rows in zip(others, by_part[1:], strict=True):
         pool[name] = Split(rows, splits[name].labels, splits[name].subjects)
