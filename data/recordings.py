@@ -20,6 +20,11 @@ COLUMNS = (TIME_COLUMN, *ACC_AXES, *GYRO_AXES)
 STANDARD_GRAVITY_M_S2 = 9.80665
 ACC_UNITS = {"g": 1.0, "m/s2": 1.0 / STANDARD_GRAVITY_M_S2}
 GYRO_UNITS = {"rad/s": 1.0, "deg/s": math.pi / 180.0}
+# An accelerometer worn or held reads gravity under the motion: in g its median |acc| over a recording
+# lies near 1 whatever the person does, and the same signals in m/s2 read as g near 9.81. A median of
+# 7 to 13 g is no person's recording in g (most of it spent at seven times gravity or more) and is
+# 9.81 m/s2 give or take 30% (a sensor's offset, a recording of vigorous motion): taken for m/s2.
+M_S2_READ_AS_G = (7.0, 13.0)
 
 
 @dataclass
@@ -34,17 +39,19 @@ class Recording:
         return len(self.acc_g if self.acc_g is not None else next(iter(self.extra.values())))
 
 
-def read_recording(path, acc_unit="g", gyro_unit="rad/s", extra=(), channels=()):
+def read_recording(path, acc_unit=None, gyro_unit=None, extra=(), channels=()):
     """CSV with a header of COLUMNS (time_s and gyro_* optional), or .npz with acc, gyro, time_s;
     `extra` names more one-value-per-sample columns (arrays) that must be present too. With
-    `channels` (another device's channel names), those columns and time_s replace acc and gyro."""
+    `channels` (another device's channel names), those columns and time_s replace acc and gyro.
+    The units (None: g and rad/s) convert acc and gyro; given with `channels`, they are refused."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"--recording {path} {not_a_file(path)}")
+    _check_units_apply(path, acc_unit, gyro_unit, channels)
     extra, reader = (*channels, *extra), _read_npz if path.suffix.lower() == ".npz" else _read_csv
     columns = reader(path, extra, need_acc=not channels)
-    acc = columns["acc"] * ACC_UNITS[acc_unit] if columns["acc"] is not None else None
-    gyro = columns["gyro"] * GYRO_UNITS[gyro_unit] if columns.get("gyro") is not None else None
+    acc = columns["acc"] * ACC_UNITS[acc_unit or "g"] if columns["acc"] is not None else None
+    gyro = columns["gyro"] * GYRO_UNITS[gyro_unit or "rad/s"] if columns.get("gyro") is not None else None
     time_s = columns.get("time_s")
     named = np.stack([columns["extra"][name] for name in channels], axis=1) if channels else None
     for axes, values in ((ACC_AXES, acc), (GYRO_AXES, gyro), (channels, named)):
@@ -58,6 +65,33 @@ def read_recording(path, acc_unit="g", gyro_unit="rad/s", extra=(), channels=())
         raise DataError(f"{path}: {TIME_COLUMN} does not increase at sample {row + 2} ({time_s[row]:g} then "
                         f"{time_s[row + 1]:g} s); time stamps must be strictly increasing")
     return Recording(acc, gyro, time_s, str(path), {name: columns["extra"][name] for name in extra})
+
+
+def _check_units_apply(path, acc_unit, gyro_unit, channels):
+    """A unit converts acc_x..acc_z or gyro_x..gyro_z; a recording read by a model's own channels keeps
+    every column as recorded (which of them is an acceleration, and in what unit the model learnt it,
+    is the model's), so a unit given for it would be dropped without a word: refused instead."""
+    given = [f"--{kind}-unit {unit}" for kind, unit in (("acc", acc_unit), ("gyro", gyro_unit)) if unit is not None]
+    if channels and given:
+        raise DataError(f"{' and '.join(given)} convert{'s' if len(given) == 1 else ''} the columns acc_x..acc_z "
+                        f"and gyro_x..gyro_z of the UCI HAR layout, while {path} is read by the model's own channels "
+                        f"({', '.join(channels)}), as recorded, in the units it was trained on: give them in those "
+                        f"units and drop {' and '.join(flag.split()[0] for flag in given)}")
+
+
+def _median_magnitude(values):
+    """The median over samples of |values| [n, 3] (None for no samples): gravity's size in the units
+    of an accelerometer worn or held (a median passes over the motion's bursts)."""
+    return float(np.median(np.linalg.norm(values, axis=1))) if values is not None and len(values) else None
+
+
+def unit_warning(recording, acc_unit=None):
+    """One line where acceleration read in g (`acc_unit` None or g) looks like m/s2, else None."""
+    median = _median_magnitude(recording.acc_g) if acc_unit in (None, "g") else None
+    if median is None or not M_S2_READ_AS_G[0] <= median <= M_S2_READ_AS_G[1]:
+        return None
+    return (f"{recording.path}: the acceleration's median magnitude is {median:.2f} g, near 9.81 where a recording "
+            "in g reads about 1 (gravity): it looks like m/s2, and the model reads g; pass --acc-unit m/s2")
 
 
 def _check_finite_as_model_input(path, axes, values):

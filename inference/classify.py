@@ -10,7 +10,7 @@ from data.preprocess import available_channels, cut_windows, stream_channels, wi
 from data.resample import on_model_clock, values_on_model_clock
 from data.splits import channel_names, select_channels
 from data.uci_har import SIGNAL_NAMES
-from inference.adaptation import adapted_probabilities
+from inference.adaptation import MIN_RECORDING_WINDOWS, adapted_recording
 from inference.bundle import probabilities
 from training.errors import UsageError
 
@@ -115,12 +115,16 @@ def recording_windows(bundle, recording, stride_steps=None, sample_rate_hz=None)
 
 def classify_recording(bundle, recording, device, stride_steps=None, sample_rate_hz=None, adapt=False):
     """Window probabilities of a recording; with `adapt`, MiniRocket's features standardised with the
-    recording's own statistics (inference/adaptation.py)."""
+    recording's own statistics (inference/adaptation.py), refused where it is too short or of one activity."""
     cut = recording_windows(bundle, recording, stride_steps, sample_rate_hz)
     rate_hz = bundle.sample_rate_hz
     begin_s = cut.start_s + cut.start_steps / rate_hz
-    classify = adapted_probabilities if adapt else probabilities
-    return WindowPredictions(begin_s, begin_s + bundle.window_steps / rate_hz,
-                             classify(bundle, cut.windows, device), bundle.class_names,
+    if adapt:
+        stride = stride_steps or bundle.window_steps // 2
+        shortest_s = (bundle.window_steps + (MIN_RECORDING_WINDOWS - 1) * stride) / rate_hz
+        probs = adapted_recording(bundle, cut.windows, device, recording.path, shortest_s)
+    else:
+        probs = probabilities(bundle, cut.windows, device)
+    return WindowPredictions(begin_s, begin_s + bundle.window_steps / rate_hz, probs, bundle.class_names,
                              np.linalg.norm(cut.acc_g, axis=1), rate_hz, cut.start_s, cut.source_rate_hz,
                              "|channels|" if own_channels(bundle) else "|acc| (g)")

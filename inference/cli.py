@@ -32,8 +32,11 @@ def predict_parser():
     group = parser.add_argument_group("recording")
     group.add_argument("--sample-rate", type=float, default=None, metavar="HZ",
                        help="the recording's rate when it has no time_s column")
-    group.add_argument("--acc-unit", choices=tuple(ACC_UNITS), default=None, help="default: g")
-    group.add_argument("--gyro-unit", choices=tuple(GYRO_UNITS), default=None, help="default: rad/s")
+    # None when not given: a recording read by a model's own channels takes no unit (data/recordings.py).
+    group.add_argument("--acc-unit", choices=tuple(ACC_UNITS), default=None,
+                       help="of acc_x..acc_z (not of a model's own channels, read as recorded); default: g")
+    group.add_argument("--gyro-unit", choices=tuple(GYRO_UNITS), default=None,
+                       help="of gyro_x..gyro_z (not of a model's own channels); default: rad/s")
     group.add_argument("--stride", type=int, default=None, metavar="STEPS",
                        help="samples (at the model's rate) between window starts; default half a window")
     # median by default: on the nested estimate over 21 people's recordings it matched hmm overall
@@ -56,7 +59,8 @@ def predict_parser():
     group.add_argument("--adapt", choices=(*ADAPT_CHOICES, "subject"), default="none",
                        help="minirocket: standardise the features with the statistics of the recording "
                             "(--adapt recording) or of each person's windows (--adapt subject, evaluation) "
-                            "instead of the training windows'")
+                            "instead of the training windows'; a recording of under 10 windows, or of one "
+                            "activity as the model sees it, is refused: it has nothing to centre on")
     group = parser.add_argument_group("evaluation")
     group.add_argument("--dataset", choices=DATASETS, default="auto",
                        help="auto: npz for an .npz file, else uci-har; synthetic: the built-in data, generated "
@@ -85,7 +89,6 @@ def parse_predict_args(argv):
         one = len(other_mode) == 1
         raise UsageError(f"{' and '.join(other_mode)} only appl{'ies' if one else 'y'} to {mode}; drop "
                          f"{'it' if one else 'them'} here")
-    args.acc_unit, args.gyro_unit = args.acc_unit or "g", args.gyro_unit or "rad/s"
     args.split = args.split or "test"
     args.smooth = {None: "median", "none": None}.get(args.smooth, args.smooth)
     if recording and args.dataset != "auto":

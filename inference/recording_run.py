@@ -1,8 +1,9 @@
 """predict.py --recording: classify a whole recording and write windows.csv, timeline.csv, timeline.png."""
-from data.recordings import read_recording
+import sys
+
+from data.recordings import read_recording, unit_warning
 from data.store import write_atomic
 from evaluation.calibration import scaled
-from inference.adaptation import MIN_ADAPT_WINDOWS
 from inference.bundle import load_bundle, pick_device
 from inference.classify import check_checkpoint, check_usable, classify_recording, own_channels
 from inference.outputs import check_out_dir, prepare_out_dir, write_csv
@@ -28,6 +29,9 @@ def predict_recording(args):
     check_checkpoint(bundle)
     recording = read_recording(args.recording, args.acc_unit, args.gyro_unit, channels=own_channels(bundle))
     check_usable(bundle, recording)
+    doubt = unit_warning(recording, args.acc_unit)  # None for a model's own channels: no acc to judge
+    if doubt:
+        print(f"warning: {doubt}", file=sys.stderr)
     predictions = classify_recording(bundle, recording, device, args.stride, args.sample_rate,
                                      adapt=args.adapt == "recording")
     # The smoothers were chosen on the model's own probabilities: they keep reading those, so that a
@@ -59,9 +63,7 @@ def predict_recording(args):
 def _new_people_note(args, temperature, labels, classes):
     """What the options for new people did, for the summary's header."""
     notes = [f"temperature {temperature:.3g}"] if temperature != 1.0 else []
-    if args.adapt == "recording":  # adapted_probabilities warned where the recording was too short
-        notes.append("features standardised on this recording" if len(labels) >= MIN_ADAPT_WINDOWS
-                     else "too few windows to standardise on: training statistics")
+    notes += ["features standardised on this recording"] if args.adapt == "recording" else []
     notes += ["learnt transitions"] if args.transitions is not None else []
     if args.uncertain_below is not None:
         notes.append(f"{int((labels == classes).sum())} windows uncertain (top probability < {args.uncertain_below:g})")

@@ -16,12 +16,14 @@ below a threshold chosen on the validation windows marked uncertain (counted as 
 expected calibration error (15 bins) is over scored samples, each with its window's probabilities.
 
 With --nested, every finished outer fold of a studies.nested_cv configuration: its best.pt, its
-held-out people (nested_identity.json) and its windows' .npz. Development data only: nothing in
-the tests needs it.
+held-out people (nested_identity.json) and its windows' .npz; a folder not named as nested_cv names
+an outer fold (outer-<k>: a copy such as outer-2.bak beside them) is skipped, said in one line.
+Development data only: nothing in the tests needs it.
 """
 import json
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -29,7 +31,12 @@ from data.recordings import Recording
 from data.resample import resample
 from evaluation.calibration import fit_temperature, scaled
 from evaluation.recording_scores import RecordingTally, uncertain_threshold
-from inference.adaptation import adaptable_members, member_probabilities, raw_features
+from inference.adaptation import (
+    adaptable_members,
+    check_recording_windows,
+    member_probabilities,
+    raw_features,
+)
 from inference.bundle import load_bundle, pick_device, probabilities
 from inference.classify import recording_windows
 from inference.evaluate import splits_as_trained
@@ -43,6 +50,14 @@ from training.errors import UsageError
 
 RECORDING_RATE_HZ = 50.0
 SMOOTHINGS = ("none", "median", "hmm", "hmm-learnt", "hmm-learnt-stay")
+IDENTITY = "nested_identity.json"
+
+
+class FoldFits(NamedTuple):
+    """What a fold learnt or fitted on its own people, per feature mode where it differs."""
+    temperatures: dict
+    transitions: np.ndarray  # learnt from the recordings of the people the fold trained on
+    thresholds: dict  # uncertain below, chosen on the validation windows
 
 
 class Scorer:
@@ -60,9 +75,10 @@ class Scorer:
         """Each member's PPV features [N, F] of MiniRocket windows: the transform the modes share."""
         return [raw_features(member, windows, self.device) for member in self.members]
 
-    def per_mode(self, windows, groups=None, features=None):
+    def per_mode(self, windows, groups=None, features=None, name_of=lambda group: f"group {group}"):
         """{feature mode: probabilities [N, classes]}; "recording" standardises each group on its own.
-        `features`: the windows' features (self.features) when they were computed already."""
+        `features`: the windows' features (self.features) when they were computed already; `name_of`
+        a group's name, for the line that refuses one of too few windows."""
         if self.members is None:
             return {"train": probabilities(self.bundle, windows, self.device)}
         features = self.features(windows) if features is None else features
@@ -72,7 +88,8 @@ class Scorer:
             adapted = np.zeros_like(result["train"])
             for group in np.unique(groups):
                 where = np.flatnonzero(groups == group)
-                adapted[where] = member_probabilities(self.members, [f[where] for f in features], adapt=adapt)
+                adapted[where] = member_probabilities(self.members, [f[where] for f in features], adapt=adapt,
+                                                      group=name_of(group))
             result[mode] = adapted
         return result
 
@@ -93,14 +110,16 @@ def score_fold(bundle, archive, held_out, device, as_rate, tally, windows_tally)
             dataset = "npz" if str(data_dir).endswith(".npz") else "uci-har"
         data = splits_as_trained(bundle.config, dataset, data_dir)
         if len(data.val):
-            val, labels = scorer.per_mode(data.val.signals, data.val.subjects), np.asarray(data.val.labels)
+            val = scorer.per_mode(data.val.signals, data.val.subjects,
+                                  name_of=lambda s: f"person {s}'s validation windows")
+            labels = np.asarray(data.val.labels)
             temperatures = {mode: fit_temperature(val[mode], labels) for mode in val}
             thresholds = {mode: uncertain_threshold(scaled(val[mode], temperatures[mode]), labels) for mode in val}
             fitted.update(val_subjects=sorted(int(s) for s in np.unique(data.val.subjects)), val_windows=len(data.val))
             _tally_windows(scorer, data.test, temperatures, windows_tally)
     fitted.update(temperatures=temperatures, uncertain_below=thresholds)
     for name, classes in recording_classes(archive, held_out).items():
-        _tally_recording(scorer, archive, name, classes, as_rate, temperatures, learnt, thresholds, tally)
+        _tally_recording(scorer, archive, name, classes, as_rate, FoldFits(temperatures, learnt, thresholds), tally)
     return fitted
 
 
@@ -108,7 +127,7 @@ def _tally_windows(scorer, test, temperatures, tally):
     """The fold's test windows (its held-out people) as predict.py --data-dir scores them."""
     subjects, labels = np.asarray(test.subjects), np.asarray(test.labels)
     features = scorer.features(test.signals) if scorer.members else None  # one transform for every grouping
-    modes = scorer.per_mode(test.signals, subjects, features)
+    modes = scorer.per_mode(test.signals, subjects, features, name_of=lambda s: f"person {s}'s test windows")
     if "recording" in modes:  # on windows, a person's windows are the group
         modes["subject"] = modes.pop("recording")
     for mode, probs in modes.items():
@@ -121,7 +140,9 @@ def _tally_windows(scorer, test, temperatures, tally):
                 tally.add_calibration(option, int(subject), tempered[mine], labels[mine])
     if scorer.members:
         # What standardising on a group of a single activity does (a recording of one activity).
-        alone = scorer.per_mode(test.signals, subjects * 100 + labels, features)["recording"]
+        names = scorer.bundle.class_names
+        alone = scorer.per_mode(test.signals, subjects * 100 + labels, features,
+                                name_of=lambda g: f"person {g // 100}'s test windows of {names[g % 100]}")["recording"]
         for subject in np.unique(subjects):
             mine = subjects == subject
             tally.add("subject statistics of one activity's windows at a time", int(subject),
@@ -140,7 +161,9 @@ def _tally_dominated(scorer, test, features, tally):
             others = mine[labels[mine] != activity]
             group = np.concatenate([mine[labels[mine] == activity],
                                     draw.choice(others, size=len(others) // 10, replace=False)])
-            for mode, probs in scorer.per_mode(None, features=[f[group] for f in features]).items():
+            name = f"person {subject}'s test windows, {scorer.bundle.class_names[activity]} dominant"
+            for mode, probs in scorer.per_mode(None, features=[f[group] for f in features],
+                                               name_of=lambda _, name=name: name).items():
                 tally.add(f"{'subject' if mode == 'recording' else mode} statistics, one activity dominant",
                           int(subject), probs.argmax(axis=1), labels[group])
 
@@ -154,7 +177,7 @@ def stay_only(learnt):
     return matrix
 
 
-def _tally_recording(scorer, archive, name, classes, as_rate, temperatures, learnt, thresholds, tally):
+def _tally_recording(scorer, archive, name, classes, as_rate, fits, tally):
     """One recording's samples of classes 0..5 (`classes`, -1 elsewhere), each scored by its window."""
     acc, gyro = (resample(archive[f"{name}_{sensor}"].astype(np.float64), RECORDING_RATE_HZ, as_rate)
                  for sensor in ("acc", "gyro"))
@@ -165,8 +188,11 @@ def _tally_recording(scorer, archive, name, classes, as_rate, temperatures, lear
                           start_s + bundle.window_steps / bundle.sample_rate_hz)
     scored = (classes >= 0) & (window_of >= 0)
     at, truth, person = window_of[scored], classes[scored], subject_of(f"{name}_label")
-    matrices = {"hmm-learnt": learnt, "hmm-learnt-stay": stay_only(learnt)}
-    for mode, probs in scorer.per_mode(cut.windows).items():
+    matrices = {"hmm-learnt": fits.transitions, "hmm-learnt-stay": stay_only(fits.transitions)}
+    if scorer.members:  # as predict.py --adapt recording judges a recording's length
+        check_recording_windows(len(cut.windows), f"recording {name} of --recordings",
+                                "predict.py --adapt refuses one that short too: leave it out of the archive")
+    for mode, probs in scorer.per_mode(cut.windows, name_of=lambda _: f"recording {name}").items():
         prefix, paths = f"{mode} statistics", {}
         # As predict.py: the smoothers read the model's own probabilities; the temperature scales
         # what is reported (the confidence, and the threshold for uncertain windows).
@@ -174,10 +200,10 @@ def _tally_recording(scorer, archive, name, classes, as_rate, temperatures, lear
             method = None if smoothing == "none" else "hmm" if smoothing.startswith("hmm") else smoothing
             paths[smoothing] = smooth_labels(probs, method, transitions=matrices.get(smoothing))
             tally.add(f"{prefix}, {smoothing}", person, paths[smoothing][at], truth)
-        tempered = scaled(probs, temperatures[mode])
+        tempered = scaled(probs, fits.temperatures[mode])
         tally.add_calibration(f"{prefix}, T=1", person, scaled(probs, 1.0)[at], truth)
         tally.add_calibration(f"{prefix}, T=fit", person, tempered[at], truth)
-        unsure = tempered.max(axis=1)[at] < (thresholds.get(mode) or 0.0)  # no threshold chosen: nothing marked
+        unsure = tempered.max(axis=1)[at] < (fits.thresholds.get(mode) or 0.0)  # no threshold chosen: nothing marked
         tally.add(f"{prefix}, median, uncertain below the validation threshold", person, paths["median"][at],
                   truth, unsure)
         # For the record: the HMM on tempered probabilities, which a temperature below 1 makes less sticky.
@@ -185,11 +211,12 @@ def _tally_recording(scorer, archive, name, classes, as_rate, temperatures, lear
 
 
 def folds_of(nested_dir):
-    """[(best.pt, held-out people)] of every finished outer fold."""
-    folds = [(run_dir / "best.pt", _held_out(run_dir / "nested_identity.json"))
-             for run_dir in outer_fold_dirs(nested_dir, "nested_identity.json", "best.pt")]
+    """[(best.pt, held-out people)] of every finished outer fold: the outer-k folders that hold
+    nested_identity.json and best.pt, by k (studies.outer_fold_dirs skips a folder named otherwise)."""
+    folds = [(run_dir / "best.pt", _held_out(run_dir / IDENTITY))
+             for run_dir in outer_fold_dirs(nested_dir, IDENTITY, "best.pt")]
     if not folds:
-        raise UsageError(f"{nested_dir} holds no finished outer fold (outer-*/nested_identity.json); point --nested "
+        raise UsageError(f"{nested_dir} holds no finished outer fold (outer-<k>/nested_identity.json); point --nested "
                          "at a studies.nested_cv configuration")
     return folds
 

@@ -5,10 +5,14 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
+from data.recordings import Recording
 from data.uci_har import CLASS_NAMES
+from inference.bundle import load_bundle
+from inference.classify import recording_windows
 from inference.transitions import write_transitions
-from inference_fixtures import make_checkpoint
+from inference_fixtures import make_checkpoint, synthetic_stream
 from test_bad_input import assert_refused, write_fake_uci
 from test_predict import read_rows, run_script
 
@@ -16,6 +20,29 @@ from test_predict import read_rows, run_script
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "best.pt")
+
+
+def minirocket_fitted_to_the_stream(path):
+    """A MiniRocket checkpoint whose training statistics are those of the windows of the `recording`
+    fixture's stream (synthetic_stream(30.0)), and whose random head reads them at that scale: unadapted,
+    it sees several activities in that recording (the conftest `minirocket` sees one)."""
+    make_checkpoint(path, model="minirocket")
+    bundle, state = load_bundle(path), torch.load(path, weights_only=True)
+    time_s, acc, gyro = synthetic_stream(30.0)
+    windows = torch.from_numpy(recording_windows(bundle, Recording(acc, gyro, time_s, "stream")).windows)
+    net = bundle.model.model
+    net.fit((windows - bundle.model.mean) / bundle.model.std)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        net.head[-1].weight.normal_(0, 0.3)
+    state["model"] = net.state_dict()
+    torch.save(state, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def mixed_minirocket(tmp_path_factory):
+    return minirocket_fitted_to_the_stream(tmp_path_factory.mktemp("ckpt") / "mixed.pt")
 
 
 def predict(checkpoint, recording, out, *flags):
@@ -35,12 +62,17 @@ def test_a_temperature_changes_the_confidence_and_not_the_activities(checkpoint,
     assert timelines[0] == timelines[1]
 
 
-def test_features_standardised_on_the_recording(minirocket, checkpoint, recording, tmp_path):
-    code, out, err = predict(minirocket, recording, tmp_path / "own", "--adapt", "recording")
+def test_features_standardised_on_the_recording(mixed_minirocket, checkpoint, recording, tmp_path):
+    code, out, err = predict(mixed_minirocket, recording, tmp_path / "own", "--adapt", "recording")
     assert code == 0, err
     assert "features standardised on this recording" in out
+    # Its training statistics are this recording's own: standardised on itself, the same probabilities.
+    code, _, err = predict(mixed_minirocket, recording, tmp_path / "plain")
+    assert code == 0, err
+    own, plain = (read_rows(tmp_path / name / "windows.csv") for name in ("own", "plain"))
+    assert [row["predicted"] for row in own] == [row["predicted"] for row in plain]
     assert_refused(predict(checkpoint, recording, tmp_path / "cnn", "--adapt", "recording"), "minirocket")
-    assert_refused(predict(minirocket, recording, tmp_path / "x", "--adapt", "subject"), "--adapt recording")
+    assert_refused(predict(mixed_minirocket, recording, tmp_path / "x", "--adapt", "subject"), "--adapt recording")
 
 
 def test_learnt_transitions_and_uncertain_windows(checkpoint, recording, tmp_path):
