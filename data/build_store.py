@@ -34,43 +34,28 @@ import errno
 import math
 import os
 import re
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
 
 from data import uci_har
+from data.declared import MAX_WINDOW_STEPS, MIN_WINDOW_STEPS, RESERVED_CHANNELS, rate_problem
 from data.description import read_description
 from data.errors import DataError, exit_from_command, not_a_file
+from data.labelled_recordings import recording_windows
 from data.labels import class_indexes, classes_from_flags, whole_numbers
 from data.npz_windows import load_npz_windows
-from data.preprocess import available_channels, cut_windows, own_channels, stream_channels, window_starts
+from data.preprocess import available_channels
 from data.provenance import array_identity, check, file_identity, make_record, read_json, write_record
 from data.recordings import read_recording
-from data.resample import on_model_clock, values_on_model_clock
 from data.splits import NPZ_TEST_FRACTION, NPZ_TEST_SEED, hold_out_subjects
-from data.store import (
-    FORMAT,
-    LABELS,
-    MANIFEST,
-    PARTS,
-    SHARD_DIR,
-    VERSION,
-    finish_store,
-    is_partial_write,
-    shard_paths,
-    write_atomic,
-)
+from data.store import PARTS, SHARD_DIR, VERSION, finish_store, shard_paths, write_atomic
+from data.store_folder import BuildFolder, check_same_store, check_store_folder, remove_job_files
 
-# A window of 2^16 samples is 22 minutes at 50 Hz, far past any activity's; beyond, one window's
-# arrays would be sized without bound (1e20 failed inside numpy).
-MAX_WINDOW_STEPS = 2 ** 16
-# What makes a store's windows what they are: a finished store asked for other values of these is refused.
-STORE_SETTINGS = ("channels", "class_names", "label_rule", "sample_rate_hz", "window_steps", "stride_steps",
-                  "preprocessing", "dtype", "description")
 MAX_NAME_CHARACTERS = 120  # of a recording's file name in its job's name
 SHARD_WINDOWS = 8_192  # windows per shard file at most (19 MB of float16 9 x 128 windows)
-JOB_FILE = re.compile(rf"(.*)\.json|(.*)-[^-]*\.(?:{'|'.join(PARTS)})\.npy", re.DOTALL)
+SHOWN_NAMES = 5  # recordings named in one line, then a count
 
 
 def main(argv=None):
@@ -80,45 +65,74 @@ def main(argv=None):
     jobs, layout = plan(source, options)
     layout["source_path"] = str(source.resolve())
     check_same_store(out, {**layout, "dtype": options.dtype})
-    try:
-        (out / SHARD_DIR).mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise DataError(f"--out {out} cannot be created ({exc.strerror or exc}); give a folder you can write") from None
-    done, redo = {}, []
-    for job in jobs:
-        job["inputs"] = job_inputs(job, options.dtype)
-        record = read_json(out / SHARD_DIR / f"{job['name']}.json")  # None: the job runs (again)
-        verdict = check(record and record.get("identity"), job["inputs"], out / SHARD_DIR)
-        done[job["name"]] = record if verdict.matches else None
-        if record is not None and not verdict.matches:
-            redo.append(f"{job['name']} ({verdict.describe(limit=1)})")
+    if layout["test_subjects"] is not None:  # windows: their subjects are known before anything is written
+        _check_split(layout["test_subjects"], _windows_of_subjects(jobs), options.src)
+    done, redo = reusable_jobs(jobs, out, options.dtype)
     todo = [job for job in jobs if done[job["name"]] is None]
-    removed = remove_stale_files(out, jobs)
+    folder = BuildFolder(out)  # the first write, once everything that can be checked before it was
     print(f"{source}: {len(jobs)} job(s), {len(jobs) - len(todo)} already done; writing {out} with "
           f"{options.workers} process(es)", flush=True)
     if redo:  # finished once, but made from other inputs or damaged since: converted again
+        shown = [f"{name} ({why})" for name, why in list(redo.items())[:3]]
         print(f"converting again {len(redo)} job(s) whose source, settings or files changed: "
-              f"{', '.join(redo[:3])}{' ...' if len(redo) > 3 else ''}", flush=True)
-    if removed:
-        print(f"removed {removed} file(s) of jobs this source no longer has", flush=True)
-    from tqdm import tqdm
+              f"{', '.join(shown)}{' ...' if len(redo) > 3 else ''}", flush=True)
+    made = {}
     try:
-        with ProcessPoolExecutor(max_workers=options.workers) as pool, tqdm(total=len(todo), unit="job") as bar:
-            for record in pool.map(run_job, [(job, str(out), options.dtype) for job in todo]):
-                done[record["name"]] = record
-                bar.update(1)
+        convert(todo, out, options, made)
+        records = [made.get(job["name"]) or done[job["name"]] for job in jobs]
+        _report_empty_recordings(jobs, records, options)
+        manifest = assemble_manifest(records, layout, options)
+    except DataError as exc:  # found while converting (a recording's labels, the test split): this build's jobs go
+        taken_back = folder.take_back([name for name in made if name not in redo])
+        raise DataError(f"{exc} ({taken_back})") from None
     except OSError as exc:  # the store's folder: full, or taken away while writing
         fix = "free space there" if exc.errno in (errno.ENOSPC, errno.EDQUOT) or exc.errno is None else \
             "make it writable"
         raise DataError(f"could not write the store in {out} ({exc.strerror or str(exc).splitlines()[0]}); {fix} "
                         "and run the same command again: the jobs finished so far are kept") from None
-    manifest = assemble_manifest([done[job["name"]] for job in jobs], layout, options)
     finish_store(out, manifest)
+    planned = {job["name"] for job in jobs}  # recordings removed or renamed: their files go, now unlisted
+    removed = remove_job_files(out, lambda job: job not in planned)
+    if removed:
+        print(f"removed {removed} file(s) of jobs this source no longer has", flush=True)
     windows = sum(shard["windows"] for shard in manifest["shards"])
     print(f"wrote {out}/manifest.json: {windows:,} windows of {len(manifest['channels'])} x "
           f"{manifest['window_steps']} ({manifest['dtype']}) in {len(manifest['shards'])} shards, "
           f"{len(manifest['subjects'])} subjects, test subjects {manifest['test_subjects']}")
     return 0
+
+
+def reusable_jobs(jobs, out, dtype):
+    """({job: its record where it matches and is reused, else None}, {job: why its record no longer
+    matches}), each job's inputs set on it."""
+    done, redo = {}, {}
+    for job in jobs:
+        job["inputs"] = job_inputs(job, dtype)
+        record = read_json(out / SHARD_DIR / f"{job['name']}.json")  # None: the job runs (again)
+        verdict = check(record and record.get("identity"), job["inputs"], out / SHARD_DIR)
+        done[job["name"]] = record if verdict.matches else None
+        if record is not None and not verdict.matches:
+            redo[job["name"]] = verdict.describe(limit=1)
+    return done, redo
+
+
+def convert(todo, out, options, made):
+    """Run the jobs in --workers processes, each finished job's record put in `made` as it arrives. The
+    first failure cancels the jobs not yet started and waits for those running, so that `made` then
+    names every job whose files this build wrote."""
+    from tqdm import tqdm
+    with ProcessPoolExecutor(max_workers=options.workers) as pool, tqdm(total=len(todo), unit="job") as bar:
+        futures = [pool.submit(run_job, (job, str(out), options.dtype)) for job in todo]
+        try:
+            for future in as_completed(futures):
+                record = future.result()
+                made[record["name"]] = record
+                bar.update(1)
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            made.update((future.result()["name"], future.result()) for future in futures
+                        if future.done() and not future.cancelled() and future.exception() is None)
+            raise
 
 
 def job_inputs(job, dtype):
@@ -130,77 +144,6 @@ def job_inputs(job, dtype):
     else:
         source = {"windows": array_identity(job["signals"], job["labels"]), "subject": job["subject"]}
     return {**source, "dtype": dtype, "version": VERSION}
-
-
-def check_store_folder(out):
-    """--out must be a new folder or a store's own (a build resumes there): never a file, and never a
-    folder of other things, such as a training run, which the store's files would be mixed into."""
-    if out.exists() and not out.is_dir():
-        raise DataError(f"--out {out} is a file; give a folder for the store")
-    if out.is_dir() and any(out.iterdir()) and not _holds_a_store(out):
-        raise DataError(f"--out {out} holds other files and no store; give a new or empty folder")
-    under = next((parent for parent in out.absolute().parents if parent.exists()), None)
-    if under is not None and not under.is_dir():
-        raise DataError(f"--out {out} cannot be created: {under} is a file, not a folder")
-    return out
-
-
-def _holds_a_store(out):
-    """Whether a folder is a store's (finished: its manifest says so; unfinished: nothing but a shards/
-    folder of job records and shard files, the labels finish_store gathers, and what a write cut short
-    leaves), and not some other folder that has a manifest.json or a shards/ of its own."""
-    manifest = out / MANIFEST
-    if manifest.exists():
-        finished = read_json(manifest)
-        return isinstance(finished, dict) and finished.get("format") == FORMAT
-    shards = out / SHARD_DIR
-    if not shards.is_dir() or any(path.name not in (SHARD_DIR, LABELS) and not is_partial_write(path.name)
-                                  for path in out.iterdir()):
-        return False
-    return all(_store_file(path) for path in shards.iterdir())
-
-
-def _store_file(path):
-    """A shard file, a job's record (a JSON object with its identity), or a write cut short."""
-    if not path.is_file() or _job_of(path.name) is None:
-        return path.is_file() and is_partial_write(path.name)
-    record = read_json(path) if path.suffix == ".json" else {"identity": None}
-    return isinstance(record, dict) and "identity" in record
-
-
-def check_same_store(out, asked):
-    """A finished store is data a run may have trained on: a build asking for other windows of it (another
-    dtype, rate, window, stride, preprocessing or classes), or the windows of another source (another
-    folder or file), is refused rather than converted over it. Only the source's recordings may change:
-    one added or removed updates the same store."""
-    finished = read_json(out / MANIFEST)
-    if isinstance(finished, dict) and finished.get("source_path", asked["source_path"]) != asked["source_path"]:
-        # Another source is another dataset, not this one with recordings added or removed.
-        raise DataError(f"--out {out} holds a finished store built from {finished['source_path']}, not "
-                        f"{asked['source_path']}; give another --out, or remove {out / MANIFEST} to convert this "
-                        "source there in its place")
-    differ = [key for key in STORE_SETTINGS if isinstance(finished, dict) and finished.get(key) != asked.get(key)]
-    if differ:
-        key = differ[0]
-        raise DataError(f"--out {out} holds a finished store whose {key} is {finished.get(key)!r}, not this build's "
-                        f"{asked.get(key)!r}; give another --out, or remove {out / MANIFEST} to convert it in place")
-
-
-def remove_stale_files(out, jobs):
-    """Delete the shards and records of jobs the plan no longer has (a recording removed or renamed,
-    another layout), so the folder holds only what its manifest lists."""
-    names = {job["name"] for job in jobs}
-    stale = [path for path in (out / SHARD_DIR).iterdir()
-             if path.is_file() and _job_of(path.name) is not None and _job_of(path.name) not in names]
-    for path in stale:
-        path.unlink()
-    return len(stale)
-
-
-def _job_of(file_name):
-    """The job a file under shards/ belongs to: '<job>.json', '<job>-<part>.signals.npy' or '.labels.npy'."""
-    match = JOB_FILE.fullmatch(file_name)
-    return match and (match[1] if match[1] is not None else match[2])
 
 
 def parse(argv):
@@ -247,13 +190,13 @@ def check_options(options):
         if getattr(options, name) is None:
             setattr(options, name, value)
     for flag, value, low, high in (("--workers", options.workers, 1, math.inf),
-                                   ("--window-steps", options.window_steps, 8, MAX_WINDOW_STEPS),
+                                   ("--window-steps", options.window_steps, MIN_WINDOW_STEPS, MAX_WINDOW_STEPS),
                                    ("--stride", options.stride, 1, options.window_steps)):  # predict.py's bounds
         if value is not None and not low <= value <= high:
             raise DataError(f"{flag} must be " + (f"at least {low}" if high == math.inf else
                                                   f"between {low} and {high:,}") + f", got {value}")
-    if options.sample_rate is not None and not (math.isfinite(options.sample_rate) and options.sample_rate > 0):
-        raise DataError(f"--sample-rate must be a positive number of Hz, got {options.sample_rate}")
+    if options.sample_rate is not None and rate_problem(options.sample_rate):
+        raise DataError(f"--sample-rate must be {rate_problem(options.sample_rate)}, got {options.sample_rate:g}")
     try:
         options.test_subjects = [int(s) for s in (options.test_subjects or "").split(",") if s.strip()]
     except ValueError:
@@ -299,10 +242,11 @@ def _channel_names(text, preprocessing):
     names = tuple(name.strip() for name in text.split(","))
     if preprocessing != "raw":
         raise DataError("--channels names another device's columns, taken as recorded: add --preprocessing raw")
-    reserved = [name for name in names if name in ("time_s", "label", "subject")]
+    reserved = [name for name in names if name in RESERVED_CHANNELS]
     if not all(names) or len(set(names)) < len(names) or reserved:
-        raise DataError(f"--channels must name distinct columns other than time_s, label and subject, "
-                        f"comma-separated (such as ankle_x,ankle_y,ankle_z); got {text!r}")
+        others = f"{', '.join(RESERVED_CHANNELS[:-1])} and {RESERVED_CHANNELS[-1]}"
+        raise DataError(f"--channels must name distinct columns other than {others}, comma-separated (such as "
+                        f"ankle_x,ankle_y,ankle_z); got {text!r}")
     return names
 
 
@@ -421,9 +365,9 @@ def run_job(arguments):
     they were made from."""
     job, out, dtype = arguments
     if "recording" in job:
-        signals, labels, subject = recording_windows(job["recording"], **job["options"])
+        signals, labels, subject, cut = recording_windows(job["recording"], **job["options"])
     else:
-        signals, labels, subject = job["signals"], job["labels"], job["subject"]
+        signals, labels, subject, cut = job["signals"], job["labels"], job["subject"], len(job["labels"])
     shards, stored = [], signals.astype(dtype)
     _check_finite(signals, stored, job.get("recording") or f"subject {subject}", dtype)
     total, total_sq = np.zeros(stored.shape[1]), np.zeros(stored.shape[1])
@@ -439,7 +383,7 @@ def run_job(arguments):
     identity = make_record(job["inputs"], Path(out) / SHARD_DIR, files)
     for shard in shards:  # the manifest carries each signal file's checksum
         shard["sha256"] = identity["outputs"][shard_paths("", shard["name"])["signals"].name]["sha256"]
-    record = {"name": job["name"], "subject": subject, "shards": shards, "windows": len(labels),
+    record = {"name": job["name"], "subject": subject, "shards": shards, "windows": len(labels), "cut_windows": cut,
               "sum": total.tolist(), "sum_sq": total_sq.tolist(),
               "steps": int(stored.shape[0] * stored.shape[2]) if len(stored) else 0, "identity": identity}
     write_record(Path(out) / SHARD_DIR / f"{job['name']}.json", record)
@@ -460,102 +404,75 @@ def _check_finite(signals, stored, where, dtype):
                     f"{dtype}, the first window {window} (channel {channel}, step {step}); {why}")
 
 
-def recording_windows(path, sample_rate, window_steps, stride, preprocessing, class_labels, unlabelled, channels):
-    """(float32 windows [n, C, T], int64 labels 0..K-1 [n], subject) of one labelled recording: the
-    stream brought to the model's clock, its channels derived and cut as predict.py does, each window
-    labelled by the majority of its samples."""
-    named = own_channels(channels, preprocessing)  # read by name, as predict.py reads them
-    recording = read_recording(path, extra=("label", "subject"), channels=named)
-    subjects = np.unique(recording.extra["subject"])
-    if len(subjects) != 1 or subjects[0] != np.rint(subjects[0]):
-        raise DataError(f"{path}: a recording holds one subject, numbered by a whole number; found {len(subjects)} "
-                        f"({subjects[:5].tolist()})")
-    if named:
-        values = np.stack([recording.extra[name] for name in named], axis=1)
-        values, start_s, source_hz = values_on_model_clock(values, recording, sample_rate)
-        stream = values.T.astype(np.float32)
-    else:
-        stream, start_s, source_hz = _derived_stream(recording, path, sample_rate, preprocessing, channels)
-    starts = window_starts(stream.shape[1], window_steps, stride)
-    labels = class_indexes(np.rint(recording.extra["label"]).astype(np.int64), class_labels, unlabelled,
-                           f"{path}", "name each class's value with --class-labels and any value that means no class "
-                           "with --unlabelled")
-    labels = _labels_on_model_clock(recording, labels, start_s, source_hz, sample_rate, stream.shape[1])
-    window_labels = _majority(labels, starts, window_steps)
-    keep = window_labels >= 0
-    return (cut_windows(stream, starts[keep], window_steps), window_labels[keep],
-            int(subjects[0]))
-
-
-def _derived_stream(recording, path, sample_rate, preprocessing, channels):
-    """(float32 [C, m], start_s, source_hz): the channels `preprocessing` derives from acc and gyro."""
-    acc, gyro, start_s, source_hz = on_model_clock(recording, sample_rate)
-    if preprocessing == "uci-har" and gyro is None:
-        raise DataError(f"{path} has no gyroscope, which --preprocessing uci-har needs; use --preprocessing raw")
-    made = stream_channels(preprocessing, acc, gyro, sample_rate)
-    missing = [name for name in channels if name not in made]
-    if missing:
-        raise DataError(f"{path} gives no channel {missing[0]} (it gives {', '.join(made)}), which the store holds "
-                        f"({', '.join(channels)}); convert recordings of other sensors into a store of their own")
-    # The store's channels alone: --channels may name some of those a recording gives (acc without gyro).
-    return np.stack([made[name] for name in channels]), start_s, source_hz
-
-
-def _labels_on_model_clock(recording, labels, start_s, source_hz, model_hz, steps):
-    """Each model-clock sample takes the label of the source sample nearest to it in time."""
-    source_times = recording.time_s if recording.time_s is not None else np.arange(len(recording)) / source_hz
-    times = start_s + np.arange(steps) / model_hz
-    nearest = np.clip(np.searchsorted(source_times, times), 0, len(source_times) - 1)
-    earlier = np.clip(nearest - 1, 0, None)
-    nearest = np.where(np.abs(source_times[earlier] - times) < np.abs(source_times[nearest] - times), earlier, nearest)
-    return labels[nearest]
-
-
-def _majority(labels, starts, window_steps):
-    """The class of each window by its samples' most common class (-1, no class, among them)."""
-    window_labels = labels[starts[:, None] + np.arange(window_steps)[None, :]]
-    values = np.arange(-1, int(labels.max(initial=-1)) + 1)
-    counts = np.stack([(window_labels == value).sum(axis=1) for value in values], 1)
-    return values[counts.argmax(axis=1)]  # ties go to the smaller: no class before any class
-
-
 def assemble_manifest(records, layout, options):
     """The manifest from every job's record: shards, subjects, test subjects, and the normalisation
     statistics of the training subjects' windows (summed per job while they were written)."""
-    subjects = {}
-    for record in records:
-        subjects[record["subject"]] = subjects.get(record["subject"], 0) + record["windows"]
+    subjects = _windows_of_subjects(records)
     test = layout["test_subjects"]
-    if test is None:  # recordings: the subjects asked for, else a fifth held out
+    if test is None:  # recordings: the subjects asked for, else a fifth of those with windows held out
         if options.test_subjects:
             test = sorted(options.test_subjects)
         else:
-            test = hold_out_subjects(np.array(sorted(subjects)), NPZ_TEST_FRACTION, NPZ_TEST_SEED).tolist()
-    _check_test_split(test, subjects, options.src)
+            having = [subject for subject, count in sorted(subjects.items()) if count]
+            test = hold_out_subjects(np.array(having), NPZ_TEST_FRACTION, NPZ_TEST_SEED).tolist()
+    _check_split(test, subjects, options.src)
     training = [record for record in records if record["subject"] not in test and record["steps"]]
-    if not training:
-        raise DataError(f"{options.src}: no training windows (every subject is a test subject, or no window "
-                        "carries a class)")
     steps = sum(record["steps"] for record in training)
     mean = np.sum([record["sum"] for record in training], axis=0) / steps
     variance = np.sum([record["sum_sq"] for record in training], axis=0) / steps - mean ** 2
     std = np.maximum(np.sqrt(np.maximum(variance, 0.0)), 1e-6)
     return {**layout, "test_subjects": [int(s) for s in test], "dtype": options.dtype,
             "shards": [shard for record in records for shard in record["shards"]],
-            "subjects": {str(subject): count for subject, count in sorted(subjects.items())},
+            # A subject whose recordings gave no window has no shard: the store, like its shards, lacks it.
+            "subjects": {str(subject): count for subject, count in sorted(subjects.items()) if count},
             "normalization": {"mean": mean.tolist(), "std": std.tolist(),
                               "over": "every window of the training subjects, validation ones included"}}
 
 
-def _check_test_split(test, subjects, source):
-    """The trainer refuses a store whose test subjects it lacks or whose test split is empty: so does the build."""
-    if set(test) <= set(subjects) and sum(subjects[subject] for subject in test):
-        return
+def _windows_of_subjects(parts):
+    """{subject: windows} of jobs of windows (their labels) or of finished jobs' records (their counts)."""
+    subjects = {}
+    for part in parts:
+        count = part["windows"] if "windows" in part else len(part["labels"])
+        subjects[part["subject"]] = subjects.get(part["subject"], 0) + count
+    return subjects
+
+
+def _check_split(test, subjects, source):
+    """The trainer refuses a store whose test subjects it lacks, whose test split is empty or that has
+    no training window: so does the build (before it writes, where the source names its subjects)."""
     having = [str(subject) for subject, count in sorted(subjects.items()) if count]
     listed = ",".join(having[:10]) + (" ..." if len(having) > 10 else "")
-    raise DataError(f"{source}: test subjects {','.join(map(str, test)) or '(none)'} would leave the test split empty "
-                    f"or name subjects it lacks; the same command with --test-subjects among the subjects with windows "
-                    f"({listed}) finishes the build, its shards kept")
+    if not (set(test) <= set(subjects) and sum(subjects[subject] for subject in test)):
+        raise DataError(f"{source}: test subjects {','.join(map(str, test)) or '(none)'} would leave the test split "
+                        f"empty or name subjects it lacks; give --test-subjects among the subjects with windows "
+                        f"({listed})")
+    if not any(count for subject, count in subjects.items() if subject not in test):
+        raise DataError(f"{source}: no training windows: every subject with windows ({listed}) is a test subject; "
+                        "name fewer with --test-subjects")
+
+
+def _report_empty_recordings(jobs, records, options):
+    """Say in one line which recordings gave no window (shorter than one window, or no window of a
+    class), and refuse when none gave any."""
+    empty = {}
+    for job, record in zip(jobs, records, strict=True):
+        if "recording" in job and not record["windows"]:
+            cut = record.get("cut_windows")  # None: converted by a build that did not count them
+            reason = (f"shorter than one window ({options.window_steps} steps at {options.sample_rate:g} Hz)"
+                      if cut == 0 else "with no window of a class (each one's label means no class)" if cut else "")
+            empty.setdefault(reason, []).append(Path(job["recording"]).name)
+    said = "; ".join(f"{_first_names(names)} {reason}".strip() for reason, names in empty.items())
+    count = sum(map(len, empty.values()))
+    if count and count == len(jobs):
+        raise DataError(f"{options.src}: no recording gave a window: {said}")
+    if count:
+        print(f"left out {count} of {len(jobs)} recordings, which gave no window: {said}", flush=True)
+
+
+def _first_names(names):
+    shown = ", ".join(names[:SHOWN_NAMES])
+    return shown + (f" and {len(names) - SHOWN_NAMES} more" if len(names) > SHOWN_NAMES else "")
 
 
 def _write_shard(out, name, signals, labels):

@@ -9,18 +9,22 @@ data that contradicts the file is refused in one line naming the field.
      "classes": [{"name": "walking", "label": 1}, {"name": "running", "label": 2}],
      "unlabelled": [0]}
 
-sample_rate_hz, channels and classes are needed; the rest may be left out."""
+sample_rate_hz, channels and classes are needed; the rest may be left out. A file over 1 MiB is not
+read; the rate, window and stride, and the channels' and classes' names, follow data/declared.py's rules."""
 import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from data.declared import MAX_WINDOW_STEPS, MIN_WINDOW_STEPS, checked_names, rate_problem
 from data.errors import DataError, not_a_file
 
 AXES = ("x", "y", "z")
 FIELDS = ("sample_rate_hz", "channels", "classes", "unlabelled", "window_steps", "stride_steps")
 CHANNEL_FIELDS = ("name", "sensor", "axis", "unit")
-RESERVED_COLUMNS = ("time_s", "label", "subject")  # the recordings' own columns, never a channel
+# A description is a few KB (a field per channel and class): a file past this is not one, and is not
+# read into memory to find that out.
+MAX_DESCRIPTION_BYTES = 2 ** 20
 
 
 @dataclass(frozen=True)
@@ -94,62 +98,82 @@ def read_description(path):
     if not path.is_file():
         raise DataError(f"--description {path} {not_a_file(path)}; it names a JSON file (see docs/using_a_model.md, "
                         "'A dataset description')")
+    with open(path, "rb") as handle:
+        text = handle.read(MAX_DESCRIPTION_BYTES + 1)  # the size as read: a file may grow after a stat
+    if len(text) > MAX_DESCRIPTION_BYTES:
+        raise DataError(f"--description {path} is larger than {MAX_DESCRIPTION_BYTES:,} bytes (1 MiB), and a "
+                        "description is a few KB of JSON: name the description file, not the data")
     try:
-        content = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DataError(f"--description {path} is not readable JSON ({exc})") from None
+        content = json.loads(text.decode("utf-8"))
+    except RecursionError:
+        raise DataError(f"--description {path} nests its JSON deeper than can be read; a description is an object "
+                        "of lists of objects, three levels deep") from None
+    except (UnicodeDecodeError, ValueError) as exc:  # ValueError: JSONDecodeError, or a number too long to read
+        raise DataError(f"--description {path} is not readable JSON ({str(exc).splitlines()[0][:200]})") from None
     return description_of(content, str(path))
 
 
 def description_of(content, where):
     """A Description from the dict a file, a store's manifest or a checkpoint holds."""
-    def need(ok, field, what):
-        if not ok:
-            raise DataError(f"{where}: '{field}' must be {what}")
-
-    need(isinstance(content, dict), "(the whole file)", "an object with " + ", ".join(FIELDS))
+    _need(isinstance(content, dict), where, "(the whole file)", "an object with " + ", ".join(FIELDS))
     unknown = sorted(set(content) - set(FIELDS))
-    need(not unknown, unknown[0] if unknown else "", "left out: the fields are " + ", ".join(FIELDS))
+    _need(not unknown, where, unknown[0] if unknown else "", "left out: the fields are " + ", ".join(FIELDS))
     for field in ("sample_rate_hz", "channels", "classes"):
-        need(field in content, field, "given")
+        _need(field in content, where, field, "given")
     rate = content["sample_rate_hz"]
-    need(_is_number(rate) and math.isfinite(rate) and rate > 0, "sample_rate_hz", "a positive number of Hz")
+    _need(_is_number(rate), where, "sample_rate_hz", "a positive number of Hz")
+    _need(rate_problem(rate) is None, where, "sample_rate_hz", rate_problem(rate))
     window, stride = content.get("window_steps"), content.get("stride_steps")
-    need(window is None or (_is_whole(window) and window >= 8), "window_steps", "a whole number of at least 8")
-    need(stride is None or (_is_whole(stride) and 1 <= stride <= (window or math.inf)), "stride_steps",
-         "a whole number between 1 and window_steps")
-    channels = content["channels"]
-    need(isinstance(channels, list) and channels and all(isinstance(c, dict) and _is_name(c.get("name"))
-                                                         and set(c) <= set(CHANNEL_FIELDS) for c in channels),
-         "channels", "a list of objects with a non-empty 'name' and optionally 'sensor', 'axis' and 'unit'")
-    names = tuple(channel["name"] for channel in channels)
-    need(len(set(names)) == len(names) and not set(names) & set(RESERVED_COLUMNS), "channels",
-         "distinct names other than " + ", ".join(RESERVED_COLUMNS))
-    for key in ("sensor", "unit"):
-        need(all(channel.get(key) is None or _is_name(channel[key]) for channel in channels), "channels",
-             f"objects whose '{key}' is a non-empty string where given")
-    need(all(channel.get("axis") in (None, *AXES) for channel in channels), "channels",
-         "objects whose 'axis' is x, y or z where given")
-    pairs = [(c.get("sensor"), c["axis"]) for c in channels if c.get("axis") is not None]
-    need(all(sensor is not None for sensor, _ in pairs) and len(set(pairs)) == len(pairs), "channels",
-         "objects that give an 'axis' with its 'sensor', each axis of a sensor once")
-    classes = content["classes"]
-    need(isinstance(classes, list) and len(classes) >= 2
-         and all(isinstance(c, dict) and set(c) == {"name", "label"} and _is_name(c["name"]) for c in classes),
-         "classes", "a list of at least two objects {\"name\": ..., \"label\": ...}")
-    labels = tuple(c["label"] for c in classes)
-    need(all(_is_whole(label) or _is_name(label) for label in labels), "classes", "objects whose 'label' is a whole "
-         "number or a non-empty string")
-    class_names = tuple(c["name"] for c in classes)
-    need(len(set(class_names)) == len(class_names) and len(set(labels)) == len(labels), "classes",
-         "objects of distinct names and distinct labels")
+    _need(window is None or (_is_whole(window) and MIN_WINDOW_STEPS <= window <= MAX_WINDOW_STEPS), where,
+          "window_steps", f"a whole number of at least {MIN_WINDOW_STEPS} and at most {MAX_WINDOW_STEPS:,} (22 "
+          "minutes at 50 Hz)")
+    _need(stride is None or (_is_whole(stride) and 1 <= stride <= (window or MAX_WINDOW_STEPS)), where,
+          "stride_steps", f"a whole number between 1 and window_steps (at most {MAX_WINDOW_STEPS:,})")
+    channels = _channels(content["channels"], where)
+    class_names, labels = _classes(content["classes"], where)
     unlabelled = content.get("unlabelled", [])
-    need(isinstance(unlabelled, list) and all(_is_whole(v) or _is_name(v) for v in unlabelled)
-         and len(set(unlabelled)) == len(unlabelled) and not set(unlabelled) & set(labels), "unlabelled",
-         "a list of distinct label values that are no class's label")
-    return Description(float(rate), names, tuple(c.get("sensor") for c in channels),
+    _need(isinstance(unlabelled, list) and all(_is_whole(v) or _is_name(v) for v in unlabelled)
+          and len(set(unlabelled)) == len(unlabelled) and not set(unlabelled) & set(labels), where, "unlabelled",
+          "a list of distinct label values that are no class's label")
+    return Description(float(rate), tuple(c["name"] for c in channels), tuple(c.get("sensor") for c in channels),
                        tuple(c.get("axis") for c in channels), tuple(c.get("unit") for c in channels),
                        class_names, labels, tuple(unlabelled), window, stride, where)
+
+
+def _channels(channels, where):
+    """The 'channels' field, checked: a list of objects, each a name (data/declared.py's rule) and
+    optionally its sensor, axis and unit."""
+    _need(isinstance(channels, list) and channels and all(isinstance(c, dict) and isinstance(c.get("name"), str)
+                                                          and set(c) <= set(CHANNEL_FIELDS) for c in channels),
+          where, "channels", "a list of objects with a non-empty 'name' and optionally 'sensor', 'axis' and 'unit'")
+    checked_names([channel["name"] for channel in channels], "channel", f"{where}: 'channels'")
+    for key in ("sensor", "unit"):
+        _need(all(channel.get(key) is None or _is_name(channel[key]) for channel in channels), where, "channels",
+              f"objects whose '{key}' is a non-empty string where given")
+    _need(all(channel.get("axis") in (None, *AXES) for channel in channels), where, "channels",
+          "objects whose 'axis' is x, y or z where given")
+    pairs = [(c.get("sensor"), c["axis"]) for c in channels if c.get("axis") is not None]
+    _need(all(sensor is not None for sensor, _ in pairs) and len(set(pairs)) == len(pairs), where, "channels",
+          "objects that give an 'axis' with its 'sensor', each axis of a sensor once")
+    return channels
+
+
+def _classes(classes, where):
+    """(class names, their label values) of the 'classes' field, checked."""
+    _need(isinstance(classes, list) and len(classes) >= 2
+          and all(isinstance(c, dict) and set(c) == {"name", "label"} and isinstance(c["name"], str) for c in classes),
+          where, "classes", "a list of at least two objects {\"name\": ..., \"label\": ...}")
+    class_names = checked_names([c["name"] for c in classes], "class", f"{where}: 'classes'")
+    labels = tuple(c["label"] for c in classes)
+    _need(all(_is_whole(label) or _is_name(label) for label in labels), where, "classes", "objects whose 'label' is "
+          "a whole number or a non-empty string")
+    _need(len(set(labels)) == len(labels), where, "classes", "objects of distinct names and distinct labels")
+    return class_names, labels
+
+
+def _need(ok, where, field, what):
+    if not ok:
+        raise DataError(f"{where}: '{field}' must be {what}")
 
 
 def _is_number(value):

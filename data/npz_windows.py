@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from data.declared import MIN_WINDOW_STEPS, checked_names, rate_problem
 from data.errors import DataError, not_a_file
 from data.labels import class_indexes
 from data.preprocess import PREPROCESSINGS, preprocessing_of
@@ -20,7 +21,6 @@ from data.preprocess import PREPROCESSINGS, preprocessing_of
 REQUIRED = ("signals", "labels", "subjects")
 OPTIONAL = ("class_names", "channel_names", "sample_rate_hz", "split", "preprocessing")
 SPLIT_NAMES = ("train", "val", "test")  # 'val': validation windows chosen by the file
-MIN_WINDOW_STEPS = 8  # two stride-2 or pooling stages in every model still leave two steps
 
 
 @dataclass
@@ -98,7 +98,7 @@ def _validate(path, arrays, description=None):
         as_float32 = signals.astype(np.float32)
     lengths = None if np.all(np.isfinite(as_float32)) else _padded_lengths(path, signals, as_float32)
     subjects = _integers(path, arrays, "subjects", count)
-    channel_names = _names(path, arrays, "channel_names", channels)
+    channel_names = _names(path, arrays, "channel_names", channels, "channel")
     if description is not None:
         return _described(path, arrays, as_float32, subjects, channel_names, description, lengths)
     labels, class_names = _labels(path, arrays, count)
@@ -149,7 +149,7 @@ def _described(path, arrays, signals, subjects, channel_names, description, leng
     rate = _sample_rate(path, arrays)
     description.check("sample_rate_hz", rate, path)
     description.check("window_steps", steps, path)
-    description.check("classes", _names(path, arrays, "class_names", None), path)
+    description.check("classes", _names(path, arrays, "class_names", None, "class"), path)
     values = arrays["labels"]
     if not (values.dtype.kind in "iuU" and values.shape == (count,)):
         raise DataError(f"{path}: labels must be integers or unicode names of shape [{count}], got {values.dtype} "
@@ -173,10 +173,11 @@ def _labels(path, arrays, count):
     """(0-based class per window, class names) by data/labels.py's rule. Names (unicode labels) are
     classes by name; integers are indexes into class_names when the file names its classes, else
     each distinct value is a class of its own (labels 1 and 2 make two classes, not three)."""
-    names = _names(path, arrays, "class_names", None)
+    names = _names(path, arrays, "class_names", None, "class")
     values = arrays["labels"]
     if values.dtype.kind == "U" and values.shape == (count,):
-        class_labels = names or tuple(sorted(set(values.tolist())))
+        # Names without class_names are the classes: held to the rule of class names.
+        class_labels = names or checked_names(sorted(set(values.tolist())), "class", f"{path}: labels (class names)")
         names = class_labels
     else:
         values = _integers(path, arrays, "labels", count)
@@ -194,7 +195,8 @@ def _integers(path, arrays, name, count):
     return values.astype(np.int64)
 
 
-def _names(path, arrays, name, count):
+def _names(path, arrays, name, count, kind):
+    """The file's channel or class names (`kind`) by data/declared.py's rule, or None when it gives none."""
     if name not in arrays:
         return None
     values = arrays[name]
@@ -202,17 +204,18 @@ def _names(path, arrays, name, count):
         size = f"[{count}]" if count is not None else "[K]"
         raise DataError(f"{path}: {name} must be unicode strings of shape {size}, got {values.dtype} "
                         f"{list(values.shape)}")
-    if len(set(values.tolist())) != len(values) or any(not value for value in values.tolist()):
-        raise DataError(f"{path}: {name} must be distinct and non-empty")
-    return tuple(values.tolist())
+    return checked_names(values.tolist(), kind, f"{path}: {name}")
 
 
 def _sample_rate(path, arrays):
     if "sample_rate_hz" not in arrays:
         return float("nan")
     value = arrays["sample_rate_hz"]
-    if value.shape != () or value.dtype.kind not in "fiu" or not np.isfinite(value) or value <= 0:
+    if value.shape != () or value.dtype.kind not in "fiu":
         raise DataError(f"{path}: sample_rate_hz must be one positive number, got {value!r}")
+    problem = rate_problem(float(value))
+    if problem:
+        raise DataError(f"{path}: sample_rate_hz must be {problem}, got {float(value):g}")
     return float(value)
 
 

@@ -3,8 +3,9 @@
 manifest.json (written last, in one rename, so a build cut short never looks complete) describes
 labels.npy (int8 [N], every window's class in store order) and shards/<name>.signals.npy (float16 or
 float32 [n, C, T] in raw units) with shards/<name>.labels.npy; each shard holds one subject, so a
-subject-wise split is a choice of shards. docs/training.md lists the manifest's fields and what
-opening a store checks. Signals are read with positioned reads (os.pread), never memory-mapped, so
+subject-wise split is a choice of shards; build.json, written before anything else, marks the folder
+as a store's while its build runs. docs/training.md lists the manifest's fields and what opening a
+store checks. Signals are read with positioned reads (os.pread), never memory-mapped, so
 what a process keeps resident is the batches it is working on, not the pages of the files it went through.
 """
 import functools
@@ -23,6 +24,7 @@ FORMAT = "har-window-store"
 VERSION = 1
 MANIFEST = "manifest.json"
 LABELS = "labels.npy"
+BUILD_RECORD = "build.json"  # the converter's first write: what makes a folder a store's before its manifest
 PARTIAL_STEM_BYTES = 200  # of a name write_atomic writes under: 255 less the dot, pid, .tmp and suffix
 SHARD_DIR = "shards"
 PARTS = ("signals", "labels")
@@ -198,7 +200,7 @@ def npy_data_offset(shape, dtype_str):
 def _read_manifest(root):
     path = root / MANIFEST
     if not path.is_file():
-        building = (root / SHARD_DIR).is_dir()
+        building = (root / BUILD_RECORD).is_file()
         raise DataError(f"store {root} has no {MANIFEST}" + ("; its build did not finish: run python -m "
                         "data.build_store again to complete it" if building else
                         "; point --data-dir at a folder made by python -m data.build_store"))

@@ -130,7 +130,7 @@ def recordings(tmp_path_factory):
 @pytest.mark.parametrize("flags, names", [
     (["--test-subjects", "a,b"], ["--test-subjects", "'a,b'"]),
     (["--window-steps", "100000000000000000000"], ["--window-steps", "65,536"]),
-    (["--test-subjects", "9"], ["test split empty", "(1,2,3)", "shards kept"]),
+    (["--test-subjects", "9"], ["test split empty", "(1,2,3)", "removed again"]),
     (["--class-names", ","], ["--class-names", "two distinct"]),
 ])
 def test_a_build_that_would_fail_or_make_a_store_the_trainer_rejects_is_refused(recordings, tmp_path, flags, names):
