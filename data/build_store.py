@@ -293,7 +293,7 @@ def plan(source, options):
         elif options.test_subjects:
             test = np.array(sorted(options.test_subjects))
         else:
-            test = hold_out_subjects(windows.subjects, NPZ_TEST_FRACTION, NPZ_TEST_SEED)
+            test = test_subjects_of(windows.subjects, source)
         rate = source_rate(windows.sample_rate_hz, options.sample_rate, source)
         return (_window_jobs(windows.signals, windows.labels, windows.subjects),
                 _described(_layout(windows.channel_names, windows.class_names, rate, windows.signals.shape[2],
@@ -341,6 +341,16 @@ def _recording_job_names(files):
     names = [f"rec-{re.sub(r'[^A-Za-z0-9._]', '_', path.name)[:MAX_NAME_CHARACTERS]}" for path in files]
     taken = {name: names.count(name) for name in names}
     return [name if taken[name] == 1 else f"{name}_{index:05d}" for index, name in enumerate(names)]
+
+
+def test_subjects_of(subjects, source):
+    """A fifth of the subjects, held out for test as --dataset npz holds them out; a store tests on whole
+    subjects, so one subject is refused here rather than in terms of the trainer's validation flags."""
+    if len(np.unique(subjects)) < 2:
+        raise DataError(f"{source} gives windows of one subject; a store tests on whole subjects held out, so it "
+                        "needs windows of two or more (an .npz of one person's windows trains with --dataset npz, "
+                        "which tests on the last fifth of them)")
+    return hold_out_subjects(subjects, NPZ_TEST_FRACTION, NPZ_TEST_SEED)
 
 
 def _window_jobs(signals, labels, subjects):
@@ -414,7 +424,7 @@ def assemble_manifest(records, layout, options):
             test = sorted(options.test_subjects)
         else:
             having = [subject for subject, count in sorted(subjects.items()) if count]
-            test = hold_out_subjects(np.array(having), NPZ_TEST_FRACTION, NPZ_TEST_SEED).tolist()
+            test = test_subjects_of(np.array(having), options.src).tolist()
     _check_split(test, subjects, options.src)
     training = [record for record in records if record["subject"] not in test and record["steps"]]
     steps = sum(record["steps"] for record in training)

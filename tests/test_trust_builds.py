@@ -277,3 +277,9 @@ def test_a_rate_beyond_10_khz_is_refused_wherever_it_is_given(tmp_path, given):
         source, flags = npz_of_windows(tmp_path / "w.npz", sample_rate_hz=np.float64(1e30)), []
     assert_refused(build(source, tmp_path / "store", *flags), "at most 10,000")
     assert not (tmp_path / "store").exists()
+
+
+def test_a_source_of_one_subject_is_refused_in_the_converters_own_terms(tmp_path):
+    one = npz_of_windows(tmp_path / "one.npz", subjects=np.ones(48, dtype=np.int64))
+    line = assert_refused(build(one, tmp_path / "store"), "one subject", "whole subjects")
+    assert "--val-fraction" not in line and not (tmp_path / "store").exists()
