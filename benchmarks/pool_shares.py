@@ -26,7 +26,7 @@ from profiling.entry_points import REPO, at_least, entry_parser, json_file, run_
 from profiling.interleave import interleave, per_side
 from training.distributed.single import SingleDevice
 from training.entry_point import run_entry_point
-from training.loop.recipe import build_feature_pool
+from training.pool.build import build_feature_pool
 from training.reporting.logger import RunLogger
 
 

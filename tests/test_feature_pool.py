@@ -1,4 +1,4 @@
-"""MiniRocket's features computed once (training.loop.recipe): what the pool holds, which view each
+"""MiniRocket's features computed once (training.pool): what the pool holds, which view each
 epoch trains on, and runs through main.py that prove it against transforming every batch."""
 import errno
 import json
@@ -18,7 +18,7 @@ from models import build_model
 from test_resume import assert_same_state
 from training.distributed.single import SingleDevice
 from training.errors import UsageError
-from training.loop.recipe import POOL_SHARE_UNIT, VIEW_SEED_STRIDE, build_feature_pool, pool_shares
+from training.pool.build import POOL_SHARE_UNIT, VIEW_SEED_STRIDE, build_feature_pool, pool_shares
 from training.trainer import Trainer
 
 # The head trained by epochs over the pool (a split this small would otherwise be solved by ridge).
@@ -295,7 +295,7 @@ def test_a_full_disk_stops_the_build_in_one_line_and_keeps_the_shards_written(tm
         real_save(path, counts)
         saved.append(path)
 
-    monkeypatch.setattr("training.loop.feature_store.np.save", save_until_full)
+    monkeypatch.setattr("training.pool.store.np.save", save_until_full)
     with pytest.raises(UsageError, match=r"\(No space left on device\); free space there and run the same command"):
         build_feature_pool(model, splits, 1, None, 5, CPU, QuietLog(), store_root=tmp_path)
     assert len(list(tmp_path.glob("*/part*.npy"))) == 2 and not list(tmp_path.glob("*/.*"))  # no partial file

@@ -1,4 +1,4 @@
-"""Faults of the feature pool on disk (training.loop.feature_store): a shard changed in place, cut
+"""Faults of the feature pool on disk (training.pool.store): a shard changed in place, cut
 short, of another type or shape, or left without its checksum is rebuilt with one line naming it and
 why, never trained on; so are shards under this identity's name that another pool wrote, and a pool
 whose augmentation would read other labels; a build killed while writing a shard loses that shard
@@ -20,7 +20,7 @@ from data.splits import Split
 from test_feature_pool import CPU, QuietLog, fitted_model, split
 from test_store import store  # noqa: F401 (a fixture: the window store the runs read)
 from training.errors import UsageError
-from training.loop.recipe import build_feature_pool
+from training.pool.build import build_feature_pool
 
 
 @pytest.fixture(scope="module")
@@ -240,6 +240,6 @@ def test_a_folder_the_pool_cannot_be_written_in_stops_the_run_in_one_line(model_
     def full(path, write):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("training.loop.feature_store.write_atomic", full)
+    monkeypatch.setattr("training.pool.store.write_atomic", full)
     with pytest.raises(UsageError, match=r"\(No space left on device\); free space there"):
         build(splits, tmp_path / "elsewhere")

@@ -10,7 +10,7 @@ import models.minirocket as minirocket
 from models import build_model
 from models.minirocket_compiled import compiled_positive_counts, positive_counts
 from test_feature_pool import CPU, QuietLog, split
-from training.loop.recipe import build_feature_pool
+from training.pool.build import build_feature_pool
 
 
 def fitted(seed=0):

@@ -32,13 +32,7 @@ from training.distributed.strategy import Strategy, check_parallel_args, free_by
 from training.errors import EXIT_PREEMPTED, RankLost, TrainingDiverged, UsageError
 from training.loop.epochs import fit
 from training.loop.evaluation import gather_predictions
-from training.loop.recipe import (
-    build_augmenter,
-    build_feature_pool,
-    build_weight_average,
-    feature_store_root,
-    wants_feature_pool,
-)
+from training.loop.recipe import build_augmenter, build_weight_average
 from training.loop.ridge_head import NothingToStep, fit_head_by_ridge, resolve_head_fit
 from training.loop.step import (
     Precision,
@@ -54,6 +48,7 @@ from training.loop.step import (
     steps_per_epoch,
 )
 from training.loop.step_graph import records_step_graph
+from training.pool.build import build_feature_pool, feature_store_root, wants_feature_pool
 from training.reporting.final_report import report_best_weights
 from training.reporting.logger import GIB, INPUTS_LAP, SET_UP_LAP, PhaseClock, RunLogger
 from training.run_inputs import read_run_inputs
@@ -153,7 +148,7 @@ class Trainer:
     stop_signals: StopSignals
     exact_resume: bool = False  # the first epoch continues a mid-epoch checkpoint bit for bit
     first_epoch: int = 0  # the first epoch this invocation trains
-    pool_figures: dict = None  # the feature pool's build (recipe.pool_figures); None without a pool
+    pool_figures: dict = None  # the feature pool's build (pool.build.pool_figures); None without a pool
     head_pool: Split = None  # the training windows' pooled counts when --head-fit resolves to ridge, else None
     epochs: int = 0  # the epochs this run trains: --epochs, or one when the head is solved by ridge
 

@@ -15,7 +15,7 @@ from models import build_model
 from training.distributed.ddp import DistributedStrategy
 from training.distributed.single import SingleDevice
 from training.distributed.strategy import distributed_env
-from training.loop.recipe import build_feature_pool
+from training.pool.build import build_feature_pool
 
 
 class Log:

@@ -139,7 +139,7 @@ def fit_head_by_ridge(trainer):
     start = time.perf_counter()
     labels = np.asarray(pool.labels, dtype=np.int64)  # a store's labels are narrower integers
     model = trainer.model
-    # Read by positions, which a pool in memory and one on disk (feature_store.ShardedRows) both take.
+    # Read by positions, which a pool in memory and one on disk (training.pool.store.ShardedRows) both take.
     chunks = (np.arange(first, min(first + FEATURE_CHUNK, len(pool))) for first in range(0, len(pool), FEATURE_CHUNK))
     features = torch.cat([model.from_counts(torch.as_tensor(np.asarray(pool.signals[rows]),
                                                             device=trainer.strategy.device)).cpu()
