@@ -26,7 +26,7 @@ from profiling.entry_points import REPO, at_least, entry_parser, json_file, run_
 from profiling.interleave import interleave, per_side
 from training.distributed.single import SingleDevice
 from training.entry_point import run_entry_point
-from training.pool.build import build_feature_pool
+from training.pool.build import PoolPlan, build_feature_pool
 from training.reporting.logger import RunLogger
 
 
@@ -111,7 +111,7 @@ def transform_seconds(windows):
     split = Split(signals, np.zeros(windows, dtype=np.int64), np.zeros(windows, dtype=np.int64))
     with tempfile.TemporaryDirectory() as folder:
         started = time.perf_counter()
-        build_feature_pool(model, {"train": split}, 1, None, 0, SingleDevice(torch.device("cpu")),
+        build_feature_pool(model, {"train": split}, PoolPlan(views=1, seed=0), SingleDevice(torch.device("cpu")),
                            RunLogger(folder, enabled=False))
         return time.perf_counter() - started
 

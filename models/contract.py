@@ -9,7 +9,9 @@ class HARModel(nn.Module):
     DROPOUT = 0.1  # when --dropout is not given
     LABEL_SMOOTHING = 0.1  # when --label-smoothing is not given
     TAKES_WINDOW_STEPS = False  # True: built with window_steps, as its layout depends on the window's length
-    FIXED_FEATURES = False  # True: forward also takes features(windows), which do not learn, so a pool can hold them
+    # True: its features do not learn, so a feature pool (training/pool/) can hold them, computed once through
+    # the pool hooks below; forward then also takes a pool's rows [B, F] (pool_features, or from_counts of them).
+    FIXED_FEATURES = False
     FEATURE_VIEWS = 0  # when --feature-views is not given: views of the training windows pooled once (FIXED_FEATURES)
     FITS_TO_DATA = False  # True: fit(signals) sets parts from the training windows before training
     # True: its buffers are all set before training (fit) and never change in it, so the weight average
@@ -32,6 +34,30 @@ class HARModel(nn.Module):
     def fit(self, signals, padded=False):
         """Set the parts that depend on the data from training windows [N, C, T] (FITS_TO_DATA);
         `padded`: the data's windows end in NaN padding (READS_NAN_PADDING)."""
+
+    # The pool hooks: all that the feature pool, its loaders and the ridge head read of a FIXED_FEATURES model.
+
+    def pool_features(self, windows):
+        """Windows [B, C, T] -> what a feature pool holds of each [B, F] (in any type: the pool keeps
+        it, and from_counts turns it into the head's input), with no gradient. The pool calls it on
+        pieces of up to 1,024 windows that start at multiples of 1,024 (training/pool/shares.py), on
+        each rank its own: where a window's row depends on the batch it is computed in, batches that
+        divide 1,024 keep the pool the ranks share out the one-process pool, bit for bit."""
+        raise NotImplementedError(f"{type(self).__name__} has no fixed features to pool (FIXED_FEATURES)")
+
+    def from_counts(self, stored):
+        """A pool's rows [B, F] -> the head's input, the floats the windows themselves give, bit for
+        bit; rows already turned (a pool's reader may do it beside the step) come back as they are.
+        By default the pool holds the head's input itself."""
+        return stored
+
+    def pool_identity_parts(self):
+        """What decides pool_features beside the windows (tensors, arrays, or text): a pool on disk
+        digests it into its identity, so a model changed builds a pool of its own and an unchanged one
+        reuses it. By default the persistent buffers, the fixed parts of a model whose only learnt
+        parameters are its head's."""
+        learnt = {name for name, _ in self.named_parameters()}
+        return [tensor for name, tensor in self.state_dict().items() if name not in learnt]
 
     def prepare_pool(self, windows, say):
         """Before a feature pool of `windows` windows is built on this model's device (FIXED_FEATURES):

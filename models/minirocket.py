@@ -222,6 +222,14 @@ class MiniRocket(HARModel):
         with torch.no_grad(), torch.autocast(x.device.type, enabled=False):
             return self._float_counts(x.float()).to(self.count_dtype)
 
+    def pool_identity_parts(self):
+        """Every fixed part in its state (the head's weights learn), then the dilations and paddings, which
+        no buffer holds. The padding flag shows in the pool's type (a padded pool holds float features, not
+        counts): left out, so that pools written before the flag existed keep their identity."""
+        fixed = [tensor for name, tensor in self.state_dict().items()
+                 if not name.startswith("head.") and name != "nan_padding"]
+        return [*fixed, repr(self.dilations), repr(self.paddings)]
+
     def _float_counts(self, x, one_bias_at_a_time=True, fused=True, lengths=None, shared_sums=False):
         """Counts [B, F] as floats; with `lengths` [B], each window's over its own outputs only."""
         if torch.jit.is_tracing() or torch.compiler.is_compiling():

@@ -35,7 +35,7 @@ class Workload:
     trainer: object = None  # the run itself: its evaluation passes and checkpoint are timed too
     inputs_s: float = 0.0  # reading the run's inputs, as main.py's time line counts them
     set_up_s: float = 0.0  # the strategy's start and Trainer.build (model, fit, pool), set by profiling.measure
-    pool: dict = None  # the feature pool's build figures (training.loop.recipe.pool_figures), or None
+    pool: dict = None  # the feature pool's build figures (training.pool.build.pool_figures), or None
     # Where main.py with the profiler's flags would solve the head by ridge (auto, a small split): the
     # profile is then of --head-fit adamw's steps, which that run never takes.
     ridge_in_main: bool = False

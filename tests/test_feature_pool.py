@@ -18,7 +18,8 @@ from models import build_model
 from test_resume import assert_same_state
 from training.distributed.single import SingleDevice
 from training.errors import UsageError
-from training.pool.build import POOL_SHARE_UNIT, VIEW_SEED_STRIDE, build_feature_pool, pool_shares
+from training.pool.build import VIEW_SEED_STRIDE, PoolPlan, build_feature_pool
+from training.pool.shares import POOL_SHARE_UNIT, pool_shares
 from training.trainer import Trainer
 
 # The head trained by epochs over the pool (a split this small would otherwise be solved by ridge).
@@ -69,7 +70,7 @@ def test_the_pool_holds_the_features_of_each_view_and_of_the_other_splits():
     augment = BatchAugmenter(AugmentConfig(kinds=("scale", "jitter")), torch.zeros(3), torch.ones(3),
                              ("acc_x", "acc_y", "acc_z"), ("a", "b", "c", "d"))
     log = QuietLog()
-    pool, views = build_feature_pool(model, splits, 3, augment, seed=5, strategy=CPU, log=log)
+    pool, views = build_feature_pool(model, splits, PoolPlan(views=3, augment=augment, seed=5), CPU, log)
     width = model.feature_mean.numel()
     assert "3 view(s) of 30 training windows + 7 other windows = 97 transformed once, " in log.line
     assert f" MiB in host memory ({width:,} B a window, uint8) (" in log.line
@@ -90,7 +91,7 @@ def test_the_pool_holds_the_features_of_each_view_and_of_the_other_splits():
                        model.features(torch.from_numpy(splits["val"].signals)))
     assert pool["test"].signals.shape == (0, model.feature_mean.numel())
     # Without an augmenter every view would be the same: one is kept.
-    assert build_feature_pool(model, splits, 3, None, 5, CPU, QuietLog())[1] == 1
+    assert build_feature_pool(model, splits, PoolPlan(views=3, seed=5), CPU, QuietLog())[1] == 1
 
 
 def test_the_build_reports_what_it_transformed_and_what_the_pool_holds():
@@ -98,7 +99,8 @@ def test_the_build_reports_what_it_transformed_and_what_the_pool_holds():
     augment = BatchAugmenter(AugmentConfig(kinds=("scale", "jitter")), torch.zeros(3), torch.ones(3),
                              ("acc_x", "acc_y", "acc_z"), ("a", "b", "c", "d"))
     figures = {}
-    pool, _ = build_feature_pool(model, splits, 3, augment, 5, CPU, QuietLog(), figures=figures)
+    pool, _ = build_feature_pool(model, splits, PoolPlan(views=3, augment=augment, seed=5), CPU, QuietLog(),
+                                 figures=figures)
     held = sum(part.signals.nbytes for part in pool.values())
     assert figures["windows"] == figures["transformed"] == 3 * 30 + 7 + 5
     assert (figures["views"], figures["train_windows"], figures["bytes"]) == (3, 30, held)
@@ -108,7 +110,7 @@ def test_the_build_reports_what_it_transformed_and_what_the_pool_holds():
     assert figures["windows_per_s"] == pytest.approx(figures["transformed"] / figures["seconds"])
     assert [rank["windows"] for rank in figures["per_rank"]] == [102]
     plain = {}
-    build_feature_pool(model, splits, 3, None, 5, CPU, QuietLog(), figures=plain)
+    build_feature_pool(model, splits, PoolPlan(views=3, seed=5), CPU, QuietLog(), figures=plain)
     assert (plain["views"], plain["windows"], plain["augmented_windows"], plain["augment_s"]) == (1, 42, 0, 0.0)
 
 
@@ -259,11 +261,12 @@ def test_a_pool_on_disk_is_the_pool_in_memory_reused_while_its_identity_holds(tm
     model, splits = fitted_model(), {"train": split(2500, 1), "val": split(7, 2), "test": split(0, 3)}
     augment = BatchAugmenter(AugmentConfig(kinds=("scale", "jitter")), torch.zeros(3), torch.ones(3),
                              ("acc_x", "acc_y", "acc_z"), ("a", "b", "c", "d"))
-    memory, _ = build_feature_pool(model, splits, 2, augment, 5, CPU, QuietLog())
+    memory, _ = build_feature_pool(model, splits, PoolPlan(views=2, augment=augment, seed=5), CPU, QuietLog())
 
     def on_disk(seed=5):
         log = QuietLog()
-        pool, _ = build_feature_pool(model, splits, 2, augment, seed, CPU, log, store_root=tmp_path)
+        plan = PoolPlan(views=2, augment=augment, seed=seed, store_root=tmp_path)
+        pool, _ = build_feature_pool(model, splits, plan, CPU, log)
         everything = {name: part.signals[np.arange(len(part.signals))] for name, part in pool.items()}
         return everything, log.line + "".join(log.warnings)
 
@@ -297,11 +300,11 @@ def test_a_full_disk_stops_the_build_in_one_line_and_keeps_the_shards_written(tm
 
     monkeypatch.setattr("training.pool.store.np.save", save_until_full)
     with pytest.raises(UsageError, match=r"\(No space left on device\); free space there and run the same command"):
-        build_feature_pool(model, splits, 1, None, 5, CPU, QuietLog(), store_root=tmp_path)
+        build_feature_pool(model, splits, PoolPlan(views=1, seed=5, store_root=tmp_path), CPU, QuietLog())
     assert len(list(tmp_path.glob("*/part*.npy"))) == 2 and not list(tmp_path.glob("*/.*"))  # no partial file
     monkeypatch.undo()
     log = QuietLog()
-    pool, _ = build_feature_pool(model, splits, 1, None, 5, CPU, log, store_root=tmp_path)
+    pool, _ = build_feature_pool(model, splits, PoolPlan(views=1, seed=5, store_root=tmp_path), CPU, log)
     assert "2,048 windows' shards reused, the missing or damaged rebuilt" in log.line
-    memory, _ = build_feature_pool(model, splits, 1, None, 5, CPU, QuietLog())
+    memory, _ = build_feature_pool(model, splits, PoolPlan(views=1, seed=5), CPU, QuietLog())
     assert np.array_equal(pool["train"].signals[np.arange(2500)], memory["train"].signals)

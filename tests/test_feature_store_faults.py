@@ -20,7 +20,7 @@ from data.splits import Split
 from test_feature_pool import CPU, QuietLog, fitted_model, split
 from test_store import store  # noqa: F401 (a fixture: the window store the runs read)
 from training.errors import UsageError
-from training.pool.build import build_feature_pool
+from training.pool.build import PoolPlan, build_feature_pool
 
 
 @pytest.fixture(scope="module")
@@ -32,13 +32,14 @@ def model_and_splits():
 def build(splits, root, augment=None, seed=5, views=1, model=None):
     """(the pool read back whole, the log) of a build in `root`."""
     log, model = QuietLog(), fitted_model() if model is None else model
-    pool, _ = build_feature_pool(model, splits, views, augment, seed, CPU, log, store_root=root)
+    plan = PoolPlan(views=views, augment=augment, seed=seed, store_root=root)
+    pool, _ = build_feature_pool(model, splits, plan, CPU, log)
     return {name: part.signals[np.arange(len(part.signals))] for name, part in pool.items()}, log
 
 
 def built_in_memory(splits, augment=None, seed=5, views=1, model=None):
     model = fitted_model() if model is None else model
-    pool, _ = build_feature_pool(model, splits, views, augment, seed, CPU, QuietLog())
+    pool, _ = build_feature_pool(model, splits, PoolPlan(views=views, augment=augment, seed=seed), CPU, QuietLog())
     return {name: part.signals for name, part in pool.items()}
 
 
@@ -117,7 +118,7 @@ def with_a_garbled_checksum(shard):
 
 def test_the_pool_on_disk_reads_any_positions_as_the_pool_in_memory_holds_them(model_and_splits, tmp_path):
     model, splits = model_and_splits
-    pool, _ = build_feature_pool(model, splits, 1, None, 5, CPU, QuietLog(), store_root=tmp_path)
+    pool, _ = build_feature_pool(model, splits, PoolPlan(views=1, seed=5, store_root=tmp_path), CPU, QuietLog())
     rows, expected = pool["train"].signals, in_memory(model_and_splits)["train"]
     block = np.random.default_rng(0).permutation(np.arange(1000, 1100))  # neighbours across two shards of 1,024
     for positions in (block, block[:1], np.array([2499, 3, 1500, 700, 3])):  # and scattered, one twice

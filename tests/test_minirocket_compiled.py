@@ -10,7 +10,7 @@ import models.minirocket as minirocket
 from models import build_model
 from models.minirocket_compiled import compiled_positive_counts, positive_counts
 from test_feature_pool import CPU, QuietLog, split
-from training.pool.build import build_feature_pool
+from training.pool.build import PoolPlan, build_feature_pool
 
 
 def fitted(seed=0):
@@ -36,9 +36,9 @@ def test_a_large_pool_on_a_cpu_is_counted_by_the_compiled_loop_bit_for_bit(monke
     threads = torch.get_num_threads()
     torch.set_num_threads(2)  # the chunks of 64 windows go one per thread, each calling the loop
     try:
-        eager, _ = build_feature_pool(fitted(), splits, 1, None, 5, CPU, QuietLog())
+        eager, _ = build_feature_pool(fitted(), splits, PoolPlan(views=1, seed=5), CPU, QuietLog())
         compiled_model, log = fitted(), Lines()
-        compiled, _ = build_feature_pool(compiled_model, splits, 1, None, 5, CPU, log)
+        compiled, _ = build_feature_pool(compiled_model, splits, PoolPlan(views=1, seed=5), CPU, log)
     finally:
         torch.set_num_threads(threads)
     assert compiled_model._count is not None
@@ -77,7 +77,7 @@ def test_a_pool_reused_from_disk_prepares_for_no_window(tmp_path):
     model.prepare_pool = lambda windows, say: asked.append(windows)
     splits = {"train": split(150, 1), "val": split(70, 2)}
     for _ in range(2):
-        build_feature_pool(model, splits, 1, None, 5, CPU, QuietLog(), store_root=tmp_path)
+        build_feature_pool(model, splits, PoolPlan(views=1, seed=5, store_root=tmp_path), CPU, QuietLog())
     assert asked == [220, 0]  # built, then reused whole: nothing to compile for
 
 

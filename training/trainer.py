@@ -48,7 +48,7 @@ from training.loop.step import (
     steps_per_epoch,
 )
 from training.loop.step_graph import records_step_graph
-from training.pool.build import build_feature_pool, feature_store_root, wants_feature_pool
+from training.pool.build import PoolPlan, build_feature_pool, feature_store_root, wants_feature_pool
 from training.reporting.final_report import report_best_weights
 from training.reporting.logger import GIB, INPUTS_LAP, SET_UP_LAP, PhaseClock, RunLogger
 from training.run_inputs import read_run_inputs
@@ -324,8 +324,7 @@ def replicates_the_head(config, head_fit):
     batch (--pool-head replicated): a head trained by steps over a feature pool, which every rank
     holds whole."""
     model_class, views = MODELS[config.model.name], feature_views_of(config.model.name, config.recipe.feature_views)
-    return (config.parallel.pool_head == "replicated" and head_fit == "adamw" and model_class.FIXED_FEATURES
-            and views > 0)
+    return config.parallel.pool_head == "replicated" and head_fit == "adamw" and wants_feature_pool(model_class, views)
 
 
 def _replicates_the_head(config, strategy, head_fit, log):
@@ -360,8 +359,9 @@ def _build_loaders(config, data, model, augment, loader_batch, strategy, log, re
         # last ones: they are not built.
         views = min(views, optim.epochs)
         figures = {}
-        splits, train_views = build_feature_pool(model, splits, views, augment, optim.seed, strategy, log,
-                                                 feature_store_root(config.save_dir, splits), figures)
+        plan = PoolPlan(views=views, augment=augment, seed=optim.seed,
+                        store_root=feature_store_root(config.save_dir, splits))
+        splits, train_views = build_feature_pool(model, splits, plan, strategy, log, figures)
         augment = None
     # On a CPU a pool on disk reaches the step as features, turned from counts by the store's reader
     # thread: the step's first operation, done beside it (about an eighth of a step, docs/performance.md).

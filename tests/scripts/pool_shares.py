@@ -15,7 +15,7 @@ from models import build_model
 from training.distributed.ddp import DistributedStrategy
 from training.distributed.single import SingleDevice
 from training.distributed.strategy import distributed_env
-from training.pool.build import build_feature_pool
+from training.pool.build import PoolPlan, build_feature_pool
 
 
 class Log:
@@ -50,10 +50,11 @@ def main(out):
                              ("acc_x", "acc_y", "acc_z"), ("a", "b", "c", "d"))
     strategy, log = DistributedStrategy(device_type="cpu", backend="gloo", gpu_ids=None, sync_bn=False, timeout_s=120,
                                           ranks=distributed_env()), Log()
-    shared, _ = build_feature_pool(model, splits, 3, augment, 5, strategy, log)
+    shared, _ = build_feature_pool(model, splits, PoolPlan(views=3, augment=augment, seed=5), strategy, log)
     transformed = strategy.gather_objects(log.total)
     if strategy.is_main:
-        alone, _ = build_feature_pool(model, splits, 3, augment, 5, SingleDevice(torch.device("cpu")), Log())
+        alone, _ = build_feature_pool(model, splits, PoolPlan(views=3, augment=augment, seed=5),
+                                      SingleDevice(torch.device("cpu")), Log())
         np.savez(out, transformed=transformed, line=log.line,
                  **{f"shared_{name}": split.signals for name, split in shared.items()},
                  **{f"alone_{name}": split.signals for name, split in alone.items()})

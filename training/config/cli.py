@@ -81,8 +81,11 @@ def add_flag(arguments, dest, item):
         arguments.add_argument(option, action="store_true" if item.default is False else argparse.BooleanOptionalAction,
                                **common)
     else:
-        arguments.add_argument(option, type=meta.get("parse", kind), choices=meta.get("choices"),
-                               metavar=meta.get("metavar"), **common)
+        choices = meta.get("choices")
+        if callable(choices):  # a registry's, read now: a kind registered since counts
+            choices = choices()
+        arguments.add_argument(option, type=meta.get("parse", kind), choices=choices, metavar=meta.get("metavar"),
+                               **common)
     if "off" in meta:  # --no-resume
         off_flag, off_help = meta["off"]
         arguments.add_argument(off_flag, dest=dest, action="store_const", const=None, help=off_help)

@@ -161,7 +161,8 @@ class Data:
 @dataclass(frozen=True)
 class Model:
     """The network and its size."""
-    name: str = setting(DEFAULT_MODEL, "the network, from the models/ registry", choices=tuple(MODELS), flag="model")
+    name: str = setting(DEFAULT_MODEL, "the network, from the models/ registry", choices=lambda: tuple(MODELS),
+                        flag="model")
     dropout: float | None = setting(None, "dropout rate (default: the model's own, 0 for minirocket's head, 0.1 "
                                     "for the others)")
     norm: str = setting("batch", "normalisation in the convolutional layers; group and none do not depend on the "

@@ -1,9 +1,10 @@
-"""MiniRocket's linear head solved in closed form, for small data: ridge regression on +-1 class
-targets over the training windows' features, as aeon's MiniRocket classifier does, its strength
-chosen by the error on each person (or stretch of one person's windows) left out. On a few hundred
-windows the AdamW epochs take a few dozen steps and lose to it (docs/training.md, "Small data: the
-head solved by ridge regression"); on more windows the augmented views and epochs generalise better
-across people, so above RIDGE_MAX_WINDOWS the head is trained as before.
+"""A fixed-feature model's linear head (LINEAR_HEAD: MiniRocket's) solved in closed form, for small data:
+ridge regression on +-1 class targets over the training windows' pooled features, as aeon's MiniRocket
+classifier does, its strength chosen by the error on each person (or stretch of one person's windows)
+left out. On a few hundred windows the AdamW epochs take a few dozen steps and lose to it
+(docs/training.md, "Small data: the head solved by ridge regression"); on more windows the augmented
+views and epochs generalise better across people, so above RIDGE_MAX_WINDOWS the head is trained as
+before.
 
 The solve works in the dual (one row and column per window), so its cost grows with the windows
 squared: at RIDGE_MAX_WINDOWS it takes about a second on two CPU cores."""
@@ -14,6 +15,7 @@ import numpy as np
 import torch
 
 from evaluation.calibration import fit_temperature
+from models import MODELS
 from training.errors import UsageError
 from training.loop.epochs import EpochResult, end_epoch
 
@@ -32,8 +34,9 @@ def resolve_head_fit(head_fit, model_class, pooled, train_windows, strategy):
         return "adamw"
     if head_fit == "ridge":
         if not solvable:
+            linear = ", ".join(name for name, model in MODELS.items() if model.LINEAR_HEAD)
             raise UsageError("--head-fit ridge solves a linear head over pooled features, the whole head on "
-                             "every rank (minirocket, with --feature-views above 0, not under FSDP); use --head-fit "
+                             f"every rank ({linear}, with --feature-views above 0, not under FSDP); use --head-fit "
                              "adamw")
         if train_windows > RIDGE_LIMIT_WINDOWS:
             raise UsageError(f"--head-fit ridge solves over every pair of training windows: {train_windows:,} is more "

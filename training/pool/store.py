@@ -30,16 +30,12 @@ MISSING = "missing"  # a shard not written yet: built without a word, unlike a d
 
 
 def pool_identity(model, splits, views, augment, seed, dtype, chunk):
-    """{what: digest or value} of everything that decides the pool: the model's fixed parts, each
-    split's windows (a store's manifest and the windows chosen) and normalisation, the views, the seed,
-    the augmentation's settings, statistics and the training labels it reads (the classes rotate turns
-    wide, the classes flip may turn: a store relabelled keeps its manifest), the counts' type and the
-    chunking of random draws."""
-    # MiniRocket's padding flag shows in the type (a padded pool holds float features, not counts): left
-    # out, so that pools written before the flag existed keep their identity.
-    fixed = {name: tensor for name, tensor in model.state_dict().items()
-             if not name.startswith("head.") and name != "nan_padding"}
-    identity = {"format": FORMAT, "model": _digest(*fixed.values(), repr(model.dilations), repr(model.paddings)),
+    """{what: digest or value} of everything that decides the pool: the model's fixed parts (what its
+    pool_identity_parts names), each split's windows (a store's manifest and the windows chosen) and
+    normalisation, the views, the seed, the augmentation's settings, statistics and the training labels
+    it reads (the classes rotate turns wide, the classes flip may turn: a store relabelled keeps its
+    manifest), the counts' type and the chunking of random draws."""
+    identity = {"format": FORMAT, "model": _digest(*model.pool_identity_parts()),
                 "views": views, "seed": seed, "dtype": str(dtype), "chunk": chunk,
                 "augmentation": _digest(repr(augment.config), augment.mean, augment.std,
                                         np.ascontiguousarray(splits["train"].labels)) if augment else None}
