@@ -32,6 +32,7 @@ from inference.ensemble import ENSEMBLE_FILE, write_ensemble
 from inference.evaluate import write_report
 from training.checkpoint.earlier_run import earlier_run_files, move_aside
 from training.checkpoint.files import BEST, LAST, load_checkpoint
+from training.checkpoint.format import SavedRun
 from training.checkpoint.judge import differing_flags, meant_flags, trained_to_the_end
 from training.config.settings import Hardware, Output, Parallel, RunConfig
 from training.distributed.ddp import join_process_group
@@ -287,10 +288,10 @@ def _refit_finished(refit_config):
     metrics.jsonl's last line: a run killed between a save and that epoch's line keeps the one alone."""
     run_dir = Path(refit_config.output.save_dir)
     try:
-        checkpoint = load_checkpoint(run_dir / LAST)
+        saved = SavedRun.of(load_checkpoint(run_dir / LAST))
     except UsageError:  # none yet, or damaged: the refit goes on (and resumes where it can)
         return False
-    return (isinstance(checkpoint, dict) and "config" in checkpoint and trained_to_the_end(checkpoint)
+    return (saved is not None and saved.has_flags and trained_to_the_end(saved)
             and (refit_config.data.no_test or (run_dir / "test_report.json").is_file()))
 
 

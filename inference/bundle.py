@@ -11,15 +11,12 @@ from torch import nn
 from data.description import description_of
 from data.errors import not_a_file
 from inference.checkpoint_checks import check_declared_shapes, check_members, checked_model
-from inference.ensemble import ENSEMBLE_KIND, MEMBER_KEYS, ProbabilityAverage
-from training.checkpoint.files import inference_weights, load_checkpoint
+from inference.ensemble import ProbabilityAverage
+from training.checkpoint.files import load_checkpoint
+from training.checkpoint.format import ENSEMBLE_KIND, ENSEMBLE_MEMBER_KEYS, PREDICTION_KEYS, WEIGHT_KEYS, SavedRun
 from training.config.settings import RunConfig
 from training.distributed.strategy import resolve_device_type
 from training.errors import UsageError
-
-NEEDED_KEYS = ("config", "class_names", "channel_names", "in_channels", "num_classes", "sample_rate_hz",
-               "window_steps", "preprocessing")
-WEIGHT_KEYS = {None: ("model", "normalization"), ENSEMBLE_KIND: ("members",)}
 
 
 class RawUnitModel(nn.Module):
@@ -36,10 +33,10 @@ class RawUnitModel(nn.Module):
 
 
 def raw_unit_model(part, weights, window_steps, path, member=None):
-    """The network a checkpoint (or its ensemble's `member`-th part) describes, checked first, with
-    its weights and its normalisation in front."""
+    """The network a checkpoint (or its ensemble's `member`-th part; either a SavedRun) describes,
+    checked first, with its weights and its normalisation in front."""
     model = checked_model(part, weights, window_steps, path, member)
-    normalization = part["normalization"]
+    normalization = part.normalization
     return RawUnitModel(model, normalization["mean"].float(), normalization["std"].float())
 
 
@@ -72,35 +69,35 @@ def load_bundle(path):
     if not Path(path).is_file():
         raise UsageError(f"--checkpoint {path} {not_a_file(path)}; point it at a best.pt or last.pt written by "
                          "training")
-    checkpoint = load_checkpoint(path)
-    if not isinstance(checkpoint, dict):
+    saved = SavedRun.of(load_checkpoint(path))
+    if saved is None:
         raise UsageError(f"{path} is not a checkpoint of this trainer; point --checkpoint at a best.pt or last.pt")
-    kind = checkpoint.get("kind")
+    kind = saved.kind
     if kind not in WEIGHT_KEYS:
         raise UsageError(f"checkpoint {path} is of kind {kind!r}, which this version of the trainer does not know; "
                          "update the trainer")
-    missing = [key for key in (*NEEDED_KEYS, *WEIGHT_KEYS[kind]) if key not in checkpoint]
+    missing = saved.missing((*PREDICTION_KEYS, *WEIGHT_KEYS[kind]))
     if missing:
         raise UsageError(f"checkpoint {path} lacks {', '.join(missing)}, which predicting needs (it was written "
                          "by an older version, or is not a checkpoint of this trainer); retrain to get them")
-    check_declared_shapes(checkpoint, path)
-    steps = checkpoint["window_steps"]
+    check_declared_shapes(saved, path)
+    layout = saved.data_layout()
+    steps = layout.window_steps
     if kind == ENSEMBLE_KIND:
-        check_members(checkpoint, path, (*MEMBER_KEYS, "model"))
-        models = [raw_unit_model(member, member["model"], steps, path, number)
-                  for number, member in enumerate(checkpoint["members"], start=1)]
+        check_members(saved, path, ENSEMBLE_MEMBER_KEYS)
+        models = [raw_unit_model(member, member.weights, steps, path, number)
+                  for number, member in enumerate(saved.member_runs(), start=1)]
     else:
-        models = [raw_unit_model(checkpoint, inference_weights(checkpoint), steps, path)]
+        models = [raw_unit_model(saved, saved.inference_weights(), steps, path)]
     model = ProbabilityAverage(models) if kind == ENSEMBLE_KIND else models[0]
     # An ensemble's scale of the raw windows (what example inputs are drawn at) is its members' mean.
     mean, std = (torch.stack([getattr(part, key).flatten() for part in models]).mean(dim=0).numpy()
                  for key in ("mean", "std"))
-    return ModelBundle(model.eval(), mean, std, tuple(checkpoint["class_names"]),
-                       tuple(checkpoint["channel_names"]), float(checkpoint["sample_rate_hz"]),
-                       int(checkpoint["window_steps"]), str(checkpoint["preprocessing"]),
-                       RunConfig.from_flags(checkpoint["config"]), str(path), len(models),
-                       description_of(checkpoint["description"], f"checkpoint {path}'s description")
-                       if checkpoint.get("description") else None, all(part.model.padded for part in models))
+    return ModelBundle(model.eval(), mean, std, tuple(layout.class_names), tuple(layout.channel_names),
+                       float(layout.sample_rate_hz), int(layout.window_steps), str(layout.preprocessing),
+                       RunConfig.from_flags(saved.flags), str(path), len(models),
+                       description_of(layout.description, f"checkpoint {path}'s description")
+                       if layout.description else None, all(part.model.padded for part in models))
 
 
 def pick_device(name):

@@ -7,6 +7,7 @@ import math
 import torch
 
 from models import MODELS
+from training.checkpoint.format import nonfinite_tensor
 from training.config.settings import RunConfig
 from training.errors import UsageError
 
@@ -14,43 +15,43 @@ REWRITE = "train it again (python main.py), or point --checkpoint at another of 
 REWRITE_ENSEMBLE = "write it again with python main.py --cv-folds K --ensemble"
 
 
-def check_declared_shapes(checkpoint, path):
-    """in_channels and num_classes are positive counts that the channel and class names match."""
-    if not isinstance(checkpoint["config"], dict):
+def check_declared_shapes(saved, path):
+    """in_channels and num_classes of `saved` (a SavedRun) are positive counts that the channel and class
+    names match."""
+    if not isinstance(saved.flags, dict):
         raise UsageError(f"checkpoint {path}: config is not a mapping of settings; {REWRITE}")
-    for key, names in (("in_channels", "channel_names"), ("num_classes", "class_names")):
-        count, listed = checkpoint[key], checkpoint[names]
+    layout = saved.data_layout()
+    for key, count, names, listed in (("in_channels", saved.in_channels, "channel_names", layout.channel_names),
+                                      ("num_classes", saved.num_classes, "class_names", layout.class_names)):
         if not _is_count(count) or not isinstance(listed, (list, tuple)) or len(listed) != count \
                 or not all(isinstance(name, str) for name in listed):
             raise UsageError(f"checkpoint {path}: {key} ({count!r}) and {names} ({_brief(listed)}) disagree; "
                              f"the file is damaged or not written by this trainer: {REWRITE}")
-    if not _is_count(checkpoint["window_steps"]):
+    if not _is_count(layout.window_steps):
         raise UsageError(f"checkpoint {path}: window_steps must be a positive whole number, got "
-                         f"{checkpoint['window_steps']!r}; {REWRITE}")
-    rate = checkpoint["sample_rate_hz"]  # NaN: windows of no stated rate (an .npz without one)
+                         f"{layout.window_steps!r}; {REWRITE}")
+    rate = layout.sample_rate_hz  # NaN: windows of no stated rate (an .npz without one)
     if isinstance(rate, bool) or not isinstance(rate, (int, float)) or math.isinf(rate) or rate <= 0:
         raise UsageError(f"checkpoint {path}: sample_rate_hz must be a positive number of samples a second (NaN "
                          f"where unknown), got {rate!r}; {REWRITE}")
 
 
 def check_model_part(part, path, weights, member=None):
-    """One model's description (`part`: a checkpoint, or its ensemble's `member`-th part) and the
-    weights it predicts with: a known model, a state dict of finite tensors, and a finite positive
-    normalisation of the right length."""
+    """One model's description (`part`: a SavedRun of a checkpoint, or of its ensemble's `member`-th
+    part) and the weights it predicts with: a known model, a state dict of finite tensors, and a finite
+    positive normalisation of the right length."""
     what, fix = ("", REWRITE) if member is None else (f"member {member}'s ", REWRITE_ENSEMBLE)
-    config = part["config"]
+    config = part.flags
     name = config.get("model") if isinstance(config, dict) else None
     if not isinstance(name, str) or name not in MODELS:
         raise UsageError(f"checkpoint {path}: {what}model {name!r} is not one of {', '.join(MODELS)}; {fix}")
     if not isinstance(weights, dict) or not weights:
         raise UsageError(f"checkpoint {path}: {what}weights are not a state dict of tensors; {fix}")
-    for key, tensor in weights.items():
-        if not isinstance(tensor, torch.Tensor) or tensor.is_complex():
-            raise UsageError(f"checkpoint {path}: {what}weight {key!r} is not a tensor of real numbers; {fix}")
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            raise UsageError(f"checkpoint {path}: {what}weight {key!r} holds NaN or infinity (a run that diverged, "
-                             f"or a damaged file); {fix}")
-    normalization, channels = part["normalization"], part["in_channels"]
+    bad = nonfinite_tensor(_real_tensors(weights, f"checkpoint {path}: {what}", fix))
+    if bad is not None:
+        raise UsageError(f"checkpoint {path}: {what}weight {bad!r} holds NaN or infinity (a run that diverged, "
+                         f"or a damaged file); {fix}")
+    normalization, channels = part.normalization, part.in_channels
     if not isinstance(normalization, dict) or not all(isinstance(normalization.get(key), torch.Tensor)
                                                       and normalization[key].is_floating_point()
                                                       for key in ("mean", "std")):
@@ -61,19 +62,28 @@ def check_model_part(part, path, weights, member=None):
         if tuple(values.shape) != (channels,):
             raise UsageError(f"checkpoint {path}: {what}normalization {key} has shape {list(values.shape)}, not "
                              f"[{channels}] (one per channel); {fix}")
-        if not bool(torch.isfinite(values).all()):
+        if nonfinite_tensor([(key, values)]) is not None:
             raise UsageError(f"checkpoint {path}: {what}normalization {key} holds NaN or infinity; {fix}")
     if not bool((normalization["std"] > 0).all()):
         raise UsageError(f"checkpoint {path}: {what}normalization std holds a value that is not positive; {fix}")
 
 
+def _real_tensors(weights, where, fix):
+    """(name, tensor) of `weights` one by one, refusing in one line, as it comes to it, an entry that is
+    not a tensor of real numbers: nonfinite_tensor reads no further than the first non-finite one."""
+    for key, tensor in weights.items():
+        if not isinstance(tensor, torch.Tensor) or tensor.is_complex():
+            raise UsageError(f"{where}weight {key!r} is not a tensor of real numbers; {fix}")
+        yield key, tensor
+
+
 def checked_model(part, weights, window_steps, path, member=None):
-    """The network `part` describes (check_model_part first), its weights loaded; its settings must
-    build it and its weights fit it."""
+    """The network `part` (a SavedRun) describes (check_model_part first), its weights loaded; its
+    settings must build it and its weights fit it."""
     check_model_part(part, path, weights, member)
-    config, where = part["config"], path if member is None else f"{path} (member {member})"
+    config, where = part.flags, path if member is None else f"{path} (member {member})"
     try:
-        model = RunConfig.from_flags(config).model.build(part["in_channels"], part["num_classes"], window_steps)
+        model = RunConfig.from_flags(config).model.build(part.in_channels, part.num_classes, window_steps)
     except (TypeError, ValueError, RuntimeError) as exc:  # settings edited by hand, or another tool's file
         raise UsageError(f"checkpoint {where}: its settings do not build a {config['model']} model "
                          f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); use a checkpoint "
@@ -86,23 +96,25 @@ def checked_model(part, weights, window_steps, path, member=None):
     return model
 
 
-def check_members(checkpoint, path, member_keys):
-    """An ensemble's members: a non-empty list of dicts with `member_keys`, one model on the ensemble's
-    channels and classes (their weights: check_model_part)."""
-    members = checkpoint["members"]
+def check_members(saved, path, member_keys):
+    """An ensemble's members (`saved`: a SavedRun of it): a non-empty list of dicts with `member_keys`, one
+    model on the ensemble's channels and classes (their weights: check_model_part)."""
+    members = saved.members
     if not isinstance(members, list) or not members or not all(isinstance(member, dict) for member in members):
         raise UsageError(f"checkpoint {path}: members must be a non-empty list of models, got {_brief(members)}; "
                          f"{REWRITE_ENSEMBLE}")
-    for number, member in enumerate(members, start=1):
-        missing = [key for key in member_keys if key not in member]
+    runs = saved.member_runs()
+    for number, member in enumerate(runs, start=1):
+        missing = member.missing(member_keys)
         if missing:
             raise UsageError(f"checkpoint {path}: member {number} lacks {', '.join(missing)}; {REWRITE_ENSEMBLE}")
-        for key in ("in_channels", "num_classes"):
-            if member[key] != checkpoint[key]:
-                raise UsageError(f"checkpoint {path}: member {number} has {key} {member[key]!r}, the ensemble "
-                                 f"{checkpoint[key]!r}; an ensemble's members must share their windows and classes: "
+        for key, value, shared in (("in_channels", member.in_channels, saved.in_channels),
+                                   ("num_classes", member.num_classes, saved.num_classes)):
+            if value != shared:
+                raise UsageError(f"checkpoint {path}: member {number} has {key} {value!r}, the ensemble "
+                                 f"{shared!r}; an ensemble's members must share their windows and classes: "
                                  f"{REWRITE_ENSEMBLE}")
-    mixed = other_model([member["config"] for member in members])
+    mixed = other_model([member.flags for member in runs])
     if mixed:
         raise UsageError(f"checkpoint {path}: {mixed}: {REWRITE_ENSEMBLE}")
 

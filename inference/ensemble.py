@@ -14,21 +14,24 @@ from torch import nn
 
 from inference.checkpoint_checks import check_declared_shapes, checked_model, other_model
 from inference.outputs import check_out_file
-from training.checkpoint.files import inference_weights, load_checkpoint, save_checkpoint
+from training.checkpoint.files import load_checkpoint, save_checkpoint
+from training.checkpoint.format import (
+    ENSEMBLE_KIND,
+    MEMBER_SOURCE_KEYS,
+    SavedRun,
+    ensemble_checkpoint,
+    ensemble_member,
+)
 from training.config.cli import usage_error
 from training.entry_point import run_entry_point
 from training.errors import UsageError
 
 ENSEMBLE_FILE = "ensemble.pt"
-ENSEMBLE_KIND = "fold-ensemble"  # the "kind" of an ensemble checkpoint; single runs' checkpoints have none
-SHARED_KEYS = ("class_names", "channel_names", "in_channels", "num_classes", "sample_rate_hz", "window_steps",
-               "preprocessing")  # what every member must agree on: the windows in, the classes out
-MEMBER_KEYS = ("config", "normalization", "in_channels", "num_classes")
 
 
 def _comparable(shared):
-    """The shared keys with NaN (an unknown rate) as None: NaN equals nothing, so members without a
-    rate would never agree."""
+    """What members share (SavedRun.shared_by_members), with NaN (an unknown rate) as None: NaN equals
+    nothing, so members without a rate would never agree."""
     return {key: None if isinstance(value, float) and math.isnan(value) else value for key, value in shared.items()}
 
 
@@ -49,39 +52,39 @@ def write_ensemble(member_paths, path, config=None):
     """One checkpoint of the runs' inference weights (the moving average where kept), each with
     its normalisation and settings; `config` is the cross-validation's own flat flags (None: the
     first member's). An ensemble is refused as a member: its members are to be given instead."""
-    members, shared = [], None
+    members, runs, shared = [], [], None
     for member_path in member_paths:
-        checkpoint = load_checkpoint(member_path)
-        if isinstance(checkpoint, dict) and checkpoint.get("kind") == ENSEMBLE_KIND:
+        run = SavedRun.of(load_checkpoint(member_path))
+        if run is not None and run.kind == ENSEMBLE_KIND:
             raise UsageError(f"{member_path} is an ensemble already; give the checkpoints of its members")
-        check_member(checkpoint, member_path)
-        config = checkpoint["config"] if config is None else config
-        these = {key: checkpoint[key] for key in SHARED_KEYS}
+        check_member(run, member_path)
+        config = run.flags if config is None else config
+        these = run.shared_by_members()
         if shared is not None and _comparable(these) != _comparable(shared):
             raise UsageError(f"{member_path} was trained on other windows or classes than {member_paths[0]}; "
                              "an ensemble's members must share them")
         shared = these
-        members.append({"model": inference_weights(checkpoint), "source": str(member_path),
-                        **{key: checkpoint[key] for key in MEMBER_KEYS}})
-        mixed = other_model([member["config"] for member in members])
+        members.append(ensemble_member(run, member_path))
+        runs.append(run)
+        mixed = other_model([each.flags for each in runs])
         if mixed:  # predict.py would refuse the file: refused before it is written
             raise UsageError(f"{member_path}: {mixed}; give runs of one --model")
-    save_checkpoint({"kind": ENSEMBLE_KIND, "members": members, "config": config, **shared}, path)
+    save_checkpoint(ensemble_checkpoint(members, config, shared), path)
     return path
 
 
-def check_member(checkpoint, path):
-    """What predicting with a member needs, checked as predict.py checks a checkpoint: its keys, the
-    shapes it declares, finite weights and normalisation, settings that build its model and weights
-    that fit it."""
-    if not isinstance(checkpoint, dict):
+def check_member(run, path):
+    """What predicting with a member (`run`: a SavedRun, None for a file that is not a dict) needs,
+    checked as predict.py checks a checkpoint: its keys, the shapes it declares, finite weights and
+    normalisation, settings that build its model and weights that fit it."""
+    if run is None:
         raise UsageError(f"{path} is not a checkpoint of this trainer; give runs' best.pt or last.pt")
-    missing = [key for key in dict.fromkeys(("model", *SHARED_KEYS, *MEMBER_KEYS)) if key not in checkpoint]
+    missing = run.missing(MEMBER_SOURCE_KEYS)
     if missing:
         raise UsageError(f"{path} lacks {', '.join(missing)}: not a checkpoint of this trainer; give runs' best.pt "
                          "or last.pt")
-    check_declared_shapes(checkpoint, path)
-    checked_model(checkpoint, inference_weights(checkpoint), checkpoint["window_steps"], path)
+    check_declared_shapes(run, path)
+    checked_model(run, run.inference_weights(), run.data_layout().window_steps, path)
 
 
 def main(argv=None):

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from conftest import TINY_DATA, load_checkpoint, run_in_process
+from training.checkpoint.format import PER_GPU_RULE_KEY
 from training.loop.step import global_batch_size, scaled_lr
-from training.trainer import PER_GPU_RULE_KEY
 
 
 @pytest.mark.parametrize("per_gpu, replicas, accumulation", [(32, 1, 1), (8, 1, 4), (4, 8, 1), (2, 4, 4)])

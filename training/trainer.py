@@ -23,6 +23,7 @@ from evaluation.figures import write_run_figures
 from models import MODELS, count_parameters, feature_views_of, label_smoothing_of, resolve_size, training_bytes
 from training.checkpoint import files as ckpt
 from training.checkpoint.earlier_run import continues_its_folder, earlier_run_files, move_aside
+from training.checkpoint.format import PER_GPU_RULE_KEY, SavedRun, run_metadata
 from training.checkpoint.manager import CheckpointManager, restore_parts
 from training.checkpoint.train_state import RandomStreams, TrainState
 from training.config.cli import write_resolved_config
@@ -278,7 +279,7 @@ def _first_save(config, strategy, resume_from, checkpoint, log):
     save_dir = config.save_dir
     continues = continues_its_folder(resume_from, save_dir)
     earlier = earlier_run_files(save_dir) if strategy.is_main and not continues else []
-    saved_flags = checkpoint["config"] if checkpoint is not None else None
+    saved_flags = SavedRun(checkpoint).flags if checkpoint is not None else None
 
     def first_save(trained):
         move_aside(save_dir, earlier, log.info)
@@ -291,7 +292,8 @@ def _normalize_data(data, checkpoint, log):
     """The splits, normalised with the training split's statistics (a resumed run keeps its own)."""
     log.info(data.description)
     if checkpoint is not None:  # held against this run by run_inputs.py (checkpoint/judge.py)
-        mean, std = checkpoint["normalization"]["mean"].numpy(), checkpoint["normalization"]["std"].numpy()
+        saved = SavedRun.of(checkpoint).normalization
+        mean, std = saved["mean"].numpy(), saved["std"].numpy()
     elif data.normalization is not None:
         mean, std = data.normalization  # a store's, gathered when it was built: no pass over the data here
     else:
@@ -397,7 +399,7 @@ def _build_model(config, data, strategy, log, checkpoint=None):
     if model.FITS_TO_DATA and checkpoint is not None:
         # A resumed run's own fixed parts, before anything is computed from them (the feature pool):
         # fitted again, they would differ wherever this run's training windows differ from its.
-        saved = checkpoint["model"]
+        saved = SavedRun.of(checkpoint).weights
         model.load_state_dict({name: saved[name] for name, _ in model.named_buffers() if name in saved}, strict=False)
         log.info(f"took {settings.name}'s fixed parts from the checkpoint")
     elif model.FITS_TO_DATA:
@@ -433,9 +435,8 @@ def _position_schedule(optimizer, optim, micro_batches_per_epoch, state, global_
     return build_scheduler(optimizer, warmup_steps, total_steps, state.schedule_step(steps_each_epoch, global_batch))
 
 
-# A run begun before --lr-reference-batch existed scaled its LR by global batch / per-GPU batch; resumed,
-# it keeps that rule to its end (its checkpoints say so under this key), so no running schedule changes.
-PER_GPU_RULE_KEY = "lr_scales_by_per_gpu_batch"
+# A run begun before --lr-reference-batch keeps scaling its LR against its per-GPU batch to its end
+# (its checkpoints say so under PER_GPU_RULE_KEY), so no running schedule changes.
 PER_GPU_RULE_NOTE = (" (this run began before --lr-reference-batch: its LR keeps scaling against its per-GPU batch, "
                      "as it did then)")
 
@@ -459,8 +460,7 @@ def _peak_lr(optim, checkpoint, replicas, head_fit, log):
 def _lr_reference_batch(optim, checkpoint):
     """(the global batch --lr is meant for, whether that is the per-GPU batch of a run begun before the
     reference batch existed)."""
-    per_gpu_rule = checkpoint is not None and ("lr_reference_batch" not in checkpoint["config"]
-                                               or bool(checkpoint.get(PER_GPU_RULE_KEY)))
+    per_gpu_rule = checkpoint is not None and SavedRun(checkpoint).lr_scales_by_per_gpu_batch()
     return (optim.batch_size if per_gpu_rule else optim.lr_reference_batch), per_gpu_rule
 
 
@@ -468,41 +468,34 @@ def _resume(checkpoint, path, state, parts, layout, global_batch, train_windows,
     """Restore the checkpoint's parts and say where the run resumes and what starts afresh; True when a
     mid-epoch resume can continue bit for bit (the same ranks and batch layout, and every rank's
     random streams saved)."""
-    restore_parts(checkpoint, state, parts)
+    saved = SavedRun(checkpoint)
+    restore_parts(saved, state, parts)
     log.keep_epochs_up_to(state.epoch)  # an earlier checkpoint than the log's last line: one line an epoch
     where = (f"epoch {state.epoch + 1}, sample {state.epoch_position} of {train_windows}"
              if state.epoch_position else f"{state.epoch} epochs")
     log.info(f"\n*** RESUMING from {path}: {where} / {state.step} steps done, best val macro-F1 "
              f"{state.best_metric:.4f}. Pass --no-resume to start over. ***\n")
-    if checkpoint["global_batch_size"] != global_batch:
-        log.warn(f"global batch changes from {checkpoint['global_batch_size']} to {global_batch} on resume: the "
+    if saved.global_batch_size != global_batch:
+        log.warn(f"global batch changes from {saved.global_batch_size} to {global_batch} on resume: the "
                  "peak LR and the steps per epoch (so the schedule's length) follow the new value, and the "
                  f"schedule continues from epoch {state.epoch + 1}")
-    exact = checkpoint.get("layout") == layout and parts["rng"].covers_every_rank()
+    exact = saved.batch_layout == layout and parts["rng"].covers_every_rank()
     if state.epoch_position and not exact:
-        log.warn(f"resuming mid-epoch with another layout ({checkpoint.get('layout')} -> {layout}): the epoch "
+        log.warn(f"resuming mid-epoch with another layout ({saved.batch_layout} -> {layout}): the epoch "
                  f"continues at sample {state.epoch_position} of the same order, so no sample is skipped or "
                  "repeated, but accumulation windows and random streams restart, so the weights will differ "
                  "from an uninterrupted run")
     if grad_compression == "powersgd":
         log.warn("PowerSGD's error feedback is not in the checkpoint: the resumed run starts it afresh, "
                  "so it does not continue bit for bit")
-    if parts["ema"] is not None and not checkpoint.get("ema"):
+    if parts["ema"] is not None and not saved.part("ema"):
         log.info("the checkpoint has no weight average: it starts from the resumed weights")
         parts["ema"].restart()
     return bool(state.epoch_position) and exact
 
 
 def _checkpoint_metadata(config, data, normalization, strategy, global_batch, layout, epochs):
-    """What a checkpoint carries beside the state: enough to use it without the trainer, and the
-    epochs its run trains (`epochs`: --epochs, or one for a head solved by ridge)."""
-    return {"config": config.flags(), "planned_epochs": epochs, "normalization": normalization,
-            "world_size": strategy.world_size,
-            "global_batch_size": global_batch, "layout": layout, "in_channels": data.train.signals.shape[1],
-            "num_classes": len(data.class_names), "class_names": list(data.class_names),
-            "channel_names": list(data.channel_names),
-            # What predict.py needs to rebuild windows from a recording.
-            "sample_rate_hz": float(data.sample_rate_hz), "window_steps": data.train.signals.shape[2],
-            "preprocessing": data.preprocessing,
-            "description": data.described.as_json() if data.described else None,  # data/description.py's
-            "data_identity": data.identity}  # what the data is, for a resume to compare (run_inputs.py)
+    """What a checkpoint carries beside the state (checkpoint/format.py: run_metadata): enough to use it
+    without the trainer, and the epochs its run trains (`epochs`: --epochs, or one for a head solved by ridge)."""
+    return run_metadata(config=config, data=data, normalization=normalization, world_size=strategy.world_size,
+                        global_batch=global_batch, batch_layout=layout, planned_epochs=epochs)

@@ -12,6 +12,7 @@ import torch
 
 from data.store import write_atomic
 from training import faults
+from training.checkpoint.format import SavedRun, nonfinite_tensor
 from training.errors import UsageError
 
 LAST = "last.pt"
@@ -44,7 +45,7 @@ def save_run_checkpoint(state, save_dir, keep_last, is_best):
     last = save_dir / LAST
     save_checkpoint(state, last)
     if keep_last > 0:
-        place_copy(last, save_dir / f"step-{state['step']:08d}.pt")
+        place_copy(last, save_dir / f"step-{SavedRun(state).step:08d}.pt")
         for old in numbered_checkpoints(save_dir)[keep_last:]:
             old.unlink(missing_ok=True)
     if is_best:
@@ -53,12 +54,8 @@ def save_run_checkpoint(state, save_dir, keep_last, is_best):
 
 
 def inference_weights(checkpoint):
-    """The weights to predict with: the moving average when the run kept one, else the trained ones;
-    None for an average without weights (a damaged file), which the caller's checks refuse."""
-    average = checkpoint.get("ema")
-    if not average:
-        return checkpoint["model"]
-    return average.get("weights") if isinstance(average, dict) else None
+    """SavedRun.inference_weights of a loaded checkpoint dict, for a reader that holds the dict."""
+    return SavedRun(checkpoint).inference_weights()
 
 
 def numbered_checkpoints(save_dir):
@@ -185,29 +182,11 @@ def load_resumable(path):
     """load_checkpoint, and refuse a trainer checkpoint whose weights, weight average or optimizer
     moments hold NaN or inf (a file of another kind is left for judge.py to name)."""
     checkpoint = load_checkpoint(path)
-    bad = nonfinite_tensor(checkpoint) if isinstance(checkpoint, dict) else None
+    saved = SavedRun.of(checkpoint)
+    bad = nonfinite_tensor(saved.trained_tensors()) if saved is not None else None
     if bad is not None:
         raise NonFiniteCheckpoint(f"checkpoint {path} holds NaN/inf values ({bad})")
     return checkpoint
-
-
-def nonfinite_tensor(checkpoint):
-    """The name of the first weight, weight-average or optimizer-moment tensor of a checkpoint (or of
-    the parts about to become one) that holds NaN or inf, else None."""
-    return next((name for name, tensor in _trained_tensors(checkpoint)
-                 if tensor.is_floating_point() and not torch.isfinite(tensor).all()), None)
-
-
-def _trained_tensors(checkpoint):
-    """(name, tensor) of the weights, the weight average and the optimizer moments."""
-    for name, tensor in (checkpoint.get("model") or {}).items():
-        yield f"model.{name}", tensor
-    for name, tensor in ((checkpoint.get("ema") or {}).get("weights") or {}).items():
-        yield f"ema.{name}", tensor
-    for index, moments in ((checkpoint.get("optimizer") or {}).get("state") or {}).items():
-        for key, tensor in moments.items():
-            if isinstance(tensor, torch.Tensor):
-                yield f"optimizer.state.{index}.{key}", tensor
 
 
 def load_resume_checkpoint(resume, save_dir, warn):
@@ -256,11 +235,11 @@ def saved_progress(path):
     """(epoch, step, samples into the epoch) of the checkpoint at `path`, or None where there is none that
     loads. Mapped, not read: a launcher asks this of a file it did not write."""
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        return int(checkpoint["epoch"]), int(checkpoint["step"]), int(checkpoint.get("epoch_position", 0))
+        return SavedRun(torch.load(path, map_location="cpu", weights_only=True, mmap=True)).progress()
     except Exception:  # absent, partial, foreign: the launcher then says nothing was saved
         return None
 
 
 def _progress(checkpoint):
-    return checkpoint.get("step", -1) if isinstance(checkpoint, dict) else -1
+    saved = SavedRun.of(checkpoint)
+    return saved.step if saved is not None else -1

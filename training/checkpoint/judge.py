@@ -14,11 +14,10 @@ from dataclasses import dataclass, field
 
 from data.splits import resolved_dataset
 from models import MODELS, SIZE_KNOBS, feature_views_of, label_smoothing_of, resolve_size
+from training.checkpoint.format import RESUMABLE_KEYS, SavedRun
 from training.config.cli import resolved_config
 from training.config.settings import RunConfig
 
-REQUIRED_KEYS = ("model", "optimizer", "scaler", "epoch", "step", "best_metric", "config", "normalization",
-                 "global_batch_size", "in_channels", "num_classes")
 # The flags whose value decides what a run trains on, what it trains, and its LR schedule (the
 # number of steps and the LR of each).
 DATA = ("dataset", "data_dir", "mode", "val_fraction", "val_subjects", "val_split", "synthetic_seed",
@@ -41,26 +40,28 @@ def judge(checkpoint, path, config, data=None, on_purpose=False):
     """Hold `checkpoint` (loaded from `path`) against the run `config` describes. `data`: the HarData the
     run will train on, None where it was not read (a launcher whose workers read it and judge again).
     `on_purpose`: named with --resume PATH, which may change the schedule and the data."""
-    missing = [key for key in REQUIRED_KEYS if key not in checkpoint] if isinstance(checkpoint, dict) else ["all"]
-    if not missing and not isinstance(checkpoint["config"], dict):
+    saved_run = SavedRun.of(checkpoint)
+    missing = saved_run.missing(RESUMABLE_KEYS) if saved_run is not None else ["all"]
+    if not missing and not isinstance(saved_run.flags, dict):
         missing = ["config"]
     if missing:
         return Judgement(f"{path} is not a checkpoint of this trainer (missing: {', '.join(missing)}); "
                          "point --resume at a last.pt or best.pt it wrote")
-    saved, saved_data = checkpoint["config"], checkpoint.get("data_identity")
+    saved, saved_data = saved_run.flags, saved_run.data_identity
     differ = [] if on_purpose else run_differences(saved, config, saved_data, data.known_as() if data else None)
-    refusal = (_another_run(checkpoint, config, differ) if differ else _incompatibility(checkpoint, path, config, data))
+    refusal = (_another_run(saved_run, config, differ) if differ
+               else _incompatibility(saved_run, path, config, data))
     warnings = [f"resumed with a changed flag: {line}" for line in changed_flags(saved, config)]
     if None not in (saved_data, data) and saved_data not in data.known_as():  # on purpose: else refused above
         warnings.append(f"resumed on other data than {path} was trained on (other windows)")
     return Judgement(refusal, warnings)
 
 
-def _another_run(checkpoint, config, differ):
+def _another_run(saved_run, config, differ):
     save_dir = config.save_dir
-    saved_epochs = _planned_epochs(checkpoint, config.optim.epochs)
-    done = checkpoint.get("epoch", 0)
-    if trained_to_the_end(checkpoint):
+    saved_epochs = saved_run.planned_epochs(config.optim.epochs)
+    done = saved_run.epoch
+    if trained_to_the_end(saved_run):
         run, go_on = f"a finished run ({done} of {saved_epochs} epochs)", ""
     else:
         run = f"an unfinished run ({done} of {saved_epochs} epochs done)"
@@ -69,13 +70,13 @@ def _another_run(checkpoint, config, differ):
             "pass --no-resume to start afresh there, or use another --save-dir")
 
 
-def _incompatibility(checkpoint, path, config, data):
+def _incompatibility(saved_run, path, config, data):
     """Another model, size, norm, channel layout or class count: no run can load these weights."""
-    saved, model = checkpoint["config"], config.model
+    saved, model = saved_run.flags, config.model
     found = {key: saved.get(key) for key in ("model", "norm", "mode", *SIZE_KNOBS)}
     wanted = {"model": model.name, "norm": model.norm, **model.size(), "mode": config.data.mode}
     if data is not None:
-        found.update(in_channels=checkpoint["in_channels"], num_classes=checkpoint["num_classes"])
+        found.update(in_channels=saved_run.in_channels, num_classes=saved_run.num_classes)
         wanted.update(in_channels=data.train.signals.shape[1], num_classes=len(data.class_names))
     if found["model"] == wanted["model"] and found["model"] in MODELS:
         found, wanted = _sizes_resolved(found), _sizes_resolved(wanted)  # --width 64 and none: one model
@@ -83,12 +84,12 @@ def _incompatibility(checkpoint, path, config, data):
     if differ:
         return (f"checkpoint {path} was made with {', '.join(differ)}; match the flags, "
                 "or use --no-resume / another --save-dir")
-    windows = _window_difference(checkpoint, data)
+    windows = _window_difference(saved_run, data)
     if windows:
         return (f"checkpoint {path} was trained on {windows[0]}; --data-dir {config.data.data_dir} gives {windows[1]}, "
                 "which its weights cannot read as they were trained to: use data cut as the checkpoint's was, or "
                 "--no-resume / another --save-dir")
-    channels = checkpoint.get("channel_names")
+    channels = saved_run.data_layout().channel_names
     if data is not None and channels is not None and tuple(channels) != tuple(data.channel_names):
         return (f"checkpoint {path} was trained on channels {', '.join(channels)}; --data-dir "
                 f"{config.data.data_dir} gives {', '.join(data.channel_names)}: use data with the checkpoint's "
@@ -96,7 +97,7 @@ def _incompatibility(checkpoint, path, config, data):
     return None
 
 
-def _window_difference(checkpoint, data):
+def _window_difference(saved_run, data):
     """(what the checkpoint was trained on, what this data is) where the windows' length or their NaN padding
     differ, else None. A model's layout may follow the window length (MiniRocket's dilations); a model
     fitted to windows that fill their steps reads NaN padding as signal. Padding is MiniRocket's buffer
@@ -104,10 +105,11 @@ def _window_difference(checkpoint, data):
     compared."""
     if data is None:
         return None
-    steps, saved_steps = data.train.signals.shape[2], checkpoint.get("window_steps")
+    steps, saved_steps = data.train.signals.shape[2], saved_run.data_layout().window_steps
     if saved_steps is not None and saved_steps != steps:
         return f"windows of {saved_steps} steps", f"windows of {steps}"
-    saved_padding = checkpoint["model"].get("nan_padding") if isinstance(checkpoint["model"], dict) else None
+    weights = saved_run.weights
+    saved_padding = weights.get("nan_padding") if isinstance(weights, dict) else None
     if saved_padding is not None and bool(saved_padding) != data.padded:
         padded = f"windows of unequal lengths, NaN-padded to {steps} steps"
         whole = f"windows that fill their {steps} steps"
@@ -176,18 +178,13 @@ def _sizes_resolved(settings):
     return settings
 
 
-def _planned_epochs(checkpoint, default):
-    """The epochs the checkpoint's run trains: its --epochs, or one where its head was solved by ridge."""
-    return checkpoint.get("planned_epochs", checkpoint["config"].get("epochs", default))
-
-
-def trained_to_the_end(checkpoint):
-    """Trained for all its epochs, or stopped early by its own patience."""
-    saved = checkpoint["config"]
-    if checkpoint.get("epoch", 0) >= _planned_epochs(checkpoint, float("inf")):
+def trained_to_the_end(saved_run):
+    """Whether the checkpoint `saved_run` (a SavedRun) trained for all its epochs (its --epochs, or one where
+    its head was solved by ridge), or stopped early by its own patience."""
+    if saved_run.epoch >= saved_run.planned_epochs(float("inf")):
         return True
-    patience = saved.get("early_stopping_patience") or 0
-    return bool(patience) and checkpoint.get("epochs_since_best", 0) >= patience
+    patience = saved_run.flags.get("early_stopping_patience") or 0
+    return bool(patience) and saved_run.epochs_since_best >= patience
 
 
 def _shown(value):

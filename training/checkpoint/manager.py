@@ -1,5 +1,6 @@
 """The checkpoint manager: one place that writes a run's stateful parts into checkpoints and reads them back."""
 from training.checkpoint import files
+from training.checkpoint.format import SavedRun, nonfinite_tensor, run_checkpoint
 from training.errors import TrainingDiverged
 
 
@@ -47,25 +48,25 @@ class CheckpointManager:
         """Every rank takes part, since a part's state may be gathered from all of them (the random
         streams); rank 0 checks that what resuming would refuse is finite, and writes."""
         parts = {key: part.state_dict() if part is not None else None for key, part in self.parts.items()}
+        checkpoint = run_checkpoint(self.metadata, self.state.state_dict(), parts)
         # A loss can stay finite while the weights or BatchNorm's statistics overflow (a learning rate
         # far too high); such a file would replace the last good one and be refused by every reader.
-        bad = files.nonfinite_tensor(parts) if self.strategy.is_main else None
+        bad = nonfinite_tensor(SavedRun(checkpoint).trained_tensors()) if self.strategy.is_main else None
         if self.strategy.max_ints([int(bad is not None)])[0]:
             raise TrainingDiverged(f"the weights became NaN/inf ({bad or 'seen by rank 0'}) by step {self.state.step}; "
                                    f"{self.kept()}. Lower --lr, keep --max-grad-norm on, or check the data for "
                                    "extreme values")
         self.write_pending(trained=True)
         if self.strategy.is_main:
-            files.save_run_checkpoint({**self.metadata, **self.state.state_dict(), **parts}, self.save_dir,
-                                      self.keep_last, is_best)
+            files.save_run_checkpoint(checkpoint, self.save_dir, self.keep_last, is_best)
         self.holds_this_run = True
 
 
-def restore_parts(checkpoint, state, parts):
-    """Load the train state and each part from `checkpoint`. Each part reads only its own entry, so the
-    order does not matter; a part the checkpoint has no state for (or an empty one, such as a
+def restore_parts(saved, state, parts):
+    """Load the train state and each part from `saved` (a SavedRun). Each part reads only its own entry,
+    so the order does not matter; a part the checkpoint has no state for (or an empty one, such as a
     GradScaler that was off) keeps its fresh state."""
-    state.load_state_dict(checkpoint)
+    state.load_state_dict(saved.train_state)
     for key, part in parts.items():
-        if part is not None and checkpoint.get(key):
-            part.load_state_dict(checkpoint[key])
+        if part is not None and saved.part(key):
+            part.load_state_dict(saved.part(key))
