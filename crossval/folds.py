@@ -20,11 +20,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from data import uci_har
 from data.errors import not_a_file
 from data.provenance import check, file_identity, make_record, read_json, read_record, write_record
-from data.splits import load_har_data, resolved_dataset
-from data.store import LABELS, MANIFEST, write_atomic
+from data.sources import load_har_data, source_for
+from data.store import write_atomic
 from evaluation.figures import plot_confusion_matrix
 from evaluation.metrics import best_record, format_cv_table, format_people, format_report
 from inference.bundle import load_bundle
@@ -150,15 +149,8 @@ def data_sources(config):
     """The files the run's data is read from, each by its size and checksum (cheap next to training;
     a store by its manifest, which holds its shards' checksums, and its labels)."""
     data_dir = config.data.data_dir
-    if config.data.dataset == "npz":
-        paths = [Path(data_dir)]
-    elif config.data.dataset == "store":
-        paths = [Path(data_dir) / MANIFEST, Path(data_dir) / LABELS]
-    elif resolved_dataset(config.data.dataset, data_dir) == "uci-har" and (root := uci_har.find_root(data_dir)):
-        paths = [path for split in ("train", "test") for group in uci_har.source_files(root, split)
-                 for path in (group if isinstance(group, list) else [group])]
-    else:
-        paths = []  # synthetic: its settings are the whole of it
+    # The generated data's settings are the whole of it: it has no files.
+    paths = source_for(config.data.dataset, data_dir).identity_files(data_dir) if data_dir else []
     return {f"data file {path.name}": file_identity(path, checksum=True) for path in paths}
 
 

@@ -33,7 +33,6 @@ import argparse
 import errno
 import math
 import os
-import re
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
@@ -42,16 +41,14 @@ import numpy as np
 from data import uci_har
 from data.declared import MAX_WINDOW_STEPS, MIN_WINDOW_STEPS, RESERVED_CHANNELS, rate_problem
 from data.description import read_description
-from data.errors import DataError, exit_from_command, not_a_file
-from data.labelled_recordings import recording_windows
+from data.errors import DataError, exit_from_command
+from data.labelled_recordings import RecordingCut, recording_windows
 from data.labels import class_indexes, classes_from_flags, whole_numbers
-from data.npz_windows import load_npz_windows
-from data.preprocess import available_channels
 from data.provenance import array_identity, check, file_identity, make_record, read_json, write_record
-from data.recordings import read_recording
-from data.splits import NPZ_TEST_FRACTION, NPZ_TEST_SEED, hold_out_subjects
+from data.sources import SOURCES, Source
 from data.store import PARTS, SHARD_DIR, VERSION, finish_store, shard_paths, write_atomic
 from data.store_folder import BuildFolder, check_same_store, check_store_folder, remove_job_files
+from data.store_jobs import test_subjects_of
 
 MAX_NAME_CHARACTERS = 120  # of a recording's file name in its job's name
 SHARD_WINDOWS = 8_192  # windows per shard file at most (19 MB of float16 9 x 128 windows)
@@ -250,124 +247,14 @@ def _channel_names(text, preprocessing):
     return names
 
 
-def source_rate(said, given, source):
-    """The windows' rate: what the source says (NaN: it does not), else --sample-rate; both must agree."""
-    if math.isnan(said):
-        if given is None:
-            raise DataError(f"{source} does not say its windows' sample rate (no sample_rate_hz): give it with "
-                            "--sample-rate HZ")
-        return given
-    if given is not None and given != said:
-        raise DataError(f"{source} holds windows at {said:g} Hz but --sample-rate says {given:g}: drop --sample-rate "
-                        "(it brings recordings to a rate; windows keep theirs)")
-    return said
-
-
-def plan(source, options):
-    """(jobs, layout): one job per subject's windows or per recording file, and what the manifest
-    says of the whole source (channels, rate, test subjects, class names...)."""
-    if (root := uci_har.find_root(source)) is not None:
-        if options.described:
-            raise DataError(f"{source} is a UCI HAR layout, whose channels and classes are known: drop --description")
-        splits = {split: uci_har.load_split(root, split) for split in ("train", "test")}
-        jobs = [job for split in splits.values() for job in _window_jobs(*split)]
-        test = sorted(int(s) for s in np.unique(splits["test"][2]))
-        rate = source_rate(uci_har.SAMPLE_RATE_HZ, options.sample_rate, f"UCI HAR layout {root}")
-        return jobs, _layout(uci_har.SIGNAL_NAMES, uci_har.CLASS_NAMES, rate, uci_har.WINDOW_STEPS,
-                             uci_har.WINDOW_STEPS // 2, "uci-har", test, f"UCI HAR layout {root}")
-    if source.is_file() and source.suffix.lower() == ".npz":
-        windows = load_npz_windows(source, options.described)
-        if windows.own_lengths is not None:
-            shortest, longest = windows.own_lengths
-            raise DataError(f"{source} holds windows of {shortest} to {longest} steps, padded at their end with NaN, "
-                            "and a store holds windows of one length: train on the .npz itself "
-                            f"(main.py --dataset npz --data-dir {source}), which reads each over its own steps")
-        if windows.split is not None and np.any(windows.split == "val"):
-            raise DataError(f"{source} marks validation windows ('val'), and a store holds its test subjects only: "
-                            "drop the 'val' marks (main.py --dataset store then holds out validation as "
-                            f"--val-fraction says), or train on the .npz itself (--dataset npz --data-dir {source})")
-        if windows.split is not None and options.test_subjects:
-            raise DataError(f"{source} marks its test windows ('split'), and --test-subjects names others: drop one")
-        if windows.split is not None:
-            test = np.unique(windows.subjects[windows.split == "test"])
-        elif options.test_subjects:
-            test = np.array(sorted(options.test_subjects))
-        else:
-            test = test_subjects_of(windows.subjects, source)
-        rate = source_rate(windows.sample_rate_hz, options.sample_rate, source)
-        return (_window_jobs(windows.signals, windows.labels, windows.subjects),
-                _described(_layout(windows.channel_names, windows.class_names, rate, windows.signals.shape[2],
-                                   None, "npz", sorted(int(s) for s in test), f"windows from {source}"), options))
-    if source.is_dir():
-        files = sorted(p for p in source.iterdir() if p.suffix.lower() in (".csv", ".npz"))
-        if not files:
-            raise DataError(f"{source} holds no .csv or .npz recordings (nor is it a UCI HAR layout)")
-        odd = next((path for path in files if not path.is_file()), None)  # a folder, or a link to nothing
-        if odd is not None:
-            raise DataError(f"{odd} {not_a_file(odd)}; a recordings folder holds .csv or .npz files: move it away")
-        if options.described and not options.described.labels_are_numbers():
-            raise DataError(f"{options.described.where}: 'classes' must give whole-number labels for recordings, "
-                            "whose label column holds numbers")
-        options.sample_rate = options.sample_rate or uci_har.SAMPLE_RATE_HZ
-        if options.channels:
-            channels = options.channels
-        else:  # the first recording's sensors decide the store's channels; every other must have the same
-            has_gyro = read_recording(files[0], extra=("label", "subject")).gyro_rad_s is not None
-            channels = available_channels(options.preprocessing, has_gyro)
-        jobs = [{"name": name, "recording": str(path), "options": _recording_options(options, channels)}
-                for name, path in zip(_recording_job_names(files), files, strict=True)]
-        layout = _layout(channels, options.class_names, options.sample_rate, options.window_steps,
-                         options.stride or options.window_steps // 2, options.preprocessing, None,
-                         f"recordings in {source}")
-        return jobs, _described({**layout, "label_rule": _label_rule(options)}, options)
-    raise DataError(f"{source} is neither a folder of recordings, a UCI HAR layout nor an .npz file")
-
-
-def _described(layout, options):
-    """The manifest's layout with the description it was built by: training and predict.py read it from there."""
-    return {**layout, "description": options.described.as_json()} if options.described else layout
-
-
-def _label_rule(options):
-    pairs = zip(options.class_labels, options.class_names, strict=True)
-    classes = ", ".join(f"{value} {name}" for value, name in pairs)
-    return (f"label values {classes}; a window takes the label most of its samples carry, and is left out when that "
-            f"is no class ({', '.join(map(str, options.unlabelled)) or 'none named'})")
-
-
-def _recording_job_names(files):
-    """A job per recording, named after its file so that adding or removing a recording leaves the
-    other jobs' names, and so their finished shards, as they are."""
-    names = [f"rec-{re.sub(r'[^A-Za-z0-9._]', '_', path.name)[:MAX_NAME_CHARACTERS]}" for path in files]
-    taken = {name: names.count(name) for name in names}
-    return [name if taken[name] == 1 else f"{name}_{index:05d}" for index, name in enumerate(names)]
-
-
-def test_subjects_of(subjects, source):
-    """A fifth of the subjects, held out for test as --dataset npz holds them out; a store tests on whole
-    subjects, so one subject is refused here rather than in terms of the trainer's validation flags."""
-    if len(np.unique(subjects)) < 2:
-        raise DataError(f"{source} gives windows of one subject; a store tests on whole subjects held out, so it "
-                        "needs windows of two or more (an .npz of one person's windows trains with --dataset npz, "
-                        "which tests on the last fifth of them)")
-    return hold_out_subjects(subjects, NPZ_TEST_FRACTION, NPZ_TEST_SEED)
-
-
-def _window_jobs(signals, labels, subjects):
-    return [{"name": f"sub-{int(subject):06d}", "signals": signals[subjects == subject],
-             "labels": labels[subjects == subject], "subject": int(subject)} for subject in np.unique(subjects)]
-
-
-def _recording_options(options, channels):
-    return {"sample_rate": options.sample_rate, "window_steps": options.window_steps,
-            "stride": options.stride or options.window_steps // 2, "preprocessing": options.preprocessing,
-            "class_labels": options.class_labels, "unlabelled": options.unlabelled, "channels": list(channels)}
-
-
-def _layout(channels, class_names, rate, window_steps, stride, preprocessing, test_subjects, source):
-    return {"channels": list(channels), "class_names": list(class_names), "sample_rate_hz": float(rate),
-            "window_steps": int(window_steps), "stride_steps": stride, "preprocessing": preprocessing,
-            "test_subjects": test_subjects, "source": source, "label_rule": "the source's windows and labels"}
+def plan(path, options):
+    """(jobs, layout) of the source at `path`: the first kind of data (data/sources/) that claims it and has
+    the converter's jobs for it (an .npz of windows, a UCI HAR layout, a folder of recordings)."""
+    for source in SOURCES.values():
+        if source.claims(path) and (planned := source.store_jobs(path, options)) is not None:
+            return planned
+    kinds = ", ".join(source.about for source in SOURCES.values() if type(source).store_jobs is not Source.store_jobs)
+    raise DataError(f"{path} is none of the sources the converter takes: {kinds}")
 
 
 def run_job(arguments):
@@ -375,7 +262,7 @@ def run_job(arguments):
     they were made from."""
     job, out, dtype = arguments
     if "recording" in job:
-        signals, labels, subject, cut = recording_windows(job["recording"], **job["options"])
+        signals, labels, subject, cut = recording_windows(job["recording"], RecordingCut(**job["options"]))
     else:
         signals, labels, subject, cut = job["signals"], job["labels"], job["subject"], len(job["labels"])
     shards, stored = [], signals.astype(dtype)

@@ -1,6 +1,8 @@
 """A labelled recording (CSV or .npz with `label` and `subject` columns) cut into training windows for
 the store's converter exactly as predict.py cuts a recording, each window labelled by the majority of
 its samples (data/labels.py's rule for what a label value means)."""
+from dataclasses import dataclass
+
 import numpy as np
 
 from data.errors import DataError
@@ -10,10 +12,26 @@ from data.recordings import read_recording
 from data.resample import on_model_clock, values_on_model_clock
 
 
-def recording_windows(path, sample_rate, window_steps, stride, preprocessing, class_labels, unlabelled, channels):
+@dataclass(frozen=True, kw_only=True)
+class RecordingCut:
+    """How a labelled recording is cut into windows: the model's rate, window and stride in samples, the
+    preprocessing, each class's label value and the values that mean no class, and the channels (a job of
+    the store's converter records these as its options)."""
+    sample_rate: float
+    window_steps: int
+    stride: int
+    preprocessing: str
+    class_labels: tuple
+    unlabelled: tuple
+    channels: tuple
+
+
+def recording_windows(path, cut):
     """(float32 windows [n, C, T], int64 labels 0..K-1 [n], subject, windows cut) of one labelled
     recording: the stream brought to the model's clock, its channels derived and cut as predict.py does,
     each window labelled by the majority of its samples (those of no class then left out of n)."""
+    sample_rate, window_steps, preprocessing, channels = cut.sample_rate, cut.window_steps, cut.preprocessing, \
+        cut.channels
     named = own_channels(channels, preprocessing)  # read by name, as predict.py reads them
     recording = read_recording(path, extra=("label", "subject"), channels=named)
     subjects = np.unique(recording.extra["subject"])
@@ -25,9 +43,9 @@ def recording_windows(path, sample_rate, window_steps, stride, preprocessing, cl
         values, start_s, source_hz = values_on_model_clock(values, recording, sample_rate)
         stream = values.T.astype(np.float32)
     else:
-        stream, start_s, source_hz = _derived_stream(recording, path, sample_rate, preprocessing, channels)
-    starts = window_starts(stream.shape[1], window_steps, stride)
-    labels = class_indexes(np.rint(recording.extra["label"]).astype(np.int64), class_labels, unlabelled,
+        stream, start_s, source_hz = _derived_stream(recording, path, cut)
+    starts = window_starts(stream.shape[1], window_steps, cut.stride)
+    labels = class_indexes(np.rint(recording.extra["label"]).astype(np.int64), cut.class_labels, cut.unlabelled,
                            f"{path}", "name each class's value with --class-labels and any value that means no class "
                            "with --unlabelled")
     labels = _labels_on_model_clock(recording, labels, start_s, source_hz, sample_rate, stream.shape[1])
@@ -36,8 +54,9 @@ def recording_windows(path, sample_rate, window_steps, stride, preprocessing, cl
     return cut_windows(stream, starts[keep], window_steps), window_labels[keep], int(subjects[0]), len(starts)
 
 
-def _derived_stream(recording, path, sample_rate, preprocessing, channels):
+def _derived_stream(recording, path, cut):
     """(float32 [C, m], start_s, source_hz): the channels `preprocessing` derives from acc and gyro."""
+    sample_rate, preprocessing, channels = cut.sample_rate, cut.preprocessing, cut.channels
     acc, gyro, start_s, source_hz = on_model_clock(recording, sample_rate)
     if preprocessing == "uci-har" and gyro is None:
         raise DataError(f"{path} has no gyroscope, which --preprocessing uci-har needs; use --preprocessing raw")

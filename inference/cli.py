@@ -3,14 +3,12 @@ import argparse
 import math
 
 from data.recordings import ACC_UNITS, GYRO_UNITS
+from data.sources import AUTO, SOURCES, dataset_choices
 from inference.adaptation import ADAPT_CHOICES
 from inference.export import EXPORT_FORMATS
 from inference.timeline import SMOOTHERS
 from training.config.cli import DefaultsInHelp, usage_error
 from training.errors import UsageError
-
-DATASETS = ("auto", "uci-har", "synthetic", "npz", "store")  # main.py's --dataset choices
-
 
 # The options of one mode of predict.py (None when not given): a recording's, an evaluation's.
 RECORDING_ONLY = ("sample_rate", "acc_unit", "gyro_unit", "stride", "smooth", "transitions", "uncertain_below")
@@ -24,8 +22,9 @@ def predict_parser():
     parser.add_argument("--checkpoint", required=True, help="best.pt or last.pt written by training")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--recording", help="CSV (time_s, acc_x..z, gyro_x..z) or .npz (acc, gyro, time_s)")
-    source.add_argument("--data-dir", help="evaluate instead: a UCI HAR folder, an .npz (--dataset npz) or a "
-                                           "window store (--dataset store); none with --dataset synthetic")
+    source.add_argument("--data-dir", help="evaluate instead: the data a run reads (a UCI HAR folder, an .npz of "
+                                           "windows, a window store, a folder of labelled recordings); none with "
+                                           "--dataset synthetic")
     parser.add_argument("--out", required=True, help="output folder (created if missing)")
     parser.add_argument("--overwrite", action="store_true", help="replace outputs already in --out")
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
@@ -62,9 +61,9 @@ def predict_parser():
                             "instead of the training windows'; a recording of under 10 windows, or of one "
                             "activity as the model sees it, is refused: it has nothing to centre on")
     group = parser.add_argument_group("evaluation")
-    group.add_argument("--dataset", choices=DATASETS, default="auto",
-                       help="auto: npz for an .npz file, else uci-har; synthetic: the built-in data, generated "
-                            "as the checkpoint's run generated it (its --synthetic-seed and "
+    group.add_argument("--dataset", choices=dataset_choices(), default=AUTO,
+                       help="auto: the kind of data --data-dir holds, as main.py reads it; synthetic: the built-in "
+                            "data, generated as the checkpoint's run generated it (its --synthetic-seed and "
                             "--synthetic-windows-per-subject)")
     group.add_argument("--split", choices=("train", "val", "test"), default=None,
                        help="default: test; val and train are rebuilt with the checkpoint's --val-subjects (or "
@@ -91,11 +90,12 @@ def parse_predict_args(argv):
                          f"{'it' if one else 'them'} here")
     args.split = args.split or "test"
     args.smooth = {None: "median", "none": None}.get(args.smooth, args.smooth)
-    if recording and args.dataset != "auto":
+    if recording and args.dataset != AUTO:
         raise UsageError(f"--dataset {args.dataset} picks the data to evaluate on; with --recording drop it")
-    if not recording and args.dataset == "synthetic" and args.data_dir is not None:
-        raise UsageError("--data-dir is not read with --dataset synthetic; drop one of them")
-    if not recording and args.dataset != "synthetic" and args.data_dir is None:
+    made = args.dataset != AUTO and not SOURCES[args.dataset].takes_path  # the synthetic data
+    if not recording and made and args.data_dir is not None:
+        raise UsageError(f"--data-dir is not read with --dataset {args.dataset}; drop one of them")
+    if not recording and not made and args.data_dir is None:
         raise UsageError("give --recording FILE to classify a recording, or --data-dir DATA to evaluate on a "
                          "dataset (--dataset synthetic, without --data-dir, evaluates on the built-in synthetic data)")
     if args.transitions is not None and args.smooth != "hmm":

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import numpy as np
 
-from data import uci_har
-from data.splits import load_har_data
+from data.errors import DataError
+from data.sources import load_har_data, source_for
 from data.store import write_atomic
 from evaluation.calibration import CALIBRATION_FILE, calibration_fields, fit_temperature, format_calibration, mean_nll
 from evaluation.figures import plot_confusion_matrix
@@ -31,10 +31,9 @@ def evaluate_checkpoint(args):
     temperature = temperature_choice(args.temperature, args.checkpoint)
     bundle = load_bundle(args.checkpoint)
     device = pick_device(args.device)
-    # auto as for a path: an .npz file is npz, anything else UCI HAR
-    dataset = args.dataset if args.dataset != "auto" else "npz" if str(args.data_dir).endswith(".npz") else "uci-har"
-    _check_source(bundle, dataset, args)
-    data = splits_as_trained(bundle.config, dataset, args.data_dir, bundle.described)
+    source = _source_of(args)
+    _check_source(bundle, source, args)
+    data = splits_as_trained(bundle.config, source.name, args.data_dir, bundle.described)
     split = getattr(data, args.split)
     _check_fits(bundle, data, split, args)
     adapt = args.adapt == "subject"
@@ -83,10 +82,11 @@ def split_probabilities(bundle, split, device, adapt=False):
 
 def splits_as_trained(config, dataset, data_dir, described=None):
     """The splits of `data_dir` (or of the synthetic data) rebuilt with the data options of the run's RunConfig;
-    an .npz read by the description the model's data had (`described`, the checkpoint's), not by the path the
-    run was given, which may have moved."""
+    windows that a description reads are read by the one the model's data had (`described`, the checkpoint's),
+    not by the path the run was given, which may have moved."""
+    reads_one = source_for(dataset, data_dir).takes_description
     return load_har_data(**config.data_options(dataset=dataset, data_dir=data_dir,
-                                               description=described if dataset == "npz" else None))
+                                               description=described if reads_one else None))
 
 
 def report_of(bundle, split, device, about, temperature=1.0, adapt=False):
@@ -121,21 +121,29 @@ def write_report(bundle, split, device, out, title, about, figure=True):
     return report
 
 
-def _check_source(bundle, dataset, args):
+def _source_of(args):
+    """The kind of data --dataset names, or for auto the kind --data-dir holds (as main.py reads it); a path no
+    kind claims is refused with the command that evaluates on the built-in data instead."""
+    try:
+        return source_for(args.dataset, args.data_dir)
+    except DataError as exc:
+        raise UsageError(f"{exc}: {_synthetic_command(args)}") from None
+
+
+def _check_source(bundle, source, args):
     """What can be said about --data-dir before it is read, with the command that works instead."""
     if bundle.members > 1 and args.split == "val":
         raise UsageError("an ensemble's members trained on every training subject between them, so it has no "
                          "validation split: use --split test")
     mode = bundle.config.data.mode
-    if dataset in ("npz", "store") and mode != "flatten":
+    if mode not in source.modes:
         raise UsageError(f"checkpoint {bundle.path} was trained with --mode {mode} on UCI HAR channels, while "
-                         f"--dataset {dataset} windows are used as they are; evaluate it on the UCI HAR Dataset "
+                         f"--dataset {source.name} windows are used as they are; evaluate it on the UCI HAR Dataset "
                          "(--data-dir) or on --dataset synthetic")
-    if dataset == "uci-har" and uci_har.find_root(args.data_dir) is None:
-        raise UsageError(f"--data-dir {args.data_dir} does not hold the UCI HAR Dataset (train/Inertial Signals and "
-                         f"test/ under it, or under its '{uci_har.DATASET_FOLDER}' folder); for your own windows add "
-                         "--dataset npz (an .npz file) or --dataset store (a folder made by python -m "
-                         f"data.build_store), or evaluate on the built-in synthetic data: {_synthetic_command(args)}")
+    if source.takes_path and not source.claims(Path(args.data_dir)):
+        raise UsageError(f"--data-dir {args.data_dir} does not hold {source.about}; for other data give the "
+                         f"--dataset it is (or auto), or evaluate on the built-in synthetic data: "
+                         f"{_synthetic_command(args)}")
 
 
 def _synthetic_command(args):

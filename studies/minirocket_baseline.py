@@ -18,7 +18,8 @@ import time
 import numpy as np
 
 from crossval.folds import fold_subjects
-from data.splits import Split, load_har_data
+from data.sources import load_har_data
+from data.splits import Split
 from evaluation.metrics import classification_report, per_subject_accuracy
 from inference.outputs import check_out_file
 from profiling.entry_points import entry_parser, json_file, write_json

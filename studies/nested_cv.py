@@ -43,7 +43,7 @@ from crossval.folds import fold_subjects
 from data import uci_har
 from data.errors import DataError
 from data.provenance import check, file_identity, make_record, read_record, write_record
-from data.splits import load_har_data
+from data.sources import load_har_data
 from profiling.entry_points import REPO, entry_parser
 from training.config.cli import parse_config
 from training.config.settings import check_at_least

@@ -9,7 +9,7 @@ import torch
 
 from conftest import TINY_DATA, load_checkpoint, run_in_process, run_subprocess
 from crossval.folds import FOLDS_FILE, _claim_folder, fold_subjects
-from data.splits import load_har_data
+from data.sources import load_har_data
 from training.errors import UsageError
 
 # 21 training subjects x 32 windows, 2 folds, 2 epochs, a checkpoint after every step.

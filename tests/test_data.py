@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from data import loaders, splits, synthetic, uci_har
+from data import loaders, sources, splits, synthetic, uci_har
 from data.errors import DataError
 
 # ---------------------------------------------------------------------------
@@ -471,7 +471,7 @@ def test_gathered_order_follows_the_ranks_evaluation_shares(num_samples, world_s
 
 def test_a_fraction_of_zero_holds_no_subject_out():
     assert len(splits.hold_out_subjects(np.arange(10), 0, seed=0)) == 0
-    data = splits.load_har_data("synthetic", val_fraction=0, synthetic_windows_per_subject=2)
+    data = sources.load_har_data("synthetic", val_fraction=0, synthetic_windows_per_subject=2)
     assert len(data.val) == 0 and len(np.unique(data.train.subjects)) == 21
 
 
@@ -515,7 +515,7 @@ def test_fit_normalization_constant_channel_is_safe():
 
 @pytest.mark.parametrize("mode,channels", [("flatten", 9), ("average", 3), ("first", 3)])
 def test_load_har_data_synthetic(mode, channels):
-    data = splits.load_har_data(dataset="synthetic", mode=mode, synthetic_windows_per_subject=10)
+    data = sources.load_har_data(dataset="synthetic", mode=mode, synthetic_windows_per_subject=10)
     assert data.source == "synthetic"
     train_s = set(np.unique(data.train.subjects).tolist())
     val_s = set(np.unique(data.val.subjects).tolist())
@@ -537,20 +537,20 @@ def test_load_har_data_synthetic(mode, channels):
 
 def test_load_har_data_uci_without_dataset_raises(tmp_path):
     with pytest.raises(DataError, match="UCI HAR"):
-        splits.load_har_data(dataset="uci-har", data_dir=tmp_path)
+        sources.load_har_data(dataset="uci-har", data_dir=tmp_path)
     with pytest.raises(DataError):
-        splits.load_har_data(dataset="uci-har", data_dir=None)
+        sources.load_har_data(dataset="uci-har", data_dir=None)
 
 
 def test_load_har_data_unknown_dataset_raises():
     with pytest.raises(DataError, match="dataset"):
-        splits.load_har_data(dataset="mnist", synthetic_windows_per_subject=5)
+        sources.load_har_data(dataset="mnist", synthetic_windows_per_subject=5)
 
 
 def test_load_har_data_auto_picks_uci_when_present(fake_uci, tmp_path):
     root, arrays = fake_uci
     for data_dir in (tmp_path, root):
-        data = splits.load_har_data(dataset="auto", data_dir=data_dir, val_fraction=0.3)
+        data = sources.load_har_data(dataset="auto", data_dir=data_dir, val_fraction=0.3)
         assert data.source == "uci-har"
         assert len(data.train) + len(data.val) == len(arrays["train"][1])
         assert np.array_equal(np.sort(data.test.subjects), np.sort(arrays["test"][2]))
@@ -561,22 +561,24 @@ def test_load_har_data_auto_picks_uci_when_present(fake_uci, tmp_path):
 
 def test_load_har_data_uci_explicit(fake_uci):
     root, arrays = fake_uci
-    data = splits.load_har_data(dataset="uci-har", data_dir=root, mode="first")
+    data = sources.load_har_data(dataset="uci-har", data_dir=root, mode="first")
     assert data.source == "uci-har"
     assert np.array_equal(data.test.signals, arrays["test"][0][:, :3])
     assert np.array_equal(data.test.labels, arrays["test"][1] - 1)
 
 
 def test_load_har_data_auto_uses_synthetic_only_without_data_dir(tmp_path):
-    data = splits.load_har_data(dataset="auto", data_dir=None, synthetic_windows_per_subject=5)
+    data = sources.load_har_data(dataset="auto", data_dir=None, synthetic_windows_per_subject=5)
     assert data.source == "synthetic"
-    with pytest.raises(DataError, match="does not hold the UCI HAR Dataset"):
-        splits.load_har_data(dataset="auto", data_dir=tmp_path, synthetic_windows_per_subject=5)
+    # A --data-dir that holds no data of any kind is refused, naming what each kind reads, never replaced by
+    # the synthetic data.
+    with pytest.raises(DataError, match="holds no data of a kind this trainer reads.*UCI HAR Dataset"):
+        sources.load_har_data(dataset="auto", data_dir=tmp_path, synthetic_windows_per_subject=5)
 
 
 def test_load_har_data_rejects_zero_synthetic_windows():
     with pytest.raises(DataError):
-        splits.load_har_data(dataset="synthetic", synthetic_windows_per_subject=0)
+        sources.load_har_data(dataset="synthetic", synthetic_windows_per_subject=0)
 
 
 # ---------------------------------------------------------------------------

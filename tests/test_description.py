@@ -12,7 +12,7 @@ from conftest import run_in_process
 from data.description import read_description
 from data.errors import DataError
 from data.npz_windows import load_npz_windows
-from data.splits import load_har_data
+from data.sources import load_har_data
 from data.store import WindowStore
 from test_bad_input import assert_refused
 from test_npz_dataset import train as train_npz

@@ -102,7 +102,7 @@ def test_cross_validation_writes_and_reports_its_ensemble(tmp_path):
         weights = load_checkpoint(run)["ema"]["weights"]  # the moving average: what each run predicts with
         assert member["source"] == str(run)
         assert all(torch.equal(member["model"][name], weights[name]) for name in weights)
-    from data.splits import load_har_data
+    from data.sources import load_har_data
     test = load_har_data("synthetic", synthetic_windows_per_subject=8).test
     voted = mean_probabilities(runs, test.signals).argmax(axis=1)
     report = json.loads((tmp_path / "test_report.json").read_text())

@@ -86,7 +86,7 @@ def test_a_tiny_matrix_on_cpu_measures_and_skips_fp16(tmp_path):
 
 
 def test_the_matrix_loads_its_data_once_and_hands_it_to_every_configuration(monkeypatch):
-    from data.splits import load_har_data
+    from data.sources import load_har_data
     loads = []
 
     def counted_load(**options):

@@ -69,7 +69,7 @@ def test_a_trained_minirocket_predicts_what_its_test_report_says(tmp_path):
     checkpoint = load_checkpoint(tmp_path / "best.pt")
     assert checkpoint["ema"]["weights"]["biases"].abs().sum() > 0  # fitted before the average copied it
     assert torch.equal(checkpoint["ema"]["weights"]["biases"], checkpoint["model"]["biases"])
-    from data.splits import load_har_data
+    from data.sources import load_har_data
     from inference.bundle import load_bundle, probabilities
     test = load_har_data("synthetic", synthetic_windows_per_subject=8).test
     predicted = probabilities(load_bundle(tmp_path / "best.pt"), test.signals, torch.device("cpu")).argmax(axis=1)

@@ -7,7 +7,7 @@ import torch
 
 from conftest import run_in_process
 from data.errors import DataError
-from data.splits import load_har_data
+from data.sources import load_har_data
 from inference_fixtures import synthetic_stream, write_csv
 from models import build_model
 from test_bad_input import assert_refused, snapshot

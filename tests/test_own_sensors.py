@@ -8,7 +8,8 @@ from data.errors import DataError
 from data.npz_windows import load_npz_windows
 from data.recordings import Recording
 from data.resample import on_model_clock
-from data.splits import MIN_VALIDATION_SUBJECTS, load_har_data
+from data.sources import load_har_data
+from data.splits import MIN_VALIDATION_SUBJECTS
 from data.store import WindowStore
 from inference_fixtures import RATE_HZ, synthetic_stream
 from test_bad_input import assert_refused

@@ -9,7 +9,8 @@ import torch
 from sklearn.linear_model import RidgeClassifierCV
 
 from conftest import load_checkpoint, run_in_process, run_subprocess
-from data.splits import load_har_data, normalize
+from data.sources import load_har_data
+from data.splits import normalize
 from models import MODELS, build_model
 from test_bad_input import assert_refused
 from test_npz_dataset import train as train_npz

@@ -288,7 +288,7 @@ def test_ddp_and_cross_validation_train_from_a_store(store, tmp_path):
 @pytest.mark.parametrize("workers", [0, 1])
 def test_every_loader_of_a_store_knows_its_window_shape(store, workers):
     # What an FSDP rank with fewer evaluation batches feeds the model to take part in the gathers.
-    from data.splits import load_har_data
+    from data.sources import load_har_data
     data = load_har_data("store", store)
     loaders, _ = split_loaders({"train": data.train, "test": data.test}, 16, 16, torch.device("cpu"), 1, 0, 0,
                                num_workers=workers)

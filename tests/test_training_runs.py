@@ -121,7 +121,8 @@ def test_ddp_validates_every_shard_with_rank_0s_batchnorm_statistics(tmp_path):
                           "ddp", "--device", "cpu", *flags, "--save-dir", tmp_path / "ddp"])
     assert ddp.returncode == 0, ddp.stderr
     logged = read_metrics(tmp_path / "ddp")[-1]["val_loss"]
-    from data.splits import load_har_data, normalize
+    from data.sources import load_har_data
+    from data.splits import normalize
     from models import build_model
     from training.config.cli import parse_config
     checkpoint = load_checkpoint(tmp_path / "ddp" / "last.pt")

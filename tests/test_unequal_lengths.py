@@ -5,7 +5,8 @@ import json
 import numpy as np
 import torch
 
-from data.splits import fit_normalization, load_har_data
+from data.sources import load_har_data
+from data.splits import fit_normalization
 from test_bad_input import assert_refused, snapshot
 from test_npz_dataset import train as train_npz
 from test_npz_dataset import windows, write_npz

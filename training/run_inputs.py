@@ -24,7 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from data.splits import HarData, load_har_data, untrained_classes_warning
+from data.sources import load_har_data
+from data.splits import HarData, untrained_classes_warning
 from models import MODELS
 from training.checkpoint import files as ckpt
 from training.checkpoint.earlier_run import check_movable, continues_its_folder, earlier_run_files

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.gpu_check.plan import BATCH_SIZES, FULL, PRECISIONS, QUICK
-from data.splits import load_har_data
+from data.sources import load_har_data
 from data.store import write_atomic
 from data.synthetic import DEFAULT_WINDOWS_PER_SUBJECT
 from models import MODELS  # every model of the registry is measured

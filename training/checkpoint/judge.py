@@ -12,7 +12,7 @@ import contextlib
 import os
 from dataclasses import dataclass, field
 
-from data.splits import resolved_dataset
+from data.sources import resolved_dataset
 from models import MODELS, SIZE_KNOBS, feature_views_of, label_smoothing_of, resolve_size
 from training.checkpoint.format import RESUMABLE_KEYS, SavedRun
 from training.config.cli import resolved_config

@@ -14,6 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from data.augment import AUGMENTATIONS, AugmentConfig, parse_kinds
+from data.sources import SOURCES, dataset_choices
 from data.splits import CHANNEL_MODES
 from data.synthetic import DEFAULT_WINDOWS_PER_SUBJECT
 from models import MODELS, NORMS, build_model, has_fixed_features, resolve_size
@@ -131,14 +132,14 @@ class Hardware:
 @dataclass(frozen=True)
 class Data:
     """Which windows, and how the training subjects split into training and validation."""
-    dataset: str = setting("auto", "auto: UCI HAR from --data-dir (refused when it does not hold it), the "
-                           "built-in synthetic data when no --data-dir is given; npz: your own windows in an "
-                           ".npz file (see docs/using_a_model.md); store: a window store made by python -m "
-                           "data.build_store, streamed from disk",
-                           choices=("auto", "uci-har", "synthetic", "npz", "store"))
-    data_dir: str | None = setting(None, "the 'UCI HAR Dataset' folder or the folder that holds it; with "
-                                   "--dataset npz, the .npz file; with --dataset store, the store's folder")
-    description: str | None = setting(None, "with --dataset npz: a JSON file that describes the windows (channels "
+    dataset: str = setting("auto", "auto: the kind of data --data-dir holds (a store's folder, the UCI HAR "
+                           "Dataset, an .npz file of windows, a folder of labelled recordings), the built-in "
+                           "synthetic data when no --data-dir is given (see docs/using_a_model.md); a store is "
+                           "streamed from disk", choices=dataset_choices)
+    data_dir: str | None = setting(None, "the data: the 'UCI HAR Dataset' folder or the folder that holds it, an .npz "
+                                   "file of windows, a store's folder, or a folder of labelled recordings")
+    description: str | None = setting(None, "with --dataset npz or recordings: a JSON file that describes the "
+                                      "windows (channels "
                                       "with sensor, axis and unit; the rate; each class's label value; the values "
                                       "that mean no class); see docs/using_a_model.md")
     mode: str = setting("flatten", "channels: flatten = all 9; average = x,y,z averaged over the three sensors "
@@ -337,7 +338,7 @@ class RunConfig:
         return Path("checkpoints") / {"none": "single"}.get(self.parallel.multi_gpu, self.parallel.multi_gpu)
 
     def data_options(self, **overrides):
-        """The keyword arguments of data.splits.load_har_data that the settings describe."""
+        """The keyword arguments of data.sources.load_har_data (DataOptions' fields) that the settings describe."""
         data = self.data
         options = {"dataset": data.dataset, "data_dir": data.data_dir, "mode": data.mode,
                    "val_fraction": data.val_fraction, "split_seed": self.optim.seed,
@@ -485,8 +486,8 @@ def check_cross_validation(args):
 
 
 def check_data_source(args):
-    if args.dataset == "synthetic" and args.data_dir:
-        raise UsageError("--data-dir is not read with --dataset synthetic; drop one of them")
+    if args.dataset != "auto" and args.data_dir and not SOURCES[args.dataset].takes_path:
+        raise UsageError(f"--data-dir is not read with --dataset {args.dataset}; drop one of them")
 
 
 def check_rates(args):
