@@ -40,7 +40,7 @@ def recording_windows(path, cut):
                         f"({subjects[:5].tolist()})")
     if named:
         values = np.stack([recording.extra[name] for name in named], axis=1)
-        values, start_s, source_hz = values_on_model_clock(values, recording, sample_rate)
+        values, start_s, source_hz = values_on_model_clock(values, recording, sample_rate, _own_rate(recording, cut))
         stream = values.T.astype(np.float32)
     else:
         stream, start_s, source_hz = _derived_stream(recording, path, cut)
@@ -54,10 +54,16 @@ def recording_windows(path, cut):
     return cut_windows(stream, starts[keep], window_steps), window_labels[keep], int(subjects[0]), len(starts)
 
 
+def _own_rate(recording, cut):
+    """The rate a recording was made at: its time stamps' (None here: read from them), else the rate the
+    run gives, at which a recording without time_s is taken to be."""
+    return cut.sample_rate if recording.time_s is None else None
+
+
 def _derived_stream(recording, path, cut):
     """(float32 [C, m], start_s, source_hz): the channels `preprocessing` derives from acc and gyro."""
     sample_rate, preprocessing, channels = cut.sample_rate, cut.preprocessing, cut.channels
-    acc, gyro, start_s, source_hz = on_model_clock(recording, sample_rate)
+    acc, gyro, start_s, source_hz = on_model_clock(recording, sample_rate, _own_rate(recording, cut))
     if preprocessing == "uci-har" and gyro is None:
         raise DataError(f"{path} has no gyroscope, which --preprocessing uci-har needs; use --preprocessing raw")
     made = stream_channels(preprocessing, acc, gyro, sample_rate)

@@ -17,6 +17,9 @@ from data.preprocess import ACC_AXES, GYRO_AXES
 NUMBER = re.compile(r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|nan|inf(?:inity)?)", re.IGNORECASE)
 TIME_COLUMN = "time_s"
 COLUMNS = (TIME_COLUMN, *ACC_AXES, *GYRO_AXES)
+# A recording may carry its own labels: the store's converter needs them, predict.py scores the
+# recording against them where they are. One format for both.
+LABEL_COLUMNS = ("label", "subject")
 STANDARD_GRAVITY_M_S2 = 9.80665
 ACC_UNITS = {"g": 1.0, "m/s2": 1.0 / STANDARD_GRAVITY_M_S2}
 GYRO_UNITS = {"rad/s": 1.0, "deg/s": math.pi / 180.0}
@@ -41,14 +44,17 @@ class Recording:
 
 def read_recording(path, acc_unit=None, gyro_unit=None, extra=(), channels=()):
     """CSV with a header of COLUMNS (time_s and gyro_* optional), or .npz with acc, gyro, time_s;
-    `extra` names more one-value-per-sample columns (arrays) that must be present too. With
-    `channels` (another device's channel names), those columns and time_s replace acc and gyro.
-    The units (None: g and rad/s) convert acc and gyro; given with `channels`, they are refused."""
+    `extra` names more one-value-per-sample columns (arrays) that must be present too; the label columns
+    (LABEL_COLUMNS) are read where present whether asked for or not, into `extra`. With `channels`
+    (another device's channel names), those columns and time_s replace acc and gyro. The units (None: g
+    and rad/s) convert acc and gyro; given with `channels`, they are refused."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"--recording {path} {not_a_file(path)}")
     _check_units_apply(path, acc_unit, gyro_unit, channels)
-    extra, reader = (*channels, *extra), _read_npz if path.suffix.lower() == ".npz" else _read_csv
+    reader = _read_npz if path.suffix.lower() == ".npz" else _read_csv
+    present = [name for name in LABEL_COLUMNS if name not in extra and name in _names_in(path)]
+    extra = (*channels, *extra, *present)
     columns = reader(path, extra, need_acc=not channels)
     acc = columns["acc"] * ACC_UNITS[acc_unit or "g"] if columns["acc"] is not None else None
     gyro = columns["gyro"] * GYRO_UNITS[gyro_unit or "rad/s"] if columns.get("gyro") is not None else None
@@ -65,6 +71,19 @@ def read_recording(path, acc_unit=None, gyro_unit=None, extra=(), channels=()):
         raise DataError(f"{path}: {TIME_COLUMN} does not increase at sample {row + 2} ({time_s[row]:g} then "
                         f"{time_s[row + 1]:g} s); time stamps must be strictly increasing")
     return Recording(acc, gyro, time_s, str(path), {name: columns["extra"][name] for name in extra})
+
+
+def _names_in(path):
+    """The column (or array) names a recording holds, read without its values: a CSV's header, an .npz's
+    array names; none where it cannot be read (the reader then says why)."""
+    try:
+        if path.suffix.lower() == ".npz":
+            with np.load(path, allow_pickle=False) as archive:
+                return set(archive.files)
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return {name.strip() for name in handle.readline().split(",")}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, AttributeError, TypeError):
+        return set()
 
 
 def _check_units_apply(path, acc_unit, gyro_unit, channels):

@@ -1,5 +1,8 @@
-"""predict.py --recording: classify a whole recording and write windows.csv, timeline.csv, timeline.png."""
+"""predict.py --recording: classify a whole recording and write windows.csv, timeline.csv, timeline.png, and
+where the recording carries its labels, scores.json."""
+import json
 import sys
+from pathlib import Path
 
 from data.recordings import read_recording, unit_warning
 from data.store import write_atomic
@@ -7,17 +10,20 @@ from evaluation.calibration import scaled
 from inference.bundle import load_bundle, pick_device
 from inference.classify import check_checkpoint, check_usable, classify_recording, own_channels
 from inference.outputs import check_out_dir, prepare_out_dir, write_csv
+from inference.recording_labels import format_score, score_recording
 from inference.temperature import temperature_choice
 from inference.timeline import format_summary, mark_uncertain, merge_segments, plot_timeline, smooth_labels
 from inference.transitions import read_transitions
 from training.errors import UsageError
 
 OUTPUTS = ("windows.csv", "timeline.csv", "timeline.png")
+SCORES = "scores.json"  # only for a recording with a label column
 
 
 def predict_recording(args):
     """Everything that can be refused is refused before the first file is written, --out first of all."""
-    check_out_dir(args.out, OUTPUTS, args.overwrite, reads=[args.checkpoint, args.recording, args.transitions])
+    check_out_dir(args.out, (*OUTPUTS, SCORES), args.overwrite,
+                  reads=[args.checkpoint, args.recording, args.transitions])
     bundle = load_bundle(args.checkpoint)
     device = pick_device(args.device)
     if args.stride is not None and not 1 <= args.stride <= bundle.window_steps:
@@ -41,7 +47,9 @@ def predict_recording(args):
     labels = mark_uncertain(labels, predictions.probabilities, args.uncertain_below)
     segments = merge_segments(labels, predictions.probabilities, predictions.start_s, predictions.end_s,
                               bundle.class_names)
-    out = prepare_out_dir(args.out, OUTPUTS, args.overwrite)
+    score = score_recording(recording, bundle, labels, predictions)
+    written = (*OUTPUTS, SCORES) if score is not None else OUTPUTS
+    out = prepare_out_dir(args.out, written, args.overwrite)
     names = bundle.class_names
     write_csv(out / "windows.csv", ["start_s", "end_s", "predicted", "confidence", *names],
               [[f"{start:.3f}", f"{end:.3f}", names[row.argmax()], f"{row.max():.4f}", *(f"{p:.4f}" for p in row)]
@@ -51,13 +59,30 @@ def predict_recording(args):
               [[f"{s.start_s:.3f}", f"{s.end_s:.3f}", s.activity, f"{s.confidence:.4f}"] for s in segments])
     title = f"{recording.path}: {bundle.config.model.name}" + (f", {args.smooth} smoothing" if args.smooth else "")
     write_atomic(out / "timeline.png", lambda partial: plot_timeline(predictions, segments, partial, title))
+    stale = _scores_beside(out, score)
     print(format_summary(segments, names, f"{bundle.describe()}\n{recording.path}: "
                          f"{predictions.duration_s:.1f} s at {predictions.source_rate_hz:.4g} Hz, "
                          f"{len(labels)} windows, {len(segments)} segments"
                          + (f" ({args.smooth} smoothing)" if args.smooth else "")
                          + _new_people_note(args, temperature, labels, len(names))))
-    print(f"wrote {', '.join(str(out / name) for name in OUTPUTS)}")
+    if score is not None:
+        print(format_score(score))
+    print(f"wrote {', '.join(str(out / name) for name in written)}"
+          + (f"; removed the earlier {SCORES}: this recording carries no labels" if stale else ""))
     return 0
+
+
+def _scores_beside(out, score):
+    """scores.json for a labelled recording; an earlier one (--overwrite) beside a timeline of a recording
+    without labels would score another recording, and goes. Whether one went."""
+    path = Path(out) / SCORES
+    if score is not None:
+        write_atomic(path, lambda partial: Path(partial).write_text(json.dumps(score, indent=2)))
+        return False
+    stale = path.exists()
+    if stale:
+        path.unlink()
+    return stale
 
 
 def _new_people_note(args, temperature, labels, classes):
