@@ -15,6 +15,7 @@ one the profiler's prediction for 2 ranks, made from one process.
 """
 import json
 import math
+import os
 import re
 import resource
 import statistics
@@ -23,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from profiling.entry_points import at_least, entry_parser, run_in_repo
+from profiling.entry_points import at_least, entry_parser, env_without_torchrun, run_in_repo
 from profiling.interleave import interleave
 from training.entry_point import run_entry_point
 from training.reporting.logger import INPUTS_LAP, SET_UP_LAP, START_UP, read_time_line
@@ -100,12 +101,16 @@ def measured_run(flags, ranks=1):
 
 
 def predicted_run(flags, ranks=1):
-    """profiler.py's prediction of that run, from one process, in the same parts."""
+    """profiler.py's prediction of that run, from one process, in the same parts. For 2+ ranks the one
+    process runs the step as torchrun runs each rank's (OMP_NUM_THREADS=1 unless it is set), with
+    the ranks on this host (--gpus-per-node)."""
     with tempfile.TemporaryDirectory(prefix="har-agreement-") as scratch:
         out = Path(scratch) / "out"
-        counts = "1" if ranks == 1 else f"1,{ranks}"
-        run_in_repo([sys.executable, "profiler.py", *flags, "--no-figures", "--predict-gpus", counts,
-                     "--phase-steps", "0", "--output-dir", str(out)])
+        counts = ["--predict-gpus", "1"] if ranks == 1 else ["--predict-gpus", f"1,{ranks}", "--gpus-per-node",
+                                                             str(ranks)]
+        env = None if ranks == 1 else env_without_torchrun(OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+        run_in_repo([sys.executable, "profiler.py", *flags, "--no-figures", *counts, "--phase-steps", "0",
+                     "--output-dir", str(out)], env)
         profile = json.loads((out / "profile.json").read_text())
     parts, run = profile["run_time"]["parts"], profile["run_time"]["predictions"][-1]
     return {"wall_s": run["total_s"], "start_up_s": parts["start_up_s"], "exit_s": parts["exit_s"],

@@ -3,20 +3,12 @@ import math
 
 from profiling.entry_points import comma_counts
 from profiling.report import DEFAULT_ROOT
+from profiling.topology import DEFAULT_LINKS, INTER_NODE, INTRA_NODE, LINK_PRESETS, plan_flag
 from training.config.cli import build_parser, parse_with_config
 from training.config.settings import SHARDED_OR_DDP, RunConfig, check_at_least
 from training.distributed.strategy import distributed_env
 from training.errors import UsageError
 from training.output_folders import check_folder_can_be_made
-
-# Links assumed when one process has no process group to measure (bus bandwidth, latency per ring
-# step). CUDA: PCIe 4.0 x16 without NVLink, which NCCL drives at roughly 20 GB/s bus bandwidth
-# (NVLink parts reach hundreds: pass --assumed-bandwidth-gbps). CPU: gloo between two processes
-# on one machine over loopback TCP; the 2-core development machine measured 0.1 to 1.5 GB/s and
-# 0.5 to 1.4 ms per ring step for 0.35 to 14 MB buffers, each call after 20 ms of busy time as a
-# step makes it (profiling/allreduce_bench.py; back to back the median call gave 65 to 70 us).
-ASSUMED_LINKS = {"cuda": {"bandwidth_gbps": 20.0, "latency_us": 5.0},
-                 "cpu": {"bandwidth_gbps": 0.5, "latency_us": 800.0}}
 
 
 def build_profiler_parser():
@@ -25,7 +17,6 @@ def build_profiler_parser():
     parser.description = ("Time the training step of a HAR model (warm-up, measured steps, repeats), break it "
                           "into phases, benchmark the gradient all-reduce and predict multi-GPU scaling. "
                           "Takes the training flags; --epochs and the checkpoint flags are accepted but unused.")
-    assumed = {key: ", ".join(f"{d} {v[key]:g}" for d, v in ASSUMED_LINKS.items()) for key in ASSUMED_LINKS["cpu"]}
     group = parser.add_argument_group("profiler")
     group.add_argument("--warmup-steps", type=int, default=20, help="optimizer steps run once before the first "
                        "repeat and not counted (with DDP as many again under no_sync)")
@@ -36,14 +27,6 @@ def build_profiler_parser():
     group.add_argument("--allreduce-iters", type=int, default=50,
                        help="timed calls of each collective and size (after 5 untimed; the mean counts; on "
                             "CPU each after the step's busy time between two collectives), with 2+ processes")
-    group.add_argument("--assumed-bandwidth-gbps", type=float, default=None,
-                       help="all-reduce bus bandwidth in GB/s (gigaBYTES, 1e9 bytes/s) for the predictions; "
-                            f"if unset: measured with 2+ processes, else {assumed['bandwidth_gbps']}")
-    group.add_argument("--assumed-latency-us", type=float, default=None,
-                       help="all-reduce latency per ring step in microseconds; if unset: measured with 2+ "
-                            f"processes, else {assumed['latency_us']}")
-    group.add_argument("--predict-gpus", type=comma_counts, default=[1, 2, 4, 8],
-                       help="comma-separated GPU counts to predict the step time and speedup for")
     group.add_argument("--output-dir", default=None,
                        help=f"where profile.json and the CSV files go; if unset: {DEFAULT_ROOT}/<configuration>")
     group.add_argument("--bare-step", action="store_true",
@@ -54,7 +37,40 @@ def build_profiler_parser():
                        help="also write a short torch.profiler trace per rank to <output-dir>/trace: "
                             "tensorboard --logdir there (needs the torch-tb-profiler plugin), or open the "
                             "*.pt.trace.json in ui.perfetto.dev or chrome://tracing")
+    add_topology_flags(parser.add_argument_group(
+        "scaling advisor", "the cluster the predictions are for; each link is a bus bandwidth and a latency per "
+        "ring step, from a flag, else measured by a run of 2+ ranks (inside their node), else a preset (assumed): "
+        + "; ".join(f"{name} {p.bandwidth_gbps:g} GB/s, {p.latency_us:g} us ({p.what})"
+                    for name, p in LINK_PRESETS.items())))
     return parser
+
+
+def add_topology_flags(group):
+    group.add_argument("--plan", type=plan_flag, default=None, metavar="NODESxGPUS",
+                       help="the cluster you plan to train on, e.g. 2x8: 2 nodes of 8 GPUs (or CPU processes); "
+                            "sets --gpus-per-node and the count the advice is for")
+    group.add_argument("--gpus-per-node", type=int, default=None,
+                       help="ranks that share a node (and its fast link); if unset: this machine's visible GPUs, "
+                            "or for CPU processes its cores / the threads of one process")
+    group.add_argument("--predict-gpus", type=comma_counts, default=None,
+                       help="comma-separated world sizes (GPUs, or CPU processes on CPU) to predict; 1 is always "
+                            "shown; if unset: --plan's count, else this run's world size, else one full node")
+    defaults = {side: ", ".join(f"{links[i]} on {device}" for device, links in DEFAULT_LINKS.items())
+                for i, side in enumerate(("intra", "inter"))}
+    group.add_argument("--intra-node", choices=INTRA_NODE, default=None,
+                       help=f"the preset link between ranks of one node; if unset: {defaults['intra']}")
+    group.add_argument("--inter-node", choices=INTER_NODE, default=None,
+                       help=f"the preset link between nodes (a node's NICs together); if unset: {defaults['inter']}")
+    group.add_argument("--intra-node-gbps", "--assumed-bandwidth-gbps", type=float, default=None,
+                       help="bus bandwidth inside a node in GB/s (gigaBYTES, 1e9 bytes/s), over the preset and "
+                            "over what a run of 2+ ranks measures")
+    group.add_argument("--inter-node-gbps", type=float, default=None,
+                       help="bus bandwidth between nodes in GB/s, all of a node's NICs together (8 NICs of "
+                            "InfiniBand NDR: 400)")
+    group.add_argument("--intra-node-latency-us", "--assumed-latency-us", type=float, default=None,
+                       help="latency per ring step inside a node, in microseconds")
+    group.add_argument("--inter-node-latency-us", type=float, default=None,
+                       help="latency per ring step between nodes, in microseconds")
 
 
 def parse_profiler_args(argv):
@@ -63,12 +79,9 @@ def parse_profiler_args(argv):
     vars(args).update(args.run.flags())  # in their canonical form where the profiler reads them as flags
     check_at_least(("--steps", args.steps, 1), ("--repeats", args.repeats, 1), ("--warmup-steps", args.warmup_steps, 0),
                    ("--phase-steps", args.phase_steps, 0), ("--allreduce-iters", args.allreduce_iters, 1),
-                   ("--predict-gpus", args.predict_gpus, 1))
-    bandwidth, latency = args.assumed_bandwidth_gbps, args.assumed_latency_us
-    if bandwidth is not None and not 0 < bandwidth < math.inf:  # NaN fails too
-        raise UsageError(f"--assumed-bandwidth-gbps must be a positive number, got {bandwidth}")
-    if latency is not None and not 0 <= latency < math.inf:
-        raise UsageError(f"--assumed-latency-us must be zero or more, got {latency}")
+                   ("--predict-gpus", args.predict_gpus or [], 1),
+                   ("--gpus-per-node", [] if args.gpus_per_node is None else args.gpus_per_node, 1))
+    check_topology_flags(args)
     if args.multi_gpu == "dp":
         raise UsageError("the profiler measures one device, DDP or FSDP; DataParallel has no exchange to "
                          "separate (use --multi-gpu ddp)")
@@ -80,3 +93,15 @@ def parse_profiler_args(argv):
         check_folder_can_be_made(args.output_dir, "--output-dir")
     args.command_line = list(argv)  # what the host-sharing neighbours run
     return args
+
+
+def check_topology_flags(args):
+    for scope in ("intra", "inter"):
+        bandwidth, latency = getattr(args, f"{scope}_node_gbps"), getattr(args, f"{scope}_node_latency_us")
+        if bandwidth is not None and not 0 < bandwidth < math.inf:  # NaN fails too
+            raise UsageError(f"--{scope}-node-gbps must be a positive number, got {bandwidth}")
+        if latency is not None and not 0 <= latency < math.inf:
+            raise UsageError(f"--{scope}-node-latency-us must be zero or more, got {latency}")
+    if args.plan and args.gpus_per_node and args.gpus_per_node != args.plan[1]:
+        raise UsageError(f"--plan {args.plan[0]}x{args.plan[1]} puts {args.plan[1]} on a node but --gpus-per-node says "
+                         f"{args.gpus_per_node}; drop one of them")

@@ -6,7 +6,8 @@ Conventions used throughout:
 - No overlap: the predicted step time is T_compute + T_allreduce(N), as if the all-reduce
   started only after the whole backward pass. That is exact when every gradient lands in one
   DDP bucket (DDP then launches the all-reduce at the end of backward) and pessimistic otherwise.
-- Bandwidth is bus bandwidth in bytes/s (the nccl-tests convention), latency is per ring step.
+- Bandwidth is bus bandwidth in bytes/s (the nccl-tests convention), latency is per ring step; which
+  link paces a ring over several nodes is profiling/topology.py's to say.
 """
 import math
 from dataclasses import dataclass
@@ -55,15 +56,35 @@ def fit_ring_link(buffer_bytes, buffer_s, tiny_s, world_size, source, passes=2):
 
 # What the advisor compares. FSDP's units: each transformer block and the root (training/distributed/fsdp.py).
 STRATEGIES = ("ddp", "ddp_fp16", "fsdp")
+# The collectives those strategies call, each with a link of its own where a run measured them.
+COLLECTIVES = ("allreduce", "allreduce_fp16", "all_gather", "reduce_scatter")
 
 
-def strategy_comm(strategy, gradient_bytes, world_size, links, units=1, reshard_after_forward=True):
+@dataclass(frozen=True)
+class Exchange:
+    """What a step's collectives move: the gradients' bytes, and the parameter bytes of each unit FSDP
+    gathers on its own (empty: one unit of all of them)."""
+    gradient_bytes: int
+    unit_bytes: tuple = ()
+    reshard_after_forward: bool = True
+
+    @property
+    def units(self):
+        return len(self.unit_bytes) or 1
+
+    @property
+    def largest_unit_bytes(self):
+        return max(self.unit_bytes, default=self.gradient_bytes)
+
+
+def strategy_comm(strategy, exchange, world_size, links):
     """(seconds of communication per optimizer step, bytes each rank sends) for one strategy, no overlap
     with compute assumed: DDP's ring all-reduce of the gradients (fp16 halves them), or FSDP's
     collectives_per_step, each call moving a unit: about 1.5 times DDP's bytes."""
     if world_size <= 1:
         return 0.0, 0.0
     ring = (world_size - 1) / world_size
+    gradient_bytes = exchange.gradient_bytes
     if strategy in ("ddp", "ddp_fp16"):
         payload = gradient_bytes / 2 if strategy == "ddp_fp16" else gradient_bytes
         link = links["allreduce_fp16" if strategy == "ddp_fp16" else "allreduce"]
@@ -71,9 +92,9 @@ def strategy_comm(strategy, gradient_bytes, world_size, links, units=1, reshard_
         seconds = ring_allreduce_time_s(payload, world_size, link.bandwidth_bytes_per_s, link.latency_s,
                                         ddp_bucket_count(gradient_bytes))
         return seconds, 2 * ring * payload
-    gathers = fsdp_gathers(reshard_after_forward)
+    gathers = fsdp_gathers(exchange.reshard_after_forward)
     seconds = sum(calls * ring_allreduce_time_s(gradient_bytes, world_size, link.bandwidth_bytes_per_s, link.latency_s,
-                                                units, passes=1)
+                                                exchange.units, passes=1)
                   for calls, link in ((gathers, links["all_gather"]), (1, links["reduce_scatter"])))
     return seconds, (gathers + 1) * ring * gradient_bytes
 
@@ -125,21 +146,27 @@ def share(part_s, whole_s):
 def rank_step_s(compute_s, world_size, host_effects=None, strategy="ddp"):
     """One rank's step without its communication when N ranks run: the lone step, or, with the host
     effects a 1-process profile measured (profiling/host_sharing.py), the step and the strategy's
-    own cost (DDP's where a profile predates the others), both slowed by neighbours on the same
-    cores, plus the wait for the slowest rank."""
+    own cost (DDP's where a profile predates the others), both slowed by the neighbours that share
+    a rank's node (the ranks on the busiest node, however many nodes there are), plus the wait for
+    the slowest of all N ranks."""
     if world_size <= 1 or not host_effects:
         return compute_s
-    # A profile written before the slowdown was measured (it has "shared" only) predicts without it.
-    slowdown = _by_count(host_effects.get("slowdown", {}), world_size, 1.0)
-    straggler_s = _by_count(host_effects["straggler_s"], world_size, 0.0)
+    slowdowns = host_effects.get("slowdown", {})  # none in a profile written before it was measured
+    # A profile written before the topology measured every count it had on one node.
+    per_node = host_effects.get("ranks_per_node") or max(map(int, slowdowns), default=1)
+    slowdown = _worst_up_to(slowdowns, min(world_size, per_node), 1.0)
+    straggler_s = _worst_up_to(host_effects["straggler_s"], world_size, 0.0)
     own_s = 0.0 if strategy == "replicated" else (  # a replica steps the bare model: no wrapper
         (host_effects.get("wrapper_step_s") or {}).get(strategy, host_effects["ddp_step_s"]))
     return (compute_s + own_s) * slowdown + straggler_s
 
 
-def _by_count(table, world_size, default):
-    # JSON turns the integer keys into strings; a profile read back must predict the same.
-    return table.get(world_size, table.get(str(world_size), default))
+def _worst_up_to(table, count, floor):
+    """The largest figure measured for `count` or fewer ranks (at least `floor`): one more neighbour
+    never speeds a rank up, one more rank never shortens the wait for the slowest, so two noisy
+    measurements cannot make more ranks look cheaper than fewer. JSON turns the integer keys into
+    strings; a profile read back predicts the same."""
+    return max([floor, *(value for key, value in table.items() if int(key) <= count)])
 
 
 def predict_world(compute_s, gradient_bytes, world_size, link, messages=1, accumulation=1, host_effects=None):
@@ -155,21 +182,27 @@ def predict_world(compute_s, gradient_bytes, world_size, link, messages=1, accum
             "compute_to_comm_ratio": rank_s / allreduce_s if allreduce_s > 0 else math.inf}
 
 
-def predict_strategy(strategy, compute_s, gradient_bytes, world_size, links, units=1, largest_unit_bytes=0,
-                     host_effects=None, reshard_after_forward=True):
-    """predict_world for one strategy of STRATEGIES, with its bytes on the wire and per-rank model state."""
+def predict_strategy(strategy, compute_s, exchange, world_size, links, host_effects=None):
+    """predict_world for one strategy of STRATEGIES, with its bytes on the wire and per-rank model state;
+    `links`: {collective kind: the Link that paces it on world_size ranks}."""
     rank_s = rank_step_s(compute_s, world_size, host_effects, strategy)
-    comm_s, sent_bytes = strategy_comm(strategy, gradient_bytes, world_size, links, units, reshard_after_forward)
+    comm_s, sent_bytes = strategy_comm(strategy, exchange, world_size, links)
     step_s = rank_s + comm_s
     gain = speedup(world_size, compute_s, step_s)
+    state_bytes = model_state_bytes(strategy, exchange.gradient_bytes, world_size, exchange.largest_unit_bytes)
     return {"strategy": strategy, "world_size": world_size, "comm_s": comm_s, "bytes_sent_per_rank": sent_bytes,
             "step_s": step_s, "speedup": gain, "efficiency": gain / world_size,
-            "model_state_bytes_per_rank": model_state_bytes(strategy, gradient_bytes, world_size, largest_unit_bytes)}
+            "model_state_bytes_per_rank": state_bytes}
 
 
-def accumulation_for_efficiency(compute_s, allreduce_s, target_efficiency):
-    """Smallest accumulation k with T_compute / (T_compute + T_allreduce / k) >= target."""
-    if allreduce_s <= 0:
+def accumulation_for_efficiency(compute_s, allreduce_s, target_efficiency, rank_s=None):
+    """Smallest accumulation k with T_compute / (T_rank + T_allreduce / k) >= target, where T_rank is a
+    rank's step without its all-reduce (the lone step where not given); None where no k reaches the
+    target, a rank's own step being too slow already (neighbours, the slowest rank, DDP's own cost)."""
+    rank_s = compute_s if rank_s is None else rank_s
+    slack_s = compute_s / target_efficiency - rank_s  # the all-reduce time a step may carry
+    if allreduce_s <= 0 and slack_s >= -1e-15:
         return 1
-    slack_s = compute_s * (1 / target_efficiency - 1)  # the all-reduce time a step may carry
+    if slack_s <= 0:
+        return None
     return max(1, math.ceil(allreduce_s / slack_s - 1e-12))

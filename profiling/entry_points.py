@@ -11,7 +11,10 @@ from pathlib import Path
 from training.config.cli import REPO, usage_error
 from training.errors import UsageError
 
-TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+# And srun's step variables, from which an srun task takes its rank (training/distributed/slurm.py): a child
+# started inside a multi-task step would otherwise take itself for one of its ranks.
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                      "SLURM_STEP_ID", "SLURM_STEPID")
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):

@@ -1,9 +1,10 @@
 """What one process cannot see of N ranks on one host, measured from that one process.
 
-- Neighbours: N-1 processes training the same step on the same CPU cores slow every rank's
-  compute (shared cores, caches, memory bandwidth), and make its step time vary more. The
-  slowdown is a ratio of runs taken in turn, neighbours paused and running (A B, B A, ...), so a
-  machine that drifts between two measurements does not enter it.
+- Neighbours: the other CPU processes of a rank's node, training the same step on the same cores,
+  slow every rank's compute (shared cores, caches, memory bandwidth), and make its step time vary
+  more. This host stands for every node: N ranks over several nodes meet a full node's neighbours.
+  The slowdown is a ratio of runs taken in turn, neighbours paused and running (A B, B A, ...), so
+  a machine that drifts between two measurements does not enter it.
 - Stragglers: a synchronous DDP step lasts as long as the slowest rank's compute, the expected
   maximum of N draws from the per-step times, not their mean.
 - Each strategy's own per-step cost (DDP, DDP with fp16 gradients, FSDP): hooks, buckets, sharded
@@ -19,6 +20,7 @@ import signal
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -28,6 +30,7 @@ from profiling.cli import parse_profiler_args
 from profiling.comm_model import STRATEGIES
 from profiling.entry_points import env_without_torchrun
 from profiling.interleave import interleave, per_side
+from profiling.timing import OTHER_CPU_WORRY, HostCpuMeter
 from profiling.workload import build_workload, optimizer_step
 from training.distributed.ddp import compression_hook, ddp_module
 from training.distributed.fsdp import clip_sharded_grad_norm_, shard_model
@@ -36,13 +39,13 @@ from training.loop.recipe import WeightAverage
 from training.loop.step import build_adamw, skipped_steps
 
 
-def host_rank_counts(world_sizes, device, threads_per_rank):
-    """The N of --predict-gpus whose ranks would share this host's CPU cores and still fit on them:
-    CPU runs with N x threads <= cores. On a GPU each rank has its own device, so none."""
+def host_rank_counts(world_sizes, device, ranks_per_node):
+    """How many CPU processes would share one node for each N of world_sizes (N up to a full node,
+    then a full node on each of the nodes the ranks fill): the counts whose neighbours to measure,
+    on this host standing for every node. On a GPU each rank has its own device, so none."""
     if device.type != "cpu":
         return []
-    cores = os.cpu_count() or 1
-    return [n for n in world_sizes if n > 1 and n * threads_per_rank <= cores]
+    return sorted({min(n, ranks_per_node) for n in world_sizes} - {1})
 
 
 class Neighbours:
@@ -64,6 +67,17 @@ class Neighbours:
                 self.__exit__(None, None, None)
                 raise RuntimeError("a neighbour process of the host-sharing measurement did not start")
         return self
+
+    def cpu_s(self):
+        """CPU seconds the neighbours have used so far (/proc; 0 where it cannot be read)."""
+        total = 0.0
+        for process in self.processes:
+            try:
+                fields = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+            except (OSError, ValueError, IndexError):
+                pass
+        return total
 
     def pause(self):
         """Stop the neighbours where they are (SIGSTOP), so the next run has the cores alone."""
@@ -101,38 +115,71 @@ def neighbour_main(argv):
         optimizer_step(work, sync_gradients=True)
 
 
-def measure_host_effects(work, args, timed_steps, lone_step_samples_s):
-    """For a 1-process profile: {"slowdown": {N: step time with N-1 neighbours / alone}, "shared": {N:
-    step time with them}, "straggler_s": {N: expected wait for the slowest of N ranks}, "wrapper_step_s":
-    {strategy: its own cost per step}, "what": how}."""
+def measure_host_effects(work, args, timed_steps, lone_step_samples_s, plan):
+    """For a 1-process profile: {"slowdown": {k: step time with k-1 neighbours / alone}, "shared": {k:
+    step time with them}, for k ranks on a node, "straggler_s": {N: expected wait for the slowest of N
+    ranks}, "wrapper_step_s": {strategy: its own cost per step}, "ranks_per_node", "other_cores": {k:
+    cores other work kept busy in the pairs kept}, "what": how}."""
     threads = torch.get_num_threads()
-    slowdown, shared, samples_by_n = {}, {}, {}
-    for n in host_rank_counts(args.predict_gpus, work.strategy.device, threads):
+    slowdown, shared, samples_by_n, others = {}, {}, {}, {}
+    for n in host_rank_counts(plan.counts, work.strategy.device, plan.ranks_per_node):
         with Neighbours(args.command_line, n - 1, threads) as neighbours:
-            def steps_after(switch):
-                def switched_then_timed(_round_index):
-                    switch()
-                    return timed_steps(work, args.steps, sync_gradients=True)
-                return switched_then_timed
-            runs = per_side(interleave({"alone": steps_after(neighbours.pause),
-                                        "shared": steps_after(neighbours.resume)}, args.repeats))
-        shared_runs = runs["shared"]
-        slowdown[n] = statistics.median(with_them["step_time_s"] / alone["step_time_s"]
-                                        for alone, with_them in zip(runs["alone"], shared_runs, strict=True))
+            pairs = quiet_pairs(sharing_pairs(work, args, timed_steps, neighbours))
+        shared_runs = [with_them for _, with_them in pairs]
+        slowdown[n] = statistics.median(with_them["step_time_s"] / alone["step_time_s"] for alone, with_them in pairs)
         shared[n] = statistics.fmean(run["step_time_s"] for run in shared_runs)
         samples_by_n[n] = [value for run in shared_runs for value in run["step_samples_s"]]
+        others[n] = max(_busy(alone, with_them) for alone, with_them in pairs)
     stragglers = {}
-    for n in args.predict_gpus:
-        if n > 1:
-            samples = samples_by_n.get(n, lone_step_samples_s)
+    for n in plan.counts:
+        if n > 1:  # each rank's steps as it takes them beside its node's neighbours
+            samples = samples_by_n.get(min(n, plan.ranks_per_node), lone_step_samples_s)
             stragglers[n] = max(expected_maximum(samples, n) - statistics.fmean(samples), 0.0)
     wrappers_s = wrapper_step_costs_s(work, timed_steps, args.steps, args.repeats) or {}
-    return {"slowdown": slowdown, "shared": shared, "straggler_s": stragglers,
-            "ddp_step_s": wrappers_s.get("ddp", 0.0), "wrapper_step_s": wrappers_s,
-            "what": f"slowdown = median over rounds of the step with N-1 neighbour processes on this host's cores "
-                    f"/ the step with them paused, in turn, for N in {sorted(shared) or 'none'} (others: each rank "
-                    "on its own device); straggler = E[max of N per-step times] - mean; each strategy's own "
+    return {"slowdown": slowdown, "shared": shared, "straggler_s": stragglers, "ranks_per_node": plan.ranks_per_node,
+            "other_cores": others, "ddp_step_s": wrappers_s.get("ddp", 0.0), "wrapper_step_s": wrappers_s,
+            "what": f"slowdown = median over rounds of the step with k-1 neighbour processes on this host's cores "
+                    f"/ the step with them paused, in turn, for k in {sorted(shared) or 'none'} ranks on a node of "
+                    f"{plan.ranks_per_node} (on GPUs: none, each rank on its own device), from the rounds in which "
+                    f"other work kept at most {OTHER_CPU_WORRY} cores busy where there are any; N ranks on several "
+                    "nodes take a full node's; straggler = E[max of N per-step times] - mean; each strategy's own "
                     "per-step cost (DDP, DDP with fp16 gradients, FSDP) on a one-rank gloo group"}
+
+
+def sharing_pairs(work, args, timed_steps, neighbours):
+    """[(the step alone, the step beside the neighbours)] of each round, taken in turn, each timed run
+    with the cores other work kept busy meanwhile ("other_cores")."""
+    def steps_after(switch):
+        def switched_then_timed(_round_index):
+            switch()
+            meter, neighbours_s = HostCpuMeter(), neighbours.cpu_s()
+            run = timed_steps(work, args.steps, sync_gradients=True)
+            return {**run, "other_cores": other_cores(meter, neighbours.cpu_s() - neighbours_s)}
+        return switched_then_timed
+    runs = per_side(interleave({"alone": steps_after(neighbours.pause), "shared": steps_after(neighbours.resume)},
+                               args.repeats))
+    return list(zip(runs["alone"], runs["shared"], strict=True))
+
+
+def quiet_pairs(pairs):
+    """The pairs during which other work kept at most OTHER_CPU_WORRY cores busy, or all of them where
+    none was that quiet. Other work on a machine of few cores slows the run beside neighbours more than
+    the one alone (which leaves it a core), so a busy round overstates what ranks on an idle node see."""
+    return [pair for pair in pairs if _busy(*pair) <= OTHER_CPU_WORRY] or pairs
+
+
+def _busy(alone, with_them):
+    return max(alone["other_cores"] or 0.0, with_them["other_cores"] or 0.0)  # None off Linux
+
+
+def other_cores(meter, neighbours_cpu_s):
+    """Cores that processes other than this one and its neighbours kept busy since the meter started;
+    None off Linux."""
+    elapsed = meter.elapsed()
+    if elapsed is None:
+        return None
+    machine_s, own_s, wall_s = elapsed
+    return max(machine_s - own_s - neighbours_cpu_s, 0.0) / wall_s
 
 
 def expected_maximum(samples, count):

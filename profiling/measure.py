@@ -8,12 +8,13 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
 from profiling.allreduce_bench import benchmark_allreduce
-from profiling.assemble import assemble_profile
+from profiling.assemble import Measurements, assemble_profile
 from profiling.comm_model import collectives_per_step, comm_split
 from profiling.host_sharing import measure_host_effects
 from profiling.report import check_profile_folder, default_output_dir
 from profiling.run_time import measure_run_parts
 from profiling.timing import HostCpuMeter, LapTimer, StepClock, barrier, gather_per_rank, reduce_over_ranks
+from profiling.topology import resolve_plan
 from profiling.workload import build_workload, optimizer_step
 from training.distributed.strategy import make_strategy
 from training.loop.epochs import threads_for_the_step
@@ -42,6 +43,8 @@ class PerformanceProfiler:
             self.output_dir = default_output_dir(args, strategy.world_size, work.precision)
             check_profile_folder(self.output_dir, args.trace)
             with threads_for_the_step(work.trainer):  # the step as main.py's epochs take it
+                # What to predict, on how many ranks a node: CPU processes of the step's threads.
+                plan = resolve_plan(args, strategy.device.type, strategy.world_size)
                 reset_peaks(strategy.device)
                 for _ in range(args.warmup_steps):
                     # Both variants warm up, so neither pays first-call costs (compilation, DDP set-up).
@@ -54,19 +57,20 @@ class PerformanceProfiler:
                 memory = peak_memory(work)  # before the host-effects pass copies the model
                 lone_samples_s = [value for run in runs for value in run.pop("step_samples_s")]
                 # After the headline runs, so neighbours never disturb them.
-                host_effects = measure_host_effects(work, args, timed_steps, lone_samples_s) \
+                host_effects = measure_host_effects(work, args, timed_steps, lone_samples_s, plan) \
                     if strategy.world_size == 1 else None
                 phases = phase_breakdown(work, args.phase_steps) if args.phase_steps else None
                 run_parts = measure_run_parts(work, statistics.fmean(run["step_time_s"] for run in runs), loaded,
-                                              replica_steps_s(work, args.predict_gpus, args.steps),
-                                              predicts_ranks=any(n > 1 for n in args.predict_gpus))
+                                              replica_steps_s(work, plan.counts, args.steps),
+                                              predicts_ranks=max(plan.counts) > 1)
             gradient_elements = work.gradient_bytes // 4  # all-reduced as fp32, like DDP's gradients
             compute_s = statistics.fmean(run["compute_step_time_s"] for run in runs)
             benchmark = benchmark_allreduce(strategy, gradient_elements, args.allreduce_iters,
                                             collective_gap_s(work, compute_s))
             trace_files = write_trace(work, self.output_dir / "trace") if args.trace else []
-            return assemble_profile(args, work, runs, phases, memory, benchmark, trace_files, host_load, host_effects,
-                                    run_parts)
+            return assemble_profile(args, work, Measurements(
+                runs=runs, phases=phases, memory=memory, benchmark=benchmark, trace_files=trace_files,
+                host_load=host_load, plan=plan, host_effects=host_effects, run_parts=run_parts))
         finally:
             work = None  # the wrapped model goes before its process group (strategy.close)
             strategy.close()

@@ -5,6 +5,7 @@ import math
 from pathlib import Path
 
 from data.errors import not_a_file
+from profiling.topology import plural, unit_of
 from training.errors import UsageError
 from training.output_folders import check_folder_can_be_made
 
@@ -89,13 +90,14 @@ def summary_rows(profile):
         single += [("feature_pool_build_s", profile["feature_pool"]["seconds"], "s"),
                    ("feature_pool_windows_per_s", profile["feature_pool"]["windows_per_s"], "windows/s"),
                    ("feature_pool_bytes", profile["feature_pool"]["bytes"], "bytes")]
+    ranks = "gpu" if _unit(profile) == "GPU" else "proc"  # what N counts: GPUs, or CPU processes
     for p in (profile.get("run_time") or {}).get("predictions", []):
-        single.append((f"predicted_run_s_{p['world_size']}gpu", p["total_s"], "s"))
+        single.append((f"predicted_run_s_{p['world_size']}{ranks}", p["total_s"], "s"))
     for p in profile["predictions"]:
-        n = p["world_size"]
-        single += [(f"predicted_step_time_s_{n}gpu", p["step_s"], "s"),
-                   (f"predicted_speedup_{n}gpu", p["speedup"], "x"),
-                   (f"predicted_efficiency_{n}gpu", p["efficiency"], "fraction")]
+        n, basis = p["world_size"], p.get("basis", "predicted")
+        single += [(f"{basis}_step_time_s_{n}{ranks}", p["step_s"], "s"),
+                   (f"{basis}_speedup_{n}{ranks}", p["speedup"], "x"),
+                   (f"{basis}_efficiency_{n}{ranks}", p["efficiency"], "fraction")]
     return rows + [[name, csv_cell(value), "", unit] for name, value, unit in single]
 
 
@@ -130,15 +132,12 @@ def format_summary(profile):
                      f"{load['wall_s']:.1f} s measured ({load['cores']} cores; this profiler "
                      f"{load['profiler_cpu_s']:.1f})")
     lines.append(f"  all-reduce      {_benchmark(profile['allreduce_benchmark'])}")
-    lines.append(f"  predictions     link: {profile['link']['source']}")
-    lines.append("      GPUs  all-reduce     step   speedup  efficiency        R")
-    for p in profile["predictions"]:
-        lines.append(f"      {p['world_size']:>4}  {_ms(p['allreduce_s']):>10} {_ms(p['step_s']):>8} "
-                     f"{p['speedup']:>8.2f}x {p['efficiency']:>10.0%} {number(p['compute_to_comm_ratio']):>8}")
+    unit = _unit(profile)
+    lines += _prediction_lines(profile, unit)
     lines += _run_lines(profile)
     if profile.get("strategies"):
         lines.append("  strategies      predicted per strategy (communication / step / speedup / MB of model "
-                     "state per GPU)")
+                     f"state per {unit})")
         for name, predictions in profile["strategies"].items():
             lines.append(f"      {name:<9} " + " | ".join(
                 f"{p['world_size']}: {_ms(p['comm_s'])} / {_ms(p['step_s'])} / {p['speedup']:.2f}x / "
@@ -148,6 +147,37 @@ def format_summary(profile):
     lines.append("  notes")
     lines += [f"    - {note}" for note in profile["notes"]]
     return "\n".join(lines)
+
+
+def _unit(profile):
+    """What a rank of the profile is: its topology's unit, or for a profile written before it, the device's."""
+    return (profile.get("topology") or {}).get("unit") or unit_of(profile["config"]["device"])
+
+
+def _prediction_lines(profile, unit):
+    """The cluster, its links (each measured or assumed) and the table of counts, headed with what a
+    rank is, each row measured or predicted."""
+    label = plural(unit)
+    lines = _topology_lines(profile, unit)
+    lines.append(f"      {label}  nodes  figure     all-reduce     step   speedup  efficiency        R")
+    for p in profile["predictions"]:
+        lines.append(f"      {p['world_size']:>{len(label)}}  {p.get('nodes', 1):>5}  {p.get('basis', 'predicted'):<9} "
+                     f"{_ms(p['allreduce_s']):>10} {_ms(p['step_s']):>8} {p['speedup']:>8.2f}x "
+                     f"{p['efficiency']:>10.0%} {number(p['compute_to_comm_ratio']):>8}")
+    return lines
+
+
+def _topology_lines(profile, unit):
+    topology = profile.get("topology")
+    if not topology:  # a profile written before the topology: one link
+        return [f"  predictions     link: {profile['link']['source']}"]
+    world_size = profile["config"]["world_size"]
+    over = (f"one {unit} stepping at this run's T_compute, no lone one measured; row {world_size} is this run's own "
+            "step" if world_size > 1 else f"this one {unit}'s measured step")
+    return [f"  topology        {topology['why']}",
+            f"      inside a node:  {topology['intra']['allreduce']['source']}",
+            f"      between nodes:  {topology['inter']['source']}",
+            f"  predictions     speedup in global samples/s over {over}; the other rows predicted"]
 
 
 def _run_lines(profile):
@@ -172,9 +202,10 @@ def _run_lines(profile):
                      f"{parts['imports_s']:.2f} s, a validation pass {_ms(parts['validation_s'])}, a checkpoint "
                      f"{_ms(parts['save_s'])}, the epoch loop {_ms(parts['loop_s'])} a step, exit "
                      f"{parts['exit_s']:.2f} s)")
-        lines.append("      ranks  features  training  evaluation  other set-up     total  (seconds)")
+        label = plural(_unit(profile))
+        lines.append(f"      {label}  features  training  evaluation  other set-up     total  (seconds, predicted)")
         for p in run["predictions"]:
-            lines.append(f"      {p['world_size']:>5} {p['build_s']:>9.2f} {p['training_s']:>9.2f} "
+            lines.append(f"      {p['world_size']:>{len(label)}} {p['build_s']:>9.2f} {p['training_s']:>9.2f} "
                          f"{p['evaluation_s']:>11.2f} {p['fixed_s']:>13.2f} {p['total_s']:>9.2f}")
     return lines
 

@@ -4,7 +4,6 @@ does besides stepping (start-up, reading the data, the set-up with a model's fea
 validation and checkpoint after each epoch, the final evaluation) is measured here once, on the
 run the profiler built, and the arithmetic that puts them together is predict_run."""
 import math
-import os
 import subprocess
 import sys
 import tempfile
@@ -16,6 +15,7 @@ import torch
 
 from profiling.comm_model import rank_step_s, ring_allreduce_time_s
 from profiling.entry_points import REPO, env_without_torchrun
+from profiling.topology import available_cores, ranks_on_node, ring_link
 from training.loop.epochs import train_epoch
 from training.loop.step import steps_per_epoch
 from training.reporting.final_report import report_best_weights
@@ -54,15 +54,18 @@ def epoch_steps(train_windows, world_size, batch_size, grad_accum_steps):
     return steps_per_epoch(math.ceil(per_rank / batch_size), grad_accum_steps)
 
 
-def share_build_s(build_s, world_size, device_type, threads, cores):
-    """The feature build's transform on `world_size` ranks, each taking 1/N of the pool's windows.
-    On GPUs each rank has a device of its own: 1/N of the time. On CPU the ranks share this host's
-    cores: the lone build ran on `threads` of its `cores`, and N ranks together can use at most all
-    of them, so the build shrinks by at most cores / threads, whatever N."""
+def share_build_s(build_s, world_size, on_node, device_type, threads, cores):
+    """The feature build's transform on `world_size` ranks, each taking 1/N of the pool's windows, with
+    `on_node` of them on the busiest node. On GPUs each rank has a device of its own: 1/N of the time.
+    On CPU a node's ranks share its cores: the lone build ran on `threads` of `cores` (all of them at
+    most), and a node's ranks together can use no more than its cores, so one node shrinks the build
+    by at most cores / threads, and each further node adds its own cores."""
     if world_size <= 1:
         return build_s
-    speedup = world_size if device_type != "cpu" else min(world_size, max(cores / threads, 1.0))
-    return build_s / speedup
+    if device_type != "cpu":
+        return build_s / world_size
+    lone_threads = min(threads, cores)
+    return build_s * on_node * lone_threads / (world_size * min(on_node * lone_threads, cores))
 
 
 def gather_pool_s(pool_bytes, world_size, link):
@@ -228,20 +231,20 @@ def measure_run_parts(work, step_s, loaded_before_set_up=(), replica_step_s=None
                     if predicts_ranks and work.strategy.world_size == 1 else None)
 
 
-def run_time_entry(parts, work, predictions, link, host_effects=None):
+def run_time_entry(parts, work, predictions, topology, host_effects=None):
     """profile.json's "run_time": the parts, and the whole run predicted for each N the advisor
     predicts, its DDP step as the advisor predicts it, or where the ranks would step replicas of the
     head, the step on N batches at once, slowed as neighbours on the host slow a rank's step."""
     device, lone = work.strategy.device.type, work.strategy.world_size == 1
-    threads, cores = torch.get_num_threads(), os.cpu_count() or 1
+    threads, cores = torch.get_num_threads(), available_cores()
     pool_bytes = (work.pool or {}).get("bytes", 0)
     runs = []
     for prediction in predictions:
         n = prediction["world_size"]
         build_s = parts.build_s  # a profile on N ranks measured its own build, shares and gather included
         if lone and n > 1:
-            build_s = share_build_s(build_s, n, device, threads, cores) + \
-                (gather_pool_s(pool_bytes, n, link) if pool_bytes else 0.0)
+            build_s = share_build_s(build_s, n, ranks_on_node(n, topology.ranks_per_node), device, threads, cores) + \
+                (gather_pool_s(pool_bytes, n, ring_link(topology, n)) if pool_bytes else 0.0)
         step_s = prediction["step_s"]
         if parts.replica_step_s and n in parts.replica_step_s:
             step_s = rank_step_s(parts.replica_step_s[n], n, host_effects, strategy="replicated")
@@ -256,9 +259,9 @@ def run_time_entry(parts, work, predictions, link, host_effects=None):
                     "the advisor's DDP step (or, where the ranks would step replicas of the head, the step "
                     "on N batches at once with no all-reduce), the evaluation passes split N ways, and the "
                     "pool built in 1/N "
-                    f"shares (on CPU at most {cores} cores / {threads} thread(s) faster, the host's cores "
-                    "being shared) and then each share sent to the other ranks over the link; a profile of "
-                    "N ranks takes its own build for every N"}
+                    f"shares (on CPU at most {cores} cores / {threads} thread(s) faster on each node, a node's "
+                    "cores being shared by its ranks) and then each share sent to the other ranks over the "
+                    "slowest link of their ring; a profile of N ranks takes its own build for every N"}
 
 
 def pool_entry(pool, rank=0):

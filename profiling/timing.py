@@ -92,6 +92,7 @@ def mean_std(values):
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
+OTHER_CPU_WORRY = 0.1  # other processes' busy cores (CPU-seconds per wall second) that make timings suspect
 BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # user, nice, system, irq, softirq, steal in /proc/stat's cpu line
 
 

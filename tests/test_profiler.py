@@ -5,6 +5,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -17,6 +18,8 @@ import torch
 from conftest import REPO, TINY_DATA, run_subprocess
 from profiling.allreduce_bench import last_arrival_s
 from profiling.comm_model import (
+    COLLECTIVES,
+    Exchange,
     Link,
     accumulation_for_efficiency,
     bus_bandwidth_bytes_per_s,
@@ -34,9 +37,15 @@ from profiling.measure import LONGEST_GAP_S, collective_gap_s, compute_only_step
 from profiling.recommend import Figures, larger_batch_shares, recommendations
 from profiling.run_time import RunParts, epoch_steps, gather_pool_s, pool_entry, predict_run, share_build_s
 from profiling.scaling import scaling_rows
+from profiling.topology import Topology
 
 MB = 1e6
 GB_PER_S = 1e9
+
+
+def one_node(link, ranks_per_node=8, unit="GPU"):
+    """A topology whose every collective, inside a node and between nodes, runs over `link`."""
+    return Topology(ranks_per_node, dict.fromkeys(COLLECTIVES, link), link, unit)
 
 
 @pytest.mark.parametrize("world_size, expected_s", [(1, 0.0), (2, 1.0e-3), (4, 1.5e-3), (8, 1.75e-3)])
@@ -120,8 +129,8 @@ def test_fp16_compression_halves_the_bytes_but_not_the_buckets():
     # the hook once per bucket, so fp16 pays three messages too, although its 15 MiB would fit two.
     link = Link(math.inf, 1e-3, "made up")
     links = {"allreduce": link, "allreduce_fp16": link}
-    full_s, full_bytes = strategy_comm("ddp", 30 * 1024 ** 2, 2, links)
-    half_s, half_bytes = strategy_comm("ddp_fp16", 30 * 1024 ** 2, 2, links)
+    full_s, full_bytes = strategy_comm("ddp", Exchange(30 * 1024 ** 2), 2, links)
+    half_s, half_bytes = strategy_comm("ddp_fp16", Exchange(30 * 1024 ** 2), 2, links)
     assert half_bytes == pytest.approx(full_bytes / 2)
     assert half_s == pytest.approx(full_s) == pytest.approx(3 * 2 * 1e-3)
 
@@ -179,12 +188,12 @@ def test_recommendation_numbers():
     before, after = larger_batch_shares(compute_s=0.010, allreduce_s=0.0025, batch_size=32, new_batch_size=256)
     assert before == pytest.approx(0.2) and after == pytest.approx(0.0025 / 0.0825)
     # 4 MB of gradients over 0.1 GB/s against 1 ms of compute: more GPUs only slow the run down.
-    slow = Figures(compute_s=0.001, gradient_bytes=4_000_000, link=Link(0.1 * GB_PER_S, 0.0, "assumed"),
+    slow = Figures(compute_s=0.001, gradient_bytes=4_000_000, topology=one_node(Link(0.1 * GB_PER_S, 0.0, "assumed")),
                    batch_size=32, amp_enabled=False, data_wait_share=0.02, backward_s=0.0005)
     advice = {item["topic"]: item for item in recommendations(slow, [1, 2, 4])}
     expected = 2 * 0.001 / (0.001 + 0.04)
     assert advice["gpu count"]["figures"]["speedup_2"] == pytest.approx(expected)
-    assert advice["gpu count"]["text"].startswith(f"stay on one GPU: predicted 2-GPU speedup {expected:.2f}x < 1")
+    assert advice["gpu count"]["text"].startswith(f"stay on one GPU: predicted speedup on 2 GPUs {expected:.2f}x < 1")
     assert "--cv-folds" in advice["gpu count"]["text"]  # says what several GPUs are good for instead
     assert "2.00 MB" in advice["precision"]["text"] and "4.00 MB" in advice["precision"]["text"]
     assert advice["batch size"]["figures"]["new_batch_size"] == 256
@@ -196,10 +205,10 @@ def test_half_precision_advice_agrees_with_the_strategy_table():
     # A backend that sums fp16 slowly (gloo on CPU): the table and the advice must tell the same story.
     fast, slow = Link(1.0 * GB_PER_S, 1e-4, "fp32"), Link(0.3 * GB_PER_S, 1e-4, "fp16")
     links = {"allreduce": fast, "allreduce_fp16": slow, "all_gather": fast, "reduce_scatter": fast}
-    table = {name: [predict_strategy(name, 0.001, 4_000_000, n, links) for n in (1, 2, 4)]
+    table = {name: [predict_strategy(name, 0.001, Exchange(4_000_000), n, links) for n in (1, 2, 4)]
              for name in ("ddp", "ddp_fp16")}
-    figures = Figures(compute_s=0.001, gradient_bytes=4_000_000, link=fast, batch_size=32, amp_enabled=False,
-                      data_wait_share=0.0, strategies=table)
+    figures = Figures(compute_s=0.001, gradient_bytes=4_000_000, topology=one_node(fast), batch_size=32,
+                      amp_enabled=False, data_wait_share=0.0, strategies=table)
     advice = next(item for item in recommendations(figures, [1, 2, 4]) if item["topic"] == "precision")
     assert advice["figures"]["speedup_fp32_grads"] == table["ddp"][2]["speedup"]
     assert advice["figures"]["speedup_half_grads"] == table["ddp_fp16"][2]["speedup"]
@@ -222,7 +231,9 @@ def test_host_effects_enter_each_ranks_step_and_survive_a_json_round_trip():
     assert rank_step_s(0.010, 1, effects) == 0.010  # one process pays none of it
     # The neighbours slow DDP's own work as much as the step's; the wait for the slower rank comes on top.
     assert rank_step_s(0.010, 2, effects) == pytest.approx(1.2 * (0.010 + 0.0005) + 0.001)
-    assert rank_step_s(0.010, 4, effects) == pytest.approx(0.010 + 0.0005 + 0.002)  # no neighbours measured at 4
+    # 4 ranks fill two nodes of the 2 the neighbours were measured with: a full node's slowdown each.
+    assert rank_step_s(0.010, 4, effects) == pytest.approx(1.2 * (0.010 + 0.0005) + 0.002)
+    assert rank_step_s(0.010, 4, {**effects, "ranks_per_node": 1}) == pytest.approx(0.010 + 0.0005 + 0.002)
     plain = predict_world(0.010, 4_000_000, 2, link)
     hosted = predict_world(0.010, 4_000_000, 2, link, host_effects=effects)
     assert hosted["step_s"] == pytest.approx(plain["step_s"] + 0.0036)
@@ -235,10 +246,10 @@ def test_neighbours_only_where_ranks_would_share_this_hosts_cores():
     import torch
 
     from profiling.host_sharing import host_rank_counts
-    cores = os.cpu_count()
-    assert host_rank_counts([1, 2, 4, 8], torch.device("cpu"), 1) == [n for n in (2, 4, 8) if n <= cores]
-    assert host_rank_counts([1, 2, 4, 8], torch.device("cpu"), cores) == []
-    assert host_rank_counts([1, 2], torch.device("cuda", 0), 1) == []  # each rank has its own GPU
+    assert host_rank_counts([1, 2, 4, 8], torch.device("cpu"), 4) == [2, 4]  # 8 ranks: two full nodes of 4
+    assert host_rank_counts([1, 3, 8], torch.device("cpu"), 2) == [2]
+    assert host_rank_counts([1, 2, 4, 8], torch.device("cpu"), 1) == []  # a node of one has no neighbours
+    assert host_rank_counts([1, 2], torch.device("cuda", 0), 8) == []  # each rank has its own GPU
 
 
 def run_parts(**changes):
@@ -282,12 +293,15 @@ def test_a_measured_launcher_replaces_the_start_up_that_stands_for_it_with_2_ran
 
 
 def test_the_pool_is_built_in_shares_that_the_hosts_cores_bound_on_cpu():
-    assert share_build_s(6.0, 1, "cpu", 2, 2) == 6.0
-    assert share_build_s(6.0, 4, "cuda", 8, 16) == pytest.approx(1.5)  # a device per rank
-    assert share_build_s(6.0, 2, "cpu", 2, 2) == pytest.approx(6.0)  # one process already had both cores
-    assert share_build_s(6.0, 2, "cpu", 1, 4) == pytest.approx(3.0)
-    assert share_build_s(6.0, 8, "cpu", 1, 4) == pytest.approx(1.5)  # no more than the 4 cores
-    assert share_build_s(6.0, 2, "cpu", 8, 4) == pytest.approx(6.0)  # threads beyond the cores gain nothing back
+    assert share_build_s(6.0, 1, 1, "cpu", 2, 2) == 6.0
+    assert share_build_s(6.0, 4, 4, "cuda", 8, 16) == pytest.approx(1.5)  # a device per rank
+    assert share_build_s(6.0, 2, 2, "cpu", 2, 2) == pytest.approx(6.0)  # one process already had both cores
+    assert share_build_s(6.0, 2, 2, "cpu", 1, 4) == pytest.approx(3.0)
+    assert share_build_s(6.0, 8, 8, "cpu", 1, 4) == pytest.approx(1.5)  # no more than the 4 cores
+    assert share_build_s(6.0, 2, 2, "cpu", 8, 4) == pytest.approx(6.0)  # threads beyond the cores gain nothing back
+    # Each further node brings its own cores: 2 nodes of 4 ranks on 4 cores each, 2 processes on 2 hosts.
+    assert share_build_s(6.0, 8, 4, "cpu", 1, 4) == pytest.approx(0.75)
+    assert share_build_s(6.0, 2, 1, "cpu", 2, 2) == pytest.approx(3.0)
 
 
 def test_the_gathered_pool_costs_one_ring_pass_of_its_bytes():
@@ -313,7 +327,8 @@ def tiny_profile(tmp_path_factory):
     """One real profiler.py run on CPU with tiny settings, shared by the tests below."""
     out = tmp_path_factory.mktemp("profile")
     result = run_subprocess([sys.executable, "profiler.py", *TINY_DATA, "--device", "cpu", "--warmup-steps", "2",
-                             "--steps", "5", "--repeats", "2", "--phase-steps", "2", "--output-dir", out], timeout=120)
+                             "--steps", "5", "--repeats", "2", "--phase-steps", "2", "--predict-gpus", "2,4,8",
+                             "--output-dir", out], timeout=120)
     return result, out
 
 
@@ -336,6 +351,13 @@ def test_profiler_py_writes_sane_json_and_csv(tiny_profile):
     assert not profile["allreduce_benchmark"]["measured"] and "assumed" in profile["link"]["source"]
     assert [p["world_size"] for p in profile["predictions"]] == [1, 2, 4, 8]
     assert all(0 < p["speedup"] <= p["world_size"] for p in profile["predictions"])
+    # Honest labels: the ranks are CPU processes, only this run's own row is measured, every link assumed.
+    assert [p["basis"] for p in profile["predictions"]] == ["measured", "predicted", "predicted", "predicted"]
+    assert "CPU processes  nodes  figure" in result.stdout and not re.search(r"^ *GPUs ", result.stdout, re.M)
+    assert profile["topology"]["unit"] == "CPU process"
+    assert all("assumed" in link["source"] for link in [*profile["topology"]["intra"].values(),
+                                                         profile["topology"]["inter"]])
+    assert "as measured" not in result.stdout and "as this run measured" not in result.stdout
     effects = profile["host_effects"]  # default threads fill the cores, so no neighbours fit
     assert effects["shared"] == {} and set(effects["straggler_s"]) == {"2", "4", "8"}
     assert effects["ddp_step_s"] >= 0 and all(value >= 0 for value in effects["straggler_s"].values())
@@ -354,7 +376,8 @@ def test_profiler_py_writes_sane_json_and_csv(tiny_profile):
     with open(out / "profile_summary.csv") as handle:
         summary = {row["metric"]: row for row in csv.DictReader(handle)}
     assert float(summary["samples_per_s"]["mean"]) > 0 and float(summary["step_time_s"]["std"]) >= 0
-    assert float(summary["predicted_run_s_1gpu"]["mean"]) == pytest.approx(run["predictions"][0]["total_s"], rel=1e-5)
+    assert float(summary["predicted_run_s_1proc"]["mean"]) == pytest.approx(run["predictions"][0]["total_s"], rel=1e-5)
+    assert "measured_speedup_1proc" in summary and "predicted_speedup_2proc" in summary  # CPU processes, not GPUs
     with open(out / "profile_runs.csv") as handle:
         assert [float(row["step_time_s"]) > 0 for row in csv.DictReader(handle)] == [True, True]
 
@@ -582,7 +605,8 @@ def test_a_batch_larger_than_the_data_is_one_line_not_an_endless_wait(tmp_path):
 def test_fsdp_keeping_gathered_parameters_sends_one_all_gather_less():
     link = Link(1e9, 1e-4, "made up")
     links = dict.fromkeys(("allreduce", "allreduce_fp16", "all_gather", "reduce_scatter"), link)
-    resharded, kept = (predict_strategy("fsdp", 0.01, 4e6, 4, links, units=3, reshard_after_forward=flag)
+    resharded, kept = (predict_strategy("fsdp", 0.01, Exchange(4e6, (1e6, 1e6, 2e6), reshard_after_forward=flag), 4,
+                                        links)
                        for flag in (True, False))
     # Two all-gathers and a reduce-scatter against one all-gather and the reduce-scatter.
     assert kept["bytes_sent_per_rank"] == pytest.approx(resharded["bytes_sent_per_rank"] * 2 / 3)

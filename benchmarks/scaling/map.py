@@ -21,9 +21,10 @@ import time
 from pathlib import Path
 
 from benchmarks.scaling.report import profile_of
-from profiling.comm_model import STRATEGIES, predict_strategy
+from profiling.comm_model import STRATEGIES, Exchange, predict_strategy
 from profiling.entry_points import comma_choices, comma_counts, entry_parser
-from profiling.scaling import link_from
+from profiling.scaling import link_from, topology_of
+from profiling.topology import links_at
 from training.config.settings import check_at_least
 from training.entry_point import run_entry_point
 
@@ -67,8 +68,9 @@ def main(argv):
                    ("--threads-per-rank", args.threads_per_rank, 1), ("--steps", args.steps, 1),
                    ("--repeats", args.repeats, 1), ("--rounds", args.rounds, 1),
                    ("--warmup-steps", args.warmup_steps, 0))
-    # What profile_of reads besides these: the steps of each run (no phase pass) and no extra flags.
-    args.phase_steps, args.profiler_args = 0, "--predict-gpus 1,2,4,8"
+    # What profile_of reads besides these: the steps of each run (no phase pass), the world sizes the
+    # 1-process profile also predicts, and no extra flags.
+    args.phase_steps, args.world_sizes, args.profiler_args = 0, [1, 2], ""
     out, started, rounds = Path(args.out), time.perf_counter(), []
     for number in range(1, args.rounds + 1):
         runs, rows = out / "runs" / f"round{number}", []
@@ -96,19 +98,22 @@ def main(argv):
 
 def map_rows(size, baseline, measured, predict_gpus):
     """Rows of one size and batch: the 1-process figure, then for each strategy its measured 2-rank
-    figure and its predictions for every N of predict_gpus, each from `baseline` and the collectives
-    the strategy's 2-rank run measured."""
+    figure and its predictions for every N of predict_gpus, each from `baseline` (its step, host
+    effects and nodes) and the collectives the strategy's 2-rank run measured inside a node; a ring
+    over more ranks than a node holds is paced by the baseline's link between nodes where slower."""
     model, base_timing = baseline["model"], baseline["timing"]
     step_1_s, samples_1 = base_timing["step_time_s"]["mean"], base_timing["samples_per_s"]["mean"]
     common = {"size": size, "parameters": model["parameters"], "batch_size": baseline["config"]["batch_size"]}
     rows = [{**common, "strategy": "one process", "ranks": 1, "measured_samples_per_s": samples_1,
              "measured_speedup": 1.0, "model_state_mb_per_rank": 4 * model["gradient_bytes"] / 2**20}]
-    units = model["fsdp_unit_bytes"]
+    exchange = Exchange(model["gradient_bytes"], tuple(model["fsdp_unit_bytes"]))
     for name, profile in measured.items():
-        links = {kind: link_from(entry) for kind, entry in profile["collective_links"].items()}
+        # The collectives this strategy's ranks measured inside their node; between nodes the baseline's link.
+        inside = {kind: link_from(entry) for kind, entry in profile["collective_links"].items()}
+        topology = topology_of(baseline, inside)
         measured_samples = profile["timing"]["samples_per_s"]["mean"]
         for n in predict_gpus:
-            predicted = predict_strategy(name, step_1_s, model["gradient_bytes"], n, links, len(units), max(units),
+            predicted = predict_strategy(name, step_1_s, exchange, n, links_at(topology, n),
                                          baseline.get("host_effects"))
             row = {**common, "strategy": name, "ranks": n, "predicted_speedup": predicted["speedup"],
                    "predicted_samples_per_s": samples_1 * predicted["speedup"],

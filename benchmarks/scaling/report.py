@@ -1,5 +1,11 @@
 """Run profiler.py for every model x per-GPU batch x world size, then write the scaling table, report and figures.
 
+With --rounds K each configuration's world sizes are profiled K times in turn (A B, B A, ...), each
+round with its own profiles: the tables and figures are the first round's, and the advisor check
+sets every round's measured speedup beside the 1-process profile's own prediction (from its assumed
+links, what the profiler tells a user who ran nothing else) and beside the prediction with the
+N-rank run's measured link.
+
 Run from the repository root: python -m benchmarks.scaling.report
 """
 import itertools
@@ -10,7 +16,7 @@ import time
 from pathlib import Path
 
 from benchmarks.scaling.figures import write_figures
-from benchmarks.scaling.tables import write_csv, write_latex, write_text_report
+from benchmarks.scaling.tables import advisor_check, write_csv, write_latex, write_text_report
 from models import MODELS
 from profiling.entry_points import (
     at_least,
@@ -20,6 +26,7 @@ from profiling.entry_points import (
     env_without_torchrun,
     run_in_repo,
 )
+from profiling.interleave import interleave
 from profiling.report import PROFILE_JSON
 from profiling.scaling import scaling_rows
 from training.config.settings import check_at_least
@@ -45,6 +52,8 @@ def build_parser():
                         help="GPU counts for the extrapolation figure")
     parser.add_argument("--profiler-args", default="",
                         help="more profiler.py flags for every run, as one quoted string, e.g. '--norm group'")
+    parser.add_argument("--rounds", type=at_least(1), default=1,
+                        help="profile each configuration's world sizes this many times, in turn (A B, B A, ...)")
     parser.add_argument("--reuse", action="store_true",
                         help="keep the profile.json of configurations already under <out>/runs")
     return parser
@@ -55,18 +64,30 @@ def main(argv):
     check_at_least(("--batch-sizes", args.batch_sizes, 1), ("--world-sizes", args.world_sizes, 1),
                    ("--threads-per-rank", args.threads_per_rank, 1))
     output_dir = Path(args.out)
-    configurations = list(itertools.product(args.models, args.batch_sizes, args.world_sizes))
-    profiles, started = [], time.perf_counter()
-    for index, (model, batch_size, world_size) in enumerate(configurations, start=1):
-        run_dir = output_dir / "runs" / f"{model}_bs{batch_size}_{world_size}proc"
-        print(f"[{index}/{len(configurations)}] {model}, batch {batch_size}, {world_size} process(es) "
-              f"({time.perf_counter() - started:.0f} s so far)", flush=True)
-        profiles.append(profile_of(args, ["--model", model, "--batch-size", str(batch_size)], world_size, run_dir))
+    configurations = list(itertools.product(args.models, args.batch_sizes))
+    rounds, started = [[] for _ in range(args.rounds)], time.perf_counter()
+
+    def side(model, batch_size, world_size):
+        def profile(round_index):
+            print(f"round {round_index + 1} of {args.rounds}: {model}, batch {batch_size}, {world_size} process(es) "
+                  f"({time.perf_counter() - started:.0f} s so far)", flush=True)
+            run_dir = output_dir / "runs" / f"round{round_index + 1}" / f"{model}_bs{batch_size}_{world_size}proc"
+            return profile_of(args, ["--model", model, "--batch-size", str(batch_size)], world_size, run_dir)
+        return profile
+
+    for model, batch_size in configurations:
+        sides = {n: side(model, batch_size, n) for n in args.world_sizes}
+        for round_index, (results, _) in enumerate(interleave(sides, args.rounds)):
+            rounds[round_index] += [results[n] for n in args.world_sizes]
+    profiles = rounds[0]
     rows = scaling_rows(profiles)
     written = [write_csv(rows, output_dir / "scaling_summary.csv"),
                write_latex(rows, output_dir / "scaling_table.tex"),
                write_text_report(rows, profiles, args, output_dir / "performance_report.txt"),
                *write_figures(rows, profiles, args.predict_gpus, output_dir)]
+    check = advisor_check([scaling_rows(each) for each in rounds])
+    with open(output_dir / "performance_report.txt", "a") as handle:
+        handle.write(check + "\n")
     print((output_dir / "performance_report.txt").read_text())
     print(f"done in {time.perf_counter() - started:.0f} s; wrote " + ", ".join(map(str, written)))
     return 0
@@ -80,6 +101,7 @@ def profile_of(args, configuration, world_size, run_dir, parallel=("--multi-gpu"
     flags = [*configuration, "--device", args.device,
              "--warmup-steps", str(args.warmup_steps), "--steps", str(args.steps), "--repeats", str(args.repeats),
              "--phase-steps", str(args.phase_steps), "--output-dir", str(run_dir),
+             "--predict-gpus", ",".join(map(str, sorted({*args.predict_gpus, *args.world_sizes}))),
              *shlex.split(args.profiler_args)]
     if world_size == 1:
         command = [sys.executable, "profiler.py", *flags]

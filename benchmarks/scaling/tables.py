@@ -3,11 +3,13 @@ import csv
 import math
 import os
 import platform
+import statistics
 from collections import defaultdict
 
-from profiling.assemble import OTHER_CPU_WORRY
 from profiling.report import csv_cell, number
 from profiling.scaling import extrapolate, group_key, link_summary, measured_link, row_key
+from profiling.timing import OTHER_CPU_WORRY
+from profiling.topology import counted, unit_of
 
 LATEX_COLUMNS = (("model", "Model"), ("batch_size", "Batch/GPU"), ("world_size", "Procs"),
                  ("step_time_ms", "Step (ms)"), ("samples_per_s", "Samples/s"), ("compute_to_comm_ratio", "$R$"),
@@ -65,10 +67,12 @@ def _header(profiles, args):
              "Method: weak scaling (per-GPU batch fixed). Speedup = samples/s of N processes / samples/s of one. "
              "T_compute is the same step under DDP no_sync(), T_comm = T_step - T_compute (the communication "
              "left exposed), R = T_compute / T_comm. Predicted step = each rank's step as the 1-process profile "
-             "measured it for N ranks (with N-1 neighbour processes on the same cores where they fit, plus the "
-             "expected wait for the slowest of N, plus DDP's own per-step cost) + ring all-reduce "
-             "2(N-1)/N x gradient bytes / bandwidth + 2(N-1) x latency, with bandwidth and latency fitted to the "
-             "all-reduce benchmark of the N-process run; no overlap of all-reduce and backward is assumed.",
+             "measured it for N ranks (slowed by the neighbour processes of its node, a full node's where N "
+             "fills several, plus the expected wait for the slowest of N, plus DDP's own per-step cost) + ring "
+             "all-reduce 2(N-1)/N x gradient bytes / bandwidth + 2(N-1) x latency, over the slowest link the ring "
+             "crosses: inside a node fitted to the all-reduce benchmark of the N-process run, between nodes the "
+             "1-process profile's; no overlap of all-reduce and backward is assumed. The 1-process profile's own "
+             "prediction (its links assumed) is set beside the measurement at the end.",
              "Epoch time = optimizer steps in one epoch of the whole training split x mean step time."]
     if device == "cpu":
         lines.append(f"CPU: every run had OMP_NUM_THREADS={args.threads_per_rank}, so N processes use N times "
@@ -97,14 +101,53 @@ def _section(key, by_world, rows, predict_gpus):
         link = measured_link(profile)
         if baseline and link:
             more = [p for p in extrapolate(baseline, link, predict_gpus) if p["world_size"] > 1]
-            lines.append(f"  extrapolated with {link_summary(profile)}: " + ", ".join(
-                f"{p['world_size']} GPUs {p['speedup']:.2f}x ({p['efficiency']:.0%})" for p in more))
+            unit = unit_of(profile["config"]["device"])
+            lines.append(f"  predicted with {link_summary(profile)} inside a node: " + ", ".join(
+                f"{counted(p['world_size'], unit)} {p['speedup']:.2f}x ({p['efficiency']:.0%})" for p in more))
         lines.append(f"  recommendations (from the {row['world_size']}-process profile, with its own T_compute "
                      f"{row['compute_ms']:.2f} ms):")
         lines += [f"    - {item['text']}" for item in profile["recommendations"]]
     if baseline is None:
         lines.append("  no 1-process profile: no speedup to report")
     return lines + [""]
+
+
+def advisor_check(rounds_rows):
+    """Each round's measured speedup at every N > 1 beside the 1-process profile's own prediction (its
+    assumed links: what the profiler advises from one process) and the prediction with the N-rank
+    run's measured link; the median and range of each error over the rounds."""
+    by_key = defaultdict(list)
+    for rows in rounds_rows:
+        for row in rows:
+            if row["world_size"] > 1 and row["measured_speedup"] is not None:
+                by_key[(row_key(row), row["world_size"])].append(row)
+    lines = [f"== Measured against predicted speedup, {len(rounds_rows)} round(s) =="]
+    for (key, n), rows in sorted(by_key.items()):
+        line = (f"  {key[0]}, batch {key[1]}, {n} processes: measured "
+                + ", ".join(f"{row['measured_speedup']:.2f}x" for row in rows)
+                + " (other processes kept " + ", ".join(_cores(row["other_cores"]) for row in rows) + " cores busy)")
+        for column, what in (("advised", "predicted by the 1-process profile alone"),
+                             ("predicted", "predicted with the measured link")):
+            pairs = [(row[f"{column}_speedup"], row[f"{column}_speedup"] / row["measured_speedup"] - 1)
+                     for row in rows if row[f"{column}_speedup"] is not None]
+            if pairs:
+                line += (f"; {what} " + ", ".join(f"{speedup:.2f}x" for speedup, _ in pairs) +
+                         f", error {_spread([error for _, error in pairs])}")
+        quiet = [row["advised_speedup"] / row["measured_speedup"] - 1 for row in rows
+                 if row["advised_speedup"] is not None and row["other_cores"] is not None
+                 and row["other_cores"] <= OTHER_CPU_WORRY]
+        if quiet:
+            line += f"; in the {len(quiet)} round(s) no other process disturbed, the 1-process error {_spread(quiet)}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _spread(errors):
+    return f"median {statistics.median(errors):+.1%} ({min(errors):+.1%} to {max(errors):+.1%})"
+
+
+def _cores(cores):
+    return "?" if cores is None else f"{cores:.1f}"
 
 
 def _comparison(row):
