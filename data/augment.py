@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from data.description import named_triples
+from data.layout import named_triples
 
 AUGMENTATIONS = ("rotate", "flip", "scale", "jitter", "shift")
 

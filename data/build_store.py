@@ -17,7 +17,7 @@ SRC is one of:
 
 Window labels (recordings): a window takes the label most of its samples carry; windows whose
 most common label is an --unlabelled value are left out.
---description FILE (data/description.py) says the channels, rate, window, classes with their label
+--description FILE (data/layout.py) says the channels, rate, window, classes with their label
 values and the unlabelled values in one JSON file, in place of those flags; the manifest keeps it.
 Each subject's windows (or each recording's, in a job named after its file) go into shards of
 their own, written by --workers processes in parallel. Each finished job leaves a record beside
@@ -40,10 +40,10 @@ import numpy as np
 
 from data import uci_har
 from data.declared import MAX_WINDOW_STEPS, MIN_WINDOW_STEPS, RESERVED_CHANNELS, rate_problem
-from data.description import read_description
 from data.errors import DataError, exit_from_command
 from data.labelled_recordings import RecordingCut, recording_windows
 from data.labels import class_indexes, classes_from_flags, whole_numbers
+from data.layout import read_description
 from data.provenance import array_identity, check, file_identity, make_record, read_json, write_record
 from data.sources import SOURCES, Source
 from data.store import PARTS, SHARD_DIR, VERSION, finish_store, shard_paths, write_atomic
@@ -155,7 +155,7 @@ def parse(argv):
                         help="recordings, or an .npz without 'split': comma-separated subjects for the test split "
                              "(default: a fifth held out)")
     parser.add_argument("--description", default=None,
-                        help="a JSON file describing the data (data/description.py: channels, rate, window, classes "
+                        help="a JSON file describing the data (data/layout.py: channels, rate, window, classes "
                              "and their label values, values meaning no class) in place of the flags below; a flag "
                              "given beside it must agree with it")
     parser.add_argument("--preprocessing", choices=("uci-har", "raw"), default=None, help="default uci-har")

@@ -39,7 +39,7 @@ class NpzWindows:
 
 def load_npz_windows(path, description=None):
     """Read `path` and check every array; each problem is one DataError line naming the file. With a
-    data.description.Description, labels are its classes' values, and what the file says of its
+    data.layout.Description, labels are its classes' values, and what the file says of its
     channels, rate and window length must agree with it (what it leaves unsaid, the description says)."""
     path = Path(path)
     if not path.is_file():

@@ -5,8 +5,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from data import uci_har
-from data.description import named_triples
 from data.errors import DataError
+from data.layout import named_triples
 from data.store import StoreSplit
 
 CHANNEL_MODES = ("flatten", "average", "first")
@@ -52,7 +52,7 @@ class HarData:
     # What the same data was known as under earlier versions' rules (an .npz's file bytes), which a
     # checkpoint written then recorded.
     former_identities: tuple = ()
-    described: object = None  # the data.description.Description the data was read with (a store's, or --description)
+    described: object = None  # the data.layout.Description the data was read with (a store's, or --description)
     # (shortest, longest) steps of windows of unequal lengths, padded at their end with NaN (an .npz's);
     # None: every window fills its steps.
     own_lengths: tuple = None

@@ -8,8 +8,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from data.description import description_of
 from data.errors import not_a_file
+from data.layout import description_of
 from inference.checkpoint_checks import check_declared_shapes, check_members, checked_model
 from inference.ensemble import ProbabilityAverage
 from training.checkpoint.files import load_checkpoint
@@ -53,7 +53,7 @@ class ModelBundle:
     config: RunConfig  # the run's settings, rebuilt from the checkpoint (today's defaults for newer ones)
     path: str
     members: int = 1  # models whose probabilities are averaged: more than one for a fold ensemble
-    described: object = None  # the data.description.Description its data was read with, or None
+    described: object = None  # the data.layout.Description its data was read with, or None
     padded: bool = False  # its model reads windows padded at their end with NaN, each over its own steps
 
     def describe(self):

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from data.description import read_description
 from data.labels import classes_from_flags
+from data.layout import read_description
 from data.preprocess import window_starts
 from data.store import write_atomic
 from data.uci_har import CLASS_NAMES
@@ -152,7 +152,7 @@ def main(argv):
     parser.add_argument("--recordings", required=True,
                         help="an .npz with uSS_sK_label keys (labels 1..6 UCI HAR's activities unless --class-labels)")
     parser.add_argument("--description", default=None,
-                        help="a dataset description (data/description.py): its classes, their label values, its "
+                        help="a dataset description (data/layout.py): its classes, their label values, its "
                              "window and stride, in place of the flags below")
     parser.add_argument("--class-names", default=None,
                         help="the classes, in the checkpoint's order (default UCI HAR's six)")

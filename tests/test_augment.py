@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from data.augment import AugmentConfig, BatchAugmenter, parse_kinds, random_rotations
-from data.description import named_triples
+from data.layout import named_triples
 from data.splits import channel_names
 from data.uci_har import CLASS_NAMES
 from models import build_model

@@ -1,4 +1,4 @@
-"""A dataset description (data/description.py) read by --dataset npz, the store's converter, training
+"""A dataset description (data/layout.py) read by --dataset npz, the store's converter, training
 and predict.py: each field checked as it is read, data that contradicts it refused naming the field."""
 import json
 import re
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from conftest import run_in_process
-from data.description import read_description
 from data.errors import DataError
+from data.layout import read_description
 from data.npz_windows import load_npz_windows
 from data.sources import load_har_data
 from data.store import WindowStore

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from data.description import read_description
+from data.layout import read_description
 from data.npz_windows import load_npz_windows
 from data.recordings import read_recording
 from data.uci_har import CLASS_NAMES

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from data.description import read_description
 from data.errors import DataError
+from data.layout import read_description
 from data.npz_windows import load_npz_windows
 from data.provenance import array_identity, file_sha256
 from data.sources.base import Source

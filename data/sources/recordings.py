@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 
 from data import uci_har
-from data.description import read_description
 from data.errors import DataError, not_a_file
 from data.labelled_recordings import RecordingCut, recording_windows
+from data.layout import read_description
 from data.preprocess import available_channels
 from data.provenance import array_identity
 from data.recordings import read_recording

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data.description import description_of
+from data.layout import description_of
 from data.provenance import array_identity, file_sha256
 from data.sources.base import Source
 from data.splits import HarData, hold_out, validation_words

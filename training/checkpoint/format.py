@@ -43,7 +43,7 @@ class DataLayout:
     sample_rate_hz: float = None  # NaN: windows of no stated rate (an .npz without one)
     window_steps: int = None
     preprocessing: str = None  # see data/preprocess.py
-    description: dict = None  # data/description.py's, as JSON; None for data read without one
+    description: dict = None  # data/layout.py's, as JSON; None for data read without one
 
     @classmethod
     def of_data(cls, data):

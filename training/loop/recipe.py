@@ -6,7 +6,7 @@ import dataclasses
 import torch
 
 from data.augment import BatchAugmenter, class_mask
-from data.description import named_triples
+from data.layout import named_triples
 from training.config.settings import DEFAULT_FLIP_CLASSES, DEFAULT_ROTATE_WIDE_CLASSES
 from training.errors import UsageError
 
