@@ -4,8 +4,9 @@ import math
 from profiling.entry_points import comma_counts
 from profiling.report import DEFAULT_ROOT
 from profiling.topology import DEFAULT_LINKS, INTER_NODE, INTRA_NODE, LINK_PRESETS, plan_flag
+from training.config.checks import check_at_least
 from training.config.cli import build_parser, parse_with_config
-from training.config.settings import SHARDED_OR_DDP, RunConfig, check_at_least
+from training.config.settings import SHARDED_OR_DDP, RunConfig
 from training.distributed.strategy import distributed_env
 from training.errors import UsageError
 from training.output_folders import check_folder_can_be_made

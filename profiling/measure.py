@@ -16,10 +16,10 @@ from profiling.run_time import measure_run_parts
 from profiling.timing import HostCpuMeter, LapTimer, StepClock, barrier, gather_per_rank, reduce_over_ranks
 from profiling.topology import resolve_plan
 from profiling.workload import build_workload, optimizer_step
+from training.assembly import replicates_the_head
 from training.distributed.strategy import make_strategy
 from training.loop.epochs import threads_for_the_step
 from training.reporting.logger import GIB, read_memory, reset_peaks
-from training.trainer import replicates_the_head
 
 
 class PerformanceProfiler:
@@ -103,7 +103,7 @@ def measured_run(work, steps):
 def replica_steps_s(work, world_sizes, steps):
     """{N: seconds of one optimizer step on N batches at once} for each N > 1 of world_sizes, where a
     DDP run of these flags would train replicas of its head, each rank stepping the whole global
-    batch (training.trainer.replicates_the_head); None elsewhere, or when the profile has 2+ ranks
+    batch (training.assembly.replicates_the_head); None elsewhere, or when the profile has 2+ ranks
     (its step is already theirs)."""
     if work.strategy.world_size > 1 or work.pool is None or not replicates_the_head(work.trainer.config, "adamw"):
         return None

@@ -9,12 +9,13 @@ import time
 from dataclasses import dataclass
 
 from profiling.run_time import epoch_steps
+from training.assembly import head_fit_of
 from training.distributed.fsdp import sharded_units
 from training.errors import UsageError
 from training.loop.step import NO_TIMER
 from training.loop.tally import EpochTally
 from training.run_inputs import read_run_inputs
-from training.trainer import Trainer, head_fit_of
+from training.trainer import Trainer
 
 RECIPE_OFF = {"augment": "none", "ema_decay": 0.0, "label_smoothing": 0.0}
 

@@ -45,8 +45,8 @@ from data.errors import DataError
 from data.provenance import check, file_identity, make_record, read_record, write_record
 from data.sources import load_har_data
 from profiling.entry_points import REPO, entry_parser
+from training.config.checks import check_at_least
 from training.config.cli import parse_config
-from training.config.settings import check_at_least
 from training.entry_point import run_entry_point
 from training.errors import UsageError
 

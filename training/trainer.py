@@ -2,59 +2,58 @@
 
 One batch from the command line to the checkpoint: main.py parses a RunConfig and calls train().
 Trainer.build normalises the data read before it (run_inputs.py), builds the model and lets the
-strategy wrap it, makes the loaders, restores the checkpoint's parts and builds the TrainStep.
+strategy wrap it, makes the loaders (those parts: assembly.py), restores the checkpoint's parts and
+builds the TrainStep.
 loop/epochs.py's fit() runs each epoch's pass (train_epoch), where every micro-batch goes through
 TrainStep.accumulate and every accumulation window ends in TrainStep.update (loop/step.py); between
 steps the ranks check in (loop/stop_protocol.py); at the epoch's end it validates, and the
 CheckpointManager (checkpoint/manager.py) writes the train state and every part to last.pt. When
 training is done, reporting/final_report.py writes the run's reports.
 """
-import dataclasses
 import signal
 import threading
-import time
 from dataclasses import dataclass
 
 import torch
 
-from data.loaders import split_loaders
-from data.splits import HarData, Split, fit_normalization, normalize
+from data.splits import HarData, Split
 from evaluation.figures import write_run_figures
-from models import MODELS, count_parameters, feature_views_of, label_smoothing_of, resolve_size, training_bytes
+from models import label_smoothing_of
+from training.assembly import (
+    build_loaders,
+    build_run_model,
+    head_fit_and_augmenter,
+    normalize_data,
+    peak_lr_of,
+    position_schedule,
+    replicates_under_ddp,
+    training_batches,
+)
 from training.checkpoint import files as ckpt
 from training.checkpoint.earlier_run import continues_its_folder, earlier_run_files, move_aside
 from training.checkpoint.format import PER_GPU_RULE_KEY, SavedRun, run_metadata
 from training.checkpoint.manager import CheckpointManager, restore_parts
 from training.checkpoint.train_state import RandomStreams, TrainState
 from training.config.cli import write_resolved_config
-from training.config.settings import DEFAULT_LR, RunConfig
+from training.config.settings import RunConfig
 from training.distributed.lost_rank import explain_lost_rank
-from training.distributed.strategy import Strategy, check_parallel_args, free_bytes, make_strategy
-from training.errors import EXIT_PREEMPTED, RankLost, TrainingDiverged, UsageError
+from training.distributed.strategy import Strategy, check_parallel_args, make_strategy
+from training.errors import EXIT_PREEMPTED, RankLost, TrainingDiverged
 from training.loop.epochs import fit
 from training.loop.evaluation import gather_predictions
-from training.loop.recipe import build_augmenter, build_weight_average
-from training.loop.ridge_head import NothingToStep, fit_head_by_ridge, resolve_head_fit
+from training.loop.ridge_head import NothingToStep, fit_head_by_ridge
 from training.loop.step import (
     Precision,
     TrainStep,
     build_adamw,
-    build_scheduler,
-    compile_for_training,
     global_batch_size,
-    lr_line,
-    scaled_lr,
-    scaling_warning,
     skipped_steps,
-    steps_per_epoch,
 )
 from training.loop.step_graph import records_step_graph
-from training.pool.build import PoolPlan, build_feature_pool, feature_store_root, wants_feature_pool
 from training.reporting.final_report import report_best_weights
-from training.reporting.logger import GIB, INPUTS_LAP, SET_UP_LAP, PhaseClock, RunLogger
+from training.reporting.logger import INPUTS_LAP, SET_UP_LAP, PhaseClock, RunLogger
 from training.run_inputs import read_run_inputs
 
-EVAL_BATCH_MIN = 256
 # Stop requests from the outside: SLURM and torchrun send SIGTERM/SIGUSR1 before they kill a job.
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGUSR1") if hasattr(signal, name))
 
@@ -166,16 +165,16 @@ class Trainer:
         log = RunLogger(save_dir, strategy.is_main and not quiet)
         for warning in warnings:
             log.warn(warning)
-        data, normalization = _normalize_data(data, checkpoint, log)
-        head_fit, augment = _head_fit_and_augmenter(config, data, normalization, strategy, log)
-        replicated = _replicates_the_head(config, strategy, head_fit, log)
-        model, train_model, precision, ema = _build_model(config, data, strategy, log, checkpoint)
+        data, normalization = normalize_data(data, checkpoint, log)
+        head_fit, augment = head_fit_and_augmenter(config, data, normalization, strategy, log)
+        replicated = replicates_under_ddp(config, strategy, head_fit, log)
+        model, train_model, precision, ema = build_run_model(config, data, strategy, log, checkpoint)
         global_batch = global_batch_size(optim.batch_size, strategy.data_parallel_size, optim.grad_accum_steps)
-        batch_ranks, loader_batch = _training_batches(optim.batch_size, strategy, replicated)
-        loaders, augment, pool_figures, pool = _build_loaders(config, data, model, augment, loader_batch, strategy,
-                                                              log, replicated)
+        batch_ranks, loader_batch = training_batches(optim.batch_size, strategy, replicated)
+        loaders, augment, pool_figures, pool = build_loaders(config, data, model, augment, loader_batch, strategy,
+                                                             log, replicated)
 
-        peak_lr, per_gpu_rule = _peak_lr(optim, checkpoint, strategy.data_parallel_size, head_fit, log)
+        peak_lr, per_gpu_rule = peak_lr_of(optim, checkpoint, strategy.data_parallel_size, head_fit, log)
         record_graph = records_step_graph(config.hardware.cuda_graphs, model, strategy, precision,
                                           config.optim.grad_accum_steps, config.hardware.compile, log.warn)
         optimizer = NothingToStep() if head_fit == "ridge" else build_adamw(model, peak_lr, optim.weight_decay,
@@ -190,7 +189,7 @@ class Trainer:
                                                           len(data.train), config.parallel.grad_compression, log)
         strategy.check_same_on_all_ranks(state.step, "the optimizer steps already taken")
 
-        scheduler = optimizer if head_fit == "ridge" else _position_schedule(
+        scheduler = optimizer if head_fit == "ridge" else position_schedule(
             optimizer, optim, len(loaders["train"]), state, global_batch, log)
         smoothing = label_smoothing_of(config.model.name, config.recipe.label_smoothing)
         step = TrainStep(model=train_model, parameters=[p for p in model.parameters() if p.requires_grad],
@@ -286,182 +285,6 @@ def _first_save(config, strategy, resume_from, checkpoint, log):
         settings = config if trained or saved_flags is None else RunConfig.from_flags({**config.flags(), **saved_flags})
         write_resolved_config(settings, save_dir)
     return first_save
-
-
-def _normalize_data(data, checkpoint, log):
-    """The splits, normalised with the training split's statistics (a resumed run keeps its own)."""
-    log.info(data.description)
-    if checkpoint is not None:  # held against this run by run_inputs.py (checkpoint/judge.py)
-        saved = SavedRun.of(checkpoint).normalization
-        mean, std = saved["mean"].numpy(), saved["std"].numpy()
-    elif data.normalization is not None:
-        mean, std = data.normalization  # a store's, gathered when it was built: no pass over the data here
-    else:
-        mean, std = fit_normalization(data.train.signals, data.padded)
-    data = dataclasses.replace(data, **{name: normalize(getattr(data, name), mean, std)
-                                        for name in ("train", "val", "test")})
-    return data, {"mean": torch.from_numpy(mean), "std": torch.from_numpy(std)}
-
-
-def head_fit_of(config, train_windows, strategy):
-    """How a run of `config` fits its head: 'ridge' or 'adamw', --head-fit resolved for a training split
-    of `train_windows` (the profiler asks too: it times steps, which a head solved by ridge never takes)."""
-    return resolve_head_fit(config.optim.head_fit, MODELS[config.model.name],
-                            feature_views_of(config.model.name, config.recipe.feature_views) > 0, train_windows,
-                            strategy)
-
-
-def _head_fit_and_augmenter(config, data, normalization, strategy, log):
-    """How the head is fitted ('ridge' or 'adamw', --head-fit resolved for this data) and the batch
-    augmenter: none for a head solved by ridge, which sees the windows as they are in one view."""
-    head_fit = head_fit_of(config, len(data.train), strategy)
-    if head_fit == "ridge":
-        return head_fit, None
-    return head_fit, build_augmenter(config.recipe, normalization, data.channel_names, data.class_names,
-                                     strategy.device, log.warn, data.sensor_triples(), data.padded)
-
-
-def replicates_the_head(config, head_fit):
-    """Whether DDP's ranks would train replicas of this run's model, each stepping the whole global
-    batch (--pool-head replicated): a head trained by steps over a feature pool, which every rank
-    holds whole."""
-    model_class, views = MODELS[config.model.name], feature_views_of(config.model.name, config.recipe.feature_views)
-    return config.parallel.pool_head == "replicated" and head_fit == "adamw" and wants_feature_pool(model_class, views)
-
-
-def _replicates_the_head(config, strategy, head_fit, log):
-    """replicates_the_head under DDP on 2+ ranks; tells the strategy before it wraps the model."""
-    if not (strategy.name == "ddp" and strategy.world_size > 1 and replicates_the_head(config, head_fit)):
-        return False
-    strategy.replicate_model()
-    if config.parallel.grad_compression != "none":
-        log.warn(f"--grad-compression {config.parallel.grad_compression} compresses nothing here: the head's "
-                 "replicas exchange no gradients (--pool-head ddp all-reduces them)")
-    return True
-
-
-def _training_batches(batch_size, strategy, replicated):
-    """(the ranks a training batch is dealt over, the samples each process loads per micro-batch).
-    DataParallel splits one loader batch over its GPUs; DDP ranks each load their own share of the
-    global batch, or all of it when each steps it (a replicated head)."""
-    batch_ranks = 1 if replicated else strategy.world_size
-    return batch_ranks, batch_size * strategy.data_parallel_size // batch_ranks
-
-
-def _build_loaders(config, data, model, augment, loader_batch, strategy, log, replicated=False):
-    """The splits' loaders, over a feature pool where the model's features are fixed, the augmenter
-    the step applies (None when the pool's views carry the augmentation), the pool's build figures
-    (None without a pool), and the splits the loaders read (the pool's, or the windows).
-    `replicated`: every rank draws the whole training batches (a replicated head)."""
-    optim = config.optim
-    splits, train_views, figures = {"train": data.train, "val": data.val, "test": data.test}, 1, None
-    views = feature_views_of(config.model.name, config.recipe.feature_views)
-    if wants_feature_pool(model, views):
-        # Epoch e trains on view e mod V, so a run of fewer epochs than views never reaches the
-        # last ones: they are not built.
-        views = min(views, optim.epochs)
-        figures = {}
-        plan = PoolPlan(views=views, augment=augment, seed=optim.seed,
-                        store_root=feature_store_root(config.save_dir, splits))
-        splits, train_views = build_feature_pool(model, splits, plan, strategy, log, figures)
-        augment = None
-    # On a CPU a pool on disk reaches the step as features, turned from counts by the store's reader
-    # thread: the step's first operation, done beside it (about an eighth of a step, docs/performance.md).
-    # A GPU takes the counts, a quarter of the features' bytes, and turns them itself in microseconds.
-    convert = model.from_counts if figures is not None and strategy.device.type == "cpu" else None
-    loaders, data_path = split_loaders(splits, loader_batch, max(EVAL_BATCH_MIN, loader_batch), strategy.device,
-                                       strategy.world_size, strategy.rank, optim.seed, config.hardware.data_path,
-                                       config.hardware.num_workers, train_views, whole_training_batches=replicated,
-                                       convert=convert)
-    log.info(f"data path: {data_path}")
-    return loaders, augment, figures, splits
-
-
-def _build_model(config, data, strategy, log, checkpoint=None):
-    """The bare model (what checkpoints hold), the same wrapped and maybe compiled (what the step
-    calls), the run's precision, and the weight average (None when off), copied before the strategy
-    lays the model out and then laid out the same way. A model fitted to data takes a resumed run's
-    fitted parts from its `checkpoint`."""
-    settings, sizes = config.model, config.model.size()
-    _, channels, window_steps = data.train.signals.shape
-    # Sizes whose model cannot fit are refused before anything that size is allocated.
-    need = training_bytes(settings.name, channels, len(data.class_names), window_steps=window_steps, **sizes)
-    free = free_bytes(strategy.device)
-    if free is not None and need > free:
-        given = "".join(f" --{knob} {value}" for knob, value in sizes.items() if value is not None)
-        raise UsageError(f"--model {settings.name}{given} needs about {need / GIB:,.1f} GiB to train "
-                         f"(weights, gradients and AdamW's state) and {strategy.device} has {free / GIB:,.1f} GiB "
-                         "free; use smaller size flags")
-    torch.manual_seed(config.optim.seed)  # identical initial weights on every rank
-    # Built and fitted on the host, then moved: a fit is a few hundred small operations on 512 windows
-    # (0.2 s on the host against 1.2 to 3.9 s on an H200, which tuned a convolution per dilation first).
-    model = settings.build(channels, len(data.class_names), window_steps)
-    if model.FITS_TO_DATA and checkpoint is not None:
-        # A resumed run's own fixed parts, before anything is computed from them (the feature pool):
-        # fitted again, they would differ wherever this run's training windows differ from its.
-        saved = SavedRun.of(checkpoint).weights
-        model.load_state_dict({name: saved[name] for name, _ in model.named_buffers() if name in saved}, strict=False)
-        log.info(f"took {settings.name}'s fixed parts from the checkpoint")
-    elif model.FITS_TO_DATA:
-        # Fixed parts that depend on the data (MiniRocket's biases), set once from the training
-        # windows (in memory or a store's), before the weight average copies the model.
-        started = time.perf_counter()
-        model.fit(data.train.signals, padded=data.padded)
-        log.info(f"fitted {settings.name}'s fixed parts to the training windows in "
-                 f"{time.perf_counter() - started:.1f} s")
-    model = model.to(strategy.device)
-    gradient_mb = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad) / 2**20
-    size = ", ".join(f"{knob} {value}" for knob, value in resolve_size(settings.name, **sizes).items())
-    ema = build_weight_average(config.recipe, model)
-    precision = Precision(strategy.device, config.optim.amp, config.optim.amp_dtype)
-    train_model = compile_for_training(strategy.wrap(model, precision), config.hardware)
-    if ema is not None:
-        strategy.shard_like(ema.module)
-        ema.weights = strategy.module_state(ema.module)
-    log.info(f"run: {strategy.describe()} | model {config.model.name} ({size}): {count_parameters(model):,} "
-             f"parameters, {gradient_mb:.2f} MB of gradients per step | {precision.describe()}"
-             f"{' | deterministic algorithms' if config.hardware.deterministic else ''}")
-    return model, train_model, precision, ema
-
-
-def _position_schedule(optimizer, optim, micro_batches_per_epoch, state, global_batch, log):
-    """Warmup then cosine, a pure function of the step, positioned from the train state: a resumed run
-    that changed the global batch re-lays it in its own steps, said in the log."""
-    steps_each_epoch = steps_per_epoch(micro_batches_per_epoch, optim.grad_accum_steps)
-    total_steps = steps_each_epoch * optim.epochs
-    warmup_steps = round(optim.planned_warmup_epochs * steps_each_epoch)
-    log.info(f"lr schedule: warmup {warmup_steps} of {total_steps} steps ({steps_each_epoch} per epoch), then "
-             "cosine to 0")
-    return build_scheduler(optimizer, warmup_steps, total_steps, state.schedule_step(steps_each_epoch, global_batch))
-
-
-# A run begun before --lr-reference-batch keeps scaling its LR against its per-GPU batch to its end
-# (its checkpoints say so under PER_GPU_RULE_KEY), so no running schedule changes.
-PER_GPU_RULE_NOTE = (" (this run began before --lr-reference-batch: its LR keeps scaling against its per-GPU batch, "
-                     "as it did then)")
-
-
-def _peak_lr(optim, checkpoint, replicas, head_fit, log):
-    """(the peak LR, whether it follows the per-GPU rule of a run begun before the reference batch), with
-    its arithmetic in the log (and a warning far above the default's); a head solved by ridge has none."""
-    reference_batch, per_gpu_rule = _lr_reference_batch(optim, checkpoint)
-    split = (optim.batch_size, replicas, optim.grad_accum_steps)
-    global_batch = global_batch_size(*split)
-    peak_lr = scaled_lr(optim.lr, optim.lr_scaling, global_batch, reference_batch)
-    lr_warning = scaling_warning(optim.lr, optim.lr_scaling, global_batch, reference_batch, DEFAULT_LR)
-    if lr_warning:
-        log.warn(lr_warning)
-    if head_fit != "ridge":
-        log.info("lr: " + lr_line(optim.lr, optim.lr_scaling, reference_batch, peak_lr, split)
-                 + (PER_GPU_RULE_NOTE if per_gpu_rule else ""))
-    return peak_lr, per_gpu_rule
-
-
-def _lr_reference_batch(optim, checkpoint):
-    """(the global batch --lr is meant for, whether that is the per-GPU batch of a run begun before the
-    reference batch existed)."""
-    per_gpu_rule = checkpoint is not None and SavedRun(checkpoint).lr_scales_by_per_gpu_batch()
-    return (optim.batch_size if per_gpu_rule else optim.lr_reference_batch), per_gpu_rule
 
 
 def _resume(checkpoint, path, state, parts, layout, global_batch, train_windows, grad_compression, log):

@@ -19,7 +19,7 @@ import torch
 from models import build_model
 from models.minirocket import triton_installed
 from profiling.entry_points import at_least, comma_counts, entry_parser, json_file, write_json
-from training.config.settings import check_at_least
+from training.config.checks import check_at_least
 from training.entry_point import run_entry_point
 
 FUSED = "fused kernel"

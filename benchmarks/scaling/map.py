@@ -25,7 +25,7 @@ from profiling.comm_model import STRATEGIES, Exchange, predict_strategy
 from profiling.entry_points import comma_choices, comma_counts, entry_parser
 from profiling.scaling import link_from, topology_of
 from profiling.topology import links_at
-from training.config.settings import check_at_least
+from training.config.checks import check_at_least
 from training.entry_point import run_entry_point
 
 # Transformer sizes from the default (~0.09M parameters) past 10M; the 3M one is the studies' second

@@ -29,7 +29,7 @@ from profiling.entry_points import (
 from profiling.interleave import interleave
 from profiling.report import PROFILE_JSON
 from profiling.scaling import scaling_rows
-from training.config.settings import check_at_least
+from training.config.checks import check_at_least
 from training.entry_point import run_entry_point
 
 
