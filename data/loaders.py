@@ -7,6 +7,8 @@ import ctypes.util
 import math
 import queue
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -258,31 +260,47 @@ def make_loader(split, batch_size, sampler, num_workers=0, pin_memory=False, con
                       drop_last=False, generator=torch.Generator(), **workers)
 
 
-def split_loaders(splits, train_batch, eval_batch, device, world_size, rank, seed, data_path="auto", num_workers=0,
-                  train_views=1, whole_training_batches=False, convert=None):
-    """This rank's batches of each split (name -> split): cut on the device when --data-path keeps
-    the splits there, else from a DataLoader (a window store's, streamed from disk, always).
-    Training shuffles and pads so ranks step together; evaluation does neither. `train_views`: the
-    training split holds that many views of its windows, one per epoch in turn.
-    `whole_training_batches`: every rank draws the whole training order, as one process would (a
-    replicated model). `convert`: what a store's reader thread applies to the signals it reads.
-    Returns (loaders, a line saying which path the batches take)."""
+@dataclass(frozen=True)
+class LoaderRequest:
+    """What one rank asks of its splits' loaders: the batch sizes, where the batches go and which share
+    of each epoch's order is this rank's, and how the windows are read."""
+    train_batch: int  # samples per training batch this process loads
+    eval_batch: int  # samples per validation or test batch
+    device: torch.device  # where the step reads the batches (and where --data-path device keeps the splits)
+    world_size: int = 1  # the ranks each epoch's order is dealt over
+    rank: int = 0  # this process's share of it
+    seed: int = 0  # the training order's: epoch e shuffles with seed + e
+    data_path: str = "auto"  # --data-path: auto, device or dataloader
+    num_workers: int = 0  # DataLoader worker processes (0: none, or a store's reader thread)
+    train_views: int = 1  # the training split holds this many views of its windows, one per epoch in turn
+    whole_training_batches: bool = False  # every rank draws the whole training order, as one process would
+    convert: Callable | None = None  # what a store's reader thread applies to the signals it reads
+
+
+def split_loaders(splits, request):
+    """This rank's batches of each split (name -> split), as `request` (a LoaderRequest) asks: cut on
+    the device when --data-path keeps the splits there, else from a DataLoader (a window store's,
+    streamed from disk, always). Training shuffles and pads so ranks step together; evaluation does
+    neither; whole training batches are a replicated model's. Returns (loaders, a line saying which
+    path the batches take)."""
+    num_workers, device = request.num_workers, request.device
     streaming = any(not isinstance(split.signals, np.ndarray) for split in splits.values())  # read from disk
-    on_device = not streaming and keep_on_device(data_path, num_workers, device, split_bytes(*splits.values()))
+    on_device = not streaming and keep_on_device(request.data_path, num_workers, device,
+                                                 split_bytes(*splits.values()))
     loaders = {}
     for name, split in splits.items():
         training = name == "train"
         kind = BlockShuffledSampler if streaming and training else ShardedSampler
-        views = train_views if training else 1
-        ranks = (1, 0) if training and whole_training_batches else (world_size, rank)
-        sampler = kind(len(split) // views, *ranks, shuffle=training, seed=seed, pad=training, views=views)
-        batch = train_batch if training else eval_batch
+        views = request.train_views if training else 1
+        ranks = (1, 0) if training and request.whole_training_batches else (request.world_size, request.rank)
+        sampler = kind(len(split) // views, *ranks, shuffle=training, seed=request.seed, pad=training, views=views)
+        batch = request.train_batch if training else request.eval_batch
         loaders[name] = (DeviceResidentLoader(split, batch, sampler, device) if on_device else
                          make_loader(split, batch, sampler, num_workers, pin_memory=device.type == "cuda",
-                                     convert=convert))
+                                     convert=request.convert))
     if streaming:
         reader = f"{num_workers} DataLoader worker(s)" if num_workers else "a reader thread"
-        converts = ", which turns the counts into features" if convert is not None and not num_workers else ""
+        converts = ", which turns the counts into features" if request.convert is not None and not num_workers else ""
         return loaders, (f"streamed from the store by {reader}{converts}, blocks of {STREAM_BLOCK} windows in a "
                          "shuffled order")
     if on_device:

@@ -4,7 +4,10 @@ from torch import nn
 
 
 class HARModel(nn.Module):
-    """Windows [B, C, T] in, logits [B, classes] out. A model overrides what differs from here."""
+    """Windows [B, C, T] in, logits [B, classes] out. A model overrides what differs from here.
+
+    models.build_model calls every constructor alike: (in_channels, num_classes, dropout=, norm=, window_steps=
+    where TAKES_WINDOW_STEPS, and the size keywords resolve_size returns)."""
     SIZES = ()  # the size flags it takes (of models.SIZE_KNOBS), passed to resolve_size as keywords
     DROPOUT = 0.1  # when --dropout is not given
     LABEL_SMOOTHING = 0.1  # when --label-smoothing is not given

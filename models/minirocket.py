@@ -238,7 +238,7 @@ class MiniRocket(HARModel):
             return self._counts(x, None, lengths)
         if fused and x.device.type == "cuda" and triton_installed():
             from models.minirocket_fused import fused_counts  # triton's import is paid only where it runs
-            return fused_counts(x, self.weights, self.biases, self.dilations, self.paddings, shared_sums=shared_sums)
+            return fused_counts(x, self, shared_sums=shared_sums)
         if not len(x):
             return self._counts(x, None, lengths)
         chunk = self._chunk_counts if one_bias_at_a_time else self._all_biases_counts

@@ -85,14 +85,15 @@ def _ppv_shared_sums_kernel(x_ptr, sums_ptr, twos_ptr, used_ptr, biases_ptr, out
                   biases_per_kernel)
 
 
-def fused_counts(x, weights, biases, dilations, paddings, outputs_per_program=OUTPUTS_PER_PROGRAM, warps=WARPS,
-                 shared_sums=False):
+def fused_counts(x, model, *, outputs_per_program=OUTPUTS_PER_PROGRAM, warps=WARPS, shared_sums=False):
     """[B, C, T] fp32 windows -> [B, D x 84 x biases] counts of positive positions (as float32), ordered
     as MiniRocket.transform's features, which are these over each feature's T'.
-    weights [D, 84, C, 9], biases [D, 84, biases]: the model's buffers. One launch per dilation, whose
-    outputs are T + 2 x padding - 8 x dilation steps long. shared_sums: each dilation's nine-tap sums
-    computed once for its 84 kernels, which then read three taps a channel instead of nine
+    `model`: a fitted MiniRocket, whose buffers weights [D, 84, C, 9] and biases [D, 84, biases], and
+    dilations and paddings, the kernels read. One launch per dilation, whose outputs are
+    T + 2 x padding - 8 x dilation steps long. shared_sums: each dilation's nine-tap sums computed once
+    for its 84 kernels, which then read three taps a channel instead of nine
     (benchmarks.gpu_check.minirocket times both ways)."""
+    weights, biases, dilations, paddings = model.weights, model.biases, model.dilations, model.paddings
     windows, channels, steps = x.shape
     kernels, per = weights.shape[1], biases.shape[2]
     features = torch.empty(windows, len(dilations) * kernels * per, device=x.device, dtype=torch.float32)

@@ -18,9 +18,11 @@ class HARTransformer(HARModel):
                              "features; change one of them")
         return {"width": width, "depth": depth, "heads": heads, "ffn": ffn or 2 * width}
 
-    def __init__(self, in_channels, num_classes, dropout=HARModel.DROPOUT, norm="batch", width=64, depth=2,
-                 heads=4, ffn=128, max_tokens=64):
+    def __init__(self, in_channels, num_classes, dropout=HARModel.DROPOUT, norm="batch", *, max_tokens=64, **size):
+        """`size`: width, depth, heads and ffn as SIZES names them, each left out taking resolve_size's default."""
         super().__init__()
+        size = self.resolve_size(**size)
+        width, depth, heads, ffn = size["width"], size["depth"], size["heads"], size["ffn"]
         # Two stride-2 convolutions: 128 steps become 32 tokens, each seeing ~0.2 s of signal.
         self.stem = nn.Sequential(conv_block(in_channels, width, 5, norm, stride=2),
                                   conv_block(width, width, 3, norm, stride=2))

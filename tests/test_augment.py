@@ -114,19 +114,19 @@ def test_wide_rotation_classes_the_data_lacks_are_refused_or_left_out_with_a_war
     normalization = {"mean": MEAN, "std": STD}
     recipe = parse_config(["--aug-rotate-wide-classes", "jogging"]).recipe
     with pytest.raises(UsageError, match="^--aug-rotate-wide-classes: no class 'JOGGING' in this data"):
-        build_augmenter(recipe, normalization, NINE, CLASS_NAMES, "cpu", warn=print)
+        build_augmenter(recipe, normalization, NINE, CLASS_NAMES, warn=print)
     default = parse_config([]).recipe
     assert default.aug_rotate_wide_classes == "WALKING,WALKING_UPSTAIRS,WALKING_DOWNSTAIRS"
-    assert build_augmenter(default, normalization, NINE, CLASS_NAMES, "cpu", print).widely_turned.tolist() == \
+    assert build_augmenter(default, normalization, NINE, CLASS_NAMES, print).widely_turned.tolist() == \
         [True] * 3 + [False] * 3
     warnings = []
-    augment = build_augmenter(default, normalization, NINE, ("RUN", "SIT", "LAYING"), "cpu", warnings.append)
+    augment = build_augmenter(default, normalization, NINE, ("RUN", "SIT", "LAYING"), warnings.append)
     assert augment.widely_turned is None and "rotate" in augment.config.kinds
     assert warnings == ["augmentation fitted to this data: 'rotate' turns every window by up to 10 degrees: no "
                         "class 'WALKING' in this data (its classes: RUN, SIT, LAYING)"]
     assert parse_config(["--aug-rotate-wide-classes", "none"]).recipe.aug_rotate_wide_classes == "none"
     assert build_augmenter(parse_config(["--aug-rotate-wide-classes", "none"]).recipe, normalization, NINE,
-                           CLASS_NAMES, "cpu", print).widely_turned is None
+                           CLASS_NAMES, print).widely_turned is None
 
 
 def test_flip_classes_must_be_classes_of_the_data():
@@ -144,9 +144,9 @@ def test_a_flip_class_the_data_lacks_is_refused_in_one_line():
     recipe = Recipe(augment="flip", aug_flip_classes="LYING", aug_rotate_wide_classes="none", aug_rotate_wide_deg=25.0)
     normalization = {"mean": MEAN, "std": STD}
     with pytest.raises(UsageError, match="^--aug-flip-classes: no class 'LYING' in this data"):
-        build_augmenter(recipe, normalization, NINE, CLASS_NAMES, "cpu", warn=print)
+        build_augmenter(recipe, normalization, NINE, CLASS_NAMES, warn=print)
     recipe = replace(recipe, aug_flip_classes="laying")
-    assert build_augmenter(recipe, normalization, NINE, CLASS_NAMES, "cpu", warn=print).flippable.tolist() == \
+    assert build_augmenter(recipe, normalization, NINE, CLASS_NAMES, warn=print).flippable.tolist() == \
         [False] * 5 + [True]
 
 
@@ -156,7 +156,7 @@ def test_the_default_flip_is_left_out_for_data_without_its_classes():
     recipe = parse_config([]).recipe
     assert "flip" in recipe.augment and recipe.aug_flip_classes == "LAYING"
     warnings = []
-    augment = build_augmenter(recipe, {"mean": MEAN, "std": STD}, NINE, ("RUN", "SIT", "LIE"), "cpu", warnings.append)
+    augment = build_augmenter(recipe, {"mean": MEAN, "std": STD}, NINE, ("RUN", "SIT", "LIE"), warnings.append)
     assert "flip" not in augment.config.kinds and "rotate" in augment.config.kinds
     assert warnings == ["augmentation fitted to this data: without 'flip': no class 'LAYING' in this data (its "
                         "classes: RUN, SIT, LIE); 'rotate' turns every window by up to 10 degrees: no class "
@@ -168,7 +168,7 @@ def test_the_default_turns_nothing_on_channels_without_xyz_triples():
     from training.loop.recipe import build_augmenter
     warnings = []
     augment = build_augmenter(parse_config([]).recipe, {"mean": torch.zeros(2), "std": torch.ones(2)}, ("a", "b"),
-                              CLASS_NAMES, "cpu", warnings.append)
+                              CLASS_NAMES, warnings.append)
     assert augment.config.kinds == ("scale", "jitter", "shift")
     assert warnings == ["augmentation fitted to this data: without 'rotate' and 'flip': these channels have no "
                         "x/y/z triples to turn"]

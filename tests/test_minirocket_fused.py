@@ -82,11 +82,9 @@ def check_one_kernel(device, shared_sums):
     # output of the first window, which the reference counts as not positive.
     tied = torch.nn.functional.conv1d(windows[:1], model.weights[0], padding=model.paddings[0])[0, :, 5]
     model.biases[0, :, 0] = -tied
-    counted = fused_counts(windows, model.weights, model.biases, model.dilations, model.paddings,
-                           outputs_per_program=256, shared_sums=shared_sums).long().cpu()
+    counted = fused_counts(windows, model, outputs_per_program=256, shared_sums=shared_sums).long().cpu()
     # The default blocks (every window in one block here) count the same.
-    assert torch.equal(fused_counts(windows, model.weights, model.biases, model.dilations, model.paddings,
-                                    shared_sums=shared_sums).cpu(), counted.float())
+    assert torch.equal(fused_counts(windows, model, shared_sums=shared_sums).cpu(), counted.float())
     reference = model.transform(windows, fused=False)
     steps = output_steps(model, windows).to(device)
     reference_counts = torch.round(reference * steps).long().cpu()
@@ -99,8 +97,7 @@ def check_one_kernel(device, shared_sums):
     differs = (counted != reference_counts).any(dim=1)
     assert not (differs & ~ambiguous).any() and differs.sum() <= ambiguous.sum() < len(windows) // 2
     assert torch.equal(counted[~ambiguous], reference_counts[~ambiguous])
-    assert fused_counts(windows[:0], model.weights, model.biases, model.dilations, model.paddings,
-                        shared_sums=shared_sums).shape == (0, 504)
+    assert fused_counts(windows[:0], model, shared_sums=shared_sums).shape == (0, 504)
 
 
 def test_the_fused_kernel_counts_what_the_reference_counts_but_for_rounding():
@@ -157,7 +154,7 @@ def test_on_a_gpu_the_transform_runs_the_fused_kernel_and_agrees():
         cudnn.allow_tf32 = saved
     from models.minirocket_fused import fused_counts
     model, signals = fitted_model(torch.device("cuda"))
-    counts = fused_counts(signals, model.weights, model.biases, model.dilations, model.paddings)
+    counts = fused_counts(signals, model)
     with mock.patch("models.minirocket_fused.fused_counts", wraps=fused_counts) as kernel:
         features = model.transform(signals)
     assert kernel.called  # the transform ran the kernel, not the reference

@@ -106,7 +106,8 @@ def test_every_model_declares_the_contract_and_takes_only_known_size_flags():
     for name, model in MODELS.items():
         assert issubclass(model, HARModel), name
         assert set(model.SIZES) <= set(SIZE_KNOBS), name
-        assert model.resolve_size().keys() <= set(inspect.signature(model).parameters), name
+        # build_model's call: the keywords resolve_size returns must bind, named or through **size.
+        inspect.signature(model).bind(3, 2, dropout=0.1, norm="batch", **model.resolve_size())
 
 
 def test_a_model_that_declares_nothing_is_built_as_the_contract_says(monkeypatch):

@@ -156,10 +156,10 @@ def test_the_busy_time_before_each_benchmarked_collective():
 BENCHMARK_SCRIPT = """
 import json, time
 from profiling.allreduce_bench import benchmark_allreduce
-from training.distributed.ddp import DistributedStrategy
+from training.distributed.ddp import DistributedStrategy, RankPlacement
 from training.distributed.strategy import distributed_env
-strategy = DistributedStrategy(device_type="cpu", backend="gloo", gpu_ids=None, sync_bn=False, timeout_s=60,
-                               ranks=distributed_env())
+strategy = DistributedStrategy(placement=RankPlacement(device_type="cpu", backend="gloo", gpu_ids=None, timeout_s=60,
+                                                       ranks=distributed_env()), sync_bn=False)
 started = time.perf_counter()
 result = benchmark_allreduce(strategy, 1000, 4, gap_s=0.05)
 took_s = time.perf_counter() - started

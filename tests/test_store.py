@@ -15,7 +15,15 @@ import torch
 
 from conftest import load_checkpoint, run_in_process, run_subprocess
 from data import synthetic
-from data.loaders import STREAM_BLOCK, BlockShuffledSampler, StoreStreamLoader, read_batch, split_loaders, window_shape
+from data.loaders import (
+    STREAM_BLOCK,
+    BlockShuffledSampler,
+    LoaderRequest,
+    StoreStreamLoader,
+    read_batch,
+    split_loaders,
+    window_shape,
+)
 from data.store import StoreSplit, WindowStore
 from data.uci_har import CLASS_NAMES, SIGNAL_NAMES
 from inference_fixtures import synthetic_stream
@@ -290,8 +298,8 @@ def test_every_loader_of_a_store_knows_its_window_shape(store, workers):
     # What an FSDP rank with fewer evaluation batches feeds the model to take part in the gathers.
     from data.sources import load_har_data
     data = load_har_data("store", store)
-    loaders, _ = split_loaders({"train": data.train, "test": data.test}, 16, 16, torch.device("cpu"), 1, 0, 0,
-                               num_workers=workers)
+    loaders, _ = split_loaders({"train": data.train, "test": data.test},
+                               LoaderRequest(16, 16, torch.device("cpu"), 1, 0, 0, num_workers=workers))
     assert {window_shape(loader) for loader in loaders.values()} == {(9, 128)}
 
 

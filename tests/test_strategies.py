@@ -201,21 +201,19 @@ def test_every_strategy_offers_what_the_protocol_lists():
 CLOSE_SCRIPT = """
 import gc, json
 from models import build_model
-from training.distributed.ddp import DistributedStrategy
+from training.distributed.ddp import DistributedStrategy, RankPlacement
 from training.distributed.fsdp import FullyShardedStrategy
 from training.distributed.strategy import distributed_env
 collections = []
 collect = gc.collect
 gc.collect = lambda *args: collections.append(1) or collect(*args)
 precision = type("FullPrecision", (), {"enabled": False})()
+placement = RankPlacement(device_type="cpu", backend="gloo", gpu_ids=None, timeout_s=60, ranks=distributed_env())
 counts = {}
 for name, make, replicate in [
-        ("replicated", lambda: DistributedStrategy(device_type="cpu", backend="gloo", gpu_ids=None, sync_bn=False,
-                                                    timeout_s=60, ranks=distributed_env()), True),
-        ("ddp", lambda: DistributedStrategy(device_type="cpu", backend="gloo", gpu_ids=None, sync_bn=False,
-                                             timeout_s=60, ranks=distributed_env()), False),
-        ("fsdp", lambda: FullyShardedStrategy(device_type="cpu", backend="gloo", gpu_ids=None, timeout_s=60,
-                                              reshard_after_forward=True, ranks=distributed_env()), False)]:
+        ("replicated", lambda: DistributedStrategy(placement=placement, sync_bn=False), True),
+        ("ddp", lambda: DistributedStrategy(placement=placement, sync_bn=False), False),
+        ("fsdp", lambda: FullyShardedStrategy(placement=placement, reshard_after_forward=True), False)]:
     strategy = make()
     if replicate:
         strategy.replicate_model()

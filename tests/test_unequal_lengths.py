@@ -78,7 +78,7 @@ def test_an_adamw_head_trains_on_padded_windows_without_the_circular_shift(tmp_p
 
 def test_the_augmentations_kept_leave_the_padding_where_it_was():
     augment = build_augmenter(parse_config(["--augment", "rotate,flip,scale,jitter,shift"]).recipe,
-                              {"mean": torch.zeros(9), "std": torch.ones(9)}, NINE, ("a", "b"), "cpu",
+                              {"mean": torch.zeros(9), "std": torch.ones(9)}, NINE, ("a", "b"),
                               warn=lambda line: None, padded=True)
     assert "shift" not in augment.config.kinds and "rotate" in augment.config.kinds
     batch = torch.randn(16, 9, 40)

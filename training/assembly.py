@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from data.loaders import split_loaders
+from data.loaders import LoaderRequest, split_loaders
 from data.splits import fit_normalization, normalize
 from models import MODELS, count_parameters, feature_views_of, resolve_size, training_bytes
 from training.checkpoint.format import SavedRun
@@ -63,8 +63,9 @@ def head_fit_and_augmenter(config, data, normalization, strategy, log):
     head_fit = head_fit_of(config, len(data.train), strategy)
     if head_fit == "ridge":
         return head_fit, None
-    return head_fit, build_augmenter(config.recipe, normalization, data.channel_names, data.class_names,
-                                     strategy.device, log.warn, data.sensor_triples(), data.padded)
+    augment = build_augmenter(config.recipe, normalization, data.channel_names, data.class_names, log.warn,
+                              data.sensor_triples(), data.padded)
+    return head_fit, augment if augment is None else augment.to(strategy.device)
 
 
 def replicates_the_head(config, head_fit):
@@ -94,11 +95,21 @@ def training_batches(batch_size, strategy, replicated):
     return batch_ranks, batch_size * strategy.data_parallel_size // batch_ranks
 
 
-def build_loaders(config, data, model, augment, loader_batch, strategy, log, replicated=False):
-    """The splits' loaders, over a feature pool where the model's features are fixed, the augmenter
-    the step applies (None when the pool's views carry the augmentation), the pool's build figures
-    (None without a pool), and the splits the loaders read (the pool's, or the windows).
-    `replicated`: every rank draws the whole training batches (a replicated head)."""
+def loader_request(config, strategy, loader_batch, replicated=False):
+    """What this rank asks of its loaders (data.loaders.LoaderRequest): training batches of `loader_batch`
+    samples, evaluation batches of at least EVAL_BATCH_MIN, this rank's share of each epoch's order, or
+    all of it when `replicated` (a replicated head), read as --data-path and --num-workers say."""
+    return LoaderRequest(train_batch=loader_batch, eval_batch=max(EVAL_BATCH_MIN, loader_batch),
+                         device=strategy.device, world_size=strategy.world_size, rank=strategy.rank,
+                         seed=config.optim.seed, data_path=config.hardware.data_path,
+                         num_workers=config.hardware.num_workers, whole_training_batches=replicated)
+
+
+def build_loaders(config, data, model, augment, request, strategy, log):
+    """The splits' loaders as `request` (loader_request) asks, over a feature pool where the model's
+    features are fixed, the augmenter the step applies (None when the pool's views carry the
+    augmentation), the pool's build figures (None without a pool), and the splits the loaders read
+    (the pool's, or the windows)."""
     optim = config.optim
     splits, train_views, figures = {"train": data.train, "val": data.val, "test": data.test}, 1, None
     views = feature_views_of(config.model.name, config.recipe.feature_views)
@@ -115,10 +126,7 @@ def build_loaders(config, data, model, augment, loader_batch, strategy, log, rep
     # thread: the step's first operation, done beside it (about an eighth of a step, docs/performance.md).
     # A GPU takes the counts, a quarter of the features' bytes, and turns them itself in microseconds.
     convert = model.from_counts if figures is not None and strategy.device.type == "cpu" else None
-    loaders, data_path = split_loaders(splits, loader_batch, max(EVAL_BATCH_MIN, loader_batch), strategy.device,
-                                       strategy.world_size, strategy.rank, optim.seed, config.hardware.data_path,
-                                       config.hardware.num_workers, train_views, whole_training_batches=replicated,
-                                       convert=convert)
+    loaders, data_path = split_loaders(splits, dataclasses.replace(request, train_views=train_views, convert=convert))
     log.info(f"data path: {data_path}")
     return loaders, augment, figures, splits
 

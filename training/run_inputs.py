@@ -101,7 +101,7 @@ def check_class_flags(recipe, data):
     """The recipe's class flags name classes of this data: refused before any worker or fold starts,
     as each one's build would refuse them."""
     unit = {"mean": np.zeros(len(data.channel_names)), "std": np.ones(len(data.channel_names))}
-    build_augmenter(recipe, unit, data.channel_names, data.class_names, "cpu", warn=lambda message: None,
+    build_augmenter(recipe, unit, data.channel_names, data.class_names, warn=lambda message: None,
                     triples=data.sensor_triples())
 
 

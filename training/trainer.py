@@ -23,6 +23,7 @@ from training.assembly import (
     build_loaders,
     build_run_model,
     head_fit_and_augmenter,
+    loader_request,
     normalize_data,
     peak_lr_of,
     position_schedule,
@@ -171,8 +172,8 @@ class Trainer:
         model, train_model, precision, ema = build_run_model(config, data, strategy, log, checkpoint)
         global_batch = global_batch_size(optim.batch_size, strategy.data_parallel_size, optim.grad_accum_steps)
         batch_ranks, loader_batch = training_batches(optim.batch_size, strategy, replicated)
-        loaders, augment, pool_figures, pool = build_loaders(config, data, model, augment, loader_batch, strategy,
-                                                             log, replicated)
+        loaders, augment, pool_figures, pool = build_loaders(
+            config, data, model, augment, loader_request(config, strategy, loader_batch, replicated), strategy, log)
 
         peak_lr, per_gpu_rule = peak_lr_of(optim, checkpoint, strategy.data_parallel_size, head_fit, log)
         record_graph = records_step_graph(config.hardware.cuda_graphs, model, strategy, precision,
@@ -185,8 +186,10 @@ class Trainer:
                  "scaler": grad_scaler, "ema": ema, "rng": rng}
         layout = {"world_size": batch_ranks, "loader_batch": loader_batch,
                   "grad_accum_steps": optim.grad_accum_steps}
-        exact_resume = checkpoint is not None and _resume(checkpoint, resume_from, state, parts, layout, global_batch,
-                                                          len(data.train), config.parallel.grad_compression, log)
+        saved = None if checkpoint is None else _restore_checkpoint(checkpoint, resume_from, state, parts,
+                                                                    len(data.train), log)
+        exact_resume = saved is not None and _resume_continuity(saved, state, parts, layout, global_batch,
+                                                                config.parallel.grad_compression, log)
         strategy.check_same_on_all_ranks(state.step, "the optimizer steps already taken")
 
         scheduler = optimizer if head_fit == "ridge" else position_schedule(
@@ -201,8 +204,8 @@ class Trainer:
         epochs = 1 if head_fit == "ridge" else optim.epochs  # a head solved by ridge: one 'epoch' of no step
         metadata = {**_checkpoint_metadata(config, data, normalization, strategy, global_batch, layout, epochs),
                     PER_GPU_RULE_KEY: per_gpu_rule}
-        checkpoints = CheckpointManager(save_dir=save_dir, keep_last=config.output.keep_last, strategy=strategy,
-                                        state=state, parts={**parts, "scheduler": scheduler}, metadata=metadata,
+        checkpoints = CheckpointManager(config=config, strategy=strategy, state=state,
+                                        parts={**parts, "scheduler": scheduler}, metadata=metadata,
                                         resumed=resume_from is not None,
                                         before_first_save=_first_save(config, strategy, resume_from, checkpoint, log))
         return cls(config=config, strategy=strategy, log=log, data=data, model=model, precision=precision,
@@ -287,10 +290,8 @@ def _first_save(config, strategy, resume_from, checkpoint, log):
     return first_save
 
 
-def _resume(checkpoint, path, state, parts, layout, global_batch, train_windows, grad_compression, log):
-    """Restore the checkpoint's parts and say where the run resumes and what starts afresh; True when a
-    mid-epoch resume can continue bit for bit (the same ranks and batch layout, and every rank's
-    random streams saved)."""
+def _restore_checkpoint(checkpoint, path, state, parts, train_windows, log):
+    """Restore the checkpoint's parts and say where the run resumes; returns the SavedRun it read."""
     saved = SavedRun(checkpoint)
     restore_parts(saved, state, parts)
     log.keep_epochs_up_to(state.epoch)  # an earlier checkpoint than the log's last line: one line an epoch
@@ -298,6 +299,13 @@ def _resume(checkpoint, path, state, parts, layout, global_batch, train_windows,
              if state.epoch_position else f"{state.epoch} epochs")
     log.info(f"\n*** RESUMING from {path}: {where} / {state.step} steps done, best val macro-F1 "
              f"{state.best_metric:.4f}. Pass --no-resume to start over. ***\n")
+    return saved
+
+
+def _resume_continuity(saved, state, parts, layout, global_batch, grad_compression, log):
+    """Say what a resume from `saved` (restored by _restore_checkpoint) starts afresh; True when a
+    mid-epoch resume can continue bit for bit (the same ranks and batch layout, and every rank's
+    random streams saved)."""
     if saved.global_batch_size != global_batch:
         log.warn(f"global batch changes from {saved.global_batch_size} to {global_batch} on resume: the "
                  "peak LR and the steps per epoch (so the schedule's length) follow the new value, and the "

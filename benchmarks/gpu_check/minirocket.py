@@ -97,17 +97,16 @@ def block_shapes(model, windows, batch, rounds):
     same_counts: the first 1,024 windows' counts equal those of the kernel's default shape (a block's
     shape changes which program computes an output, not the order of its sums)."""
     from models.minirocket_fused import fused_counts
-    buffers = (model.weights, model.biases, model.dilations, model.paddings)
     rows = []
     for way in FUSED_WAYS:
         shared = WAYS[way].get("shared_sums", False)
-        default = fused_counts(windows[:1024], *buffers, shared_sums=shared)
+        default = fused_counts(windows[:1024], model, shared_sums=shared)
         for outputs, warps in BLOCK_SHAPES:
             shape = {"outputs_per_program": outputs, "warps": warps, "shared_sums": shared}
-            counts_all(windows, batch, buffers, shape)  # untimed: compiles this shape's kernels
-            seconds = statistics.median(timed(windows.device, counts_all, windows, batch, buffers, shape)
+            counts_all(windows, batch, model, shape)  # untimed: compiles this shape's kernels
+            seconds = statistics.median(timed(windows.device, counts_all, windows, batch, model, shape)
                                         for _ in range(rounds))
-            same = torch.equal(fused_counts(windows[:1024], *buffers, **shape), default)
+            same = torch.equal(fused_counts(windows[:1024], model, **shape), default)
             rows.append({"way": way, "outputs_per_program": outputs, "warps": warps,
                          "windows_per_s": len(windows) / seconds, "same_counts": same})
             print(f"block shape {outputs} x {warps} warps, {way} alone: {len(windows) / seconds:,.0f} windows/s"
@@ -116,10 +115,10 @@ def block_shapes(model, windows, batch, rounds):
 
 
 @torch.no_grad()
-def counts_all(windows, batch, buffers, shape):
+def counts_all(windows, batch, model, shape):
     from models.minirocket_fused import fused_counts
     for chunk in windows.split(batch):
-        fused_counts(chunk, *buffers, **shape)
+        fused_counts(chunk, model, **shape)
 
 
 @torch.no_grad()

@@ -12,7 +12,7 @@ import torch
 from data.augment import AugmentConfig, BatchAugmenter
 from data.splits import Split
 from models import build_model
-from training.distributed.ddp import DistributedStrategy
+from training.distributed.ddp import DistributedStrategy, RankPlacement
 from training.distributed.single import SingleDevice
 from training.distributed.strategy import distributed_env
 from training.pool.build import PoolPlan, build_feature_pool
@@ -48,8 +48,8 @@ def main(out):
     splits = {"train": windows(5000, 1), "val": windows(300, 2), "test": windows(0, 3)}
     augment = BatchAugmenter(AugmentConfig(kinds=("scale", "jitter")), torch.zeros(3), torch.ones(3),
                              ("acc_x", "acc_y", "acc_z"), ("a", "b", "c", "d"))
-    strategy, log = DistributedStrategy(device_type="cpu", backend="gloo", gpu_ids=None, sync_bn=False, timeout_s=120,
-                                          ranks=distributed_env()), Log()
+    placement = RankPlacement(device_type="cpu", backend="gloo", gpu_ids=None, timeout_s=120, ranks=distributed_env())
+    strategy, log = DistributedStrategy(placement=placement, sync_bn=False), Log()
     shared, _ = build_feature_pool(model, splits, PoolPlan(views=3, augment=augment, seed=5), strategy, log)
     transformed = strategy.gather_objects(log.total)
     if strategy.is_main:

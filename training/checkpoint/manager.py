@@ -9,15 +9,17 @@ class CheckpointManager:
     (anything with state_dict/load_state_dict, under its own key) and what the file needs to be
     used without the trainer: the run's flags, normalisation, class and channel names.
 
+    `config`: the run's RunConfig, whose --save-dir (config.save_dir) the files go to, beside at most
+    --keep-last numbered copies.
+
     `resumed`: last.pt already holds this run (else it holds nothing, or an earlier run's until the
     first save). `before_first_save(trained)`: what rank 0 does with the first checkpoint (move an
     earlier run's files aside, write config.yaml), so that a fresh run that stops before saving
     leaves an earlier run's folder as it was; `trained` is False when a run reports without having
     trained anything."""
 
-    def __init__(self, *, save_dir, keep_last, strategy, state, parts, metadata, resumed=False,
-                 before_first_save=None):
-        self.save_dir, self.keep_last, self.strategy = save_dir, keep_last, strategy
+    def __init__(self, *, config, strategy, state, parts, metadata, resumed=False, before_first_save=None):
+        self.save_dir, self.keep_last, self.strategy = config.save_dir, config.output.keep_last, strategy
         self.state, self.parts, self.metadata = state, parts, metadata
         self.holds_this_run, self.before_first_save = resumed, before_first_save
 

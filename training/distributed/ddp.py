@@ -5,6 +5,7 @@ import datetime
 import gc
 import inspect
 import os
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -30,15 +31,24 @@ def join_process_group(backend, rank, world_size, timeout, prefix, device_id=Non
                             world_size=world_size, timeout=timeout, device_id=device_id)
 
 
-class DistributedStrategy(SingleDevice):
-    """DistributedDataParallel, one process per device; `ranks`: (rank, local_rank, world_size), as
-    strategy.distributed_env reads them from torchrun's environment."""
+@dataclass(frozen=True)
+class RankPlacement:
+    """Where one process of a process group runs and how it joins the group."""
+    device_type: str  # "cuda" or "cpu"
+    backend: str  # the process group's: "nccl" or "gloo"
+    gpu_ids: list | None  # --gpu-ids: the GPUs the node's local ranks take in turn (None: every visible one)
+    timeout_s: float  # --dist-timeout: how long a collective waits for the other ranks
+    ranks: tuple  # (rank, local_rank, world_size), as strategy.distributed_env reads them from torchrun's environment
 
-    def __init__(self, *, device_type, backend, gpu_ids, sync_bn, timeout_s, grad_compression="none", label="ddp",
-                 ranks):
-        rank, local_rank, world_size = ranks
-        if device_type == "cuda":
-            visible = gpu_ids or list(range(torch.cuda.device_count()))
+
+class DistributedStrategy(SingleDevice):
+    """DistributedDataParallel, one process per device, placed as `placement` (a RankPlacement) says."""
+
+    def __init__(self, *, placement, sync_bn, grad_compression="none", label="ddp"):
+        backend = placement.backend
+        rank, local_rank, world_size = placement.ranks
+        if placement.device_type == "cuda":
+            visible = placement.gpu_ids or list(range(torch.cuda.device_count()))
             if local_rank >= len(visible) and backend != "gloo":
                 raise UsageError(f"local rank {local_rank} has no GPU: {len(visible)} in use on this node; "
                                  "lower --nproc-per-node / torchrun's --nproc_per_node")
@@ -51,7 +61,7 @@ class DistributedStrategy(SingleDevice):
         self.is_main = rank == 0
         self.sync_bn, self.grad_compression = sync_bn, grad_compression
         self._ddp = None
-        join_process_group(backend, rank, world_size, datetime.timedelta(seconds=timeout_s), "har",
+        join_process_group(backend, rank, world_size, datetime.timedelta(seconds=placement.timeout_s), "har",
                            device_id=device if backend == "nccl" else None)
         # Control messages (stop requests, RNG states) are tiny CPU values: a gloo group carries
         # them without making the host wait for the GPU stream, as an NCCL collective would.

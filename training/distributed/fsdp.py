@@ -35,9 +35,8 @@ FULL_TO_RANK0 = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 class FullyShardedStrategy(DistributedStrategy):
-    def __init__(self, *, device_type, backend, gpu_ids, timeout_s, reshard_after_forward, ranks):
-        super().__init__(device_type=device_type, backend=backend, gpu_ids=gpu_ids, sync_bn=False, timeout_s=timeout_s,
-                         label="fsdp", ranks=ranks)
+    def __init__(self, *, placement, reshard_after_forward):
+        super().__init__(placement=placement, sync_bn=False, label="fsdp")
         self.reshard_after_forward = reshard_after_forward
         self._sharded = None
 

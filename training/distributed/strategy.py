@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from training.config.settings import CUDA_GRAPH_MODES, SHARDED_OR_DDP
-from training.distributed.ddp import DistributedStrategy
+from training.distributed.ddp import DistributedStrategy, RankPlacement
 from training.distributed.single import SingleDevice
 from training.entry_point import launched_by_torchrun
 from training.errors import UsageError
@@ -137,16 +137,17 @@ def make_strategy(config, placement=None):
         choose_deterministic_algorithms()
     elif device_type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed window shapes: the tuned kernels are reused every step
+    if multi_gpu in SHARDED_OR_DDP:
+        rank_placement = RankPlacement(device_type=device_type, backend=backend, gpu_ids=hardware.gpu_ids,
+                                       timeout_s=hardware.dist_timeout, ranks=distributed_env())
     if multi_gpu == "ddp":
-        return DistributedStrategy(device_type=device_type, backend=backend, gpu_ids=hardware.gpu_ids,
-                                   sync_bn=hardware.sync_bn, timeout_s=hardware.dist_timeout,
-                                   grad_compression=config.parallel.grad_compression, ranks=distributed_env())
+        return DistributedStrategy(placement=rank_placement, sync_bn=hardware.sync_bn,
+                                   grad_compression=config.parallel.grad_compression)
     if multi_gpu == "fsdp":
         # Imported here: FSDP's modules (DTensor, distributed checkpoints) take seconds to import,
         # which runs that do not shard need not pay.
         from training.distributed.fsdp import FullyShardedStrategy
-        return FullyShardedStrategy(device_type=device_type, backend=backend, gpu_ids=hardware.gpu_ids,
-                                    timeout_s=hardware.dist_timeout, ranks=distributed_env(),
+        return FullyShardedStrategy(placement=rank_placement,
                                     reshard_after_forward=config.parallel.reshard_after_forward)
     if multi_gpu == "dp" and device_type == "cuda":
         return DataParallelStrategy(hardware.gpu_ids or list(range(torch.cuda.device_count())))

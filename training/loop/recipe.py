@@ -11,18 +11,18 @@ from training.config.settings import DEFAULT_FLIP_CLASSES, DEFAULT_ROTATE_WIDE_C
 from training.errors import UsageError
 
 
-def build_augmenter(recipe, normalization, channel_names, class_names, device, warn, triples=None, padded=False):
-    """The batch augmenter the settings ask for, fitted to this data's layout and classes, or None.
-    `triples`: each sensor's x/y/z channels as the data's description places them (None: by the names);
-    `padded`: windows of unequal lengths, padded at their end with NaN."""
+def build_augmenter(recipe, normalization, channel_names, class_names, warn, triples=None, padded=False):
+    """The batch augmenter the settings ask for, fitted to this data's layout and classes, or None;
+    built on the host, as a model is: `.to(device)` moves it. `triples`: each sensor's x/y/z channels
+    as the data's description places them (None: by the names); `padded`: windows of unequal lengths,
+    padded at their end with NaN."""
     changes, dropped = fit_augment_to_data(recipe, channel_names, class_names, triples, padded)
     if dropped:
         warn(dropped)
     kinds = dataclasses.replace(recipe, **changes).augment_config
     if kinds is None:
         return None
-    return BatchAugmenter(kinds, normalization["mean"], normalization["std"], channel_names, class_names,
-                          triples).to(device)
+    return BatchAugmenter(kinds, normalization["mean"], normalization["std"], channel_names, class_names, triples)
 
 
 def fit_augment_to_data(recipe, channel_names, class_names, triples=None, padded=False):
