@@ -17,9 +17,6 @@ from training.errors import UsageError
 
 ADAPT_CHOICES = ("none", "recording")
 STD_FLOOR = 1e-3  # MiniRocket.fit's clamp: a feature constant over the group is centred, not blown up
-# Class-balanced statistics leave out a class the model gives less than this many windows' worth of
-# probability in the group: its few windows would otherwise weigh as much as a whole activity.
-MIN_CLASS_MASS = 5.0
 # A standard deviation needs two windows: torch's std of one is NaN (with a warning), and one window's
 # own mean would standardise it to zeros, which the head reads as nothing at all. A group of fewer
 # is refused before its statistics are computed, or (a person in an evaluation) keeps the training ones.
@@ -62,45 +59,19 @@ def group_statistics(features):
     return features.mean(dim=0), features.std(dim=0).clamp_min(STD_FLOOR)
 
 
-def class_balanced_weights(probabilities):
-    """A weight per window [N] (summing to 1) under which every class with MIN_CLASS_MASS in the group
-    counts alike, so that the group's mix of activities (a day mostly sitting) does not move its statistics."""
-    probabilities = torch.as_tensor(probabilities, dtype=torch.float64)
-    mass = probabilities.sum(dim=0)
-    present = mass >= MIN_CLASS_MASS
-    if not present.any():
-        return torch.full((len(probabilities),), 1.0 / max(len(probabilities), 1), dtype=torch.float64)
-    return (probabilities[:, present] / mass[present]).sum(dim=1) / present.sum()
-
-
-def weighted_statistics(features, weights):
-    """(mean, std) of a group's features with window n weighted by weights[n] (summing to 1)."""
-    weights = weights.to(features.dtype)[:, None]
-    mean = (weights * features).sum(dim=0)
-    std = (weights * (features - mean) ** 2).sum(dim=0).sqrt().clamp_min(STD_FLOOR)
-    return mean, std
-
-
 @torch.no_grad()
 def member_probabilities(members, features_per_member, adapt, group="a group of windows"):
     """The members' mean probabilities [N, classes] (numpy float64), each member's features
-    standardised with the training statistics (adapt False), with the group's own (True), or with the
-    group's own under class_balanced_weights of the unadapted probabilities ("balanced"). A group's
+    standardised with the training statistics (adapt False) or with the group's own (True). A group's
     own need MIN_STATISTICS_WINDOWS: fewer are refused in one line naming `group`."""
     count = len(features_per_member[0])
     if adapt and count < MIN_STATISTICS_WINDOWS:  # checked here, so that std() never sees a single window
         raise UsageError(f"{group} has {count} window(s), too few to standardise features on: a standard deviation "
                          f"needs at least {MIN_STATISTICS_WINDOWS}")
-    weights = None
-    if adapt == "balanced":
-        weights = class_balanced_weights(member_probabilities(members, features_per_member, adapt=False))
     total = 0
     for member, features in zip(members, features_per_member, strict=True):
         model = member.model
-        if weights is not None:
-            mean, std = weighted_statistics(features, weights)
-        else:
-            mean, std = group_statistics(features) if adapt else (model.feature_mean.cpu(), model.feature_std.cpu())
+        mean, std = group_statistics(features) if adapt else (model.feature_mean.cpu(), model.feature_std.cpu())
         head = member.cpu().model.head.to(features.device)
         standardised = (features - mean.to(features.device)) / std.to(features.device)
         total = total + torch.softmax(head(standardised).double(), dim=1)

@@ -1,6 +1,6 @@
 """A recording that carries its own labels (the `label` column the store's converter reads), scored by
-predict.py as the recording study scores: every sample of a class against the window that speaks for
-it, per sample; samples of no class (unlabelled stretches, transitions) are left out and counted."""
+predict.py per sample: every sample of a class against the window that speaks for it; samples of no class
+(unlabelled stretches, transitions) are left out and counted."""
 import numpy as np
 
 from inference.timeline import labels_at

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from data.labels import classes_from_flags
-from data.layout import read_description
+from data.layout import read_layout
 from data.preprocess import window_starts
 from data.store import write_atomic
 from data.uci_har import CLASS_NAMES
@@ -81,11 +81,6 @@ def open_recordings(path):
 def subject_of(label_key):
     """The person of a uSS_sK_label key that open_recordings accepted."""
     return int(LABEL_KEY.fullmatch(label_key).group(1))
-
-
-def recording_subjects(archive):
-    """The people with a labelled recording in an archive open_recordings accepted."""
-    return sorted({subject_of(key) for key in archive.files if key.endswith("_label")})
 
 
 UCI_HAR_LABELS = tuple(range(1, len(CLASS_NAMES) + 1))  # the activities' values in a hapt-dev archive
@@ -200,7 +195,7 @@ def _described_classes(args):
     if args.class_names or args.class_labels:
         raise UsageError("--description gives the classes and their label values: drop --class-names and "
                          "--class-labels")
-    described = read_description(args.description)
+    described = read_layout(args.description)
     if not described.labels_are_numbers():
         raise UsageError(f"{described.where}: 'classes' must give whole-number labels, as the recordings' label "
                          "arrays hold")

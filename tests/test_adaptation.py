@@ -5,13 +5,10 @@ import pytest
 import torch
 
 from inference.adaptation import (
-    MIN_CLASS_MASS,
     adaptable_members,
     adapted_per_group,
     adapted_probabilities,
-    class_balanced_weights,
     group_statistics,
-    weighted_statistics,
 )
 from inference.bundle import ModelBundle, RawUnitModel, probabilities
 from models import build_model
@@ -76,19 +73,3 @@ def test_a_model_without_minirocket_features_is_refused_in_one_line():
         adaptable_members(bundle_of(net, model="cnn1d"))
 
 
-def test_class_balanced_statistics_do_not_move_with_the_mix_of_activities():
-    rng = np.random.default_rng(1)
-    sitting, walking = torch.from_numpy(rng.normal(0, 1, (40, 5))), torch.from_numpy(rng.normal(3, 2, (40, 5)))
-
-    def sure(count, label, classes=3):
-        return np.eye(classes)[[label] * count]
-    even = torch.cat([sitting, walking])
-    even_statistics = weighted_statistics(even, class_balanced_weights(np.concatenate([sure(40, 0), sure(40, 1)])))
-    # A day mostly sitting, with a few windows of a third activity under MIN_CLASS_MASS windows' worth.
-    rare = int(MIN_CLASS_MASS) - 1
-    day = torch.cat([sitting.repeat(5, 1), walking, torch.full((rare, 5), 50.0, dtype=torch.float64)])
-    weights = class_balanced_weights(np.concatenate([sure(200, 0), sure(40, 1), sure(rare, 2)]))
-    assert float(weights.sum()) == pytest.approx(1.0) and float(weights[-rare:].abs().max()) == 0.0
-    for balanced, expected in zip(weighted_statistics(day, weights), even_statistics, strict=True):
-        torch.testing.assert_close(balanced, expected)
-    assert not torch.allclose(group_statistics(day)[0], group_statistics(even)[0])  # the plain mean moves

@@ -7,7 +7,6 @@ import json
 import numpy as np
 import pytest
 
-from evaluation.recording_scores import uncertain_threshold
 from inference.timeline import UNCERTAIN, mark_uncertain, merge_segments, smooth_labels, sticky_transitions, viterbi
 from inference.transitions import (
     learn_transitions,
@@ -99,16 +98,6 @@ def test_unsure_windows_become_an_uncertain_segment():
     segments = merge_segments(labels, probabilities, start_s, start_s + 2.56, NAMES)
     assert [s.activity for s in segments] == ["A", UNCERTAIN, "B"]
     assert segments[1].confidence == pytest.approx(0.425)
-
-
-def test_the_uncertain_threshold_removes_more_wrong_windows_than_right_ones():
-    # Confident windows right, windows under 0.5 mostly wrong: a threshold near 0.5 is chosen.
-    rng = np.random.default_rng(0)
-    top = np.r_[rng.uniform(0.6, 1.0, 200), rng.uniform(0.35, 0.49, 40)]
-    labels = np.r_[np.zeros(200, int), np.r_[np.ones(30, int), np.zeros(10, int)]]
-    probabilities = np.stack([top, (1 - top) / 2, (1 - top) / 2], axis=1)
-    assert uncertain_threshold(probabilities, labels) == pytest.approx(0.5)  # the first that takes all 40
-    assert uncertain_threshold(probabilities, np.zeros(240, int)) is None  # never wrong: mark nothing
 
 
 def learn(*argv):

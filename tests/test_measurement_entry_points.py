@@ -8,19 +8,10 @@ from conftest import run_subprocess
 from test_bad_input import assert_refused
 
 CASES = [
-    ("benchmarks.stop_latency", ["--repeats", "0"], "--repeats: must be at least 1, got 0"),
     ("benchmarks.overhead", ["--rounds", "0"], "--rounds: must be at least 1, got 0"),
     ("benchmarks.overhead", ["--epochs-per-round", "0"], "--epochs-per-round: must be at least 1"),
-    ("benchmarks.profiler_agreement", ["--epochs", "1"], "--epochs: must be at least 2, got 1"),
-    ("benchmarks.store_stream", ["measure", "--store", "x", "--rounds", "0"], "--rounds: must be at least 1"),
-    ("benchmarks.store_stream", ["rerun", "--store", "x", "--pairs", "0"], "--pairs: must be at least 1"),
-    ("benchmarks.store_stream", ["rerun", "--store", "tests", "--json", "tests/manifest.json"], "inside the store"),
-    ("benchmarks.pool_shares", ["--nproc", "1"], "--nproc: must be at least 2, got 1"),
     # --json is checked before the measurement, not refused with a traceback after it
-    ("benchmarks.minirocket_speed", ["--json", "tests"], "--json: tests is a folder"),
     ("benchmarks.overhead", ["--json", "no-such-folder/figures.json"], "folder no-such-folder does not exist"),
-    ("studies.recording_accuracy", ["--nested", "no-such-folder"], "no-such-folder holds no finished outer fold"),
-    ("studies.recording_accuracy", ["--checkpoint", "x.pt", "--recordings", "no-such.npz"], "no-such.npz does not"),
     ("studies.layouts", ["--recordings", "no-such.npz"], "--recordings no-such.npz does not exist"),
     ("studies.layouts", ["--layouts", "20hz,30hz"], "--layouts: unknown '30hz'"),
 ]

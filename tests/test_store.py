@@ -231,20 +231,6 @@ def test_minirocket_fits_its_biases_from_windows_read_from_the_store(store, tmp_
     assert accuracy[0] > 0.5 and abs(accuracy[0] - accuracy[1]) < 0.1, accuracy
 
 
-def test_the_rerun_benchmark_times_a_first_run_and_its_rerun_on_the_pool_it_built(store, tmp_path):
-    result = run_subprocess([sys.executable, "-m", "benchmarks.store_stream", "rerun", "--store", store, "--pairs", "1",
-                             "--json", tmp_path / "rerun.json", "--", "--width", "840", "--epochs", "2",
-                             "--head-fit", "adamw"], timeout=600)
-    assert result.returncode == 0, result.stderr
-    pair = json.loads((tmp_path / "rerun.json").read_text())["pairs"][0]
-    first, again = pair["first"], pair["again"]
-    assert pair["share"] == pytest.approx(again["wall_s"] / first["wall_s"])
-    assert first["accuracy"] == again["accuracy"] > 0.5  # one pool, one seed: the same model
-    assert not first["pool_reused"] and again["pool_reused"]
-    assert again["peak_rss_gib"] > 0 and "training" in again["laps"]
-    assert f"the re-run took {pair['share']:.3f}x the first run's time" in result.stdout
-
-
 def test_a_killed_store_run_resumes_bit_for_bit(store, tmp_path):
     straight = run_subprocess([*STREAM_RUN, "--data-dir", store, "--save-dir", tmp_path / "straight"])
     assert straight.returncode == 0, straight.stderr[-3000:]

@@ -12,7 +12,7 @@ from conftest import run_in_process
 from data import download
 from inference.outputs import check_out_dir
 from inference.transitions import main as transitions_command
-from studies import nested_cv, recording_accuracy
+from studies import nested_cv
 from test_bad_input import assert_refused, snapshot
 from test_download import OUTER_NAME, run_download, server, sha256, source  # noqa: F401 (fixtures)
 from training.entry_point import run_entry_point
@@ -158,8 +158,6 @@ def bad_recordings(tmp_path, case):
     elif case == "label not an array":
         with zipfile.ZipFile(path, "w") as archive:
             archive.writestr("u01_s0_label", "1,1,4,4")
-    elif case == "no signals":
-        np.savez(path, u01_s0_label=walk_then_sit())
     return path
 
 
@@ -194,16 +192,3 @@ def test_nested_cv_summary_refuses_a_damaged_report(tmp_path, text):
     (tmp_path / "default" / nested_cv.REPORT).write_text(text)
     assert_refused(run_command(nested_cv.main, "--out", tmp_path, "--summary"), nested_cv.REPORT, "damaged",
                    "--name default")
-
-
-@pytest.mark.parametrize("case, flags, says", [
-    ("text file", [], "not a readable .npz"), ("no subject number", [], "names no person"),
-    ("no signals", [], "u01_s0_acc should be 1280 x 3"), ("labels as text", ["--subjects", "a,b"], "--subjects"),
-    ("labels as text", ["--json", "RECORDINGS"], "a file this command reads")])
-def test_the_recording_study_refuses_bad_input_in_one_line(tmp_path, case, flags, says):
-    archive = bad_recordings(tmp_path, case)
-    before = snapshot(archive)
-    flags = [str(archive) if flag == "RECORDINGS" else flag for flag in flags]
-    assert_refused(run_command(recording_accuracy.main, "--checkpoint", tmp_path / "none.pt",
-                               "--recordings", archive, *flags), says)
-    assert snapshot(archive) == before

@@ -1,20 +1,16 @@
 """No silent wrong answer on a user's own data, and one line where a traceback or a second message
-would have been: units that cannot apply or look wrong, --adapt on a recording it cannot stand on,
-and the recording study over folders and recordings it cannot use."""
-import json
-import shutil
+would have been: units that cannot apply or look wrong, --adapt on a recording or group it cannot stand on."""
 import warnings
 
 import numpy as np
 import pytest
 import torch
 
+from inference.adaptation import adaptable_members, member_probabilities, raw_features
 from inference.bundle import load_bundle
 from inference_fixtures import make_checkpoint, synthetic_stream, write_csv
-from studies import recording_accuracy
 from test_bad_input import assert_refused, snapshot
 from test_predict_new_people import mixed_minirocket, predict  # noqa: F401 (a fixture)
-from test_trust_inputs import run_command, walk_then_sit
 from training.errors import UsageError
 
 OWN_CHANNELS = tuple(f"{place}_{axis}" for place in ("ankle", "hip", "wrist") for axis in "xyz")
@@ -89,51 +85,12 @@ def test_adapting_a_recording_the_model_sees_one_activity_in_is_refused(minirock
     assert code == 0 and "features standardised on this recording" in out, err
 
 
-# ---------------------------------------------------------------------------
-# The recording study: outer folds by their own names, recordings too short to standardise on
-# ---------------------------------------------------------------------------
-
-def finished_outer_fold(folder, checkpoint, subjects):
-    folder.mkdir(parents=True)
-    shutil.copy(checkpoint, folder / "best.pt")
-    (folder / "nested_identity.json").write_text(json.dumps({"inputs": {"subjects": subjects}}))
-
-
-def test_the_recording_study_skips_folders_not_named_as_outer_folds(minirocket, tmp_path):
-    nested = tmp_path / "nested"
-    for name in ("outer-0", "outer-0.bak", "outer-2-old", "outer-x"):  # copies kept beside the real one
-        finished_outer_fold(nested / name, minirocket, [1])
-    code, out, err = run_command(recording_accuracy.main, "--nested", nested, "--recordings", tmp_path / "none.npz")
-    assert_refused((code, out, err), "--recordings")  # the study's next check: folding went through
-    assert len(warning_lines(err)) == 1 and "skipping outer-0.bak, outer-2-old, outer-x" in err, err
-    assert recording_accuracy.folds_of(nested) == [(nested / "outer-0" / "best.pt", [1])]
-
-
-def short_then_long_recordings(path, short_samples):
-    """Person 1's recording of `short_samples` at 50 Hz, person 2's long enough to learn transitions on."""
-    quiet = np.zeros((1280, 3), np.float32)
-    np.savez(path, u01_s0_label=np.full(short_samples, 1, np.int8), u01_s0_acc=np.zeros((short_samples, 3)),
-             u01_s0_gyro=np.zeros((short_samples, 3)), u02_s0_label=walk_then_sit(), u02_s0_acc=quiet,
-             u02_s0_gyro=quiet)
-    return path
-
-
-@pytest.mark.parametrize("samples, windows", [(128, 1), (400, 6)])
-def test_the_recording_study_refuses_a_recording_too_short_to_standardise_on(minirocket, tmp_path, samples,
-                                                                              windows):
-    archive = short_then_long_recordings(tmp_path / "recordings.npz", samples)
+@pytest.mark.parametrize("adapt", [True])
+def test_statistics_of_a_group_of_one_window_are_refused_before_std_could_warn(minirocket, adapt):
+    members = adaptable_members(load_bundle(minirocket))
+    window = np.random.default_rng(0).standard_normal((1, 9, 128)).astype(np.float32)
+    features = [raw_features(member, window, torch.device("cpu")) for member in members]
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # torch's std() of one window warned, and gave NaN
-        result = run_command(recording_accuracy.main, "--checkpoint", minirocket, "--recordings", archive,
-                             "--subjects", "1", "--device", "cpu")
-    assert_refused(result, f"recording u01_s0 of --recordings gives {windows} window(s), too few to standardise",
-                   "leave it out")
-
-
-def test_the_study_s_statistics_refuse_a_group_of_one_window_without_a_warning(minirocket):
-    scorer = recording_accuracy.Scorer(load_bundle(minirocket), torch.device("cpu"))
-    windows = np.random.default_rng(0).standard_normal((13, 9, 128)).astype(np.float32)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+        warnings.simplefilter("error")  # torch's std() of one window warns, and gives NaN
         with pytest.raises(UsageError, match="group 2 has 1 window"):
-            scorer.per_mode(windows, groups=[1] * 12 + [2])
+            member_probabilities(members, features, adapt=adapt, group="group 2")
