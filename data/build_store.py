@@ -43,7 +43,7 @@ from data.declared import MAX_WINDOW_STEPS, MIN_WINDOW_STEPS, RESERVED_CHANNELS,
 from data.errors import DataError, exit_from_command
 from data.labelled_recordings import RecordingCut, recording_windows
 from data.labels import class_indexes, classes_from_flags, whole_numbers
-from data.layout import read_description
+from data.layout import read_layout
 from data.provenance import array_identity, check, file_identity, make_record, read_json, write_record
 from data.sources import SOURCES, Source
 from data.store import PARTS, SHARD_DIR, VERSION, finish_store, shard_paths, write_atomic
@@ -59,11 +59,11 @@ def main(argv=None):
     options = parse(argv)
     source = Path(options.src)
     out = check_store_folder(Path(options.out))
-    jobs, layout = plan(source, options)
-    layout["source_path"] = str(source.resolve())
-    check_same_store(out, {**layout, "dtype": options.dtype})
-    if layout["test_subjects"] is not None:  # windows: their subjects are known before anything is written
-        _check_split(layout["test_subjects"], _windows_of_subjects(jobs), options.src)
+    jobs, head = plan(source, options)
+    head["source_path"] = str(source.resolve())
+    check_same_store(out, {**head, "dtype": options.dtype})
+    if head["test_subjects"] is not None:  # windows: their subjects are known before anything is written
+        _check_split(head["test_subjects"], _windows_of_subjects(jobs), options.src)
     done, redo = reusable_jobs(jobs, out, options.dtype)
     todo = [job for job in jobs if done[job["name"]] is None]
     folder = BuildFolder(out)  # the first write, once everything that can be checked before it was
@@ -78,7 +78,7 @@ def main(argv=None):
         convert(todo, out, options, made)
         records = [made.get(job["name"]) or done[job["name"]] for job in jobs]
         _report_empty_recordings(jobs, records, options)
-        manifest = assemble_manifest(records, layout, options)
+        manifest = assemble_manifest(records, head, options)
     except DataError as exc:  # found while converting (a recording's labels, the test split): this build's jobs go
         taken_back = folder.take_back([name for name in made if name not in redo])
         raise DataError(f"{exc} ({taken_back})") from None
@@ -93,8 +93,9 @@ def main(argv=None):
     if removed:
         print(f"removed {removed} file(s) of jobs this source no longer has", flush=True)
     windows = sum(shard["windows"] for shard in manifest["shards"])
-    print(f"wrote {out}/manifest.json: {windows:,} windows of {len(manifest['channels'])} x "
-          f"{manifest['window_steps']} ({manifest['dtype']}) in {len(manifest['shards'])} shards, "
+    layout = manifest["layout"]
+    print(f"wrote {out}/manifest.json: {windows:,} windows of {len(layout['channels'])} x "
+          f"{layout['window_steps']} ({manifest['dtype']}) in {len(manifest['shards'])} shards, "
           f"{len(manifest['subjects'])} subjects, test subjects {manifest['test_subjects']}")
     return 0
 
@@ -209,7 +210,7 @@ def check_options(options):
 def _apply_description(options):
     """The description's fields in place of the flags that say the same (a flag given must agree):
     its channels are read by name as recorded (--preprocessing raw)."""
-    described = read_description(options.description)
+    described = read_layout(options.description)
     # Labels that are names are an .npz's (plan() refuses them for recordings, whose label column holds numbers).
     numbered = described.labels_are_numbers()
     said = {"channels": ",".join(described.channels), "sample_rate": described.sample_rate_hz,
@@ -248,8 +249,9 @@ def _channel_names(text, preprocessing):
 
 
 def plan(path, options):
-    """(jobs, layout) of the source at `path`: the first kind of data (data/sources/) that claims it and has
-    the converter's jobs for it (an .npz of windows, a UCI HAR layout, a folder of recordings)."""
+    """(jobs, the manifest's head: store_jobs.manifest_head) of the source at `path`: the first kind of data
+    (data/sources/) that claims it and has the converter's jobs for it (an .npz of windows, a UCI HAR layout, a
+    folder of recordings)."""
     for source in SOURCES.values():
         if source.claims(path) and (planned := source.store_jobs(path, options)) is not None:
             return planned
@@ -301,11 +303,11 @@ def _check_finite(signals, stored, where, dtype):
                     f"{dtype}, the first window {window} (channel {channel}, step {step}); {why}")
 
 
-def assemble_manifest(records, layout, options):
+def assemble_manifest(records, head, options):
     """The manifest from every job's record: shards, subjects, test subjects, and the normalisation
     statistics of the training subjects' windows (summed per job while they were written)."""
     subjects = _windows_of_subjects(records)
-    test = layout["test_subjects"]
+    test = head["test_subjects"]
     if test is None:  # recordings: the subjects asked for, else a fifth of those with windows held out
         if options.test_subjects:
             test = sorted(options.test_subjects)
@@ -318,7 +320,7 @@ def assemble_manifest(records, layout, options):
     mean = np.sum([record["sum"] for record in training], axis=0) / steps
     variance = np.sum([record["sum_sq"] for record in training], axis=0) / steps - mean ** 2
     std = np.maximum(np.sqrt(np.maximum(variance, 0.0)), 1e-6)
-    return {**layout, "test_subjects": [int(s) for s in test], "dtype": options.dtype,
+    return {**head, "test_subjects": [int(s) for s in test], "dtype": options.dtype,
             "shards": [shard for record in records for shard in record["shards"]],
             # A subject whose recordings gave no window has no shard: the store, like its shards, lacks it.
             "subjects": {str(subject): count for subject, count in sorted(subjects.items()) if count},

@@ -1,16 +1,18 @@
-"""A dataset said once, in a JSON file that the store's converter and --dataset npz take as --description
-and that then travels with the store and the checkpoint to predict.py: the channels (name, and where
-known the sensor, axis and unit), the sample rate, the windows' length and stride, the classes with
-the label value of each, and the values that mean no class. Each field is checked as it is read, and
-data that contradicts the file is refused in one line naming the field.
+"""What a dataset is, said once: the Layout value. Its channels (name, and where known the sensor, axis
+and unit), the sample rate, the windows' length and stride, the classes with the label value of each, the
+values that mean no class, and the preprocessing that made the channels. A --description file is one (the
+store's converter and --dataset npz or recordings take it), a window store's manifest holds one (its
+`layout` section), every HarData has one, and a checkpoint keeps its data's, which predict.py reads: one
+value, read and checked by one function, Layout.from_json.
 
-    {"sample_rate_hz": 64, "window_steps": 128, "stride_steps": 64,
+    {"sample_rate_hz": 64, "window_steps": 128, "stride_steps": 64, "preprocessing": "raw",
      "channels": [{"name": "wrist_x", "sensor": "wrist_acc", "axis": "x", "unit": "g"}, ...],
      "classes": [{"name": "walking", "label": 1}, {"name": "running", "label": 2}],
      "unlabelled": [0]}
 
-sample_rate_hz, channels and classes are needed; the rest may be left out. A file over 1 MiB is not
-read; the rate, window and stride, and the channels' and classes' names, follow data/declared.py's rules."""
+channels and classes are needed, and a description file's sample_rate_hz (a layout made from windows
+that do not say their rate holds null); the rest may be left out. A file over 1 MiB is not read; the
+rate, window and stride, and the channels' and classes' names, follow data/declared.py's rules."""
 import json
 import math
 from dataclasses import dataclass
@@ -20,7 +22,9 @@ from data.declared import MAX_WINDOW_STEPS, MIN_WINDOW_STEPS, checked_names, rat
 from data.errors import DataError, not_a_file
 
 AXES = ("x", "y", "z")
-FIELDS = ("sample_rate_hz", "channels", "classes", "unlabelled", "window_steps", "stride_steps")
+FIELDS = ("sample_rate_hz", "channels", "classes", "unlabelled", "window_steps", "stride_steps", "preprocessing")
+# How the channels were made from a recording (data/preprocess.py keeps the same list).
+PREPROCESSINGS = ("uci-har", "raw", "unknown")
 CHANNEL_FIELDS = ("name", "sensor", "axis", "unit")
 # A description is a few KB (a field per channel and class): a file past this is not one, and is not
 # read into memory to find that out.
@@ -28,8 +32,8 @@ MAX_DESCRIPTION_BYTES = 2 ** 20
 
 
 @dataclass(frozen=True)
-class Description:
-    sample_rate_hz: float
+class Layout:
+    sample_rate_hz: float  # NaN where the data does not say (windows of no stated rate)
     channels: tuple  # the channels' names, in the windows' order
     sensors: tuple  # per channel: the sensor it belongs to, or None
     axes: tuple  # per channel: "x", "y", "z", or None
@@ -39,11 +43,40 @@ class Description:
     unlabelled: tuple = ()  # label values that mean no class
     window_steps: int | None = None
     stride_steps: int | None = None
-    where: str = "the description"  # the file it was read from, for the refusals
+    preprocessing: str | None = None  # PREPROCESSINGS; None: not said
+    where: str = "the description"  # the file or place it was read from, for the refusals
+
+    @classmethod
+    def from_json(cls, content, where, rate_said=True):
+        """The Layout a dict says (a --description file's, a store manifest's section, a checkpoint's), each
+        field checked: the one reader and validator of a layout. `rate_said`: the rate must be given (a
+        description file, a store); else null stands for windows of no stated rate."""
+        return _layout_from_json(content, where, rate_said)
+
+    @classmethod
+    def named(cls, channels, class_names, class_labels=None, **said):
+        """A layout of channels and classes by name (each class labelled by `class_labels`, else by its
+        index, as the windows hold it), with any other field by keyword: what a source that reads no
+        description knows."""
+        where = said.pop("where", "the data")
+        rate = said.pop("sample_rate_hz", None)
+        said["sample_rate_hz"] = None if rate is None or math.isnan(rate) else float(rate)
+        labels = range(len(class_names)) if class_labels is None else class_labels
+        return cls.from_json({"channels": [{"name": name} for name in channels],
+                              "classes": [{"name": name, "label": label} for name, label in zip(class_names, labels,
+                                                                                                strict=True)],
+                              **{key: value for key, value in said.items() if value is not None}}, where,
+                             rate_said=False)
+
+    def replace(self, **changes):
+        """This layout with fields changed, checked again."""
+        return Layout.from_json({**self.as_json(), **changes}, self.where, rate_said=False)
 
     def sensor_triples(self):
-        """Channel indices [x, y, z] of every sensor whose three axes are all named: what rotation and
-        flip turn together."""
+        """Channel indices [x, y, z] of every sensor whose three axes are all named (by sensor and axis, or
+        where none is said by the names' _x/_y/_z): what rotation and flip turn together."""
+        if all(axis is None for axis in self.axes):
+            return named_triples(self.channels)
         triples = []
         for sensor in dict.fromkeys(s for s in self.sensors if s is not None):
             by_axis = {axis: i for i, (s, axis) in enumerate(zip(self.sensors, self.axes, strict=True))
@@ -58,21 +91,28 @@ class Description:
         return all(_is_whole(label) for label in (*self.class_labels, *self.unlabelled))
 
     def as_json(self):
-        """The dict the file holds (what a store's manifest and a checkpoint keep)."""
+        """The dict a file holds (what a store's manifest and a checkpoint keep); a rate not said is null."""
         channels = [{key: value for key, value in zip(CHANNEL_FIELDS, row, strict=True) if value is not None}
                     for row in zip(self.channels, self.sensors, self.axes, self.units, strict=True)]
-        kept = {"window_steps": self.window_steps, "stride_steps": self.stride_steps}
-        return {"sample_rate_hz": self.sample_rate_hz, "channels": channels,
+        kept = {"window_steps": self.window_steps, "stride_steps": self.stride_steps,
+                "preprocessing": self.preprocessing}
+        rate = None if math.isnan(self.sample_rate_hz) else self.sample_rate_hz
+        return {"sample_rate_hz": rate, "channels": channels,
                 "classes": [{"name": name, "label": label}
                             for name, label in zip(self.class_names, self.class_labels, strict=True)],
                 "unlabelled": list(self.unlabelled), **{key: value for key, value in kept.items() if value is not None}}
+
+    def same_as(self, other):
+        """Whether two layouts say the same of the data, wherever each was read from."""
+        return other is not None and self.as_json() == other.as_json()
 
     def check(self, field, held, source):
         """Refuse `source` when what it holds for `field` is not what the description says (None: it does
         not say, and the description's stands)."""
         said = {"channels": self.channels, "sample_rate_hz": self.sample_rate_hz, "window_steps": self.window_steps,
                 "classes": self.class_names}[field]
-        if held is None or said is None or (isinstance(held, float) and math.isnan(held)):
+        unsaid = [value is None or (isinstance(value, float) and math.isnan(value)) for value in (held, said)]
+        if any(unsaid):
             return
         same = tuple(held) == said if isinstance(said, tuple) else float(held) == float(said)
         if not same:
@@ -92,8 +132,9 @@ def named_triples(channel_names):
     return triples
 
 
-def read_description(path):
-    """The Description in a JSON file; a file that is not one is refused in one line naming the field."""
+def read_layout(path):
+    """The Layout a --description JSON file says; a file that is not one is refused in one line naming the
+    field."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"--description {path} {not_a_file(path)}; it names a JSON file (see docs/using_a_model.md, "
@@ -110,34 +151,39 @@ def read_description(path):
                         "of lists of objects, three levels deep") from None
     except (UnicodeDecodeError, ValueError) as exc:  # ValueError: JSONDecodeError, or a number too long to read
         raise DataError(f"--description {path} is not readable JSON ({str(exc).splitlines()[0][:200]})") from None
-    return description_of(content, str(path))
+    return Layout.from_json(content, str(path))
 
 
-def description_of(content, where):
-    """A Description from the dict a file, a store's manifest or a checkpoint holds."""
+def _layout_from_json(content, where, rate_said):
+    """Layout.from_json: every field checked, in one line naming it."""
     _need(isinstance(content, dict), where, "(the whole file)", "an object with " + ", ".join(FIELDS))
     unknown = sorted(set(content) - set(FIELDS))
     _need(not unknown, where, unknown[0] if unknown else "", "left out: the fields are " + ", ".join(FIELDS))
-    for field in ("sample_rate_hz", "channels", "classes"):
+    for field in ("sample_rate_hz", "channels", "classes") if rate_said else ("channels", "classes"):
         _need(field in content, where, field, "given")
-    rate = content["sample_rate_hz"]
-    _need(_is_number(rate), where, "sample_rate_hz", "a positive number of Hz")
-    _need(rate_problem(rate) is None, where, "sample_rate_hz", rate_problem(rate))
+    rate = content.get("sample_rate_hz")
+    if rate is not None or rate_said:
+        _need(_is_number(rate), where, "sample_rate_hz", f"a positive number of Hz, got {rate!r}")
+        _need(rate_problem(rate) is None, where, "sample_rate_hz", rate_problem(rate))
     window, stride = content.get("window_steps"), content.get("stride_steps")
     _need(window is None or (_is_whole(window) and MIN_WINDOW_STEPS <= window <= MAX_WINDOW_STEPS), where,
           "window_steps", f"a whole number of at least {MIN_WINDOW_STEPS} and at most {MAX_WINDOW_STEPS:,} (22 "
           "minutes at 50 Hz)")
     _need(stride is None or (_is_whole(stride) and 1 <= stride <= (window or MAX_WINDOW_STEPS)), where,
           "stride_steps", f"a whole number between 1 and window_steps (at most {MAX_WINDOW_STEPS:,})")
+    preprocessing = content.get("preprocessing")
+    _need(preprocessing is None or preprocessing in PREPROCESSINGS, where, "preprocessing",
+          f"one of {', '.join(PREPROCESSINGS)}")
     channels = _channels(content["channels"], where)
     class_names, labels = _classes(content["classes"], where)
     unlabelled = content.get("unlabelled", [])
     _need(isinstance(unlabelled, list) and all(_is_whole(v) or _is_name(v) for v in unlabelled)
           and len(set(unlabelled)) == len(unlabelled) and not set(unlabelled) & set(labels), where, "unlabelled",
           "a list of distinct label values that are no class's label")
-    return Description(float(rate), tuple(c["name"] for c in channels), tuple(c.get("sensor") for c in channels),
-                       tuple(c.get("axis") for c in channels), tuple(c.get("unit") for c in channels),
-                       class_names, labels, tuple(unlabelled), window, stride, where)
+    return Layout(float("nan") if rate is None else float(rate), tuple(c["name"] for c in channels),
+                  tuple(c.get("sensor") for c in channels), tuple(c.get("axis") for c in channels),
+                  tuple(c.get("unit") for c in channels), class_names, labels, tuple(unlabelled), window, stride,
+                  preprocessing, where)
 
 
 def _channels(channels, where):

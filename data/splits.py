@@ -6,7 +6,7 @@ import numpy as np
 
 from data import uci_har
 from data.errors import DataError
-from data.layout import named_triples
+from data.layout import Layout
 from data.store import StoreSplit
 
 CHANNEL_MODES = ("flatten", "average", "first")
@@ -35,13 +35,11 @@ class HarData:
     train: Split
     val: Split
     test: Split
-    class_names: tuple
-    channel_names: tuple
-    source: str  # "uci-har" or "synthetic"
+    # What the data is (data/layout.py): channels, rate, window length, classes, preprocessing; a
+    # checkpoint keeps it for predict.py, which turns a recording into such windows.
+    layout: Layout
+    source: str  # the kind of data (data/sources/), e.g. "uci-har" or "synthetic"
     description: str  # the one-line banner printed at start
-    # What turning a recording into these windows takes; checkpoints carry it for predict.py.
-    sample_rate_hz: float = uci_har.SAMPLE_RATE_HZ
-    preprocessing: str = "uci-har"  # see data/preprocess.py
     # (mean, std) per channel known without a pass over the signals (a window store's), else None:
     # training fits them on its training split.
     normalization: tuple = None
@@ -52,10 +50,26 @@ class HarData:
     # What the same data was known as under earlier versions' rules (an .npz's file bytes), which a
     # checkpoint written then recorded.
     former_identities: tuple = ()
-    described: object = None  # the data.layout.Description the data was read with (a store's, or --description)
+    described: Layout = None  # the description the data was read with (a store's, or --description), or None
     # (shortest, longest) steps of windows of unequal lengths, padded at their end with NaN (an .npz's);
     # None: every window fills its steps.
     own_lengths: tuple = None
+
+    @property
+    def class_names(self):
+        return self.layout.class_names
+
+    @property
+    def channel_names(self):
+        return self.layout.channels
+
+    @property
+    def sample_rate_hz(self):
+        return self.layout.sample_rate_hz
+
+    @property
+    def preprocessing(self):
+        return self.layout.preprocessing
 
     @property
     def padded(self):
@@ -66,9 +80,9 @@ class HarData:
         return (self.identity, *self.former_identities)
 
     def sensor_triples(self):
-        """Channel indices of each sensor's x/y/z: where the description places them, else by the names'
-        _x/_y/_z."""
-        return self.described.sensor_triples() if self.described else named_triples(self.channel_names)
+        """Channel indices of each sensor's x/y/z: where the layout places them (a description's sensors and
+        axes), else by the names' _x/_y/_z."""
+        return self.layout.sensor_triples()
 
 
 def select_channels(signals, mode):

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from data.errors import DataError
+from data.layout import Layout
 
 FORMAT = "har-window-store"
 VERSION = 1
@@ -80,8 +81,8 @@ class WindowStore:
     def __init__(self, root):
         self.root = Path(root)
         self.manifest = manifest = _read_manifest(self.root)
-        self.channels = tuple(manifest["channels"])
-        self.window_steps = int(manifest["window_steps"])
+        self.layout = manifest_layout(manifest, self.root)
+        self.channels, self.window_steps = self.layout.channels, self.layout.window_steps
         self.dtype = np.dtype(manifest["dtype"])
         self.window_bytes = len(self.channels) * self.window_steps * self.dtype.itemsize
         counts = np.array([entry["windows"] for entry in manifest["shards"]], dtype=np.int64)
@@ -122,7 +123,7 @@ class WindowStore:
         if labels.shape != (windows,) or labels.dtype != np.int8:
             raise DataError(f"store {self.root}: {path} holds {labels.dtype} {list(labels.shape)} but the manifest's "
                             f"shards hold {windows:,} windows; the manifest and its files disagree: rebuild the store")
-        classes = len(self.manifest["class_names"])
+        classes = len(self.layout.class_names)
         outside = np.flatnonzero((labels < 0) | (labels >= classes))
         if len(outside):
             shard, position = self.locate(int(outside[0]))
@@ -136,7 +137,7 @@ class WindowStore:
         training = ~np.isin(self.subjects, self.manifest["test_subjects"])
         found = np.unique(self.labels[training])
         if len(found) < 2:
-            names = [self.manifest["class_names"][int(label)] for label in found]
+            names = [self.layout.class_names[int(label)] for label in found]
             raise DataError(f"store {self.root}: its training subjects' windows hold {len(found)} class(es) "
                             f"({', '.join(names) or 'no window'}); a classifier needs at least two: rebuild it from "
                             "data with more classes, or with other --test-subjects")
@@ -218,6 +219,34 @@ def _read_manifest(root):
     return manifest
 
 
+# What a manifest written before its layout section held of the layout, as top-level keys.
+FLAT_LAYOUT_KEYS = ("sample_rate_hz", "window_steps", "stride_steps", "preprocessing")
+
+
+def manifest_layout(manifest, root):
+    """The store's Layout (data/layout.py): its manifest's `layout` section, or for a manifest written before
+    it, the same built from its top-level channels, class_names, rate, window, stride and preprocessing (and
+    the description it was built by); refused in one line naming the field where it is not one."""
+    where = f"store {root}: {MANIFEST}'s layout"
+    content = manifest.get("layout")
+    if content is None:
+        described = manifest.get("description") or {}
+        channels, names = manifest.get("channels"), manifest.get("class_names")
+        content = {**described, **{key: manifest[key] for key in FLAT_LAYOUT_KEYS if manifest.get(key) is not None}}
+        if not described:
+            content["channels"] = [{"name": name} for name in channels] if isinstance(channels, list) else channels
+            content["classes"] = ([{"name": name, "label": index} for index, name in enumerate(names)]
+                                  if isinstance(names, list) else names)
+    try:
+        layout = Layout.from_json(content, where)
+    except DataError as exc:
+        raise DataError(f"{exc}; the manifest is damaged or was not written by python -m data.build_store: rebuild "
+                        "the store") from None
+    if layout.window_steps is None:
+        raise DataError(f"{where} says no window_steps; the manifest is damaged: rebuild the store")
+    return layout
+
+
 def _check_manifest(root, manifest):
     """Every field the trainer reads, of the type it reads, and consistent with the others: a
     malformed manifest is refused in one line that names the field, never met as a KeyError later."""
@@ -232,17 +261,8 @@ def _check_manifest(root, manifest):
     def is_number(value):
         return isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value)
 
-    channels = manifest.get("channels")
-    need(isinstance(channels, list) and channels and all(isinstance(c, str) for c in channels), "channels",
-         "a list of channel names")
-    need(is_int(manifest.get("window_steps")) and manifest["window_steps"] >= 1, "window_steps", "a positive integer")
+    channels = manifest_layout(manifest, root).channels  # the layout, checked where it is read
     need(manifest.get("dtype") in ("float16", "float32"), "dtype", "float16 or float32")
-    names = manifest.get("class_names")
-    need(isinstance(names, list) and len(names) >= 2 and all(isinstance(n, str) and n.strip() for n in names)
-         and len(set(names)) == len(names), "class_names", "a list of at least two distinct, non-empty class names")
-    need(is_number(manifest.get("sample_rate_hz")) and manifest["sample_rate_hz"] > 0, "sample_rate_hz",
-         "a positive number")
-    need(isinstance(manifest.get("preprocessing"), str), "preprocessing", "a name")
     shards = manifest.get("shards")
     need(isinstance(shards, list) and shards, "shards", "a list of shards")
     for entry in shards:

@@ -13,12 +13,23 @@ from pathlib import Path
 
 from data.errors import DataError
 from data.provenance import read_json
-from data.store import BUILD_RECORD, FORMAT, LABELS, MANIFEST, PARTS, SHARD_DIR, VERSION, is_partial_write, write_atomic
+from data.store import (
+    BUILD_RECORD,
+    FORMAT,
+    LABELS,
+    MANIFEST,
+    PARTS,
+    SHARD_DIR,
+    VERSION,
+    is_partial_write,
+    manifest_layout,
+    write_atomic,
+)
 
 JOB_FILE = re.compile(rf"(.*)\.json|(.*)-[^-]*\.(?:{'|'.join(PARTS)})\.npy", re.DOTALL)
-# What makes a store's windows what they are: a finished store asked for other values of these is refused.
-STORE_SETTINGS = ("channels", "class_names", "label_rule", "sample_rate_hz", "window_steps", "stride_steps",
-                  "preprocessing", "dtype", "description")
+# What makes a store's windows what they are: a finished store asked for other values of these (or of its
+# layout's fields) is refused.
+STORE_SETTINGS = ("label_rule", "dtype", "description")
 
 
 def check_store_folder(out):
@@ -51,11 +62,13 @@ def check_same_store(out, asked):
         # Another source is another dataset, not this one with recordings added or removed.
         raise DataError(f"--out {out} holds a finished store built from {finished['source_path']}, not "
                         f"{asked['source_path']}; give another --out, or {in_place} this source there in its place")
-    differ = [key for key in STORE_SETTINGS if finished.get(key) != asked.get(key)]
+    then = {**manifest_layout(finished, out).as_json(), **{key: finished.get(key) for key in STORE_SETTINGS}}
+    now = {**asked["layout"], **{key: asked.get(key) for key in STORE_SETTINGS}}
+    differ = [key for key in dict.fromkeys([*then, *now]) if then.get(key) != now.get(key)]
     if differ:
         key = differ[0]
-        raise DataError(f"--out {out} holds a finished store whose {key} is {finished.get(key)!r}, not this build's "
-                        f"{asked.get(key)!r}; give another --out, or {in_place} it in place")
+        raise DataError(f"--out {out} holds a finished store whose {key} is {then.get(key)!r}, not this build's "
+                        f"{now.get(key)!r}; give another --out, or {in_place} it in place")
 
 
 def holds_a_store(out):

@@ -24,10 +24,6 @@ def source_rate(said, given, source):
                         "(it brings recordings to a rate; windows keep theirs)")
     return said
 
-def described(layout, options):
-    """The manifest's layout with the description it was built by: training and predict.py read it from there."""
-    return {**layout, "description": options.described.as_json()} if options.described else layout
-
 def label_rule(options):
     pairs = zip(options.class_labels, options.class_names, strict=True)
     classes = ", ".join(f"{value} {name}" for value, name in pairs)
@@ -61,8 +57,11 @@ def recording_options(options, channels):
             "stride": options.stride or options.window_steps // 2, "preprocessing": options.preprocessing,
             "class_labels": options.class_labels, "unlabelled": options.unlabelled, "channels": list(channels)}
 
-def layout(channels, class_names, rate, window_steps, stride, preprocessing, test_subjects, source):
-    """What the manifest says of the whole source."""
-    return {"channels": list(channels), "class_names": list(class_names), "sample_rate_hz": float(rate),
-            "window_steps": int(window_steps), "stride_steps": stride, "preprocessing": preprocessing,
-            "test_subjects": test_subjects, "source": source, "label_rule": "the source's windows and labels"}
+def manifest_head(layout, test_subjects, source, options, label_rule="the source's windows and labels"):
+    """What the manifest says of the whole source: its Layout (data/layout.py), test subjects (None: chosen
+    when the jobs are done), where it came from, how windows got their labels, and the description it was
+    built by (training and predict.py read it from there)."""
+    head = {"layout": layout.as_json(), "test_subjects": test_subjects, "source": source, "label_rule": label_rule}
+    if options.described:
+        head["description"] = options.described.as_json()
+    return head

@@ -8,9 +8,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from data.errors import not_a_file
-from data.layout import description_of
-from inference.checkpoint_checks import check_declared_shapes, check_members, checked_model
+from data.errors import DataError, not_a_file
+from inference.checkpoint_checks import check_declared_shapes, check_members, checked_layout, checked_model
 from inference.ensemble import ProbabilityAverage
 from training.checkpoint.files import load_checkpoint
 from training.checkpoint.format import ENSEMBLE_KIND, ENSEMBLE_MEMBER_KEYS, PREDICTION_KEYS, WEIGHT_KEYS, SavedRun
@@ -53,7 +52,7 @@ class ModelBundle:
     config: RunConfig  # the run's settings, rebuilt from the checkpoint (today's defaults for newer ones)
     path: str
     members: int = 1  # models whose probabilities are averaged: more than one for a fold ensemble
-    described: object = None  # the data.layout.Description its data was read with, or None
+    described: object = None  # the description (a data.layout.Layout) its data was read with, or None
     padded: bool = False  # its model reads windows padded at their end with NaN, each over its own steps
 
     def describe(self):
@@ -81,7 +80,7 @@ def load_bundle(path):
         raise UsageError(f"checkpoint {path} lacks {', '.join(missing)}, which predicting needs (it was written "
                          "by an older version, or is not a checkpoint of this trainer); retrain to get them")
     check_declared_shapes(saved, path)
-    layout = saved.data_layout()
+    layout = checked_layout(saved, path)
     steps = layout.window_steps
     if kind == ENSEMBLE_KIND:
         check_members(saved, path, ENSEMBLE_MEMBER_KEYS)
@@ -93,11 +92,17 @@ def load_bundle(path):
     # An ensemble's scale of the raw windows (what example inputs are drawn at) is its members' mean.
     mean, std = (torch.stack([getattr(part, key).flatten() for part in models]).mean(dim=0).numpy()
                  for key in ("mean", "std"))
-    return ModelBundle(model.eval(), mean, std, tuple(layout.class_names), tuple(layout.channel_names),
+    return ModelBundle(model.eval(), mean, std, tuple(layout.class_names), tuple(layout.channels),
                        float(layout.sample_rate_hz), int(layout.window_steps), str(layout.preprocessing),
-                       RunConfig.from_flags(saved.flags), str(path), len(models),
-                       description_of(layout.description, f"checkpoint {path}'s description")
-                       if layout.description else None, all(part.model.padded for part in models))
+                       RunConfig.from_flags(saved.flags), str(path), len(models), _described(saved, path),
+                       all(part.model.padded for part in models))
+
+
+def _described(saved, path):
+    try:
+        return saved.described(f"checkpoint {path}")
+    except DataError as exc:
+        raise UsageError(f"{exc}; the file is damaged or not written by this trainer") from None
 
 
 def pick_device(name):

@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from data.errors import DataError
 from models import MODELS
 from training.checkpoint.format import nonfinite_tensor
 from training.config.settings import RunConfig
@@ -15,13 +16,25 @@ REWRITE = "train it again (python main.py), or point --checkpoint at another of 
 REWRITE_ENSEMBLE = "write it again with python main.py --cv-folds K --ensemble"
 
 
+def checked_layout(saved, path):
+    """The Layout the checkpoint (a SavedRun) keeps of its data, read through Layout.from_json; a file whose
+    layout is not one is refused in one line naming the field."""
+    try:
+        layout = saved.data_layout(f"checkpoint {path}")
+    except DataError as exc:
+        raise UsageError(f"{exc}; the file is damaged or not written by this trainer: {REWRITE}") from None
+    if layout is None:
+        raise UsageError(f"checkpoint {path} records no channel_names or class_names: {REWRITE}")
+    return layout
+
+
 def check_declared_shapes(saved, path):
     """in_channels and num_classes of `saved` (a SavedRun) are positive counts that the channel and class
     names match."""
     if not isinstance(saved.flags, dict):
         raise UsageError(f"checkpoint {path}: config is not a mapping of settings; {REWRITE}")
-    layout = saved.data_layout()
-    for key, count, names, listed in (("in_channels", saved.in_channels, "channel_names", layout.channel_names),
+    layout = checked_layout(saved, path)
+    for key, count, names, listed in (("in_channels", saved.in_channels, "channel_names", layout.channels),
                                       ("num_classes", saved.num_classes, "class_names", layout.class_names)):
         if not _is_count(count) or not isinstance(listed, (list, tuple)) or len(listed) != count \
                 or not all(isinstance(name, str) for name in listed):

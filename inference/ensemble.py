@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from inference.checkpoint_checks import check_declared_shapes, checked_model, other_model
+from inference.checkpoint_checks import check_declared_shapes, checked_layout, checked_model, other_model
 from inference.outputs import check_out_file
 from training.checkpoint.files import load_checkpoint, save_checkpoint
 from training.checkpoint.format import (
@@ -84,7 +84,7 @@ def check_member(run, path):
         raise UsageError(f"{path} lacks {', '.join(missing)}: not a checkpoint of this trainer; give runs' best.pt "
                          "or last.pt")
     check_declared_shapes(run, path)
-    checked_model(run, run.inference_weights(), run.data_layout().window_steps, path)
+    checked_model(run, run.inference_weights(), checked_layout(run, path).window_steps, path)
 
 
 def main(argv=None):

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
+from data.layout import Layout
 from inference_fixtures import make_checkpoint
 from training.checkpoint.format import (
     PER_GPU_RULE_KEY,
-    DataLayout,
     SavedRun,
     nonfinite_tensor,
     run_checkpoint,
@@ -116,9 +116,11 @@ def test_the_scan_sees_each_way_a_key_is_read(tmp_path):
 
 def tiny_data(described=None):
     """The attributes run_metadata reads of a HarData, for 4 channels x 16 steps and 3 classes."""
+    layout = Layout.named(("x", "y", "z", "w"), ("a", "b", "c"), sample_rate_hz=50, window_steps=16,
+                          preprocessing="raw")
     return SimpleNamespace(train=SimpleNamespace(signals=np.zeros((2, 4, 16), dtype=np.float32)),
-                           class_names=("a", "b", "c"), channel_names=("x", "y", "z", "w"), sample_rate_hz=50,
-                           preprocessing="none", described=described, identity="windows-1234")
+                           class_names=layout.class_names, layout=layout, described=described,
+                           identity="windows-1234")
 
 
 def written_checkpoint(config=None):
@@ -140,9 +142,10 @@ def test_a_checkpoint_holds_the_keys_it_always_held():
     state = [item.name for item in fields(TrainState)]
     checkpoint = written_checkpoint()
     assert list(checkpoint) == [*metadata, *state, *PARTS]
-    assert {name: checkpoint[name] for name in (item.name for item in fields(DataLayout))} == {
+    layout_keys = ("class_names", "channel_names", "sample_rate_hz", "window_steps", "preprocessing", "description")
+    assert {name: checkpoint[name] for name in layout_keys} == {
         "class_names": ["a", "b", "c"], "channel_names": ["x", "y", "z", "w"], "sample_rate_hz": 50.0,
-        "window_steps": 16, "preprocessing": "none", "description": None}
+        "window_steps": 16, "preprocessing": "raw", "description": None}
     assert isinstance(checkpoint["sample_rate_hz"], float) and checkpoint["in_channels"] == 4
 
 
@@ -163,8 +166,7 @@ def test_a_checkpoint_from_before_the_newer_keys_reads_as_it_always_did():
     assert saved.planned_epochs(99) == RunConfig().optim.epochs  # its --epochs
     assert saved.data_identity is None and saved.batch_layout is None and saved.part("ema") is None
     assert saved.lr_scales_by_per_gpu_batch()  # begun before --lr-reference-batch
-    assert saved.data_layout() == DataLayout(class_names=["a", "b", "c"], sample_rate_hz=50.0,
-                                             preprocessing="none")
+    assert saved.data_layout() is None  # no channel_names: an older file's layout is not read
     assert saved.progress() == (1, 7, 0) and saved.epochs_since_best == 0
     state = TrainState(epoch_position=5, epochs_since_best=2)
     state.load_state_dict(saved.train_state)
@@ -179,7 +181,9 @@ def test_the_newer_keys_are_read_where_they_are_written():
     saved = SavedRun(written_checkpoint(RunConfig().replace(epochs=5)))
     assert saved.planned_epochs(99) == 3 and saved.data_identity == "windows-1234"
     assert saved.batch_layout == {"world_size": 1} and not saved.lr_scales_by_per_gpu_batch()
-    assert saved.data_layout().window_steps == 16 and saved.data_layout().channel_names == ["x", "y", "z", "w"]
+    layout = saved.data_layout()
+    assert layout.window_steps == 16 and layout.channels == ("x", "y", "z", "w") and layout.sample_rate_hz == 50.0
+    assert layout.same_as(tiny_data().layout)  # read back as it was written
 
 
 def test_an_old_checkpoint_without_a_description_predicts(tmp_path):

@@ -10,6 +10,7 @@ import pytest
 from conftest import TINY_DATA, run_in_process
 from data import sources
 from data.errors import DataError
+from data.layout import Layout
 from data.sources import DataOptions, Source, load_har_data, register_source, source_for
 from data.splits import HarData, Split, held_out_for_test, hold_out, take, validation_words
 from test_bad_input import assert_refused
@@ -37,8 +38,8 @@ class TinyJson(Source):
         train_all, test = take(whole, ~is_test), take(whole, is_test)
         train, val, held = hold_out(train_all, options)
         description = f"data: tiny-json ({how}), val {validation_words(train_all, held, options.val_split)}"
-        return HarData(train, val, test, ("rest", "move"), ("x", "y"), self.name, description, sample_rate_hz=25.0,
-                       preprocessing="raw", identity=str(hash(text)))
+        layout = Layout.named(("x", "y"), ("rest", "move"), sample_rate_hz=25.0, window_steps=32, preprocessing="raw")
+        return HarData(train, val, test, layout, self.name, description, identity=str(hash(text)))
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import torch
 
 from conftest import run_in_process
 from data.errors import DataError
-from data.layout import read_description
+from data.layout import read_layout
 from data.npz_windows import load_npz_windows
 from data.sources import load_har_data
 from data.store import WindowStore
@@ -37,14 +37,14 @@ def describe(path, **fields):
 
 
 def test_a_description_places_each_sensors_axes_whatever_the_names(tmp_path):
-    described = read_description(describe(tmp_path / "d.json"))
+    described = read_layout(describe(tmp_path / "d.json"))
     assert described.channels == ("fwd", "side", "up", "pressure")
     assert described.sensor_triples() == [[0, 1, 2]]
     assert described.units == ("g", "g", "g", "hPa")
     shuffled = [ANKLE[2], ANKLE[3], ANKLE[0], ANKLE[1]]  # z, another sensor, x, y
-    assert read_description(describe(tmp_path / "s.json", channels=shuffled)).sensor_triples() == [[2, 3, 0]]
-    assert read_description(describe(tmp_path / "two.json", channels=ANKLE[:2])).sensor_triples() == []
-    again = read_description(describe(tmp_path / "again.json", **read_description(tmp_path / "d.json").as_json()))
+    assert read_layout(describe(tmp_path / "s.json", channels=shuffled)).sensor_triples() == [[2, 3, 0]]
+    assert read_layout(describe(tmp_path / "two.json", channels=ANKLE[:2])).sensor_triples() == []
+    again = read_layout(describe(tmp_path / "again.json", **read_layout(tmp_path / "d.json").as_json()))
     assert again.as_json() == described.as_json()
 
 
@@ -65,7 +65,7 @@ def test_a_description_places_each_sensors_axes_whatever_the_names(tmp_path):
 ])
 def test_a_description_that_is_not_one_is_refused_naming_the_field(fields, field, tmp_path):
     with pytest.raises(DataError, match=re.escape(field)):
-        read_description(describe(tmp_path / "d.json", **fields))
+        read_layout(describe(tmp_path / "d.json", **fields))
 
 
 def test_npz_windows_read_by_a_description(tmp_path):
@@ -73,7 +73,7 @@ def test_npz_windows_read_by_a_description(tmp_path):
     labels = arrays["labels"].copy()
     labels[::5] = -1  # unlabelled stretches
     path = write_npz(tmp_path / "w.npz", **{**arrays, "labels": labels})
-    described = read_description(describe(tmp_path / "d.json", window_steps=40))
+    described = read_layout(describe(tmp_path / "d.json", window_steps=40))
     loaded = load_npz_windows(path, described)
     kept = labels >= 0
     assert loaded.unlabelled_windows == int((~kept).sum()) > 0
@@ -100,7 +100,7 @@ def test_npz_windows_read_by_a_description(tmp_path):
 def test_npz_windows_that_contradict_their_description_are_refused_naming_the_field(arrays, says, tmp_path):
     path = write_npz(tmp_path / "w.npz", **{**windows(channels=4, steps=40), **arrays})
     with pytest.raises(DataError, match=re.escape(says)):
-        load_npz_windows(path, read_description(describe(tmp_path / "d.json")))
+        load_npz_windows(path, read_layout(describe(tmp_path / "d.json")))
 
 
 def test_training_turns_the_sensor_a_description_places_and_keeps_the_description(tmp_path):
@@ -136,8 +136,8 @@ def test_the_converter_reads_an_npz_by_its_description_whose_labels_may_be_names
     classes = [{"name": name, "label": name} for name in ("rest", "walk", "run")]
     build_here(path, tmp_path / "store", "--description", str(describe(tmp_path / "d.json", classes=classes,
                                                                        unlabelled=["none"])))
-    store, loaded = WindowStore(tmp_path / "store"), load_npz_windows(path, read_description(tmp_path / "d.json"))
-    assert store.manifest["class_names"] == ["rest", "walk", "run"] and len(store) == len(loaded.labels) < 48
+    store, loaded = WindowStore(tmp_path / "store"), load_npz_windows(path, read_layout(tmp_path / "d.json"))
+    assert store.layout.class_names == ("rest", "walk", "run") and len(store) == len(loaded.labels) < 48
     assert sorted(store.labels.tolist()) == sorted(loaded.labels.tolist())
 
 
@@ -171,8 +171,9 @@ def test_the_converter_takes_a_description_for_its_flags_and_the_store_keeps_it(
                "32", "--window-steps", "64", "--class-names", "calm,lively", "--test-subjects", "4")
     other = device_description(tmp_path / "other.json", channels=[{"name": name, "unit": "m/s2"}
                                                                   for name in DEVICE_CHANNELS])
-    assert "whose description is" in build_refused(source, tmp_path / "store", "--description", str(other),
-                                                   "--test-subjects", "4", "--dtype", "float32")  # its windows stay
+    # The other description's units make another layout: its channels' field names it.
+    assert "whose channels is" in build_refused(source, tmp_path / "store", "--description", str(other),
+                                                "--test-subjects", "4", "--dtype", "float32")  # its windows stay
     store, by_flags = WindowStore(tmp_path / "store"), WindowStore(flags)
     assert store.manifest["description"] == json.loads(Path(description).read_text()) | {"unlabelled": []}
     np.testing.assert_array_equal(store.labels, by_flags.labels)  # the same windows as the flags make

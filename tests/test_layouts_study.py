@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from data.layout import read_description
+from data.layout import read_layout
 from data.npz_windows import load_npz_windows
 from data.recordings import read_recording
 from data.uci_har import CLASS_NAMES
@@ -71,7 +71,7 @@ def test_the_described_layout_gives_its_channels_sensors_and_axes_for_rotation(r
     windows = cut_layout(recordings, LAYOUTS["device-names-described"])
     path = tmp_path / "description.json"
     path.write_text(json.dumps(windows.description()))
-    description = read_description(path)
+    description = read_layout(path)
     assert description.sensor_triples() == [[0, 1, 2], [3, 4, 5]]  # acc, then gyro: what rotate and flip turn
     windows.save(tmp_path / "windows.npz")
     read = load_npz_windows(tmp_path / "windows.npz", description)  # the file and its description agree

@@ -128,7 +128,7 @@ def test_an_accelerometer_alone_makes_a_store_of_its_three_channels(tmp_path):
                  subject=np.full(len(time_s), subject))
     build_here(source, tmp_path / "store", "--preprocessing", "raw", "--class-names", "rest,walk",
                "--test-subjects", "3")
-    assert WindowStore(tmp_path / "store").manifest["channels"] == ["acc_x", "acc_y", "acc_z"]
+    assert WindowStore(tmp_path / "store").channels == ("acc_x", "acc_y", "acc_z")
     assert load_har_data("store", tmp_path / "store").train.signals.shape[1] == 3
 
 
@@ -145,7 +145,7 @@ def test_channels_named_take_some_of_what_the_recordings_give(tmp_path):
     build_here(source, tmp_path / "some", *flags, "--channels", "acc_x,acc_y,acc_z")
     build_here(tmp_path / "acc", tmp_path / "all", *flags)
     some, every = WindowStore(tmp_path / "some"), WindowStore(tmp_path / "all")
-    assert some.manifest["channels"] == every.manifest["channels"] == ["acc_x", "acc_y", "acc_z"]
+    assert some.channels == every.channels == ("acc_x", "acc_y", "acc_z")
     assert len(some) == len(every) > 0
     np.testing.assert_array_equal(some.read(np.arange(len(some))), every.read(np.arange(len(every))))
 
@@ -276,7 +276,7 @@ def test_another_devices_recordings_go_from_a_store_to_a_timeline_and_an_export(
     build_here(source, tmp_path / "store", "--preprocessing", "raw", "--channels", ",".join(DEVICE_CHANNELS),
                "--sample-rate", "32", "--window-steps", "64", "--class-names", "calm,lively", "--test-subjects", "4")
     store = WindowStore(tmp_path / "store")
-    assert store.manifest["channels"] == list(DEVICE_CHANNELS) and store.manifest["sample_rate_hz"] == 32.0
+    assert store.channels == tuple(DEVICE_CHANNELS) and store.layout.sample_rate_hz == 32.0
     assert set(store.labels.tolist()) == {0, 1}
     timeline = trained_then_classified(tmp_path / "store", tmp_path, epochs=2)
     assert timeline[0].startswith("start_s") and len(timeline) > 2

@@ -62,7 +62,7 @@ def store(tmp_path_factory):
 def test_a_store_holds_the_windows_it_was_built_from(store):
     opened, arrays = WindowStore(store), np.load(store.parent / "windows.npz")
     manifest = opened.manifest
-    assert len(opened) == len(arrays["labels"]) and manifest["channels"] == list(SIGNAL_NAMES)
+    assert len(opened) == len(arrays["labels"]) and opened.channels == tuple(SIGNAL_NAMES)
     assert manifest["test_subjects"] == sorted(synthetic.TEST_SUBJECTS)
     for subject in (1, 2, 30):  # shards are per subject, in subject order
         ours = np.flatnonzero(opened.subjects == subject)
@@ -400,7 +400,7 @@ def rewrite_labels(transform):
     (edit_manifest(lambda m: m["shards"][0].update(name="../../elsewhere")), ["shards", "inside shards/"]),
     (edit_manifest(lambda m: m["test_subjects"].append(99)), ["test subject(s) 99", "--test-subjects"]),
     (edit_manifest(lambda m: m["shards"][2].pop("windows")), ["shards", "window count"]),
-    (edit_manifest(lambda m: m.update(channels="acc")), ["channels"]),
+    (edit_manifest(lambda m: m["layout"].update(channels="acc")), ["channels"]),
     (edit_manifest(lambda m: m["normalization"]["std"].pop()), ["normalization std", "9 finite numbers"]),
     (rewrite_labels(np.zeros_like), ["1 class(es) (WALKING)"]),
     (rewrite_labels(lambda a: np.where(np.arange(len(a)) == 40, 9, a).astype(np.int8)),

@@ -140,7 +140,7 @@ def test_a_build_that_would_fail_or_make_a_store_the_trainer_rejects_is_refused(
 
 @pytest.mark.parametrize("edit, names", [
     (lambda manifest: manifest.update(test_subjects=[]), ["test split is empty"]),
-    (lambda manifest: manifest.update(class_names=[""] * len(manifest["class_names"])), ["class_names", "non-empty"]),
+    (lambda manifest: manifest["layout"]["classes"][0].update(name=""), ["classes", "non-empty"]),
 ])
 def test_a_store_with_no_test_windows_or_blank_class_names_is_refused_when_opened(recordings, tmp_path, edit, names):
     build_here(recordings, tmp_path / "store", "--test-subjects", "2")
@@ -166,4 +166,4 @@ def test_windows_without_a_rate_are_refused_until_sample_rate_gives_it(tmp_path)
     line = build_refused(tmp_path / "no_rate.npz", tmp_path / "store")
     assert "--sample-rate" in line
     build_here(tmp_path / "no_rate.npz", tmp_path / "store", "--sample-rate", "50")
-    assert WindowStore(tmp_path / "store").manifest["sample_rate_hz"] == 50.0
+    assert WindowStore(tmp_path / "store").layout.sample_rate_hz == 50.0

@@ -22,7 +22,7 @@ class DataOptions:
     synthetic_windows_per_subject: int = DEFAULT_WINDOWS_PER_SUBJECT
     val_subjects: tuple | None = None
     val_split: str = "subjects"
-    description: object = None  # a data.layout.Description, or its file's path
+    description: object = None  # a data.layout.Layout, or its file's path
 
 
 class Source:

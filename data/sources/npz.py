@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 
 from data.errors import DataError
-from data.layout import read_description
+from data.layout import Layout, read_layout
 from data.npz_windows import load_npz_windows
 from data.provenance import array_identity, file_sha256
 from data.sources.base import Source
 from data.splits import HarData, Split, held_out_for_test, hold_out, marked_validation, take, validation_words
-from data.store_jobs import described, layout, source_rate, test_subjects_of, window_jobs
+from data.store_jobs import manifest_head, source_rate, test_subjects_of, window_jobs
 
 
 class Npz(Source):
@@ -30,7 +30,7 @@ class Npz(Source):
         data_dir = options.data_dir
         described = options.description
         if isinstance(described, str | Path):
-            described = read_description(described)
+            described = read_layout(described)
         windows = load_npz_windows(data_dir, described)
         whole = Split(windows.signals, windows.labels, windows.subjects)
         is_test, how = held_out_for_test(whole.subjects, windows.split)
@@ -48,8 +48,11 @@ class Npz(Source):
         description = (f"data: npz ({data_dir}{described_as}, {how}{unlabelled}): {whole.signals.shape[1]} channels "
                        f"x {whole.signals.shape[2]} steps{lengths}; train {len(train)} windows, val {len(val)} / "
                        f"{words}, test {len(test)}")
-        return HarData(train, val, test, windows.class_names, windows.channel_names, self.name, description,
-                       sample_rate_hz=windows.sample_rate_hz, preprocessing=windows.preprocessing,
+        said = {"sample_rate_hz": None if np.isnan(windows.sample_rate_hz) else windows.sample_rate_hz,
+                "window_steps": whole.signals.shape[2], "preprocessing": windows.preprocessing}
+        layout = described.replace(**said) if described else \
+            Layout.named(windows.channel_names, windows.class_names, where=str(data_dir), **said)
+        return HarData(train, val, test, layout, self.name, description,
                        identity=_windows_identity(windows, described),
                        former_identities=(_file_identity(data_dir, described),),
                        described=described, own_lengths=windows.own_lengths)
@@ -73,10 +76,12 @@ class Npz(Source):
             test = np.array(sorted(options.test_subjects))
         else:
             test = test_subjects_of(windows.subjects, path)
-        rate = source_rate(windows.sample_rate_hz, options.sample_rate, path)
+        said = {"sample_rate_hz": source_rate(windows.sample_rate_hz, options.sample_rate, path),
+                "window_steps": windows.signals.shape[2], "preprocessing": windows.preprocessing}
+        made = options.described.replace(**said) if options.described else \
+            Layout.named(windows.channel_names, windows.class_names, where=str(path), **said)
         return (window_jobs(windows.signals, windows.labels, windows.subjects),
-                described(layout(windows.channel_names, windows.class_names, rate, windows.signals.shape[2],
-                                 None, "npz", sorted(int(s) for s in test), f"windows from {path}"), options))
+                manifest_head(made, sorted(int(s) for s in test), f"windows from {path}", options))
 
 
 def _windows_identity(windows, described):

@@ -9,13 +9,13 @@ import numpy as np
 from data import uci_har
 from data.errors import DataError, not_a_file
 from data.labelled_recordings import RecordingCut, recording_windows
-from data.layout import read_description
+from data.layout import Layout, read_layout
 from data.preprocess import available_channels
 from data.provenance import array_identity
 from data.recordings import read_recording
 from data.sources.base import Source
 from data.splits import HarData, Split, held_out_for_test, hold_out, take, validation_words
-from data.store_jobs import described, label_rule, layout, recording_job_names, recording_options
+from data.store_jobs import label_rule, manifest_head, recording_job_names, recording_options
 
 SUFFIXES = (".csv", ".npz")
 
@@ -36,7 +36,7 @@ class Recordings(Source):
         folder = options.data_dir
         described_by = options.description
         if isinstance(described_by, str | Path):
-            described_by = read_description(described_by)
+            described_by = read_layout(described_by)
         files = recording_files(folder)
         cut, class_names = cut_of(described_by, files[0])
         parts = [recording_windows(file, cut) for file in files]
@@ -54,8 +54,11 @@ class Recordings(Source):
                        f"x {cut.window_steps} steps at {cut.sample_rate:g} Hz; train {len(train)} windows, val "
                        f"{len(val)} / {validation_words(train_all, val_subjects, options.val_split)}, test {len(test)}")
         said = np.array([repr((cut, class_names, described_by and described_by.as_json()))])
-        return HarData(train, val, test, class_names, tuple(cut.channels), self.name, description,
-                       sample_rate_hz=cut.sample_rate, preprocessing=cut.preprocessing,
+        made = {"sample_rate_hz": cut.sample_rate, "window_steps": cut.window_steps, "stride_steps": cut.stride,
+                "preprocessing": cut.preprocessing}
+        layout = described_by.replace(**made) if described_by else \
+            Layout.named(cut.channels, class_names, class_labels=cut.class_labels, where=str(folder), **made)
+        return HarData(train, val, test, layout, self.name, description,
                        identity="windows:" + array_identity(whole.signals, whole.labels, whole.subjects, said),
                        described=described_by)
 
@@ -68,10 +71,12 @@ class Recordings(Source):
         channels = options.channels or _channels_of(files[0], options.preprocessing)
         jobs = [{"name": name, "recording": str(file), "options": recording_options(options, channels)}
                 for name, file in zip(recording_job_names(files), files, strict=True)]
-        made = layout(channels, options.class_names, options.sample_rate, options.window_steps,
-                      options.stride or options.window_steps // 2, options.preprocessing, None,
-                      f"recordings in {path}")
-        return jobs, described({**made, "label_rule": label_rule(options)}, options)
+        cut = {"sample_rate_hz": options.sample_rate, "window_steps": options.window_steps,
+               "stride_steps": options.stride or options.window_steps // 2, "preprocessing": options.preprocessing}
+        made = options.described.replace(**cut) if options.described else \
+            Layout.named(channels, options.class_names, class_labels=options.class_labels,
+                         unlabelled=list(options.unlabelled) or None, where=f"recordings in {path}", **cut)
+        return jobs, manifest_head(made, None, f"recordings in {path}", options, label_rule(options))
 
 
 def recording_files(folder):

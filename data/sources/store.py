@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data.layout import description_of
+from data.layout import Layout
 from data.provenance import array_identity, file_sha256
 from data.sources.base import Source
 from data.splits import HarData, hold_out, validation_words
@@ -38,9 +38,7 @@ class Store(Source):
                        f"test {len(test):,} / {len(manifest['test_subjects'])} subjects")
         statistics = manifest["normalization"]
         normalization = (np.asarray(statistics["mean"], np.float32), np.asarray(statistics["std"], np.float32))
-        return HarData(train, val, test, tuple(manifest["class_names"]), store.channels, self.name, description,
-                       sample_rate_hz=float(manifest["sample_rate_hz"]), preprocessing=manifest["preprocessing"],
-                       normalization=normalization,
+        return HarData(train, val, test, store.layout, self.name, description, normalization=normalization,
                        identity=array_identity(np.array([file_sha256(path) for path in self.identity_files(data_dir)])),
                        described=_store_description(manifest, store, data_dir))
 
@@ -49,7 +47,7 @@ def _store_description(manifest, store, data_dir):
     """The description a store was built by (None: built from flags), checked against its channels."""
     if not manifest.get("description"):
         return None
-    described = description_of(manifest["description"], f"store {data_dir}'s description")
+    described = Layout.from_json(manifest["description"], f"store {data_dir}'s description")
     described.check("channels", store.channels, f"store {data_dir}")
     return described
 

@@ -4,6 +4,7 @@ import numpy as np
 
 from data import synthetic, uci_har
 from data.errors import DataError
+from data.layout import Layout
 from data.provenance import array_identity
 from data.sources.base import Source
 from data.splits import CHANNEL_MODES, HarData, Split, channel_names, hold_out, select_channels, validation_words
@@ -43,8 +44,11 @@ def uci_har_layout_data(raw, options, source, where):
                    f"{len(np.unique(train.subjects))} subjects, val {len(val)} / "
                    f"{validation_words(train_all, val_subjects, options.val_split)}, test {len(test)} / "
                    f"{len(np.unique(test.subjects))} subjects")
-    return HarData(train, val, test, uci_har.CLASS_NAMES, channel_names(mode), source, description,
-                   identity=array_identity(*raw["train"], *raw["test"]))
+    layout = Layout.named(channel_names(mode), uci_har.CLASS_NAMES, sample_rate_hz=uci_har.SAMPLE_RATE_HZ,
+                          window_steps=uci_har.WINDOW_STEPS, stride_steps=uci_har.WINDOW_STEPS // 2,
+                          preprocessing="uci-har", where=f"the {source} data")
+    return HarData(train, val, test, layout, source, description, identity=array_identity(*raw["train"],
+                                                                                            *raw["test"]))
 
 
 SOURCE = Synthetic()

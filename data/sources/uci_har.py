@@ -4,10 +4,11 @@ import numpy as np
 
 from data import uci_har
 from data.errors import DataError
+from data.layout import Layout
 from data.sources.base import Source
 from data.sources.synthetic import uci_har_layout_data
 from data.splits import CHANNEL_MODES
-from data.store_jobs import layout, source_rate, window_jobs
+from data.store_jobs import manifest_head, source_rate, window_jobs
 
 
 class UciHar(Source):
@@ -45,8 +46,10 @@ class UciHar(Source):
         jobs = [job for split in splits.values() for job in window_jobs(*split)]
         test = sorted(int(s) for s in np.unique(splits["test"][2]))
         rate = source_rate(uci_har.SAMPLE_RATE_HZ, options.sample_rate, f"UCI HAR layout {root}")
-        return jobs, layout(uci_har.SIGNAL_NAMES, uci_har.CLASS_NAMES, rate, uci_har.WINDOW_STEPS,
-                            uci_har.WINDOW_STEPS // 2, "uci-har", test, f"UCI HAR layout {root}")
+        made = Layout.named(uci_har.SIGNAL_NAMES, uci_har.CLASS_NAMES, sample_rate_hz=rate,
+                            window_steps=uci_har.WINDOW_STEPS, stride_steps=uci_har.WINDOW_STEPS // 2,
+                            preprocessing="uci-har", where=f"UCI HAR layout {root}")
+        return jobs, manifest_head(made, test, f"UCI HAR layout {root}", options)
 
 
 SOURCE = UciHar()

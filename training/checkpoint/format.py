@@ -8,9 +8,12 @@ without the trainer), the train state's fields beside it, and each stateful part
 (run_checkpoint). An ensemble's holds its members, each a model with its normalisation and settings,
 and what they share (ensemble_checkpoint). tests/test_checkpoint_format.py checks that no other
 module reads a checkpoint's keys."""
-from dataclasses import dataclass, fields
+import math
+from dataclasses import dataclass
 
 import torch
+
+from data.layout import Layout
 
 ENSEMBLE_KIND = "fold-ensemble"  # the "kind" of an ensemble checkpoint; single runs' checkpoints have none
 # A run begun before --lr-reference-batch existed scaled its LR by global batch / per-GPU batch; resumed,
@@ -33,28 +36,16 @@ ENSEMBLE_MEMBER_KEYS = (*MEMBER_KEYS, "model")
 MEMBER_SOURCE_KEYS = tuple(dict.fromkeys(("model", *SHARED_KEYS, *MEMBER_KEYS)))
 
 
-@dataclass(frozen=True)
-class DataLayout:
-    """What a checkpoint says of the windows its model reads and the classes it names: what predict.py
-    needs to cut a recording into such windows. None for what an older checkpoint did not record. Each
-    field is stored under its own name, beside the other metadata."""
-    class_names: list = None
-    channel_names: list = None
-    sample_rate_hz: float = None  # NaN: windows of no stated rate (an .npz without one)
-    window_steps: int = None
-    preprocessing: str = None  # see data/preprocess.py
-    description: dict = None  # data/layout.py's, as JSON; None for data read without one
+# A checkpoint keeps its data's Layout (data/layout.py) under these flat keys, as it always has (predict.py
+# has read them since before the Layout), and the description the data was read by, where there was one,
+# under "description"; SavedRun.data_layout reads them back through Layout.from_json.
 
-    @classmethod
-    def of_data(cls, data):
-        """The layout of a HarData's windows."""
-        return cls(class_names=list(data.class_names), channel_names=list(data.channel_names),
-                   sample_rate_hz=float(data.sample_rate_hz), window_steps=data.train.signals.shape[2],
-                   preprocessing=data.preprocessing,
-                   description=data.described.as_json() if data.described else None)
 
-    def as_metadata(self):
-        return {item.name: getattr(self, item.name) for item in fields(self)}
+def layout_metadata(layout, described=None):
+    """A data Layout (and the description the data was read by, or None) as a checkpoint keeps them."""
+    return {"class_names": list(layout.class_names), "channel_names": list(layout.channels),
+            "sample_rate_hz": float(layout.sample_rate_hz), "window_steps": layout.window_steps,
+            "preprocessing": layout.preprocessing, "description": described.as_json() if described else None}
 
 
 def run_metadata(*, config, data, normalization, world_size, global_batch, batch_layout, planned_epochs):
@@ -64,7 +55,7 @@ def run_metadata(*, config, data, normalization, world_size, global_batch, batch
     return {"config": config.flags(), "planned_epochs": planned_epochs, "normalization": normalization,
             "world_size": world_size, "global_batch_size": global_batch, "layout": batch_layout,
             "in_channels": data.train.signals.shape[1], "num_classes": len(data.class_names),
-            **DataLayout.of_data(data).as_metadata(),
+            **layout_metadata(data.layout, data.described),
             "data_identity": data.identity}  # what the data is, for a resume to compare (run_inputs.py)
 
 
@@ -84,6 +75,11 @@ def ensemble_checkpoint(members, flags, shared):
     """An ensemble's checkpoint: `members` (ensemble_member's), the flat `flags` it describes itself by,
     and what the members share (SavedRun.shared_by_members)."""
     return {"kind": ENSEMBLE_KIND, "members": members, "config": flags, **shared}
+
+
+def _listed(value):
+    """A list as stored; anything else as it is, for Layout.from_json to refuse by name."""
+    return list(value) if isinstance(value, list | tuple) else value
 
 
 def nonfinite_tensor(named_tensors):
@@ -129,9 +125,29 @@ class SavedRun:
         """What the data the run trained on is (HarData.identity); None where not recorded."""
         return self.raw.get("data_identity")
 
-    def data_layout(self):
-        """The windows the model reads and the classes it names (DataLayout): the one reader of those keys."""
-        return DataLayout(**{item.name: self.raw.get(item.name) for item in fields(DataLayout)})
+    def data_layout(self, where="the checkpoint"):
+        """The Layout of the windows the model reads and the classes it names, read through Layout.from_json
+        (DataError where the file's are not one), with the description's sensors, axes and labels where the
+        data was read by one; None for a file that records no channels or classes (an older one)."""
+        raw = self.raw
+        if raw.get("channel_names") is None or raw.get("class_names") is None:
+            return None
+        rate = raw.get("sample_rate_hz", math.nan)  # NaN: windows of no stated rate; None is no rate at all
+        said = {"sample_rate_hz": None if isinstance(rate, float) and math.isnan(rate) else rate,
+                **{key: raw.get(key) for key in ("window_steps", "preprocessing") if raw.get(key) is not None}}
+        described = raw.get("description")
+        rate_said = said["sample_rate_hz"] is not None  # a rate of None is refused, as a damaged file's
+        if isinstance(described, dict):
+            return Layout.from_json({**described, **said}, where, rate_said=rate_said or rate is None)
+        return Layout.from_json({"channels": [{"name": name} for name in _listed(raw["channel_names"])],
+                                 "classes": [{"name": name, "label": index}
+                                             for index, name in enumerate(_listed(raw["class_names"]))],
+                                 **said}, where, rate_said=rate_said or rate is None)
+
+    def described(self, where="the checkpoint"):
+        """The description the run's data was read by (a Layout), or None."""
+        described = self.raw.get("description")
+        return Layout.from_json(described, f"{where}'s description") if described else None
 
     def planned_epochs(self, default):
         """The epochs the run trains: recorded, else its --epochs, else `default`."""

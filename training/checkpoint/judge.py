@@ -89,7 +89,8 @@ def _incompatibility(saved_run, path, config, data):
         return (f"checkpoint {path} was trained on {windows[0]}; --data-dir {config.data.data_dir} gives {windows[1]}, "
                 "which its weights cannot read as they were trained to: use data cut as the checkpoint's was, or "
                 "--no-resume / another --save-dir")
-    channels = saved_run.data_layout().channel_names
+    layout = saved_run.data_layout(f"checkpoint {path}")
+    channels = layout.channels if layout is not None else None
     if data is not None and channels is not None and tuple(channels) != tuple(data.channel_names):
         return (f"checkpoint {path} was trained on channels {', '.join(channels)}; --data-dir "
                 f"{config.data.data_dir} gives {', '.join(data.channel_names)}: use data with the checkpoint's "
@@ -105,7 +106,8 @@ def _window_difference(saved_run, data):
     compared."""
     if data is None:
         return None
-    steps, saved_steps = data.train.signals.shape[2], saved_run.data_layout().window_steps
+    layout = saved_run.data_layout()
+    steps, saved_steps = data.train.signals.shape[2], layout.window_steps if layout is not None else None
     if saved_steps is not None and saved_steps != steps:
         return f"windows of {saved_steps} steps", f"windows of {steps}"
     weights = saved_run.weights
