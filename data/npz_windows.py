@@ -7,6 +7,7 @@ strings), sample_rate_hz (a number), split [N] ('train' / 'val' / 'test') and pr
 signals as recorded, resampled only, any channel names; 'uci-har'; 'unknown'; default: what the
 channel names imply). Loaded with allow_pickle=False: nothing in the file can run code.
 """
+import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,10 +38,12 @@ class NpzWindows:
     own_lengths: tuple = None  # (shortest, longest) steps of windows padded at their end with NaN; None: no padding
 
 
-def load_npz_windows(path, description=None):
+def load_npz_windows(path, description=None, warn=None):
     """Read `path` and check every array; each problem is one DataError line naming the file. With a
-    data.layout.Description, labels are its classes' values, and what the file says of its
-    channels, rate and window length must agree with it (what it leaves unsaid, the description says)."""
+    data.layout.Layout, labels are its classes' values, and what the file says of its
+    channels, rate and window length must agree with it (what it leaves unsaid, the description says).
+    `warn` gets one line where the windows look padded with zeros (zero_padding_warning); None: a
+    `warning:` line on stderr, as a command that reads the file without a run's log says it."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"--data-dir {path} {not_a_file(path)}; --dataset npz needs an .npz file of windows")
@@ -55,7 +58,48 @@ def load_npz_windows(path, description=None):
         raise DataError(f"{path} is not a readable .npz file ({exc})") from None
     except (OSError, EOFError, zipfile.BadZipFile) as exc:
         raise DataError(f"{path} is not a readable .npz file ({type(exc).__name__})") from None
-    return _validate(path, arrays, description)
+    windows = _validate(path, arrays, description)
+    # Windows padded with NaN are read over their own steps: zeros before their NaN are not judged.
+    doubt = None if windows.own_lengths else zero_padding_warning(path, windows.signals)
+    if doubt:
+        (warn or _warn_on_stderr)(doubt)
+    return windows
+
+
+# Zeros read as padding: a run at a window's end of at least this many steps, on every channel at once...
+MIN_ZERO_RUN = 2
+# ...at the end of at least this share of the windows (and of 2 or more), the runs of 2 or more lengths.
+MIN_ZERO_PADDED_SHARE = 0.1
+
+
+def zero_padding_warning(path, signals):
+    """One line where windows [N, C, T] look padded at their end with zeros rather than NaN (which the
+    models would read as signal), else None. A signal at rest is almost never exactly 0.0 on every
+    channel at once; a few windows that are (a sensor's dropout) stay below the share. Runs of one length
+    on every such window (a fixed quiet tail, as of a recorder whose frames end zeroed) are not padding
+    of unequal lengths, nor is a window of zeros only: neither is warned of."""
+    count, _, steps = signals.shape
+    if np.count_nonzero(~signals[:, :, -1].any(axis=1)) < max(2, MIN_ZERO_PADDED_SHARE * count):
+        return None  # most files end here, having looked at their last step only
+    runs = _zero_runs_at_end(signals)
+    runs = runs[(runs >= MIN_ZERO_RUN) & (runs < steps)]
+    if len(runs) < max(2, MIN_ZERO_PADDED_SHARE * count) or len(np.unique(runs)) < 2:
+        return None
+    return (f"{path}: {len(runs):,} of {count:,} windows end in a run of exact zeros on every channel, of "
+            f"{runs.min()} to {runs.max()} steps: that looks like windows of unequal lengths padded with zeros, "
+            "which the models read as signal; pad each at its end with NaN instead (np.pad(window, ((0, 0), "
+            "(0, T - steps)), constant_values=np.nan)), which the default model reads as padding, or leave the "
+            "zeros if they were recorded")
+
+
+def _zero_runs_at_end(signals):
+    """[N] steps of exact zeros on every channel at each window's end (T for a window of zeros only). One
+    channel at a time: a [N, T] mask beside the signals, never a copy of them."""
+    count, channels, steps = signals.shape
+    valued = np.zeros((count, steps), dtype=bool)
+    for channel in range(channels):
+        valued |= signals[:, channel, :] != 0
+    return np.where(valued.any(axis=1), np.argmax(valued[:, ::-1], axis=1), steps)
 
 
 def _objects_refusal(path):
@@ -248,3 +292,7 @@ def _split(path, arrays, count):
     if not np.any(split == "test") or not np.any(split == "train"):
         raise DataError(f"{path}: split needs both 'train' and 'test' windows")
     return split
+
+
+def _warn_on_stderr(line):
+    print(f"warning: {line}", file=sys.stderr)

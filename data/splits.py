@@ -54,6 +54,9 @@ class HarData:
     # (shortest, longest) steps of windows of unequal lengths, padded at their end with NaN (an .npz's);
     # None: every window fills its steps.
     own_lengths: tuple = None
+    # Lines the reader found worth saying of the data (windows that look padded with zeros), said once a
+    # run's log exists.
+    warnings: tuple = ()
 
     @property
     def class_names(self):

@@ -63,7 +63,7 @@ def read_run_inputs(config, hold_lock=True, data=None):
     check_model_reads(config, data)
     check_class_flags(config.recipe, data)  # also where no augmentation runs (a head solved by ridge)
     inputs = _read_save_dir(config, data, hold_lock)
-    inputs.warnings += untrained_classes_warning(data)
+    inputs.warnings += [*data.warnings, *untrained_classes_warning(data)]
     return inputs
 
 

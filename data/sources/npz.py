@@ -31,7 +31,8 @@ class Npz(Source):
         described = options.description
         if isinstance(described, str | Path):
             described = read_layout(described)
-        windows = load_npz_windows(data_dir, described)
+        said_of_it = []
+        windows = load_npz_windows(data_dir, described, warn=said_of_it.append)
         whole = Split(windows.signals, windows.labels, windows.subjects)
         is_test, how = held_out_for_test(whole.subjects, windows.split)
         train_all, test = take(whole, ~is_test), take(whole, is_test)
@@ -55,7 +56,7 @@ class Npz(Source):
         return HarData(train, val, test, layout, self.name, description,
                        identity=_windows_identity(windows, described),
                        former_identities=(_file_identity(data_dir, described),),
-                       described=described, own_lengths=windows.own_lengths)
+                       described=described, own_lengths=windows.own_lengths, warnings=tuple(said_of_it))
 
     def store_jobs(self, path, options):
         windows = load_npz_windows(path, options.described)
