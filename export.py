@@ -8,7 +8,7 @@ def main(argv):
     from inference.bundle import load_bundle
     from inference.cli import export_parser
     from inference.export import check_suffix, export
-    from inference.outputs import check_out_file
+    from outputs.safety import check_out_file
     args = export_parser().parse_args(argv)
     out = check_out_file(args.out, args.overwrite, reads=[args.checkpoint])
     check_suffix(out, args.format)

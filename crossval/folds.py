@@ -20,15 +20,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from data.errors import not_a_file
 from data.provenance import check, file_identity, make_record, read_json, read_record, write_record
 from data.sources import load_har_data, source_for
-from data.store import write_atomic
 from evaluation.figures import plot_confusion_matrix
 from evaluation.metrics import best_record, format_cv_table, format_people, format_report
 from inference.bundle import load_bundle
 from inference.ensemble import ENSEMBLE_FILE, write_ensemble
 from inference.evaluate import write_report
+from outputs.safety import OutputRefused, check_output_folder, make_folder, write_atomic
 from training.checkpoint.earlier_run import earlier_run_files, move_aside
 from training.checkpoint.files import BEST, LAST, load_checkpoint
 from training.checkpoint.format import SavedRun
@@ -198,17 +197,10 @@ def _claim_folder(save_dir, folds, fresh, writer):
     """Record the folds in <save-dir>/cv_folds.json, and refuse a folder whose folds differ: resuming a
     fold trained with other validation subjects would leak them into its training set."""
     record = save_dir / FOLDS_FILE
-    if save_dir.exists() and not save_dir.is_dir():
-        raise UsageError(f"--save-dir {save_dir} is a file; give the cross-validation a folder")
-    for name in (FOLDS_FILE, REPORT, ENSEMBLE_FILE, "test_report.json", "cv_confusion_matrix.png"):
-        if (save_dir / name).exists() and not (save_dir / name).is_file():
-            # Found only after every fold has trained, were it not looked for now.
-            raise UsageError(f"{save_dir / name} {not_a_file(save_dir / name)}, where the cross-validation "
-                             "writes a file; move it away or give another --save-dir")
-    for name in [f"fold-{fold}" for fold in range(len(folds))] + [REFIT_DIR]:
-        if (save_dir / name).exists() and not (save_dir / name).is_dir():
-            raise UsageError(f"{save_dir / name} is a file, where the cross-validation keeps a run's folder; "
-                             "move it away or give another --save-dir")
+    # Found only after every fold has trained, were they not looked for now.
+    check_output_folder(save_dir, "--save-dir", writer="the cross-validation",
+                        files=(FOLDS_FILE, REPORT, ENSEMBLE_FILE, "test_report.json", "cv_confusion_matrix.png"),
+                        folders=[f"fold-{fold}" for fold in range(len(folds))] + [REFIT_DIR])
     single = [name for name in (LAST, BEST, "metrics.jsonl") if (save_dir / name).exists()]
     if single and not record.exists():
         # Its report and figures would be written over by the ensemble's, which a single run's
@@ -224,7 +216,7 @@ def _claim_folder(save_dir, folds, fresh, writer):
                          "--seed, --cv-folds or data changes them. Use another --save-dir, or --no-resume "
                          "to start every fold over")
     if writer:
-        save_dir.mkdir(parents=True, exist_ok=True)
+        make_folder(save_dir, "--save-dir")
         write_atomic(record, lambda partial: Path(partial).write_text(json.dumps(folds)))
 
 
@@ -265,7 +257,7 @@ def _start_over(run_dir):
         return
     try:
         lock = SaveDirLock(run_dir).acquire()
-    except UsageError as exc:
+    except (UsageError, OutputRefused) as exc:
         exc.this_rank_only = True  # under torchrun each rank clears its own jobs' folders
         raise
     try:

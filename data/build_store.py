@@ -46,9 +46,10 @@ from data.labels import class_indexes, classes_from_flags, whole_numbers
 from data.layout import read_layout
 from data.provenance import array_identity, check, file_identity, make_record, read_json, write_record
 from data.sources import SOURCES, Source
-from data.store import PARTS, SHARD_DIR, VERSION, finish_store, shard_paths, write_atomic
+from data.store import PARTS, SHARD_DIR, VERSION, finish_store, shard_paths
 from data.store_folder import BuildFolder, check_same_store, check_store_folder, remove_job_files
 from data.store_jobs import test_subjects_of
+from outputs.safety import write_atomic
 
 MAX_NAME_CHARACTERS = 120  # of a recording's file name in its job's name
 SHARD_WINDOWS = 8_192  # windows per shard file at most (19 MB of float16 9 x 128 windows)

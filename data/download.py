@@ -31,6 +31,7 @@ from types import ModuleType
 from data import uci_har
 from data.errors import DataError, exit_from_command
 from data.provenance import file_sha256
+from outputs.safety import make_folder
 
 DEFAULT_DEST = "~/data"  # the folder the docs give to --data-dir
 CHUNK_BYTES = 1 << 20
@@ -89,10 +90,7 @@ def main(argv=None):
     if target.exists():
         raise DataError(f"{target} exists but does not hold the dataset (no train/Inertial Signals or test/); "
                         "move it away or choose another --dest")
-    try:
-        dest.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise DataError(f"--dest {dest} cannot be created ({exc.strerror}); choose another folder") from None
+    make_folder(dest, "--dest")
     if options.archive:
         archive, made_here = Path(options.archive).expanduser(), False
         if not archive.is_file():

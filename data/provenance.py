@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from data.store import write_atomic
+from outputs.safety import write_atomic
 
 HASH_CHUNK_BYTES = 2 ** 22
 SHOWN_CHARACTERS = 60  # a changed value is shown up to this length in a one-line message

@@ -20,13 +20,13 @@ import numpy as np
 
 from data.errors import DataError
 from data.layout import Layout
+from outputs.safety import write_atomic
 
 FORMAT = "har-window-store"
 VERSION = 1
 MANIFEST = "manifest.json"
 LABELS = "labels.npy"
 BUILD_RECORD = "build.json"  # the converter's first write: what makes a folder a store's before its manifest
-PARTIAL_STEM_BYTES = 200  # of a name write_atomic writes under: 255 less the dot, pid, .tmp and suffix
 SHARD_DIR = "shards"
 PARTS = ("signals", "labels")
 SHARD_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")  # a file name in shards/: no separator, no '..' escape
@@ -44,26 +44,6 @@ def finish_store(root, manifest):
     write_atomic(Path(root) / LABELS, lambda partial: np.save(partial, np.concatenate(labels).astype(np.int8)))
     payload = json.dumps({"format": FORMAT, "version": VERSION, **manifest}, indent=1)
     write_atomic(Path(root) / MANIFEST, lambda partial: Path(partial).write_bytes(payload.encode()))
-
-
-def is_partial_write(name):
-    """Whether a file name is one write_atomic was writing under when it was stopped: '.<name>.<pid>.tmp<suffix>'."""
-    return name.startswith(".") and ".tmp" in name
-
-
-def write_atomic(path, write):
-    """write(partial_path) fills a temporary file in the same folder that then replaces `path` in one
-    rename: a reader sees the old file or the whole new one, never a part."""
-    path = Path(path)
-    # The suffix stays last so that writers choosing a format by extension (matplotlib, np.save) still can;
-    # the stem is cut so that a name the file system takes still does with the marks around it.
-    stem = path.stem.encode(errors="surrogateescape")[:PARTIAL_STEM_BYTES].decode(errors="ignore")
-    partial = path.with_name(f".{stem}.{os.getpid()}.tmp{path.suffix}")
-    try:
-        write(partial)
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
 
 
 @dataclass

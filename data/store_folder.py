@@ -21,10 +21,9 @@ from data.store import (
     PARTS,
     SHARD_DIR,
     VERSION,
-    is_partial_write,
     manifest_layout,
-    write_atomic,
 )
+from outputs.safety import check_output_folder, is_partial_write, write_atomic
 
 JOB_FILE = re.compile(rf"(.*)\.json|(.*)-[^-]*\.(?:{'|'.join(PARTS)})\.npy", re.DOTALL)
 # What makes a store's windows what they are: a finished store asked for other values of these (or of its
@@ -36,14 +35,10 @@ def check_store_folder(out):
     """--out must be a new folder, an empty one, or a store's own (a build resumes there): never a file,
     and never a folder of other things, such as a training run, which the store's files would be mixed
     into or written over."""
-    if out.exists() and not out.is_dir():
-        raise DataError(f"--out {out} is a file; give a folder for the store")
+    out = check_output_folder(out, "--out", files=(MANIFEST, LABELS, BUILD_RECORD), folders=(SHARD_DIR,))
     if out.is_dir() and any(out.iterdir()) and not holds_a_store(out):
         raise DataError(f"--out {out} holds other files and no store (neither a store's {MANIFEST} nor the "
                         f"{BUILD_RECORD} a build writes first); give a new or empty folder: nothing was changed")
-    under = next((parent for parent in out.absolute().parents if parent.exists()), None)
-    if under is not None and not under.is_dir():
-        raise DataError(f"--out {out} cannot be created: {under} is a file, not a folder")
     return out
 
 

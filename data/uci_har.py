@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from data.errors import DataError
-from data.store import write_atomic
+from outputs.safety import write_atomic
 
 # Channel order used everywhere in the project: three sensors, each with x, y, z.
 SIGNAL_NAMES = (

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from inference.checkpoint_checks import check_declared_shapes, checked_layout, checked_model, other_model
-from inference.outputs import check_out_file
+from outputs.safety import check_out_file
 from training.checkpoint.files import load_checkpoint, save_checkpoint
 from training.checkpoint.format import (
     ENSEMBLE_KIND,

@@ -7,14 +7,13 @@ import numpy as np
 
 from data.errors import DataError
 from data.sources import load_har_data, source_for
-from data.store import write_atomic
 from evaluation.calibration import CALIBRATION_FILE, calibration_fields, fit_temperature, format_calibration, mean_nll
 from evaluation.figures import plot_confusion_matrix
 from evaluation.metrics import classification_report, format_people, format_report, per_subject_accuracy
 from inference.adaptation import adapted_per_group
 from inference.bundle import load_bundle, pick_device, probabilities
-from inference.outputs import check_out_dir, prepare_out_dir
 from inference.temperature import temperature_choice, write_calibration
+from outputs.safety import check_out_dir, prepare_out_dir, write_atomic
 from training.errors import UsageError
 
 

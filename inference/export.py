@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from data.store import write_atomic
+from outputs.safety import write_atomic
 from training.errors import UsageError
 
 ONNX_OPSET = 18  # the lowest the exporter built on torch.export writes without converting

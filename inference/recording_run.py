@@ -5,15 +5,14 @@ import sys
 from pathlib import Path
 
 from data.recordings import read_recording, unit_warning
-from data.store import write_atomic
 from evaluation.calibration import scaled
 from inference.bundle import load_bundle, pick_device
 from inference.classify import check_checkpoint, check_usable, classify_recording, own_channels
-from inference.outputs import check_out_dir, prepare_out_dir, write_csv
 from inference.recording_labels import format_score, score_recording
 from inference.temperature import temperature_choice
 from inference.timeline import format_summary, mark_uncertain, merge_segments, plot_timeline, smooth_labels
 from inference.transitions import read_transitions
+from outputs.safety import check_out_dir, prepare_out_dir, write_atomic, write_csv
 from training.errors import UsageError
 
 OUTPUTS = ("windows.csv", "timeline.csv", "timeline.png")

@@ -5,8 +5,8 @@ import math
 from pathlib import Path
 
 from data.provenance import read_json
-from data.store import write_atomic
 from evaluation.calibration import CALIBRATION_FILE, TEMPERATURE_RANGE
+from outputs.safety import write_atomic
 from training.errors import UsageError
 
 

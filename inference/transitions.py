@@ -21,9 +21,8 @@ import numpy as np
 from data.labels import classes_from_flags
 from data.layout import read_layout
 from data.preprocess import window_starts
-from data.store import write_atomic
 from data.uci_har import CLASS_NAMES
-from inference.outputs import check_out_file
+from outputs.safety import check_out_file, write_atomic
 from training.config.cli import usage_error
 from training.entry_point import run_entry_point
 from training.errors import UsageError

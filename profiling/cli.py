@@ -1,6 +1,7 @@
 """The profiler's command line: the training flags plus a profiler group, and their checks."""
 import math
 
+from outputs.safety import check_output_folder
 from profiling.entry_points import comma_counts
 from profiling.report import DEFAULT_ROOT
 from profiling.topology import DEFAULT_LINKS, INTER_NODE, INTRA_NODE, LINK_PRESETS, plan_flag
@@ -9,7 +10,6 @@ from training.config.cli import build_parser, parse_with_config
 from training.config.settings import SHARDED_OR_DDP, RunConfig
 from training.distributed.strategy import distributed_env
 from training.errors import UsageError
-from training.output_folders import check_folder_can_be_made
 
 
 def build_profiler_parser():
@@ -91,7 +91,7 @@ def parse_profiler_args(argv):
     if args.output_dir is not None and not args.output_dir.strip():  # Path('') would be this folder
         raise UsageError("--output-dir is empty; name a folder, or leave the flag out for profiles/<run>")
     if args.output_dir:  # refused now rather than after the whole measurement
-        check_folder_can_be_made(args.output_dir, "--output-dir")
+        check_output_folder(args.output_dir, "--output-dir")
     args.command_line = list(argv)  # what the host-sharing neighbours run
     return args
 

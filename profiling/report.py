@@ -4,10 +4,8 @@ import json
 import math
 from pathlib import Path
 
-from data.errors import not_a_file
+from outputs.safety import check_output_folder, make_folder
 from profiling.topology import plural, unit_of
-from training.errors import UsageError
-from training.output_folders import check_folder_can_be_made
 
 PROFILE_JSON = "profile.json"
 DEFAULT_ROOT = Path("profiles")
@@ -32,21 +30,15 @@ PROFILE_FILES = (PROFILE_JSON, "profile_summary.csv", "profile_runs.csv")
 def check_profile_folder(output_dir, trace):
     """Refuse, before the measurement, a profile folder that cannot be written, or where a profile's
     file (or --trace's folder) is held by something else: found only once it is written otherwise."""
-    check_folder_can_be_made(output_dir, "the profile folder (--output-dir)")
-    for name in PROFILE_FILES:
-        if (output_dir / name).exists() and not (output_dir / name).is_file():
-            raise UsageError(f"{output_dir / name} {not_a_file(output_dir / name)}, where the profile writes a file; "
-                             "move it away or pass another --output-dir")
-    if trace and (output_dir / "trace").exists() and not (output_dir / "trace").is_dir():
-        raise UsageError(f"{output_dir / 'trace'} is a file, where --trace writes its folder; move it away or pass "
-                         "another --output-dir")
+    check_output_folder(output_dir, "--output-dir", files=PROFILE_FILES, folders=("trace",) if trace else (),
+                        writer="the profile")
 
 
 def write_profile(profile, output_dir):
     """Write profile.json (everything), profile_summary.csv (metric, mean, std, unit) and
     profile_runs.csv (one row per repeat); returns the paths."""
     output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
+    make_folder(output_dir, "--output-dir")
     paths = [output_dir / name for name in PROFILE_FILES]
     paths[0].write_text(json.dumps(json_ready(profile), indent=2, allow_nan=False) + "\n")
     runs = [[index, *map(csv_cell, run.values())] for index, run in enumerate(profile["runs"], start=1)]

@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from inference.outputs import check_out_file
+from outputs.safety import check_out_file
 from profiling.entry_points import REPO, at_least, comma_choices, entry_parser, json_file, write_json
 from profiling.interleave import interleave, per_side
 from profiling.timing import HostCpuMeter

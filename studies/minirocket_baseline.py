@@ -21,7 +21,7 @@ from crossval.folds import fold_subjects
 from data.sources import load_har_data
 from data.splits import Split
 from evaluation.metrics import classification_report, per_subject_accuracy
-from inference.outputs import check_out_file
+from outputs.safety import check_out_file
 from profiling.entry_points import entry_parser, json_file, write_json
 from training.entry_point import run_entry_point
 

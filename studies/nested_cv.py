@@ -44,6 +44,7 @@ from data import uci_har
 from data.errors import DataError
 from data.provenance import check, file_identity, make_record, read_record, write_record
 from data.sources import load_har_data
+from outputs.safety import check_output_folder
 from profiling.entry_points import REPO, entry_parser
 from training.config.checks import check_at_least
 from training.config.cli import parse_config
@@ -116,8 +117,7 @@ def parse(argv, flags):
     parser.add_argument("--summary", action="store_true", help="print every configuration's figures and stop")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks instead of one-line errors")
     opts = parser.parse_args(argv)
-    if Path(opts.out).exists() and not Path(opts.out).is_dir():
-        raise UsageError(f"--out {opts.out} is a file; give a folder")
+    check_output_folder(opts.out, "--out")
     if opts.summary:
         return opts
     if not (opts.data_dir and opts.name):

@@ -218,7 +218,7 @@ def test_a_checkpoints_name_held_by_a_folder_is_refused_before_training(save_dir
     shutil.move(save_dir / name, save_dir / f"{name}.moved")
     (save_dir / name).mkdir()
     (save_dir / name / "mine.txt").write_text("kept\n")
-    refuse("main.py", ["--epochs", "2"], save_dir, "--save-dir", f"folder named {name}")
+    refuse("main.py", ["--epochs", "2"], save_dir, "--save-dir", f"its {name} is a folder, where the run writes a file")
     assert (save_dir / name / "mine.txt").read_text() == "kept\n"
 
 

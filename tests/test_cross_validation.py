@@ -10,6 +10,7 @@ import torch
 from conftest import TINY_DATA, load_checkpoint, run_in_process, run_subprocess
 from crossval.folds import FOLDS_FILE, _claim_folder, fold_subjects
 from data.sources import load_har_data
+from outputs.safety import OutputRefused
 from training.errors import UsageError
 
 # 21 training subjects x 32 windows, 2 folds, 2 epochs, a checkpoint after every step.
@@ -49,7 +50,7 @@ def test_a_folder_trained_with_other_folds_is_refused_unless_starting_over(tmp_p
     ("cv_report.json/", "cv_report.json is a folder"),
     ("test_report.json/", "test_report.json is a folder"),
     ("cv_folds.json/", "cv_folds.json is a folder"),
-    ("fold-1", "fold-1 is a file, where the cross-validation keeps a run's folder"),
+    ("fold-1", "fold-1 is a file, where the cross-validation keeps a folder"),
     ("refit", "refit is a file"),
 ])
 def test_a_name_the_cross_validation_writes_held_by_something_else_is_refused_before_training(tmp_path, obstacle,
@@ -57,14 +58,14 @@ def test_a_name_the_cross_validation_writes_held_by_something_else_is_refused_be
     """Otherwise found by a traceback once every fold has trained."""
     path = tmp_path / obstacle.rstrip("/")
     path.mkdir() if obstacle.endswith("/") else path.write_text("keep")
-    with pytest.raises(UsageError, match=says):
+    with pytest.raises(OutputRefused, match=says):
         _claim_folder(tmp_path, [[1, 2], [3]], fresh=False, writer=True)
     assert sorted(item.name for item in tmp_path.iterdir()) == [path.name]
 
 
 def test_a_save_dir_that_is_a_file_is_refused_and_kept(tmp_path):
     (tmp_path / "cv").write_text("keep")
-    with pytest.raises(UsageError, match="--save-dir .*cv is a file; give the cross-validation a folder"):
+    with pytest.raises(OutputRefused, match="--save-dir .*cv is a file; point it at a folder"):
         _claim_folder(tmp_path / "cv", [[1, 2], [3]], fresh=False, writer=True)
     assert (tmp_path / "cv").read_text() == "keep"
 

@@ -442,8 +442,7 @@ def test_a_timeline_of_thousands_of_segments_is_a_few_artists(tmp_path, monkeypa
 
 
 def test_an_output_folder_may_be_named_with_a_trailing_slash_and_an_output_file_may_not(tmp_path):
-    from inference.outputs import check_out_dir, check_out_file
-    from training.errors import UsageError
+    from outputs.safety import OutputRefused, check_out_dir, check_out_file
     assert check_out_dir(f"{tmp_path / 'out'}/", ["a.csv"]) == tmp_path / "out"
-    with pytest.raises(UsageError, match="names a folder; give the name of a file inside it"):
+    with pytest.raises(OutputRefused, match="names a folder; give the name of a file inside it"):
         check_out_file(f"{tmp_path / 'out'}/", overwrite=False)

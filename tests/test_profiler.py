@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from conftest import REPO, TINY_DATA, run_subprocess
+from outputs.safety import OutputRefused
 from profiling.allreduce_bench import last_arrival_s
 from profiling.comm_model import (
     COLLECTIVES,
@@ -563,10 +564,9 @@ def test_bad_input_is_one_line_and_exit_2():
 
 def test_an_output_dir_that_cannot_be_a_folder_is_refused_before_measuring(tmp_path):
     from profiling.cli import parse_profiler_args
-    from training.errors import UsageError
     (tmp_path / "file").write_text("keep me")
     for out, says in ((tmp_path / "file", "is a file"), (tmp_path / "file" / "p", "cannot be created")):
-        with pytest.raises(UsageError, match=f"--output-dir {out} {says}"):
+        with pytest.raises(OutputRefused, match=f"--output-dir {out} {says}"):
             parse_profiler_args([*TINY_DATA, "--device", "cpu", "--output-dir", str(out)])
     assert (tmp_path / "file").read_text() == "keep me"
 
@@ -579,16 +579,16 @@ def test_a_profile_folder_whose_files_are_held_by_other_things_is_refused_before
         parse_profiler_args([*TINY_DATA, "--device", "cpu", "--output-dir", ""])
     (tmp_path / "profile_runs.csv").mkdir()
     (tmp_path / "trace").write_text("keep me")
-    with pytest.raises(UsageError, match="profile_runs.csv is a folder, where the profile writes a file"):
+    with pytest.raises(OutputRefused, match="profile_runs.csv is a folder, where the profile writes a file"):
         check_profile_folder(tmp_path, trace=False)
     (tmp_path / "profile_runs.csv").rmdir()
     check_profile_folder(tmp_path, trace=False)
-    with pytest.raises(UsageError, match="trace is a file, where --trace writes its folder"):
+    with pytest.raises(OutputRefused, match="trace is a file, where the profile keeps a folder"):
         check_profile_folder(tmp_path, trace=True)
     assert (tmp_path / "trace").read_text() == "keep me"
     # The default folder, profiles/ in the working folder, is checked as a given one is.
     (tmp_path / "profiles").write_text("keep me")
-    with pytest.raises(UsageError, match="profiles is a file"):
+    with pytest.raises(OutputRefused, match="profiles is a file"):
         check_profile_folder(tmp_path / "profiles" / "cnn1d_bs32_1xcpu", trace=False)
 
 

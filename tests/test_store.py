@@ -27,6 +27,7 @@ from data.loaders import (
 from data.store import StoreSplit, WindowStore
 from data.uci_har import CLASS_NAMES, SIGNAL_NAMES
 from inference_fixtures import synthetic_stream
+from outputs.safety import OutputRefused
 from test_bad_input import assert_refused
 from training.config.settings import RunConfig
 
@@ -463,7 +464,7 @@ def test_a_build_out_that_is_a_file_or_another_folder_is_refused_and_left_alone(
     (run / "best.pt").write_bytes(b"a run's checkpoint")
     for out, says in ((tmp_path / "file", "is a file"), (tmp_path / "file" / "store", "cannot be created"),
                       (run, "holds other files and no store")):
-        with pytest.raises(DataError, match=says):
+        with pytest.raises((OutputRefused, DataError), match=says):
             build_store.main([str(source), "--out", str(out), "--workers", "1"])
     assert (tmp_path / "file").read_text() == "keep me" and sorted(p.name for p in run.iterdir()) == ["best.pt"]
     # A folder whose manifest.json or shards/ is not a store's: a web page's manifest, settings beside notes.

@@ -10,13 +10,12 @@ import pytest
 
 from conftest import run_in_process
 from data import download
-from inference.outputs import check_out_dir
 from inference.transitions import main as transitions_command
+from outputs.safety import OutputRefused, check_out_dir
 from studies import nested_cv
 from test_bad_input import assert_refused, snapshot
 from test_download import OUTER_NAME, run_download, server, sha256, source  # noqa: F401 (fixtures)
 from training.entry_point import run_entry_point
-from training.errors import UsageError
 
 
 def run_command(main, *argv):
@@ -64,7 +63,7 @@ def test_transitions_never_write_over_the_recordings_they_read(recordings, overw
 def test_an_output_folder_never_takes_an_input_s_name(tmp_path):
     recording = tmp_path / "windows.csv"  # predict.py --recording windows.csv --out . --overwrite
     recording.write_text("time_s,acc_x\n")
-    with pytest.raises(UsageError, match="a file this command reads"):
+    with pytest.raises(OutputRefused, match="a file this command reads"):
         check_out_dir(tmp_path, ("windows.csv", "timeline.csv"), overwrite=True, reads=[recording])
 
 

@@ -9,6 +9,7 @@ import time
 import traceback
 
 from data.errors import DataError
+from outputs.safety import OutputRefused
 from training.errors import EXIT_INTERRUPTED, EXIT_USAGE, SAME_ON_EVERY_RANK, RankLost, TrainingDiverged, UsageError
 
 QUIET_RANK_EXIT_DELAY_S = 3.0  # how long a silent rank waits for local rank 0 to print
@@ -26,7 +27,7 @@ def run_entry_point(main, argv=None):
         start_as_a_fresh_worker()
     try:
         return main(argv)
-    except (UsageError, DataError, TrainingDiverged, RankLost) as exc:
+    except (UsageError, DataError, OutputRefused, TrainingDiverged, RankLost) as exc:
         if debug:
             raise
         code = getattr(exc, "exit_code", EXIT_USAGE)

@@ -1,6 +1,7 @@
 """User-facing errors and their exit codes (training/entry_point.py turns them into one line on stderr and a
 non-zero exit instead of a traceback)."""
 from data.errors import DataError
+from outputs.safety import OutputRefused
 
 EXIT_USAGE = 2  # a flag, file or data problem the message explains
 EXIT_DIVERGED = 3  # the loss became NaN/inf; nothing was saved over the last good checkpoint
@@ -27,4 +28,4 @@ class RankLost(RuntimeError):
 # Every rank checks the same flags, files and data, and agrees on a NaN step before stopping, so
 # these read the same on every rank; a lost peer (RankLost) is each rank's own story, and so is an
 # error marked `this_rank_only` (a cross-validation fold that only this rank runs).
-SAME_ON_EVERY_RANK = (UsageError, DataError, TrainingDiverged)
+SAME_ON_EVERY_RANK = (UsageError, DataError, OutputRefused, TrainingDiverged)

@@ -19,9 +19,9 @@ import torch
 
 from benchmarks.gpu_check.plan import BATCH_SIZES, FULL, PRECISIONS, QUICK
 from data.sources import load_har_data
-from data.store import write_atomic
 from data.synthetic import DEFAULT_WINDOWS_PER_SUBJECT
 from models import MODELS  # every model of the registry is measured
+from outputs.safety import write_atomic
 from profiling import workload
 from profiling.cli import parse_profiler_args
 from profiling.entry_points import at_least, comma_choices, comma_counts, comma_names, entry_parser

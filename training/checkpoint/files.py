@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from data.store import write_atomic
+from outputs.safety import check_output_folder, make_folder, write_atomic
 from training import faults
 from training.checkpoint.format import SavedRun, nonfinite_tensor
 from training.errors import UsageError
@@ -90,20 +90,10 @@ def _fsync_folder(folder):
 def check_save_dir(save_dir):
     """Create the output folder, or say in one line why it cannot be used. Returns the outermost folder
     this made (None where the folder was there): a run refused before it wrote anything removes it."""
-    if save_dir.exists() and not save_dir.is_dir():
-        raise UsageError(f"--save-dir {save_dir} is a file; point it at a folder")
+    # A checkpoint goes in place by a rename, which cannot replace a folder.
+    check_output_folder(save_dir, "--save-dir", files=(LAST, BEST), writer="the run")
     created = next((path for path in [*reversed(save_dir.parents), save_dir] if not path.exists()), None)
-    try:
-        save_dir.mkdir(parents=True, exist_ok=True)
-        probe = save_dir / f".write-test.{os.getpid()}"  # one per process: ranks probe side by side
-        probe.touch()
-        probe.unlink()
-    except OSError as exc:
-        raise UsageError(f"--save-dir {save_dir} is not writable ({exc.strerror}); choose another folder") from None
-    for name in (LAST, BEST):  # a checkpoint goes in place by a rename, which cannot replace a folder
-        if (save_dir / name).is_dir():
-            raise UsageError(f"--save-dir {save_dir} holds a folder named {name}, where the run writes its "
-                             "checkpoint; move that folder away and run the same command again")
+    make_folder(save_dir, "--save-dir")
     return created
 
 

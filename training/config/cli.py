@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from data.errors import not_a_file
-from data.store import write_atomic
+from outputs.safety import write_atomic
 from training.checkpoint.files import BEST, LAST
 from training.config.settings import Parallel, RunConfig, flag_groups
 from training.errors import UsageError

@@ -20,7 +20,8 @@ import numpy as np
 import torch
 
 from data.provenance import file_sha256, read_json
-from data.store import StoreSplit, npy_data_offset, read_rows, write_atomic
+from data.store import StoreSplit, npy_data_offset, read_rows
+from outputs.safety import write_atomic
 from training import faults
 from training.errors import UsageError
 

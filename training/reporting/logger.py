@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from data.store import write_atomic
+from outputs.safety import write_atomic
 from training.entry_point import forked_by_torchrun
 
 METRICS = "metrics.jsonl"  # one JSON line an epoch, in the run's folder
