@@ -1,6 +1,7 @@
 """The run's settings: one dataclass field per flag, holding its default and help, grouped as --help
 groups them, and `validate()`, the one place that says which values can work, through the checks of
-training/config/checks.py (whether the machine can serve them is training/distributed/placement.py's question).
+training/config/checks.py (whether the machine can serve them is asked by training/distributed/strategy.py's
+check_parallel_args).
 
 The command line (training.config.cli) is generated from these fields; a field's type is its flag's.
 A RunConfig turns into the flat `flag: value` mapping of config.yaml and checkpoints and back
