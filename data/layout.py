@@ -23,7 +23,9 @@ from data.errors import DataError, not_a_file
 
 AXES = ("x", "y", "z")
 FIELDS = ("sample_rate_hz", "channels", "classes", "unlabelled", "window_steps", "stride_steps", "preprocessing")
-# How the channels were made from a recording (data/preprocess.py keeps the same list).
+# How the channels were made from a recording: "uci-har", UCI HAR's nine channels (data/preprocess.py);
+# "raw", acc_* / gyro_* as recorded, resampled only; "unknown", windows made elsewhere, which predict.py
+# cannot rebuild from a recording.
 PREPROCESSINGS = ("uci-har", "raw", "unknown")
 CHANNEL_FIELDS = ("name", "sensor", "axis", "unit")
 # A description is a few KB (a field per channel and class): a file past this is not one, and is not

@@ -17,7 +17,8 @@ import numpy as np
 from data.declared import MIN_WINDOW_STEPS, checked_names, rate_problem
 from data.errors import DataError, not_a_file
 from data.labels import class_indexes
-from data.preprocess import PREPROCESSINGS, preprocessing_of
+from data.layout import PREPROCESSINGS
+from data.preprocess import preprocessing_of
 
 REQUIRED = ("signals", "labels", "subjects")
 OPTIONAL = ("class_names", "channel_names", "sample_rate_hz", "split", "preprocessing")

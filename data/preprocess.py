@@ -9,6 +9,7 @@ the whole stream, so a window depends on the samples around it, as in the datase
 import numpy as np
 
 from data.errors import DataError
+from data.layout import PREPROCESSINGS
 from data.uci_har import SIGNAL_NAMES
 
 MEDIAN_STEPS = 3
@@ -19,9 +20,6 @@ MIN_FILTER_STEPS = 3 * (FILTER_ORDER + 1) + 1  # filtfilt pads each end with 3 x
 ACC_AXES = ("acc_x", "acc_y", "acc_z")
 GYRO_AXES = ("gyro_x", "gyro_y", "gyro_z")
 RAW_CHANNELS = ACC_AXES + GYRO_AXES
-# "uci-har": the nine channels above; "raw": acc_* / gyro_* as recorded, resampled only;
-# "unknown": windows made elsewhere, which predict.py cannot rebuild from a recording.
-PREPROCESSINGS = ("uci-har", "raw", "unknown")
 
 
 def low_pass(signal, cutoff_hz, sample_rate_hz):
