@@ -35,7 +35,8 @@ def check_store_folder(out):
     """--out must be a new folder, an empty one, or a store's own (a build resumes there): never a file,
     and never a folder of other things, such as a training run, which the store's files would be mixed
     into or written over."""
-    out = check_output_folder(out, "--out", files=(MANIFEST, LABELS, BUILD_RECORD), folders=(SHARD_DIR,))
+    out = check_output_folder(out, "--out", files=(MANIFEST, LABELS, BUILD_RECORD), folders=(SHARD_DIR,),
+                              writer="the converter")
     if out.is_dir() and any(out.iterdir()) and not holds_a_store(out):
         raise DataError(f"--out {out} holds other files and no store (neither a store's {MANIFEST} nor the "
                         f"{BUILD_RECORD} a build writes first); give a new or empty folder: nothing was changed")
