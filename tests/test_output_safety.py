@@ -12,8 +12,10 @@ def listing(folder):
 
 
 @pytest.mark.parametrize("make, says", [
-    (lambda out: (out / "report.json").mkdir(parents=True), "its report.json is a folder, where the tool writes a file"),
-    (lambda out: (out.mkdir(), (out / "fold-0").write_text("mine")), "its fold-0 is a file, where the tool keeps a folder"),
+    (lambda out: (out / "report.json").mkdir(parents=True),
+     "its report.json is a folder, where the tool writes a file"),
+    (lambda out: (out.mkdir(), (out / "fold-0").write_text("mine")),
+     "its fold-0 is a file, where the tool keeps a folder"),
     (lambda out: out.write_text("mine"), "is a file; point it at a folder"),
 ])
 def test_what_holds_an_outputs_name_is_refused_and_left_as_it_was(tmp_path, make, says):
