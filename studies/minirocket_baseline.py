@@ -44,7 +44,7 @@ def main(argv=None):
         from aeon.classification.convolution_based import MiniRocketClassifier
     except ImportError:
         parser.exit(2, "error: this benchmark needs aeon: pip install aeon\n")
-    data = load_har_data(opts.dataset, opts.data_dir, opts.mode, val_fraction=0.0)
+    data = load_har_data(opts.dataset, opts.data_dir, mode=opts.mode, val_fraction=0.0)
     train, test = (Split(last_value_padded(split.signals), split.labels, split.subjects)
                    for split in (data.train, data.test))
     print(f"{data.description}\naeon MiniRocketClassifier (10,000 kernels, ridge with its own alpha search)")
