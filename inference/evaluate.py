@@ -1,6 +1,7 @@
 """predict.py --data-dir / --dataset synthetic: a checkpoint's test report on a split, without training."""
 import json
 import shlex
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -84,8 +85,11 @@ def splits_as_trained(config, dataset, data_dir, described=None):
     windows that a description reads are read by the one the model's data had (`described`, the checkpoint's),
     not by the path the run was given, which may have moved."""
     reads_one = source_for(dataset, data_dir).takes_description
-    return load_har_data(**config.data_options(dataset=dataset, data_dir=data_dir,
+    data = load_har_data(**config.data_options(dataset=dataset, data_dir=data_dir,
                                                description=described if reads_one else None))
+    for line in data.warnings:  # a training run's log says them; scoring windows has no log
+        print(f"warning: {line}", file=sys.stderr)
+    return data
 
 
 def report_of(bundle, split, device, about, temperature=1.0, adapt=False):

@@ -73,3 +73,13 @@ def test_a_few_windows_ending_in_zeros_are_below_the_share_that_warns(tmp_path):
     assert warnings_of(write_npz(tmp_path / "few.npz", **arrays)) == []
     arrays["signals"][4, :, -6:] = 0.0
     assert len(warnings_of(write_npz(tmp_path / "fifth.npz", **arrays))) == 1
+
+
+def test_scoring_such_windows_says_it_on_stderr(tmp_path, capsys):
+    """predict.py and evaluate read the windows again, without a run's log: they say it themselves."""
+    from inference.evaluate import splits_as_trained
+    from training.config.settings import RunConfig
+    path, _ = zero_padded(tmp_path)
+    splits_as_trained(RunConfig(), "npz", path)
+    err = capsys.readouterr().err
+    assert err.count("warning: ") == 1 and "padded with zeros" in err
