@@ -64,11 +64,11 @@ def check_output_folder(folder, flag, files=(), folders=(), reads=(), writer="th
     file, or cannot be written or created; or that holds, where `writer` puts one of `files`, anything
     but a regular file (a rename would replace it), or where it keeps one of `folders`, a file; or
     where one of `files` is a file the command `reads`. Returns `folder` as a Path."""
-    folder = named(folder, flag)
+    folder = _named(folder, flag)
     if folder.exists() and not folder.is_dir():
         raise OutputRefused(f"{flag} {folder} is a file; point it at a folder")
     for name in files:
-        refuse_an_input(folder / name, reads, f"{flag} {folder}: its {name}")
+        _refuse_an_input(folder / name, reads, f"{flag} {folder}: its {name}")
         if (folder / name).exists() and not (folder / name).is_file():
             raise OutputRefused(f"{flag} {folder}: its {name} {not_a_file(folder / name)}, where {writer} writes a "
                                 f"file; move it away or choose another {flag}")
@@ -77,12 +77,12 @@ def check_output_folder(folder, flag, files=(), folders=(), reads=(), writer="th
             raise OutputRefused(f"{flag} {folder}: its {name} is a file, where {writer} keeps a folder; move it "
                                 f"away or choose another {flag}")
     if folder.is_dir():
-        check_writable(folder, f"{flag} {folder} is not writable")
+        _check_writable(folder, f"{flag} {folder} is not writable")
         return folder
     existing = next(parent for parent in folder.absolute().parents if parent.exists())
     if not existing.is_dir():
         raise OutputRefused(f"{flag} {folder} cannot be created: {existing} is a file, not a folder")
-    check_writable(existing, f"{flag} {folder} cannot be created in {existing}")
+    _check_writable(existing, f"{flag} {folder} cannot be created in {existing}")
     return folder
 
 
@@ -116,20 +116,20 @@ def check_out_file(out, overwrite, reads=(), flag="--out"):
     command `reads`, exists (without overwrite), or cannot be written. Returns `out` as a Path."""
     if str(out).endswith(("/", os.sep)):  # Path drops the slash, and the file would take the folder's name
         raise OutputRefused(f"{flag} {out} names a folder; give the name of a file inside it")
-    out = named(out, flag)
+    out = _named(out, flag)
     if out.is_dir():
         raise OutputRefused(f"{flag} {out} is a folder; give the name of a file inside it")
-    refuse_an_input(out, reads, f"{flag} {out}")
-    refuse_other_than_a_file(out, f"{flag} {out}")
+    _refuse_an_input(out, reads, f"{flag} {out}")
+    _refuse_other_than_a_file(out, f"{flag} {out}")
     if (out.exists() or out.is_symlink()) and not overwrite:  # a link to nothing is still a name taken
         raise OutputRefused(f"{flag} {out} exists; choose another name or pass --overwrite")
     if not out.parent.is_dir():
         raise OutputRefused(f"{flag} {out}: folder {out.parent} does not exist; create it or choose another")
-    check_writable(out.parent, f"{flag} {out}: folder {out.parent} is not writable")
+    _check_writable(out.parent, f"{flag} {out}: folder {out.parent} is not writable")
     return out
 
 
-def check_writable(folder, problem):
+def _check_writable(folder, problem):
     """Make and remove a folder in `folder`: the one test that also holds for root, ACLs and read-only
     mounts; refused as `problem`."""
     try:
@@ -138,7 +138,7 @@ def check_writable(folder, problem):
         raise OutputRefused(f"{problem} ({exc.strerror}); choose another folder") from None
 
 
-def named(out, flag):
+def _named(out, flag):
     """`out` as a Path; an empty name (which Path reads as the current folder), or a name longer than
     file systems take, is refused."""
     if not str(out).strip():
@@ -150,14 +150,14 @@ def named(out, flag):
     return Path(out)
 
 
-def refuse_other_than_a_file(path, what):
+def _refuse_other_than_a_file(path, what):
     """An output is put in place by a rename, which would replace whatever holds its name: only a
     regular file may be replaced, never a folder, a device (/dev/null), a pipe or a socket."""
     if path.exists() and not path.is_file():
         raise OutputRefused(f"{what} {not_a_file(path)}, which an output would replace; choose another name")
 
 
-def refuse_an_input(path, reads, what):
+def _refuse_an_input(path, reads, what):
     """A command overwrites only its own outputs: never a file it was given to read, --overwrite or not."""
     if any(Path(path).resolve() == Path(read).resolve() for read in reads if read is not None):
         raise OutputRefused(f"{what} would be written over a file this command reads; write it under another name")
