@@ -104,10 +104,6 @@ class Layout:
                             for name, label in zip(self.class_names, self.class_labels, strict=True)],
                 "unlabelled": list(self.unlabelled), **{key: value for key, value in kept.items() if value is not None}}
 
-    def same_as(self, other):
-        """Whether two layouts say the same of the data, wherever each was read from."""
-        return other is not None and self.as_json() == other.as_json()
-
     def check(self, field, held, source):
         """Refuse `source` when what it holds for `field` is not what the description says (None: it does
         not say, and the description's stands)."""
