@@ -295,7 +295,9 @@ def _fold_config(config, save_dir, fold, subjects, local_rank):
              "backend": "auto", "nproc_per_node": None}
     if fold is None:
         return config.replace(val_subjects=None, val_fraction=0.0, save_dir=str(save_dir / REFIT_DIR), **alone)
-    return config.replace(val_subjects=subjects, save_dir=str(save_dir / f"fold-{fold}"), **alone)
+    # A fold's validation people are its held-out estimate: its model never trains on them.
+    return config.replace(val_subjects=subjects, final_model="validated", save_dir=str(save_dir / f"fold-{fold}"),
+                          **alone)
 
 
 def _fold_finished(fold_dir, subjects):

@@ -54,6 +54,7 @@ class ModelBundle:
     members: int = 1  # models whose probabilities are averaged: more than one for a fold ensemble
     described: object = None  # the description (a data.layout.Layout) its data was read with, or None
     padded: bool = False  # its model reads windows padded at their end with NaN, each over its own steps
+    refitted: bool = False  # a final model trained on its validation people too (SavedRun.refitted)
 
     def describe(self):
         models = f"ensemble of {self.members} {self.config.model.name} models" if self.members > 1 \
@@ -95,7 +96,7 @@ def load_bundle(path):
     return ModelBundle(model.eval(), mean, std, tuple(layout.class_names), tuple(layout.channels),
                        float(layout.sample_rate_hz), int(layout.window_steps), str(layout.preprocessing),
                        RunConfig.from_flags(saved.flags), str(path), len(models), _described(saved, path),
-                       all(part.model.padded for part in models))
+                       all(part.model.padded for part in models), saved.refitted)
 
 
 def _described(saved, path):

@@ -13,7 +13,7 @@ from evaluation.figures import plot_confusion_matrix
 from evaluation.metrics import classification_report, format_people, format_report, per_subject_accuracy
 from inference.adaptation import adapted_per_group
 from inference.bundle import load_bundle, pick_device, probabilities
-from inference.temperature import temperature_choice, write_calibration
+from inference.temperature import run_temperature, temperature_choice, write_calibration
 from outputs.safety import check_out_dir, prepare_out_dir, write_atomic
 from training.errors import UsageError
 
@@ -36,6 +36,9 @@ def evaluate_checkpoint(args):
     data = splits_as_trained(bundle.config, source.name, args.data_dir, bundle.described)
     split = getattr(data, args.split)
     _check_fits(bundle, data, split, args)
+    if args.split == "val" and bundle.refitted:
+        print("warning: this final model was trained on its run's validation people too (--final-model everyone): "
+              "its figures on them are not a held-out estimate; the run's val_report.json is", file=sys.stderr)
     adapt = args.adapt == "subject"
     fitted = None
     if temperature == "fit":
@@ -64,9 +67,15 @@ def evaluate_checkpoint(args):
 
 def fitted_temperature(bundle, data, device, adapt):
     """(temperature, where it was fitted) on the run's own validation split; (1.0, None) where the
-    run held none out (an ensemble, --val-fraction 0): there is nothing unseen to fit it on."""
+    run held none out (an ensemble, --val-fraction 0): there is nothing unseen to fit it on. A final
+    model trained on its validation people too takes the one its run fitted on them before (its
+    calibration.json), when they were still unseen."""
     if bundle.members > 1 or len(data.val) == 0:
         return 1.0, None
+    if bundle.refitted:
+        return run_temperature(bundle.path), {"fitted_on": "the training run's validation split, by the model chosen "
+                                              "there before this final model trained on it too",
+                                              "windows": len(data.val)}
     probs = split_probabilities(bundle, data.val, device, adapt)
     temperature = fit_temperature(probs, np.asarray(data.val.labels, dtype=np.int64))
     return temperature, {"fitted_on": "the run's validation split", "windows": len(data.val),

@@ -170,6 +170,7 @@ def test_one_view_without_augmentation_trains_the_weights_that_transforming_ever
     try:
         for views in (1, 0):
             code, _, err = run_in_process("main.py", [*MINIROCKET, "--augment", "none", "--epochs", "2",
+                                                      "--final-model", "validated",  # only a pool's head refits
                                                       "--feature-views", str(views), "--save-dir",
                                                       tmp_path / str(views)])
             assert code == 0, err

@@ -155,6 +155,7 @@ def test_two_ddp_ranks_solve_the_head_one_process_solves(tmp_path):
                             "--nproc-per-node", "2", *data, "--save-dir", tmp_path / "two"])
     assert ranks.returncode == 0, ranks.stderr
     assert "head: ridge regression on 48 training windows" in ranks.stdout
+    assert "the validation people included: 60 training windows" in ranks.stdout  # the final model's solve
     one, two = (load_checkpoint(tmp_path / name / "best.pt")["model"] for name in ("one", "two"))
     for name in ("head.1.weight", "head.1.bias"):
         assert torch.equal(one[name], two[name]), name

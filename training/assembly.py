@@ -7,6 +7,7 @@ run trains.
 import dataclasses
 import time
 
+import numpy as np
 import torch
 
 from data.loaders import LoaderRequest, split_loaders
@@ -17,9 +18,10 @@ from training.config.settings import DEFAULT_LR
 from training.distributed.strategy import free_bytes
 from training.errors import UsageError
 from training.loop.recipe import build_augmenter, build_weight_average
-from training.loop.ridge_head import resolve_head_fit
+from training.loop.ridge_head import NothingToStep, resolve_head_fit
 from training.loop.step import (
     Precision,
+    build_adamw,
     build_scheduler,
     compile_for_training,
     global_batch_size,
@@ -28,6 +30,7 @@ from training.loop.step import (
     scaling_warning,
     steps_per_epoch,
 )
+from training.loop.step_graph import records_step_graph
 from training.pool.build import PoolPlan, build_feature_pool, feature_store_root, wants_feature_pool
 from training.reporting.logger import GIB
 
@@ -66,6 +69,63 @@ def head_fit_and_augmenter(config, data, normalization, strategy, log):
     augment = build_augmenter(config.recipe, normalization, data.channel_names, data.class_names, log.warn,
                               data.sensor_triples(), data.padded)
     return head_fit, augment if augment is None else augment.to(strategy.device)
+
+
+# The smallest validation split the recipe is chosen on: fewer windows, or one person, would choose by
+# the luck of a few windows (training/loop/recipe_choice.py).
+MIN_CHOICE_WINDOWS, MIN_CHOICE_PEOPLE = 100, 2
+
+
+def why_not_refit(config, strategy, data):
+    """None when this run trains its final model on every training person, else why it keeps the
+    validated one: a line for the log, or '' where nothing needs saying (asked for, or nobody held out)."""
+    if config.optim.final_model == "validated" or len(data.val) == 0:
+        return ""
+    if not _pool_in_memory(config, data):
+        return ("best.pt holds the weights validation chose: only a head trained over a feature pool in memory is "
+                "trained again on every training person (--final-model validated keeps them without this line)")
+    if strategy.name == "fsdp":
+        return "best.pt holds the weights validation chose: under fsdp the head is not trained again on every person"
+    return None
+
+
+def why_not_choose(config, strategy, data, head_fit, augment):
+    """None when the validation people choose the recipe (training/loop/recipe_choice.py), else why
+    not: a line for the log, or '' where there is nothing to choose between (asked for, no augmented
+    views, no pool in memory, a head solved by ridge)."""
+    views = min(feature_views_of(config.model.name, config.recipe.feature_views), config.optim.epochs)
+    if (config.recipe.recipe_choice == "fixed" or head_fit != "adamw" or augment is None or views < 2
+            or not _pool_in_memory(config, data) or strategy.name == "fsdp" or len(data.val) == 0):
+        return ""
+    people = len(np.unique(data.val.subjects))
+    if len(data.val) < MIN_CHOICE_WINDOWS or people < MIN_CHOICE_PEOPLE:
+        return (f"recipe: {len(data.val)} validation windows of {people} person(s) are too few to choose on (at least "
+                f"{MIN_CHOICE_WINDOWS} of {MIN_CHOICE_PEOPLE} people): the augmentations as set "
+                f"({augmentations_of(augment)}) are kept")
+    return None
+
+
+def pool_head_plan(config, strategy, data, head_fit, augment, log):
+    """(whether the final model trains on every training person, whether the validation people choose
+    the recipe), each said in one line where the run cannot do it and the settings did not say so."""
+    why_not = why_not_refit(config, strategy, data), why_not_choose(config, strategy, data, head_fit, augment)
+    for line in why_not:
+        if line:
+            log.info(line)
+    return why_not[0] is None, why_not[1] is None
+
+
+def augmentations_of(augment):
+    """The augmentations a batch augmenter applies, comma-separated ('none' without one)."""
+    return ",".join(augment.config.kinds) if augment is not None else "none"
+
+
+def _pool_in_memory(config, data):
+    """Whether the run's model trains over a feature pool held in memory (not a window store's, on disk)."""
+    pooled = wants_feature_pool(MODELS[config.model.name], feature_views_of(config.model.name,
+                                                                            config.recipe.feature_views))
+    splits = {"train": data.train, "val": data.val, "test": data.test}
+    return pooled and feature_store_root(config.save_dir, splits) is None
 
 
 def replicates_the_head(config, head_fit):
@@ -119,7 +179,8 @@ def build_loaders(config, data, model, augment, request, strategy, log):
         views = min(views, optim.epochs)
         figures = {}
         plan = PoolPlan(views=views, augment=augment, seed=optim.seed,
-                        store_root=feature_store_root(config.save_dir, splits))
+                        store_root=feature_store_root(config.save_dir, splits),
+                        viewed_too=("val",) if why_not_refit(config, strategy, data) is None else ())
         splits, train_views = build_feature_pool(model, splits, plan, strategy, log, figures)
         augment = None
     # On a CPU a pool on disk reaches the step as features, turned from counts by the store's reader
@@ -176,6 +237,17 @@ def build_run_model(config, data, strategy, log, checkpoint=None):
              f"parameters, {gradient_mb:.2f} MB of gradients per step | {precision.describe()}"
              f"{' | deterministic algorithms' if config.hardware.deterministic else ''}")
     return model, train_model, precision, ema
+
+
+def build_optimizer(config, model, strategy, precision, head_fit, peak_lr, log):
+    """(the optimizer, whether the step is recorded as a CUDA graph): AdamW at `peak_lr`, capturable
+    where the step records; a head solved by ridge takes no step and gets NothingToStep."""
+    record_graph = records_step_graph(config.hardware.cuda_graphs, model, strategy, precision,
+                                      config.optim.grad_accum_steps, config.hardware.compile, log.warn)
+    if head_fit == "ridge":
+        return NothingToStep(), record_graph
+    return build_adamw(model, peak_lr, config.optim.weight_decay, strategy.device, capturable=record_graph), \
+        record_graph
 
 
 def position_schedule(optimizer, optim, micro_batches_per_epoch, state, global_batch, log):

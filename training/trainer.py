@@ -20,12 +20,15 @@ from data.splits import HarData, Split
 from evaluation.figures import write_run_figures
 from models import label_smoothing_of
 from training.assembly import (
+    augmentations_of,
     build_loaders,
+    build_optimizer,
     build_run_model,
     head_fit_and_augmenter,
     loader_request,
     normalize_data,
     peak_lr_of,
+    pool_head_plan,
     position_schedule,
     replicates_under_ddp,
     training_batches,
@@ -42,16 +45,15 @@ from training.distributed.strategy import Strategy, check_parallel_args, make_st
 from training.errors import EXIT_PREEMPTED, RankLost, TrainingDiverged
 from training.loop.epochs import fit
 from training.loop.evaluation import gather_predictions
-from training.loop.ridge_head import NothingToStep, fit_head_by_ridge
+from training.loop.head_again import PoolHead
+from training.loop.refit import finish
+from training.loop.ridge_head import fit_head_by_ridge
 from training.loop.step import (
     Precision,
     TrainStep,
-    build_adamw,
     global_batch_size,
     skipped_steps,
 )
-from training.loop.step_graph import records_step_graph
-from training.reporting.final_report import report_best_weights
 from training.reporting.logger import INPUTS_LAP, SET_UP_LAP, PhaseClock, RunLogger
 from training.run_inputs import read_run_inputs
 
@@ -103,8 +105,8 @@ def train(config):
         outcome = fit_head_by_ridge(trainer) if trainer.head_pool is not None else fit(trainer)
         clock.lap("training")
         if outcome == "complete":
-            report_best_weights(trainer)
-            clock.lap("evaluation")
+            outcome = finish(trainer)
+            clock.lap("recipe, final model and evaluation" if trainer.chooses or trainer.refits else "evaluation")
         # A preempted job's grace time is for saving.
         if outcome != "preempted" and strategy.is_main and config.output.figures:
             write_run_figures(config.save_dir, trainer.log.warn, use_test=not config.data.no_test)
@@ -152,6 +154,11 @@ class Trainer:
     pool_figures: dict = None  # the feature pool's build (pool.build.pool_figures); None without a pool
     head_pool: Split = None  # the training windows' pooled counts when --head-fit resolves to ridge, else None
     epochs: int = 0  # the epochs this run trains: --epochs, or one when the head is solved by ridge
+    # What a head trained again after the epochs needs (the recipe's candidate, the final model), or None.
+    pool_head: PoolHead = None
+    refits: bool = False  # the final model trains on every training person (training/loop/refit.py)
+    chooses: bool = False  # the validation people choose the recipe (training/loop/recipe_choice.py)
+    saving: bool = True  # False while the final model trains: its pass writes one checkpoint, at its end
 
     @classmethod
     def build(cls, config, strategy, stop_signals=None, quiet=False, inputs=None):
@@ -172,14 +179,12 @@ class Trainer:
         model, train_model, precision, ema = build_run_model(config, data, strategy, log, checkpoint)
         global_batch = global_batch_size(optim.batch_size, strategy.data_parallel_size, optim.grad_accum_steps)
         batch_ranks, loader_batch = training_batches(optim.batch_size, strategy, replicated)
-        loaders, augment, pool_figures, pool = build_loaders(
-            config, data, model, augment, loader_request(config, strategy, loader_batch, replicated), strategy, log)
-
+        refits, chooses = pool_head_plan(config, strategy, data, head_fit, augment, log)
+        request, augmentations = loader_request(config, strategy, loader_batch, replicated), augmentations_of(augment)
+        loaders, augment, pool_figures, pool = build_loaders(config, data, model, augment, request, strategy, log)
+        pool_head = PoolHead.of(model, pool, request, augmentations) if refits or chooses else None
         peak_lr, per_gpu_rule = peak_lr_of(optim, checkpoint, strategy.data_parallel_size, head_fit, log)
-        record_graph = records_step_graph(config.hardware.cuda_graphs, model, strategy, precision,
-                                          config.optim.grad_accum_steps, config.hardware.compile, log.warn)
-        optimizer = NothingToStep() if head_fit == "ridge" else build_adamw(model, peak_lr, optim.weight_decay,
-                                                                            strategy.device, capturable=record_graph)
+        optimizer, record_graph = build_optimizer(config, model, strategy, precision, head_fit, peak_lr, log)
         grad_scaler = precision.make_grad_scaler()
         state, rng = TrainState(), RandomStreams(strategy, replicas=replicated)
         parts = {"model": strategy.module_state(model), "optimizer": strategy.optimizer_state(model, optimizer),
@@ -212,7 +217,8 @@ class Trainer:
                    loaders=loaders, loader_batch=loader_batch, global_batch=global_batch, step=step, state=state,
                    rng=rng, checkpoints=checkpoints, stop_signals=stop_signals or StopSignals(),
                    batch_ranks=batch_ranks, exact_resume=exact_resume, pool_figures=pool_figures,
-                   head_pool=pool["train"] if head_fit == "ridge" else None, epochs=epochs)
+                   head_pool=pool["train"] if head_fit == "ridge" else None, epochs=epochs, pool_head=pool_head,
+                   refits=refits, chooses=chooses)
 
     def evaluate(self, split, model=None):
         """(labels, logits, mean loss) of "val" or "test" over every rank, by `model` or else the
@@ -253,8 +259,15 @@ class Trainer:
 
     def save(self, is_best):
         """A checkpoint of where the run stands; every rank takes part (buffers and random streams)."""
+        if not self.saving:
+            return
         self._sync_buffers()
         self.checkpoints.save(is_best)
+
+    def schedule(self, optimizer, micro_batches_per_epoch):
+        """The LR schedule of `optimizer` over --epochs of this many micro-batches, from the train state."""
+        return position_schedule(optimizer, self.config.optim, micro_batches_per_epoch, self.state, self.global_batch,
+                                 self.log)
 
     def _sync_buffers(self):
         """Give every rank rank 0's buffers (DDP does not broadcast them each step), in the model and

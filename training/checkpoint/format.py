@@ -171,6 +171,12 @@ class SavedRun:
     def epochs_since_best(self):
         return self.raw.get("epochs_since_best", 0)
 
+    @property
+    def refitted(self):
+        """Whether its weights are a final model trained on every training person, validation people
+        included (training/loop/refit.py): figures on the validation split are not held out."""
+        return bool(self.raw.get("refitted", False))
+
     def progress(self):
         """(epoch, step, samples into the epoch), as ints; KeyError where the file records no epoch or step."""
         return int(self.raw["epoch"]), int(self.raw["step"]), int(self.raw.get("epoch_position", 0))

@@ -19,6 +19,8 @@ class TrainState:
     epochs_since_best: int = 0
     epoch_loss_sum: float = 0.0  # the current epoch's summed training loss so far, all ranks
     epoch_samples: int = 0  # ... and the samples it sums over
+    recipe: str = ""  # the recipe the validation people chose (training/loop/recipe_choice.py); "" before
+    refitted: bool = False  # the final model was trained on every training person (training/loop/refit.py)
 
     def state_dict(self):
         return asdict(self)

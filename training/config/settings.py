@@ -180,6 +180,11 @@ class Model:
 @dataclass(frozen=True)
 class Recipe:
     """Augmentation, the weight average, label smoothing, feature views and cross-validation."""
+    recipe_choice: str = setting("validation", "minirocket over a feature pool: validation = after the epochs, "
+                                 "train the head once more on the windows as they are (no augmentation) and keep "
+                                 "whichever the validation people score higher (one line says which and why); "
+                                 "fixed = the augmentations as --augment sets them",
+                                 choices=("validation", "fixed"))
     augment: str = setting("rotate,flip,scale,jitter,shift", "training-batch augmentations, comma-separated from "
                            f"{','.join(AUGMENTATIONS)}, or none; drawn on the device per (seed, epoch, rank)")
     aug_rotate_deg: float = setting(_AUGMENT.rotate_deg, "rotate: largest angle of the random 3-D rotation applied "
@@ -251,6 +256,11 @@ class Optimisation:
                             "windows (its strength by the error on each person left out; no epochs, views or "
                             "augmentation); adamw = trained by AdamW over --epochs; auto = ridge for a training "
                             "split of at most 1,024 windows, else adamw", choices=("auto", "adamw", "ridge"))
+    final_model: str = setting("everyone", "what best.pt holds where validation people choose: everyone = minirocket's "
+                               "head trained again on every training person, validation people included, for the "
+                               "epochs validation chose (the temperature stays the one fitted on them); validated = "
+                               "the weights validation chose, as trained without those people",
+                               choices=("everyone", "validated"))
     early_stopping_patience: int = setting(0, "stop after this many epochs without a better validation macro-F1; "
                                            "0 = off")
     seed: int = setting(42, "initial weights, shuffling, dropout, augmentation, validation subjects and "

@@ -21,8 +21,10 @@ def fit(trainer):
     (evaluate the test split next), "paused" (--stop-after-epochs) or "preempted" (a signal
     arrived; a checkpoint was saved)."""
     optim, log, state = trainer.config.optim, trainer.log, trainer.state
-    if state.epoch >= optim.epochs:
-        log.info(f"already trained for {state.epoch} of {optim.epochs} epochs; evaluating the test split")
+    if state.epoch >= optim.epochs or state.refitted or state.recipe:
+        done = ("the final model was trained" if state.refitted
+                else f"already trained for {state.epoch} of {optim.epochs} epochs")
+        log.info(f"{done}; evaluating the test split")
         return "complete"
     if _patience_exhausted(trainer):
         log.info(f"this run already stopped early ({state.epochs_since_best} epochs without a better "

@@ -140,6 +140,17 @@ def fit_head_by_ridge(trainer):
         log.info("the head was already solved by ridge regression; evaluating the test split")
         return "complete"
     start = time.perf_counter()
+    loss_sum = solve_into_head(trainer, pool, "head: ridge regression on")
+    end_epoch(trainer, 0, EpochResult(steps=0, samples=len(pool), train_time_s=time.perf_counter() - start,
+                                      loss_sum=loss_sum, loss_samples=len(pool), stopped_early=False), start)
+    return "complete"
+
+
+def solve_into_head(trainer, pool, said):
+    """Solve the head on `pool` (pooled counts of windows as they are), put it in the model and its
+    average, and log one line that starts with `said`. Returns the solved head's summed cross-entropy
+    on the windows it was solved on (an epoch line's training loss)."""
+    start = time.perf_counter()
     labels = np.asarray(pool.labels, dtype=np.int64)  # a store's labels are narrower integers
     model = trainer.model
     # Read by positions, which a pool in memory and one on disk (training.pool.store.ShardedRows) both take.
@@ -155,12 +166,8 @@ def fit_head_by_ridge(trainer):
         linear.bias.copy_(bias.to(linear.bias.device))
     if trainer.step.ema is not None:
         trainer.step.ema.restart()  # the average of one set of weights is those weights
-    seconds = time.perf_counter() - start
-    log.info(f"head: ridge regression on {len(pool):,} training windows, alpha {alpha:.3g} (of "
-             f"{ALPHAS[0]:g} to {ALPHAS[-1]:g}, by the error on each person or stretch left out), outputs divided "
-             f"by {temperature:.3g} (fitted on those held-out outputs) in {seconds:.1f} s")
-    # The epoch line's training loss: the solved head's cross-entropy on the windows it was solved on.
-    loss_sum = torch.nn.functional.cross_entropy(features @ weight.T + bias, torch.from_numpy(labels), reduction="sum")
-    end_epoch(trainer, 0, EpochResult(steps=0, samples=len(pool), train_time_s=seconds, loss_sum=float(loss_sum),
-                                      loss_samples=len(pool), stopped_early=False), start)
-    return "complete"
+    trainer.log.info(f"{said} {len(pool):,} training windows, alpha {alpha:.3g} (of {ALPHAS[0]:g} to {ALPHAS[-1]:g}, "
+                     f"by the error on each person or stretch left out), outputs divided by {temperature:.3g} "
+                     f"(fitted on those held-out outputs) in {time.perf_counter() - start:.1f} s")
+    loss = torch.nn.functional.cross_entropy(features @ weight.T + bias, torch.from_numpy(labels), reduction="sum")
+    return float(loss)

@@ -44,11 +44,14 @@ def feature_store_root(save_dir, splits):
 class PoolPlan:
     """What a pool holds and where: `views` of the training windows, view 0 as they are and each
     further one through `augment` (None: one view), drawn from `seed`; `store_root`: the folder of a
-    pool on disk (feature_store_root), None to hold it in memory."""
+    pool on disk (feature_store_root), None to hold it in memory. `viewed_too`: other splits (in memory)
+    whose windows the pool also holds in every view, as "<name>_views", laid out as the training views
+    are: the validation people's, for the head trained again on every person (training.loop.refit)."""
     views: int
     augment: object = None
     seed: int = 0
     store_root: Path | None = None
+    viewed_too: tuple = ()
 
 
 def build_feature_pool(model, splits, plan, strategy, log, figures=None):
@@ -62,6 +65,14 @@ def build_feature_pool(model, splits, plan, strategy, log, figures=None):
     parts = [Part(train, plan.augment if view else None, plan.seed * VIEW_SEED_STRIDE + view) for view in range(views)]
     parts += [Part(splits[name], None, plan.seed) for name in others]
     groups = [range(views), *([views + index] for index in range(len(others)))]  # training views, then the others
+    # A split viewed too: its view 0 is its plain part above; views 1.. are drawn from seeds after the
+    # training views' own, so that no window of it shares a draw with a training window's view.
+    extra_seed = plan.seed * VIEW_SEED_STRIDE + views
+    for name in plan.viewed_too if views > 1 else ():
+        first = len(parts)
+        parts += [Part(splits[name], plan.augment, extra_seed + view) for view in range(1, views)]
+        extra_seed += views
+        groups.append(range(first, len(parts)))
     shares = pool_shares([len(part.split) for part in parts], strategy.world_size)
     transform = RankTransform(model, parts, strategy.device, log)
     probe = transform.probe()
@@ -74,8 +85,13 @@ def build_feature_pool(model, splits, plan, strategy, log, figures=None):
                              pool_identity(model, splits, views, plan.augment, plan.seed, probe.dtype, POOL_CHUNK))
         rows, per_rank, where = share_on_disk(transform, shares, probe, strategy, store, groups)
     pool = {"train": Split(rows[0], np.tile(train.labels, views), np.tile(train.subjects, views))}
-    for name, held in zip(others, rows[1:], strict=True):
+    for name, held in zip(others, rows[1:1 + len(others)], strict=True):
         pool[name] = Split(held, splits[name].labels, splits[name].subjects)
+    viewed = iter(rows[1 + len(others):])
+    for name in plan.viewed_too:
+        split, plain = splits[name], pool[name].signals
+        signals = np.concatenate([plain, next(viewed)]) if views > 1 else plain
+        pool[f"{name}_views"] = Split(signals, np.tile(split.labels, views), np.tile(split.subjects, views))
     built = pool_figures(pool, views, len(train), per_rank, time.perf_counter() - start, transform.spent)
     _report_pool(built, pool["train"].signals, log, where)
     if figures is not None:

@@ -21,10 +21,9 @@ def _fits(weights, model):
                                           weights.items()} == expected
 
 
-def report_best_weights(trainer):
-    """Reload best.pt's weights and report the validation split and, unless --no-test, the test
-    split, seen here for the first time."""
-    trainer.checkpoints.write_pending()  # still pending only where this invocation trained nothing
+def _load_best(trainer):
+    """best.pt's weights into the model on every rank (the current ones where there is no best.pt);
+    returns its path. Another model's file there is refused in one line."""
     best_path = trainer.checkpoints.best_path
     best, found = None, NO_BEST
     if trainer.strategy.is_main:
@@ -41,11 +40,23 @@ def report_best_weights(trainer):
                          "there by hand); move it away and run the same command again")
     if found == BEST_FITS:
         trainer.strategy.load_from_rank0(trainer.model, best)
+    return best_path
+
+
+def report_best_weights(trainer, splits=("val", "test"), calibration=None):
+    """Reload best.pt's weights and report the validation split (where there is one) and, unless
+    --no-test, the test split, seen here for the first time; of those, the ones in `splits`.
+    `calibration`: the temperature record ({"temperature", "windows"}) to judge by, fitted before on
+    the validation people by the model chosen there (training/loop/refit.py). Returns the one this
+    call fitted or was given (None without one)."""
+    trainer.checkpoints.write_pending()  # still pending only where this invocation trained nothing
+    best_path = _load_best(trainer)
     no_test = trainer.config.data.no_test
-    splits = [split for split in ("val", "test") if (split != "val" or trainer.has_validation)
+    splits = [split for split in splits if (split != "val" or trainer.has_validation)
               and (split != "test" or not no_test)]
-    temperature, fitted = 1.0, None  # until the validation split gives one
-    if not trainer.has_validation and trainer.strategy.is_main:
+    # Until the validation split gives one: 1, or the one given.
+    temperature, fitted = (1.0, None) if calibration is None else (calibration["temperature"], calibration)
+    if "val" not in splits and calibration is None and trainer.strategy.is_main:
         # An earlier run's temperature in this folder was fitted for other weights.
         (trainer.config.save_dir / CALIBRATION_FILE).unlink(missing_ok=True)
     for split in splits:
@@ -56,9 +67,11 @@ def report_best_weights(trainer):
         probabilities = torch.softmax(torch.from_numpy(logits).double(), dim=1).numpy()
         if split == "val":
             # Written beside best.pt, where predict.py finds it.
-            temperature, fitted = fit_temperature(probabilities, labels), {"windows": len(labels)}
-            trainer.log.write_json(CALIBRATION_FILE, {"temperature": temperature, "checkpoint": best_path.name,
-                                                      "fitted_on": "the run's validation split", **fitted})
+            temperature = fit_temperature(probabilities, labels)
+            fitted = {"temperature": temperature, "windows": len(labels)}
+            where = "the run's validation split" + (" by the model chosen there, before the final model trained on "
+                                                    "those people too" if trainer.refits else "")
+            trainer.log.write_json(CALIBRATION_FILE, {**fitted, "checkpoint": best_path.name, "fitted_on": where})
         split_subjects = getattr(trainer.data, split).subjects
         in_order = split_subjects[gathered_order(len(split_subjects), trainer.strategy.world_size)]
         predictions = logits.argmax(axis=1)
@@ -69,12 +82,17 @@ def report_best_weights(trainer):
                   **calibration_fields(probabilities, labels, in_order, temperature)}
         trainer.log.write_json(f"{split}_report.json", report)
     if no_test:
-        trainer.log.info("--no-test: the test split was not evaluated; " + (
-            f"wrote {trainer.config.save_dir / 'val_report.json'}" if "val" in splits
-            else "no validation split either (--val-fraction 0), so no report was written"))
-        return
-    chosen = "best checkpoint by validation macro-F1" if trainer.has_validation else \
-        "last epoch's weights: no validation split"
+        if "val" in splits or not trainer.has_validation:
+            trainer.log.info("--no-test: the test split was not evaluated; " + (
+                f"wrote {trainer.config.save_dir / 'val_report.json'}" if "val" in splits
+                else "no validation split either (--val-fraction 0), so no report was written"))
+        return fitted
+    if "test" not in splits:
+        return fitted
+    chosen = ("final model: trained on every training person for the epochs validation chose"
+              if trainer.state.refitted else "best checkpoint by validation macro-F1" if trainer.has_validation
+              else "last epoch's weights: no validation split")
     trainer.log.info(f"test split ({chosen}):\n" + format_report(report) + "\n" + format_people(report) + "\n"
                      + format_calibration(report, fitted))
     trainer.log.info(f"wrote {trainer.config.save_dir / 'test_report.json'}")
+    return fitted
