@@ -5,7 +5,10 @@ Every layout of studies/layout_windows.py is cut from the development recordings
 `main.py --dataset npz --data-dir L.npz` with no other flag than --save-dir (and --description L.json
 for a layout that comes with a description file, as a user would write one; --seed S when given), and
 `studies.minirocket_baseline --dataset npz` (aeon, --threads jobs: give the core count, since main.py
-takes every core). Each one's wall clock, test accuracy and worst person. Then the last round's
+takes every core). Each one's wall clock, test accuracy and worst person. With --seeds, round i runs
+both sides at the i-th seed (main.py's --seed, aeon's kernel seed), so the table's accuracy is the mean
+over seeds, the worst person the lowest over them, the wall clock the median; its last lines give the
+mean gap over every set and the worst set's. Then the last round's
 best.pt goes end to end: one test person's whole recording, written in the layout's channels and
 rate, through predict.py, and the checkpoint through export.py (TorchScript and ONNX). A step that
 fails is recorded with its command and its one-line error; the study goes on. The public sets aeon
@@ -15,7 +18,9 @@ their end to end is the export.
   python -m studies.layouts --json layouts.json
   python -m studies.layouts --layouts 20hz,one-person --rounds 2 --keep ../layouts-npz
   python -m studies.layouts --layouts device-names,device-names-described --public none --seed 1
+  python -m studies.layouts --seeds 42,1,2 --json layouts.json
 """
+import argparse
 import csv
 import json
 import os
@@ -55,9 +60,15 @@ def main(argv=None):
                         help="aeon's jobs: the cores main.py takes")
     parser.add_argument("--seed", type=at_least(0), default=None,
                         help="main.py's --seed and aeon's kernel seed (default: each one's own, 42 and 0)")
+    parser.add_argument("--seeds", type=seed_list, default=None,
+                        help="comma-separated seeds, one round each (in place of --seed and --rounds)")
     parser.add_argument("--keep", help="write the layouts' files into this new or empty folder and keep them")
     parser.add_argument("--json", type=json_file, help="write the figures here")
     opts = parser.parse_args(argv)
+    if opts.seeds is not None:
+        if opts.seed is not None:
+            raise UsageError("--seeds runs a round at each seed: give it or --seed, not both")
+        opts.rounds = len(opts.seeds)
     if opts.json:  # an earlier figures file may be replaced; the recordings it reads may not
         check_out_file(opts.json, overwrite=True, reads=(opts.recordings,), flag="--json")
     if not Path(opts.recordings).is_file():
@@ -75,7 +86,7 @@ def main(argv=None):
             rows.append(study_public_set(name, files, Path(scratch) / name, opts))
     print(format_table(rows))
     write_json(opts.json, {"recordings": opts.recordings, "rounds": opts.rounds, "threads": opts.threads,
-                           "seed": opts.seed, "layouts": rows})
+                           "seed": opts.seed, "seeds": opts.seeds, "layouts": rows})
     return 0
 
 
@@ -129,23 +140,35 @@ def compared(row, data, recording_file, scratch, opts, description=None):
     return row
 
 
-def side_runner(side, data, scratch, opts, description=None):
-    """run(round) -> that round's figures of one side, each side a fresh process."""
-    seeded = opts.seed is not None
+def seed_list(text):
+    """--seeds: comma-separated whole numbers, each at least 0."""
+    try:
+        seeds = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated seeds such as 42,1,2, got {text!r}") from None
+    if not seeds or min(seeds) < 0:
+        raise argparse.ArgumentTypeError(f"expected comma-separated seeds of 0 or more, got {text!r}")
+    return seeds
 
+
+def side_runner(side, data, scratch, opts, description=None):
+    """run(round) -> that round's figures of one side, each side a fresh process, at that round's seed
+    of --seeds (or --seed in every round)."""
     def one_round(round_index):
+        seed = opts.seeds[round_index] if getattr(opts, "seeds", None) else opts.seed
+        seeded = seed is not None
         if side == "ours":
             folder = scratch / f"ours-{round_index}"
             command = [sys.executable, "main.py", "--dataset", "npz", "--data-dir", str(data), "--save-dir",
                        str(folder), *(["--description", str(description)] if description else []),
-                       *(["--seed", str(opts.seed)] if seeded else [])]
+                       *(["--seed", str(seed)] if seeded else [])]
             report = folder / "test_report.json"
         else:
             report = scratch / f"aeon-{round_index}.json"
             command = [sys.executable, "-m", "studies.minirocket_baseline", "--dataset", "npz", "--data-dir",
                        str(data), "--threads", str(opts.threads), "--json", str(report),
-                       *(["--kernel-seeds", str(opts.seed)] if seeded else [])]
-        result = run_step(command)
+                       *(["--kernel-seeds", str(seed)] if seeded else [])]
+        result = {**run_step(command), "seed": seed}
         if result["ok"]:
             figures = json.loads(report.read_text())
             figures = figures if side == "ours" else figures["runs"][-1]
@@ -213,12 +236,15 @@ def median_of(runs, key):
 
 
 def side_figures(runs):
-    """(accuracy, worst person text, wall s) over the rounds: the medians, the last round's worst."""
-    accuracy, wall_s = median_of(runs, "accuracy"), median_of(runs, "wall_s")
-    last = runs[-1]
-    if accuracy is None:
+    """(accuracy, worst person text, wall s) over the rounds: the mean accuracy (rounds at one seed
+    differ in time only), the lowest worst person of any round, the median wall clock."""
+    done = [run for run in runs if run.get("accuracy") is not None]
+    wall_s = median_of(runs, "wall_s")
+    if not done:
         return None, "failed", wall_s
-    return accuracy, f"{last['worst_accuracy']:.3f} ({last['worst_subject']})", wall_s
+    worst = min(done, key=lambda run: run["worst_accuracy"])
+    return statistics.mean(run["accuracy"] for run in done), \
+        f"{worst['worst_accuracy']:.3f} ({worst['worst_subject']})", wall_s
 
 
 def format_table(rows):
@@ -243,11 +269,26 @@ def format_table(rows):
             failures += [(row["layout"], side, run) for run in row[side] if not run["ok"]]
         failures += [(row["layout"], name, step) for name, step in steps.items() if not step["ok"]]
     lines.append("")
+    lines.append(gap_summary(rows))
     lines += [f"{row['layout']}: {row['about']}; recording {row['recording']}; cores other processes kept busy, "
               + ", ".join(f"{side} {_cores(row[side])}" for side in SIDES) for row in rows]
     for layout, what, step in failures:
         lines.append(f"FAILED {layout}, {what}: {step['command']}\n  {step['error']}")
     return "\n".join(lines)
+
+
+def gap_summary(rows):
+    """One line: ours less aeon in points, the mean over the sets both sides finished and the worst set."""
+    gaps = {}
+    for row in rows:
+        ours, aeon = side_figures(row["ours"])[0], side_figures(row["aeon"])[0]
+        if ours is not None and aeon is not None:
+            gaps[row["layout"]] = 100 * (ours - aeon)
+    if not gaps:
+        return "ours - aeon: no set finished on both sides"
+    worst = min(gaps, key=gaps.get)
+    return (f"ours - aeon over {len(gaps)} set(s): mean {statistics.mean(gaps.values()):+.2f} points, worst "
+            f"{gaps[worst]:+.2f} ({worst})")
 
 
 def _rate(row):

@@ -1,6 +1,8 @@
 """The layouts study's windows, recordings and baseline path, on a few synthetic recordings of the
 development archive's keys (no real data needed)."""
 import argparse
+import contextlib
+import io
 import json
 import sys
 import types
@@ -16,6 +18,7 @@ from studies import layouts
 from studies.layout_windows import LAYOUTS, ONE_PERSON, THREE_CLASSES, cut_layout, read_recordings, write_recording
 from studies.layouts import format_table, run_step
 from studies.public_sets import write_public_set
+from training.entry_point import run_entry_point
 
 RATE_HZ = 50
 STRETCH_S = 12  # long enough for one 10 s window
@@ -197,12 +200,53 @@ def test_a_failed_step_keeps_its_error_line_and_the_table_says_so():
     assert "FAILED one-person, ours: python -c" in table and "error: no way" in table
 
 
+def test_seeds_run_one_round_each_and_the_table_gives_their_mean_the_lowest_worst_person_and_the_gaps(
+        monkeypatch, tmp_path):
+    commands = []
+    monkeypatch.setattr(layouts, "run_step", lambda command: commands.append(command) or
+                        {"ok": False, "wall_s": 1.0, "error": "stopped", "other_cores": 0.0})
+    opts = argparse.Namespace(seed=None, seeds=[42, 1], threads=2)
+    for round_index in (0, 1):
+        for side in layouts.SIDES:
+            layouts.side_runner(side, tmp_path / "l.npz", tmp_path, opts)(round_index)
+    texts = [" ".join(map(str, command)) for command in commands]
+    assert "--seed 42" in texts[0] and "--kernel-seeds 42" in texts[1]
+    assert "--seed 1" in texts[2] and "--kernel-seeds 1" in texts[3]
+
+    def run(accuracy, worst, subject):
+        return {"ok": True, "wall_s": 10.0, "accuracy": accuracy, "worst_accuracy": worst, "worst_subject": subject,
+                "other_cores": 0.0}
+    rows = [{"layout": name, "about": "", "recording": "", "train_windows": 1, "test_windows": 1, "channels": 1,
+             "steps": 1, "rate_hz": None, "classes": 2, "test_classes": 2, "end_to_end": {},
+             "ours": [run(a, 0.8, 3), run(b, 0.7, 7)], "aeon": [run(0.9, 0.9, 3), run(0.9, 0.9, 3)]}
+            for name, a, b in (("one", 0.95, 0.93), ("two", 0.88, 0.88))]
+    table = layouts.format_table(rows)
+    assert "| 0.9400 / 0.700 (7) / 10.0 | 0.9000 / 0.900 (3) / 10.0 | +4.00 |" in table
+    assert "ours - aeon over 2 set(s): mean +1.00 points, worst -2.00 (two)" in table
+
+
+def run_in_process_study(argv):
+    """(exit code, stdout, stderr) of the study's command line, run here."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = run_entry_point(layouts.main, list(map(str, argv)))
+        except SystemExit as exc:
+            code = exc.code
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_seeds_and_seed_together_are_one_line(tmp_path):
+    code, out, err = run_in_process_study(["--seeds", "1,2", "--seed", "3", "--recordings", tmp_path / "none"])
+    assert code == 2 and "give it or --seed, not both" in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize("seed", [None, 3])
 def test_each_side_runs_its_own_command_with_the_seed_and_description_given(monkeypatch, tmp_path, seed):
     commands = []
     stopped = {"ok": False, "wall_s": 1.0, "error": "stopped", "other_cores": 0.0}
     monkeypatch.setattr(layouts, "run_step", lambda command: commands.append(command) or stopped)
-    opts = argparse.Namespace(seed=seed, threads=2)
+    opts = argparse.Namespace(seed=seed, seeds=None, threads=2)
     for side in layouts.SIDES:
         layouts.side_runner(side, tmp_path / "l.npz", tmp_path, opts, tmp_path / "l.json")(0)
     ours, aeon = (" ".join(map(str, command[1:])) for command in commands)
