@@ -87,3 +87,13 @@ def test_one_validation_person_is_too_few_to_choose_on_and_the_recipe_as_set_is_
                      r"as set \(rotate,flip,scale,jitter,shift\) are kept", console)
     assert "recipe: the" not in console
     assert load_checkpoint(tmp_path / "run" / "last.pt")["recipe"] == ""
+
+
+def test_the_plain_windows_must_win_by_more_than_the_margin(tmp_path, monkeypatch):
+    from training.loop import recipe_choice
+    monkeypatch.setattr(recipe_choice, "CHOICE_MARGIN", 1.0)  # no macro-F1 wins by more than 1
+    console = train(tmp_path / "run", *NOISE)
+    line = re.search(r"recipe: the augmented views: validation macro-F1 (\S+) .*, (\S+) \(epoch \d+\) on the windows",
+                     console)
+    assert line and float(line[2]) > float(line[1])  # the plain windows scored higher and still lost
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["recipe"] == "augmented"
