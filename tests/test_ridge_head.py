@@ -15,12 +15,12 @@ from models import MODELS, build_model
 from test_bad_input import assert_refused
 from test_npz_dataset import train as train_npz
 from test_own_sensors import windows, write_npz
+from training.assembly import resolve_head_fit
 from training.errors import UsageError
 from training.loop.ridge_head import (
     ALPHAS,
     RIDGE_MAX_WINDOWS,
     left_out_groups,
-    resolve_head_fit,
     scaled_ridge,
     solve_ridge,
 )

@@ -18,7 +18,7 @@ from training.config.settings import DEFAULT_LR
 from training.distributed.strategy import free_bytes
 from training.errors import UsageError
 from training.loop.recipe import build_augmenter, build_weight_average
-from training.loop.ridge_head import NothingToStep, resolve_head_fit
+from training.loop.ridge_head import RIDGE_LIMIT_WINDOWS, RIDGE_MAX_WINDOWS, NothingToStep
 from training.loop.step import (
     Precision,
     build_adamw,
@@ -50,6 +50,26 @@ def normalize_data(data, checkpoint, log):
     data = dataclasses.replace(data, **{name: normalize(getattr(data, name), mean, std)
                                         for name in ("train", "val", "test")})
     return data, {"mean": torch.from_numpy(mean), "std": torch.from_numpy(std)}
+
+
+def resolve_head_fit(head_fit, model_class, pooled, train_windows, strategy):
+    """'ridge' or 'adamw': what --head-fit asks for, auto resolved by the training split's size. Ridge
+    needs a linear head over a feature pool (`pooled`: --feature-views above 0), in memory or on disk,
+    and the whole head on every rank."""
+    solvable = model_class.LINEAR_HEAD and pooled and strategy.name != "fsdp"
+    if head_fit == "adamw" or (head_fit == "auto" and not solvable):
+        return "adamw"
+    if head_fit == "ridge":
+        if not solvable:
+            linear = ", ".join(name for name, model in MODELS.items() if model.LINEAR_HEAD)
+            raise UsageError("--head-fit ridge solves a linear head over pooled features, the whole head on "
+                             f"every rank ({linear}, with --feature-views above 0, not under FSDP); use --head-fit "
+                             "adamw")
+        if train_windows > RIDGE_LIMIT_WINDOWS:
+            raise UsageError(f"--head-fit ridge solves over every pair of training windows: {train_windows:,} is more "
+                             f"than the {RIDGE_LIMIT_WINDOWS:,} it takes; use --head-fit adamw (or auto)")
+        return "ridge"
+    return "ridge" if train_windows <= RIDGE_MAX_WINDOWS else "adamw"
 
 
 def head_fit_of(config, train_windows, strategy):
@@ -113,6 +133,12 @@ def pool_head_plan(config, strategy, data, head_fit, augment, log):
         if line:
             log.info(line)
     return why_not[0] is None, why_not[1] is None
+
+
+def first_weights(model):
+    """Copies of the model's parameters as they are before its first step (a resumed run's too: its
+    checkpoint is restored later), which a head trained again starts from."""
+    return [parameter.detach().clone() for parameter in model.parameters()]
 
 
 def augmentations_of(augment):

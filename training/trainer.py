@@ -24,6 +24,7 @@ from training.assembly import (
     build_loaders,
     build_optimizer,
     build_run_model,
+    first_weights,
     head_fit_and_augmenter,
     loader_request,
     normalize_data,
@@ -182,7 +183,7 @@ class Trainer:
         refits, chooses = pool_head_plan(config, strategy, data, head_fit, augment, log)
         request, augmentations = loader_request(config, strategy, loader_batch, replicated), augmentations_of(augment)
         loaders, augment, pool_figures, pool = build_loaders(config, data, model, augment, request, strategy, log)
-        pool_head = PoolHead.of(model, pool, request, augmentations) if refits or chooses else None
+        pool_head = PoolHead(pool, first_weights(model), request, augmentations) if refits or chooses else None
         peak_lr, per_gpu_rule = peak_lr_of(optim, checkpoint, strategy.data_parallel_size, head_fit, log)
         optimizer, record_graph = build_optimizer(config, model, strategy, precision, head_fit, peak_lr, log)
         grad_scaler = precision.make_grad_scaler()

@@ -23,11 +23,6 @@ class PoolHead:
     request: object
     augmentations: str
 
-    @classmethod
-    def of(cls, model, pool, request, augmentations):
-        """Built before the first step: the model's parameters now are its first weights."""
-        return cls(pool, [parameter.detach().clone() for parameter in model.parameters()], request, augmentations)
-
 
 def restart_head(trainer, split, views):
     """Make `trainer` train its head afresh on `split` (pooled rows of `views` views): the first

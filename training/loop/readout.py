@@ -25,7 +25,7 @@ class LogPoint:
         return [-self.earliest_nonfinite_step, self.longest_skip_run]
 
 
-NO_NEWS = LogPoint(0, 0.0, 0.0, NO_NONFINITE_STEP, 0).health()  # before a first read: nothing to act on
+NO_NEWS = [-NO_NONFINITE_STEP, 0]  # LogPoint.health() before a first read: nothing to act on
 
 
 class LogReadout:

@@ -15,34 +15,12 @@ import numpy as np
 import torch
 
 from evaluation.calibration import fit_temperature
-from models import MODELS
-from training.errors import UsageError
 from training.loop.epochs import EpochResult, end_epoch
 
 RIDGE_MAX_WINDOWS = 1024  # auto: the largest training split solved by ridge (the measurements: docs/training.md)
 ALPHAS = tuple(np.logspace(-3, 5, 9))  # the strengths tried: scikit-learn's and aeon's -3..3, and two stronger
 RIDGE_LIMIT_WINDOWS = 16_384  # --head-fit ridge: its dual's 2 GiB float64 Gram matrix, and minutes to decompose
 FEATURE_CHUNK = 1024  # windows turned from counts into features at a time
-
-
-def resolve_head_fit(head_fit, model_class, pooled, train_windows, strategy):
-    """'ridge' or 'adamw': what --head-fit asks for, auto resolved by the training split's size. Ridge
-    needs a linear head over a feature pool (`pooled`: --feature-views above 0), in memory or on disk,
-    and the whole head on every rank."""
-    solvable = model_class.LINEAR_HEAD and pooled and strategy.name != "fsdp"
-    if head_fit == "adamw" or (head_fit == "auto" and not solvable):
-        return "adamw"
-    if head_fit == "ridge":
-        if not solvable:
-            linear = ", ".join(name for name, model in MODELS.items() if model.LINEAR_HEAD)
-            raise UsageError("--head-fit ridge solves a linear head over pooled features, the whole head on "
-                             f"every rank ({linear}, with --feature-views above 0, not under FSDP); use --head-fit "
-                             "adamw")
-        if train_windows > RIDGE_LIMIT_WINDOWS:
-            raise UsageError(f"--head-fit ridge solves over every pair of training windows: {train_windows:,} is more "
-                             f"than the {RIDGE_LIMIT_WINDOWS:,} it takes; use --head-fit adamw (or auto)")
-        return "ridge"
-    return "ridge" if train_windows <= RIDGE_MAX_WINDOWS else "adamw"
 
 
 @dataclass
