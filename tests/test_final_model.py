@@ -129,3 +129,18 @@ def test_evaluating_a_final_model_takes_the_temperature_its_run_fitted_before_it
     val = run_subprocess([*command, "--split", "val", "--out", tmp_path / "val"])
     assert val.returncode == 0, val.stderr
     assert "not a held-out estimate" in val.stderr
+
+
+def test_a_run_begun_before_the_final_model_ends_as_it_would_have_then(tmp_path):
+    """A checkpoint whose flags lack --final-model and --recipe-choice (written before they existed)
+    resumes to its validated weights: no recipe pass, no final model."""
+    train(tmp_path, "--epochs", "2", "--stop-after-epochs", "1")
+    checkpoint = load_checkpoint(tmp_path / "last.pt")
+    for flag in ("final_model", "recipe_choice"):
+        checkpoint["config"].pop(flag)
+    torch.save(checkpoint, tmp_path / "last.pt")
+    console = train(tmp_path, "--epochs", "2")
+    assert "this run began before --final-model and --recipe-choice" in console
+    assert "recipe:" not in console and "final model:" not in console
+    assert not load_checkpoint(tmp_path / "last.pt")["refitted"]
+    assert "best checkpoint by validation macro-F1" in console

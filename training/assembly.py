@@ -125,9 +125,14 @@ def why_not_choose(config, strategy, data, head_fit, augment):
     return None
 
 
-def pool_head_plan(config, strategy, data, head_fit, augment, log):
+def pool_head_plan(config, strategy, data, head_fit, augment, log, checkpoint=None):
     """(whether the final model trains on every training person, whether the validation people choose
-    the recipe), each said in one line where the run cannot do it and the settings did not say so."""
+    the recipe), each said in one line where the run cannot do it and the settings did not say so. A
+    resumed run begun before either existed does neither (its `checkpoint` says so)."""
+    if checkpoint is not None and SavedRun(checkpoint).predates_the_final_model():
+        log.info("this run began before --final-model and --recipe-choice: it ends on its validated weights and "
+                 "its recipe as set, as it would have then")
+        return False, False
     why_not = why_not_refit(config, strategy, data), why_not_choose(config, strategy, data, head_fit, augment)
     for line in why_not:
         if line:

@@ -180,7 +180,7 @@ class Trainer:
         model, train_model, precision, ema = build_run_model(config, data, strategy, log, checkpoint)
         global_batch = global_batch_size(optim.batch_size, strategy.data_parallel_size, optim.grad_accum_steps)
         batch_ranks, loader_batch = training_batches(optim.batch_size, strategy, replicated)
-        refits, chooses = pool_head_plan(config, strategy, data, head_fit, augment, log)
+        refits, chooses = pool_head_plan(config, strategy, data, head_fit, augment, log, checkpoint)
         request, augmentations = loader_request(config, strategy, loader_batch, replicated), augmentations_of(augment)
         loaders, augment, pool_figures, pool = build_loaders(config, data, model, augment, request, strategy, log)
         pool_head = PoolHead(pool, first_weights(model), request, augmentations) if refits or chooses else None

@@ -171,6 +171,11 @@ class SavedRun:
     def epochs_since_best(self):
         return self.raw.get("epochs_since_best", 0)
 
+    def predates_the_final_model(self):
+        """Whether its run began before --final-model and --recipe-choice existed: it ends as it would
+        have then, on its validated weights and its recipe as set."""
+        return self.has_flags and "final_model" not in self.flags
+
     @property
     def refitted(self):
         """Whether its weights are a final model trained on every training person, validation people

@@ -2,12 +2,12 @@
 
 Validation people are held out to choose: the epoch whose weights best.pt keeps, the temperature that
 calibrates them, and the recipe (recipe_choice.py). Kept out of the model as well, they cost it what
-they would have taught: on people the recipe never saw, up to a point (docs/training.md, "The final
-model"). So a run whose head trains over a feature pool in memory chooses first and then trains the
-head again (head_again.py), from the same first weights and under the same schedule, on the views of
-the training and the validation people together, for the epochs validation chose; that head is
-best.pt. The validation people's views were built with the training views. The temperature stays the
-chosen model's, fitted on people it had not seen: a model that has seen them cannot fit one on them.
+they would have taught (docs/training.md, "The final model and the recipe" measures it). So a run
+whose head trains over a feature pool in memory chooses first and then trains the head again
+(head_again.py), from the same first weights and under the same schedule, on the views of the
+training and the validation people together, for the epochs validation chose; that head is best.pt.
+The validation people's views were built with the training views. The temperature stays the chosen
+model's, fitted on people it had not seen: a model that has seen them cannot fit one on them.
 
 A head solved by ridge regression chooses its strength and temperature on people left out inside the
 solve (ridge_head.py); it is solved again on every training person, the validation people's windows
