@@ -45,6 +45,12 @@ class RunParts:
     # What main_multi_gpu.py's launcher adds to a run of 2+ ranks on this host (launcher_s); None where
     # not measured, and one more start-up stands for it.
     launcher_s: float = None
+    # Epochs' worth of steps after the run's own epochs (training/loop/refit.py): the recipe's plain
+    # candidate (--epochs, each validated) and the final model (at most --epochs, on the training and
+    # validation windows): an upper bound, since the final model trains for the epochs validation
+    # chooses. after_validations: the validation passes among them.
+    after_epochs: float = 0.0
+    after_validations: int = 0
 
 
 def epoch_steps(train_windows, world_size, batch_size, grad_accum_steps):
@@ -81,13 +87,15 @@ def predict_run(parts, world_size, step_s, build_s):
     launcher (torchrun's agent, an interpreter that imports torch first; CPU ranks are forked from it,
     and then a rank's start-up stands for the launcher's), which also waits for their end:
     parts.launcher_s where measured, else about one start-up more;
-    the evaluation passes split the windows over the ranks; each epoch saves one checkpoint."""
+    the evaluation passes split the windows over the ranks; each epoch saves one checkpoint; the head's
+    passes after the epochs (parts.after_epochs) step as the epochs do."""
     steps = epoch_steps(parts.train_windows, world_size, parts.batch_size, parts.grad_accum_steps)
     launcher_s = 0.0 if world_size <= 1 else parts.start_up_s if parts.launcher_s is None else parts.launcher_s
     fixed_s = (launcher_s + parts.start_up_s + parts.imports_s + parts.inputs_s + parts.set_up_s - parts.build_s
                + parts.exit_s)
-    stepping_s = parts.epochs * steps * (step_s + parts.loop_s)
-    training_s = stepping_s + parts.epochs * (parts.validation_s / world_size + parts.save_s)
+    stepping_s = (parts.epochs + parts.after_epochs) * steps * (step_s + parts.loop_s)
+    training_s = (stepping_s + parts.epochs * (parts.validation_s / world_size + parts.save_s)
+                  + parts.after_validations * parts.validation_s / world_size)
     evaluation_s = parts.final_eval_s / world_size
     total_s = fixed_s + build_s + training_s + evaluation_s
     return {"world_size": world_size, "steps_per_epoch": steps, "step_s": step_s, "fixed_s": fixed_s,
@@ -222,13 +230,26 @@ def measure_run_parts(work, step_s, loaded_before_set_up=(), replica_step_s=None
     # cores and time each other.
     start_up_s, imports_s, exit_s = main_start_and_exit_s(loaded_before_set_up) if work.strategy.is_main \
         else (0.0, 0.0, 0.0)
+    after_epochs, after_validations = passes_after_the_epochs(trainer)
     return RunParts(start_up_s=start_up_s, imports_s=imports_s, exit_s=exit_s, inputs_s=work.inputs_s,
                     set_up_s=work.set_up_s,
                     build_s=pool.get("seconds", 0.0), loop_s=loop_s, validation_s=validation_s, save_s=save_s,
                     final_eval_s=report_s, epochs=config.optim.epochs, train_windows=work.train_windows,
                     batch_size=work.batch_size, grad_accum_steps=work.grad_accum_steps, replica_step_s=replica_step_s,
                     launcher_s=launcher_s(fork=work.strategy.device.type == "cpu")
-                    if predicts_ranks and work.strategy.world_size == 1 else None)
+                    if predicts_ranks and work.strategy.world_size == 1 else None,
+                    after_epochs=after_epochs, after_validations=after_validations)
+
+
+def passes_after_the_epochs(trainer):
+    """(epochs' worth of steps, validation passes) the run takes after its epochs: the recipe's plain
+    candidate where it chooses, the final model (at most --epochs, on the validation windows too)
+    where it trains one by steps."""
+    epochs = trainer.config.optim.epochs
+    chooses = epochs if trainer.chooses else 0
+    val_share = len(trainer.data.val) / max(len(trainer.data.train), 1)
+    refits = epochs * (1 + val_share) if trainer.refits and trainer.head_pool is None else 0.0
+    return chooses + refits, chooses
 
 
 def run_time_entry(parts, work, predictions, topology, host_effects=None):

@@ -286,6 +286,14 @@ def test_the_whole_run_is_its_set_up_the_pool_the_epochs_and_the_evaluation():
     assert bare["fixed_s"] == pytest.approx(9.0) and bare["build_share"] == 0.0
 
 
+def test_the_heads_passes_after_the_epochs_step_and_validate_as_the_epochs_do():
+    # The plain candidate (20 epochs, each validated) and a final model on 1.25 times the windows.
+    after = predict_run(run_parts(after_epochs=20 + 25.0, after_validations=20), 1, 0.002, 6.0)
+    before = predict_run(run_parts(), 1, 0.002, 6.0)
+    assert after["stepping_s"] == pytest.approx(before["stepping_s"] * (20 + 45) / 20)
+    assert after["training_s"] - before["training_s"] == pytest.approx(45 * 4 * 0.0025 + 20 * 0.04)
+
+
 def test_a_measured_launcher_replaces_the_start_up_that_stands_for_it_with_2_ranks_or_more():
     measured, assumed = run_parts(launcher_s=1.7), run_parts()
     assert predict_run(measured, 2, 0.003, 3.5)["total_s"] - predict_run(assumed, 2, 0.003, 3.5)["total_s"] == \
@@ -399,7 +407,11 @@ def test_a_pool_models_profile_times_the_build_and_predicts_the_whole_run(tmp_pa
     assert pool["views"] == 3 and pool["train_windows"] == train  # 3 epochs reach 3 of the 4 views
     assert pool["windows"] > 3 * train and pool["transformed"] == pool["windows"]
     assert pool["bytes"] == pool["windows"] * pool["bytes_per_window"]
-    assert pool["augmented_windows"] == 2 * train and pool["augment_windows_per_s"] > 0
+    # Views 1 and 2 of the training windows and of the 4 validation people's 8 windows each (the
+    # final model trains on every person's views: training/loop/refit.py).
+    assert pool["augmented_windows"] == 2 * (train + 4 * 8) and pool["augment_windows_per_s"] > 0
+    # The final model's epochs at most (32 validation windows are too few to choose the recipe on).
+    assert run["parts"]["after_epochs"] == pytest.approx(3 * (1 + 32 / train))
     assert 0 < run["parts"]["build_s"] == pool["seconds"] < run["parts"]["set_up_s"]
     one, two = run["predictions"]
     assert one["build_s"] == pool["seconds"] and one["steps_per_epoch"] == profile["config"]["steps_per_epoch"]

@@ -15,7 +15,7 @@ from training.loop.stop_protocol import stop_requested
 @dataclass(frozen=True)
 class PoolHead:
     """What training the head again needs from the run's build: the pool (splits of pooled rows; with
-    "val_views" where the final model trains on every person), the head's first weights (copies) and
+    "val_more_views" where the final model trains on every person), the head's first weights (copies) and
     the training loader's request (assembly.loader_request), and the augmentations the pool's views
     carry (for the line that says which recipe was chosen)."""
     pool: dict

@@ -74,7 +74,9 @@ def refit_on_everyone(trainer):
     state, log, pool = trainer.state, trainer.log, trainer.pool_head.pool
     chosen = state.epoch - state.epochs_since_best  # the epoch whose weights validation kept
     train, views = chosen_views(trainer)
-    val = pool["val_views"] if views > 1 else pool["val"]
+    val = pool["val"] if views == 1 else Split(*(np.concatenate([getattr(pool["val"], field),
+                                                                 getattr(pool["val_more_views"], field)])
+                                                 for field in ("signals", "labels", "subjects")))
     everything = everyone(train, val, views)
     log.info(f"final model: the head trained again from its first weights on every training person "
              f"({len(everything) // views:,} windows, the validation people's included) for the {chosen} epoch(s) "

@@ -45,8 +45,9 @@ class PoolPlan:
     """What a pool holds and where: `views` of the training windows, view 0 as they are and each
     further one through `augment` (None: one view), drawn from `seed`; `store_root`: the folder of a
     pool on disk (feature_store_root), None to hold it in memory. `viewed_too`: other splits (in memory)
-    whose windows the pool also holds in every view, as "<name>_views", laid out as the training views
-    are: the validation people's, for the head trained again on every person (training.loop.refit)."""
+    whose windows the pool also holds in the further views, as "<name>_more_views" (views 1 on, laid
+    out as the training views are; view 0 is the split's own rows): the validation people's, for the
+    head trained again on every person (training.loop.refit)."""
     views: int
     augment: object = None
     seed: int = 0
@@ -87,11 +88,9 @@ def build_feature_pool(model, splits, plan, strategy, log, figures=None):
     pool = {"train": Split(rows[0], np.tile(train.labels, views), np.tile(train.subjects, views))}
     for name, held in zip(others, rows[1:1 + len(others)], strict=True):
         pool[name] = Split(held, splits[name].labels, splits[name].subjects)
-    viewed = iter(rows[1 + len(others):])
-    for name in plan.viewed_too:
-        split, plain = splits[name], pool[name].signals
-        signals = np.concatenate([plain, next(viewed)]) if views > 1 else plain
-        pool[f"{name}_views"] = Split(signals, np.tile(split.labels, views), np.tile(split.subjects, views))
+    for name, held in zip(plan.viewed_too if views > 1 else (), rows[1 + len(others):], strict=True):
+        split = splits[name]
+        pool[f"{name}_more_views"] = Split(held, np.tile(split.labels, views - 1), np.tile(split.subjects, views - 1))
     built = pool_figures(pool, views, len(train), per_rank, time.perf_counter() - start, transform.spent)
     _report_pool(built, pool["train"].signals, log, where)
     if figures is not None:
