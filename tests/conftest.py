@@ -22,12 +22,26 @@ from torch._inductor.runtime.cache_dir_utils import cache_dir as inductor_cache_
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from profiling.entry_points import env_without_torchrun  # noqa: E402  (the project is importable from here on)
+from training.loop.epochs import one_intra_op_thread  # noqa: E402,F401  (test_strategies takes it from here)
 
 # 17 training subjects x 32 windows = 544 windows: 17 full batches of 32, so every variant the
 # equivalence tests compare sees exactly the same samples in each optimizer step.
 # The model is pinned to cnn1d, the fastest on CPU: these runs test the trainer, not the default model.
 # No PNGs (about a second a run, most of it matplotlib): the tests of the figures ask for them.
 TINY_DATA = ["--dataset", "synthetic", "--synthetic-windows-per-subject", "32", "--model", "cnn1d", "--no-figures"]
+
+# The environment of a child whose result cannot depend on how many intra-op threads compute it (what is
+# compared is another run with the same setting, or what the run writes, not how fast). On the 2-core
+# machines the suite runs on, the two threads of a process wait for each other at every operation
+# whenever other work holds a core: a main.py run of 5 s took 20 to 35 s. torchrun gives its workers one.
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture
+def one_thread():
+    """ONE_THREAD for the runs made in this process during the test."""
+    with one_intra_op_thread():
+        yield
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -134,31 +148,37 @@ def pytest_configure(config):
 
 # What starts a process: the subprocess helpers, torchrun, the GPU check's step runner, the profiler's
 # neighbour processes and --compile (whose compiler works in a pool of processes). A test that does, itself,
-# through a fixture or through a helper of its own module, is marked `slow`; `make test-fast` (-m "not slow")
-# leaves it out.
+# through a fixture or through a helper of the tests (of its own module or imported from another), is marked
+# `slow`; `make test-fast` (-m "not slow") leaves it out.
 STARTS_A_PROCESS = re.compile(r"\brun_subprocess\(|\bsubprocess\.(?:run|Popen)\(|torch\.distributed\.run|"
                               r"\brun_step\(|\bNeighbours\(|\"--compile\"")
+TESTS = Path(__file__).resolve().parent
 
 
 def pytest_collection_modifyitems(items):
     for item in items:
         module = item.module
         uses = [item.function, *(getattr(module, name, None) for name in item.fixturenames)]
-        if any(starts_a_process(use, module, set()) for use in uses):
+        if any(starts_a_process(use, set()) for use in uses):
             item.add_marker(pytest.mark.slow)
 
 
-def starts_a_process(function, module, seen):
-    """Whether `function` (a test, a fixture, a helper), or a function of `module` it names, starts a process."""
+def starts_a_process(function, seen):
+    """Whether `function` (a test, a fixture, a helper), or a helper of the tests it names, starts a process."""
     function = getattr(function, "__wrapped__", function)  # a fixture's own function
     if not isinstance(function, types.FunctionType) or function in seen:
         return False
     seen.add(function)
     if STARTS_A_PROCESS.search(inspect.getsource(function)):
         return True
-    helpers = (getattr(module, name, None) for name in names_used(function.__code__))
-    return any(starts_a_process(helper, module, seen) for helper in helpers
-               if getattr(helper, "__module__", None) == module.__name__)
+    helpers = (function.__globals__.get(name) for name in names_used(function.__code__))
+    return any(starts_a_process(helper, seen) for helper in helpers if is_a_test_helper(helper))
+
+
+def is_a_test_helper(function):
+    """A function written in one of the tests' files (a test module, conftest.py, inference_fixtures.py)."""
+    code = getattr(function, "__code__", None)
+    return code is not None and Path(code.co_filename).resolve().parent == TESTS
 
 
 def names_used(code):

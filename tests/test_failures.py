@@ -9,10 +9,11 @@ import time
 import pytest
 import torch
 
-from conftest import REPO, TINY_DATA, load_checkpoint, requires_cuda, run_in_process, run_subprocess
+from conftest import ONE_THREAD, REPO, TINY_DATA, load_checkpoint, requires_cuda, run_in_process, run_subprocess
 from training.errors import EXIT_DIVERGED, EXIT_PREEMPTED, EXIT_RANK_LOST
 
 SINGLE = [sys.executable, "main.py", *TINY_DATA, "--epochs", "4", "--batch-size", "16"]
+# SINGLE runs on one thread (conftest.ONE_THREAD): the reference and the stopped and resumed run agree on it.
 DDP_FLAGS = ["main_multi_gpu.py", "--multi-gpu", "ddp", "--device", "cpu", *TINY_DATA, "--epochs", "2",
              "--batch-size", "16", "--save-every-steps", "2"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
@@ -25,10 +26,11 @@ def assert_same_weights(expected_dir, actual_dir):
         assert torch.equal(tensor, actual["model"][name]), name
 
 
-def start_and_signal(command, save_dir, signal_number):
-    """Start `command`, send `signal_number` once its first epoch is logged; (exit code, stdout)."""
+def start_and_signal(command, save_dir, signal_number, env=None):
+    """Start `command` (with `env` added to this environment), send `signal_number` once its first epoch
+    is logged; (exit code, stdout)."""
     process = subprocess.Popen([str(part) for part in command], cwd=REPO, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
+                               stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})})
     deadline = time.monotonic() + 120
     while not (save_dir / "metrics.jsonl").exists() and time.monotonic() < deadline:
         if process.poll() is not None:
@@ -48,7 +50,7 @@ def free_port():
 @pytest.fixture(scope="module")
 def single_reference(tmp_path_factory):
     save_dir = tmp_path_factory.mktemp("single_reference")
-    result = run_subprocess([*SINGLE, "--save-dir", save_dir])
+    result = run_subprocess([*SINGLE, "--save-dir", save_dir], env=ONE_THREAD)
     assert result.returncode == 0, result.stderr
     return save_dir
 
@@ -62,12 +64,12 @@ def ddp_reference(tmp_path_factory):
 
 
 def test_stop_signal_saves_after_the_step_and_resumes_exactly(single_reference, tmp_path):
-    code, out = start_and_signal([*SINGLE, "--save-dir", tmp_path], tmp_path, signal.SIGUSR1)
+    code, out = start_and_signal([*SINGLE, "--save-dir", tmp_path], tmp_path, signal.SIGUSR1, env=ONE_THREAD)
     assert code == EXIT_PREEMPTED, out
     assert "received SIGUSR1: stopped after step" in out and "Traceback" not in out
     stopped = load_checkpoint(tmp_path / "last.pt")
     assert 34 <= stopped["step"] < 4 * 34  # after the first epoch, before the end
-    resumed = run_subprocess([*SINGLE, "--save-dir", tmp_path])
+    resumed = run_subprocess([*SINGLE, "--save-dir", tmp_path], env=ONE_THREAD)
     assert resumed.returncode == 0, resumed.stderr
     assert_same_weights(single_reference, tmp_path)
 
@@ -122,7 +124,7 @@ def test_a_stuck_rank_ends_in_a_timeout_message(tmp_path):
 def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, save_every_steps, last_good_step):
     """Micro-batch 20 is NaN: step 21 (epoch 2) is the first bad one, and nothing from it is saved."""
     result = run_subprocess([sys.executable, "main.py", *TINY_DATA, "--epochs", "3", "--save-every-steps",
-                             save_every_steps, "--save-dir", tmp_path], env={"HAR_FAULT": "nan@20"})
+                             save_every_steps, "--save-dir", tmp_path], env={"HAR_FAULT": "nan@20", **ONE_THREAD})
     assert result.returncode == EXIT_DIVERGED, result.stderr[-3000:]
     assert "NaN/inf at step 21 (epoch 2)" in result.stderr and "Traceback" not in result.stderr
     last = load_checkpoint(tmp_path / "last.pt")

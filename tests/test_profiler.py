@@ -331,12 +331,18 @@ def test_the_pools_entry_splits_the_transform_from_the_augmentation():
     assert pool_entry(None) is None
 
 
+# The profiler's figures are per step and per pass: 8 windows a person (136 training windows: 4 full
+# batches of 32 and a part) and a quarter-width cnn1d time every part of a run as 32 a person and the
+# full width do, with fewer and smaller steps.
+SMALL_RUN = [*TINY_DATA, "--synthetic-windows-per-subject", "8", "--width", "32"]
+
+
 @pytest.fixture(scope="module")
 def tiny_profile(tmp_path_factory):
     """One real profiler.py run on CPU with tiny settings, shared by the tests below."""
     out = tmp_path_factory.mktemp("profile")
-    result = run_subprocess([sys.executable, "profiler.py", *TINY_DATA, "--device", "cpu", "--warmup-steps", "2",
-                             "--steps", "5", "--repeats", "2", "--phase-steps", "2", "--predict-gpus", "2,4,8",
+    result = run_subprocess([sys.executable, "profiler.py", *SMALL_RUN, "--device", "cpu", "--warmup-steps", "1",
+                             "--steps", "3", "--repeats", "2", "--phase-steps", "2", "--predict-gpus", "2,4,8",
                              "--output-dir", out], timeout=120)
     return result, out
 
@@ -352,7 +358,7 @@ def test_profiler_py_writes_sane_json_and_csv(tiny_profile):
     assert all(run["samples_per_s"] == pytest.approx(32 / run["step_time_s"]) for run in profile["runs"])
     assert 0 <= timing["data_wait_share"]["mean"] < 1
     assert timing["comm_time_s"]["mean"] == 0 and timing["compute_to_comm_ratio"]["mean"] is None  # inf -> null
-    assert len(profile["runs"]) == 2 and all(run["steps"] == 5 for run in profile["runs"])
+    assert len(profile["runs"]) == 2 and all(run["steps"] == 3 for run in profile["runs"])
     parameters = profile["model"]["parameters"]
     assert parameters > 0 and profile["model"]["gradient_bytes"] == 4 * parameters  # fp32 gradients
     assert all(profile["phases"][name] > 0 for name in ("forward_s", "backward_s", "optimizer_s"))
@@ -519,8 +525,8 @@ def test_scaling_map_rounds_give_the_median_and_the_range_of_the_measured_speedu
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores for one thread per rank")
 def test_one_process_profile_measures_its_step_beside_a_neighbour_and_leaves_none_behind(tmp_path):
-    result = run_subprocess([sys.executable, "profiler.py", *TINY_DATA, "--device", "cpu", "--warmup-steps", "2",
-                             "--steps", "5", "--repeats", "2", "--phase-steps", "0", "--predict-gpus", "1,2",
+    result = run_subprocess([sys.executable, "profiler.py", *SMALL_RUN, "--device", "cpu", "--warmup-steps", "1",
+                             "--steps", "3", "--repeats", "2", "--phase-steps", "0", "--predict-gpus", "1,2",
                              "--output-dir", tmp_path], timeout=180, env={"OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr
     effects = json.loads((tmp_path / "profile.json").read_text())["host_effects"]
@@ -543,7 +549,7 @@ def _process_state(pid, waiting_for=None, timeout_s=5.0):
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
 def test_paused_neighbours_are_stopped_and_a_paused_one_still_ends_with_the_block():
     from profiling.host_sharing import Neighbours
-    with Neighbours([*TINY_DATA, "--device", "cpu", "--warmup-steps", "1"], 1, 1) as neighbours:
+    with Neighbours([*SMALL_RUN, "--device", "cpu", "--warmup-steps", "1"], 1, 1) as neighbours:
         process = neighbours.processes[0]
         neighbours.pause()
         assert _process_state(process.pid, waiting_for="T") == "T"  # the lone run has the cores to itself

@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from conftest import TINY_DATA, load_checkpoint, read_metrics, run_in_process, run_subprocess
+from conftest import ONE_THREAD, TINY_DATA, load_checkpoint, read_metrics, run_in_process, run_subprocess
 from data.loaders import ShardedSampler, epoch_order
 
 # 544 windows at 16 per micro-batch and 2 micro-batches per step: 34 micro-batches and 17
@@ -15,6 +15,9 @@ from data.loaders import ShardedSampler, epoch_order
 RUN = [sys.executable, "main.py", *TINY_DATA, "--epochs", "2", "--batch-size", "16", "--grad-accum-steps", "2",
        "--save-every-steps", "1", "--keep-last", "2", "--augment", "rotate,scale,jitter,shift", "--ema-decay", "0.9"]
 BATCHES_PER_EPOCH = 34
+# Every run computes on one thread (conftest.ONE_THREAD), in a child or in this process: the runs compared
+# bit for bit agree on it.
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def assert_same_state(expected, actual):
@@ -39,7 +42,7 @@ def report_of(save_dir):
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     save_dir = tmp_path_factory.mktemp("uninterrupted")
-    result = run_subprocess([*RUN, "--save-dir", save_dir])
+    result = run_subprocess([*RUN, "--save-dir", save_dir], env=ONE_THREAD)
     assert result.returncode == 0, result.stderr
     return save_dir
 
@@ -51,10 +54,10 @@ def uninterrupted(tmp_path_factory):
     "kill@save:5",  # halfway through writing a checkpoint: the temporary file is left behind
 ])
 def test_killed_run_resumes_bit_for_bit(uninterrupted, tmp_path, fault):
-    killed = run_subprocess([*RUN, "--save-dir", tmp_path], env={"HAR_FAULT": fault})
+    killed = run_subprocess([*RUN, "--save-dir", tmp_path], env={"HAR_FAULT": fault, **ONE_THREAD})
     assert killed.returncode == -signal.SIGKILL
     assert load_checkpoint(tmp_path / "last.pt")["step"] < 34  # it really stopped early
-    resumed = run_subprocess([*RUN, "--save-dir", tmp_path])
+    resumed = run_subprocess([*RUN, "--save-dir", tmp_path], env=ONE_THREAD)
     assert resumed.returncode == 0, resumed.stderr
     assert "RESUMING" in resumed.stdout
     assert_same_state(load_checkpoint(uninterrupted / "last.pt"), load_checkpoint(tmp_path / "last.pt"))
@@ -65,12 +68,12 @@ def test_killed_run_resumes_bit_for_bit(uninterrupted, tmp_path, fault):
 def test_resume_without_saved_random_state_would_differ(uninterrupted, tmp_path):
     """The control: mid-epoch resume that reseeds instead of restoring RNG gives other weights,
     so the bit-for-bit test above can fail."""
-    killed = run_subprocess([*RUN, "--save-dir", tmp_path], env={"HAR_FAULT": "kill@12"})
+    killed = run_subprocess([*RUN, "--save-dir", tmp_path], env={"HAR_FAULT": "kill@12", **ONE_THREAD})
     assert killed.returncode == -signal.SIGKILL
     checkpoint = load_checkpoint(tmp_path / "last.pt")
     checkpoint["rng"] = []  # no per-rank states: the resume cannot be exact and says so
     torch.save(checkpoint, tmp_path / "last.pt")
-    resumed = run_subprocess([*RUN, "--save-dir", tmp_path])
+    resumed = run_subprocess([*RUN, "--save-dir", tmp_path], env=ONE_THREAD)
     assert resumed.returncode == 0, resumed.stderr
     assert "weights will differ" in resumed.stderr
     final, reference = load_checkpoint(tmp_path / "last.pt"), load_checkpoint(uninterrupted / "last.pt")
@@ -85,7 +88,7 @@ def test_keep_last_prunes_numbered_checkpoints(uninterrupted):
 
 
 def test_corrupt_last_checkpoint_falls_back_to_newest_valid(tmp_path):
-    first = run_subprocess([*RUN, "--save-dir", tmp_path], env={"HAR_FAULT": "kill@20"})
+    first = run_subprocess([*RUN, "--save-dir", tmp_path], env={"HAR_FAULT": "kill@20", **ONE_THREAD})
     assert first.returncode == -signal.SIGKILL
     newest_numbered = load_checkpoint(tmp_path / "step-00000010.pt")
     # New files, as a partial copy would leave.
@@ -93,7 +96,7 @@ def test_corrupt_last_checkpoint_falls_back_to_newest_valid(tmp_path):
     for name, content in (("last.pt", truncated), ("step-00000010.pt", b"not a checkpoint")):
         (tmp_path / name).unlink()
         (tmp_path / name).write_bytes(content)
-    resumed = run_subprocess([*RUN, "--save-dir", tmp_path, "--stop-after-epochs", "1"])
+    resumed = run_subprocess([*RUN, "--save-dir", tmp_path, "--stop-after-epochs", "1"], env=ONE_THREAD)
     assert resumed.returncode == 0, resumed.stderr
     assert "last.pt is unreadable or truncated" in resumed.stderr
     assert "step-00000010.pt is unreadable or truncated" in resumed.stderr
@@ -158,7 +161,7 @@ def test_ddp_run_resumed_on_one_process_continues_at_the_same_sample(tmp_path):
     checkpoint = load_checkpoint(tmp_path / "last.pt")
     assert checkpoint["epoch"] == 0 and checkpoint["epoch_position"] == 5 * 16 * 2
     single = run_subprocess([sys.executable, "main.py", *TINY_DATA, "--epochs", "1", "--batch-size", "16",
-                             "--save-dir", tmp_path])
+                             "--save-dir", tmp_path], env=ONE_THREAD)
     assert single.returncode == 0, single.stderr
     assert "continues at sample 160" in single.stderr
     assert read_metrics(tmp_path)[-1]["train_samples"] == 544

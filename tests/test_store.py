@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import load_checkpoint, run_in_process, run_subprocess
+from conftest import ONE_THREAD, load_checkpoint, run_in_process, run_subprocess
 from data import synthetic
 from data.loaders import (
     STREAM_BLOCK,
@@ -190,6 +190,7 @@ def test_the_reader_thread_turns_a_pools_counts_into_the_features_the_step_would
     assert tested["thread"] == tested["worker"]
 
 
+@pytest.mark.usefixtures("one_thread")
 def test_training_from_a_store_reaches_the_accuracy_of_the_same_windows_in_memory(store, tmp_path):
     flags = ["--model", "cnn1d", "--epochs", "4", "--batch-size", "32", "--no-resume"]
     code, out, err = run_in_process("main.py", [*flags, "--dataset", "store", "--data-dir", store,
@@ -233,14 +234,15 @@ def test_minirocket_fits_its_biases_from_windows_read_from_the_store(store, tmp_
 
 
 def test_a_killed_store_run_resumes_bit_for_bit(store, tmp_path):
-    straight = run_subprocess([*STREAM_RUN, "--data-dir", store, "--save-dir", tmp_path / "straight"])
+    # Each run on one thread (conftest.ONE_THREAD), so that the straight and the resumed runs agree on it.
+    straight = run_subprocess([*STREAM_RUN, "--data-dir", store, "--save-dir", tmp_path / "straight"], env=ONE_THREAD)
     assert straight.returncode == 0, straight.stderr[-3000:]
     # The killed run reads through a DataLoader worker, the others through the reader thread: both
     # give the same batches.
     killed = run_subprocess([*STREAM_RUN, "--data-dir", store, "--save-dir", tmp_path / "killed", "--num-workers", "1"],
-                            env={"HAR_FAULT": "kill@20"})
+                            env={"HAR_FAULT": "kill@20", **ONE_THREAD})
     assert killed.returncode == -signal.SIGKILL
-    resumed = run_subprocess([*STREAM_RUN, "--data-dir", store, "--save-dir", tmp_path / "killed"])
+    resumed = run_subprocess([*STREAM_RUN, "--data-dir", store, "--save-dir", tmp_path / "killed"], env=ONE_THREAD)
     assert resumed.returncode == 0 and "RESUMING" in resumed.stdout, resumed.stderr[-3000:]
     expected = load_checkpoint(tmp_path / "straight" / "last.pt")
     actual = load_checkpoint(tmp_path / "killed" / "last.pt")
@@ -265,6 +267,7 @@ def test_resuming_on_a_store_with_other_channels_is_refused(store, tmp_path):
     assert str(tmp_path / "other") in line
 
 
+@pytest.mark.usefixtures("one_thread")
 def test_ddp_and_cross_validation_train_from_a_store(store, tmp_path):
     flags = ["--dataset", "store", "--data-dir", store, "--model", "cnn1d", "--epochs", "1", "--batch-size", "16"]
     ddp = run_subprocess([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",

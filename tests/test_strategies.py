@@ -13,6 +13,7 @@ from conftest import (
     TINY_DATA,
     load_checkpoint,
     max_abs_difference,
+    one_intra_op_thread,
     read_metrics,
     requires_cuda,
     run_in_process,
@@ -40,7 +41,8 @@ def runs(tmp_path_factory):
     """One epoch each: FSDP and DDP on 2 ranks x 16, one process x 32."""
     root = tmp_path_factory.mktemp("fsdp")
     out = {"fsdp": launch("fsdp", root / "fsdp").stdout, "ddp": launch("ddp", root / "ddp").stdout}
-    code, _, err = run_in_process("main.py", [*SAME_STEPS, "--batch-size", "32", "--save-dir", root / "one"])
+    with one_intra_op_thread():  # as each torchrun worker computes
+        code, _, err = run_in_process("main.py", [*SAME_STEPS, "--batch-size", "32", "--save-dir", root / "one"])
     assert code == 0, err
     return root, out
 

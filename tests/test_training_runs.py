@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from conftest import (
+    ONE_THREAD,
     TINY_DATA,
     load_checkpoint,
     max_abs_difference,
@@ -27,6 +28,9 @@ EQUIVALENT = [*TINY_DATA, "--norm", "none", "--dropout", "0", "--lr-scaling", "n
 WEIGHT_TOLERANCE = 2e-5
 # Compiled kernels fuse and reorder more of the arithmetic; still far below a real mismatch.
 COMPILE_TOLERANCE = 1e-4
+# The runs in this process compute on one thread, as torchrun's workers do (conftest.ONE_THREAD): what
+# is compared is weights and written files, not speed.
+pytestmark = pytest.mark.usefixtures("one_thread")
 EPOCH_KEYS = {"epoch", "train_loss", "val_loss", "val_acc", "val_macro_f1", "lr", "samples_per_s",
               "epoch_time_s", "world_size", "memory"}
 
@@ -62,8 +66,9 @@ def assert_run_outputs(save_dir, epochs, world_size):
 
 
 def test_main_py_trains_end_to_end(tmp_path):
-    result = run_subprocess([sys.executable, "main.py", *TINY_DATA, "--epochs", "2",
-                             "--save-dir", tmp_path / "run"])
+    # As a user starts it (the threads it chooses itself), on 8 windows a person: 5 steps an epoch.
+    result = run_subprocess([sys.executable, "main.py", *TINY_DATA, "--synthetic-windows-per-subject", "8",
+                             "--epochs", "2", "--save-dir", tmp_path / "run"])
     assert result.returncode == 0, result.stderr
     assert "data: synthetic" in result.stdout and "parameters" in result.stdout
     assert "peak 1.00e-03" in result.stdout  # one device, no accumulation: the reference LR
@@ -73,7 +78,7 @@ def test_main_py_trains_end_to_end(tmp_path):
 
 def test_data_parallel_on_cpu_falls_back_to_the_plain_module(tmp_path):
     result = run_subprocess([sys.executable, "main_multi_gpu.py", "--multi-gpu", "dp", *TINY_DATA,
-                             "--epochs", "1", "--save-dir", tmp_path / "dp"])
+                             "--epochs", "1", "--save-dir", tmp_path / "dp"], env=ONE_THREAD)
     assert result.returncode == 0, result.stderr
     assert "no GPU is visible: running the plain module on cpu" in result.stdout
     assert_run_outputs(tmp_path / "dp", epochs=1, world_size=1)

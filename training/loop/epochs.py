@@ -45,6 +45,13 @@ def threads_for_the_step(trainer):
     if trainer.strategy.device.type != "cpu" or trainer.pool_figures is None:
         yield
         return
+    with one_intra_op_thread():
+        yield
+
+
+@contextlib.contextmanager
+def one_intra_op_thread():
+    """torch computes on one intra-op thread inside the block; the count it had afterwards."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
