@@ -140,7 +140,10 @@ def test_on_cpu_what_needs_cuda_is_skipped_not_failed(tmp_path):
 def test_the_minirocket_and_trace_steps_leave_their_figures_and_the_trace_is_kept(tmp_path):
     plan = {step.group: step for step in build_plan(tmp_path / "scratch", device="cpu", quick=True)}
     (tmp_path / "scratch").mkdir()
-    records = [run_step(plan[group], Budget(GROUP_BUDGET_S, 300), "cpu") for group in ("minirocket", "trace")]
+    # The groups' shares are a GPU's; on a CPU that other work keeps busy the trace outgrew its 20 s, so
+    # each step here has the whole 300 s: what is tested is what the steps leave, not how fast.
+    budget = dict.fromkeys(GROUP_BUDGET_S, 300)
+    records = [run_step(plan[group], Budget(budget, 300), "cpu") for group in ("minirocket", "trace")]
     assert [record["status"] for record in records] == ["ok", "ok"], [record.get("tail") for record in records]
     minirocket, trace = (record["figures"] for record in records)
     assert set(minirocket["windows_per_s"]) == {"256", "1024"} and minirocket["fit_s"] > 0
